@@ -1,0 +1,50 @@
+"""Build ratrain: the Python package, the `ratrain` command and the native kernels.
+
+The kernels (native/*.c) are compiled into one extension, `ratrain.kernels`, through its
+Cython bindings. SIMD paths are compiled per function with target attributes and chosen
+at run time, so one wheel runs on machines with and without AVX-512.
+"""
+import glob
+import os
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, find_packages, setup
+
+NATIVE_SOURCES = sorted(glob.glob(os.path.join("native", "src", "*.c")))
+
+kernels = Extension(
+    "ratrain.kernels",
+    sources=["ratrain/kernels.pyx"] + NATIVE_SOURCES,
+    include_dirs=["native/include", numpy.get_include()],
+    extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing", "-pthread"],
+    extra_link_args=["-pthread", "-lm"],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+)
+
+setup(
+    name="ratrain",
+    version="0.1.0",
+    description="Resource-aware 1F1B + DP training compiler and runtime (RATrain)",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["ratrain", "ratrain.*"]),
+    package_data={"ratrain": ["*.pxd", "hw/*.json", "models/presets/*.json"]},
+    ext_modules=cythonize([kernels], language_level=3,
+                          compiler_directives={"boundscheck": False, "wraparound": False}),
+    install_requires=[
+        "jax>=0.4.30",
+        "numpy>=1.26",
+        "networkx>=3.0",
+        "cython>=3.0",
+        "mpi4py>=4.0",
+        "mpich",
+        "safetensors>=0.4",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "threadpoolctl>=3"],
+    },
+    entry_points={"console_scripts": ["ratrain=ratrain.cli:main"]},
+    zip_safe=False,
+)
