@@ -46,7 +46,7 @@ class DryRunResult:
     makespan: float                              # end of the last task on any rank
     busy: dict[int, float]                       # rank -> summed cost of all its tasks
     bubble_fraction: float                       # 1 - F/B time / (ranks * makespan)
-    exposed_tail: dict[int, float]               # rank -> its end minus its last B's end
+    exposed_tail: dict[int, float]               # rank with a B -> its end - last B end
 
 
 def default_cost(task: Task) -> float:
@@ -101,15 +101,16 @@ def check_comm_matching(schedule: Schedule) -> None:
 def task_graph(schedule: Schedule) -> nx.DiGraph:
     """Happens-before graph: program order on each rank, and each SEND before its RECV.
 
-    Nodes are (rank, position) with a `task` attribute. DP collectives (SYNC across a
-    DP group) will add their rendezvous edges here; today they only follow program order.
-    Requires check_comm_matching to pass.
+    Nodes are (rank, position) with a `task` attribute. Requires check_comm_matching.
+    DP collectives (SYNC of one layer across a DP group) are local tasks for now; to
+    match them, add here an edge from each participant's program-order predecessor to
+    every other participant, so a collective starts once all members have arrived.
     """
     graph, where = nx.DiGraph(), _locate(schedule)
     for rank, tasks in schedule.items():
         graph.add_nodes_from(((rank, i), {"task": task}) for i, task in enumerate(tasks))
         nx.add_path(graph, [(rank, i) for i in range(len(tasks))])
-    for node, task in graph.nodes(data="task"):
+    for node, task in list(graph.nodes(data="task")):
         if task.kind in RECVS:
             graph.add_edge(where[counterpart(task)][0], node)
     return graph
