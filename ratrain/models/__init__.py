@@ -1,0 +1,11 @@
+"""ratrain.models: LLaMA-2, Qwen2.5 and Baichuan2 as HF configs, HF-named parameters and
+layer functions written with ratrain.ops (what the tracer compiles and jax.grad checks).
+"""
+from ratrain.models.checkpoint import load_pretrained, save_pretrained
+from ratrain.models.config import ModelDims, fill_defaults, get_config, model_dims, preset_names
+from ratrain.models.layers import LayerSpec, layer_fn, layer_specs, loss_fn
+from ratrain.models.params import count_params, init_params, param_shapes
+
+__all__ = ["LayerSpec", "ModelDims", "count_params", "fill_defaults", "get_config",
+           "init_params", "layer_fn", "layer_specs", "load_pretrained", "loss_fn",
+           "model_dims", "param_shapes", "preset_names", "save_pretrained"]

@@ -1,0 +1,68 @@
+"""Hugging Face style checkpoints: config.json + model.safetensors, or sharded
+model-0000k-of-0000n.safetensors with model.safetensors.index.json (its weight_map).
+
+Files are written to a temporary name and moved into place (os.replace), so a crash
+never leaves a half-written checkpoint under the final name.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from ratrain.models.config import fill_defaults
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+def _replace_atomically(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def save_pretrained(path, config: dict, params: dict) -> Path:
+    """Write config.json and model.safetensors into directory `path`; returns it."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: np.ascontiguousarray(v) for k, v in params.items()}
+    _replace_atomically(path / SINGLE_FILE,
+                        lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    _replace_atomically(path / "config.json", lambda tmp: tmp.write_text(text))
+    return path
+
+
+def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
+    """All tensors of one file; bf16 tensors (numpy has no bf16) widen to float32."""
+    out = {}
+    with safe_open(str(file), framework="numpy") as f:
+        for name in f.keys():
+            out[name] = f.get_tensor(name)
+    return {k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v
+            for k, v in out.items()}
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / f for f in sorted(set(weight_map.values()))]
+    if (path / SINGLE_FILE).is_file():
+        return [path / SINGLE_FILE]
+    raise ValueError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+
+
+def load_pretrained(path) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config, params) from a checkpoint directory written by us or by transformers."""
+    path = Path(path)
+    config = fill_defaults(json.loads((path / "config.json").read_text()), source=str(path))
+    params = {}
+    for file in _weight_files(path):
+        params.update(_read_safetensors(file))
+    return config, params
