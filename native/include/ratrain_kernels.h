@@ -1,8 +1,101 @@
-/* ratrain native kernels: public C interface (see native/README in the kernels issue). */
+/* ratrain native kernels: the public C interface the Cython bindings and generated programs call.
+ * Names follow llm.c: <op>_<fwd|bwd>_<dtype>, outputs first, then inputs and saved state, then
+ * sizes, then the thread count (threads stand for the DSP cores of one cluster). Every kernel
+ * returns an rt_status (0 = ok). Shapes are row-major; fp16 is IEEE half stored as uint16_t. */
 #ifndef RATRAIN_KERNELS_H
 #define RATRAIN_KERNELS_H
+#include <stddef.h>
+#include <stdint.h>
 
-/* Name of the SIMD path chosen at run time: "avx512", "avx2" or "scalar". */
-const char *rt_isa_name(void);
+typedef uint16_t rt_half;
+typedef enum { RT_OK = 0, RT_EINVAL = -1, RT_ENOMEM = -2, RT_EISA = -3 } rt_status;
+typedef enum { RT_F32 = 0, RT_F16 = 1 } rt_dtype;
+enum { RT_TRANS_A = 1, RT_TRANS_B = 2, RT_ACCUMULATE = 4 };   /* gemm flags */
+
+/* ---- dispatch and scratch (dispatch.c, dma.c) ---- */
+const char *rt_isa_name(void);                 /* "avx512", "avx2" or "scalar" */
+int rt_set_isa(const char *name);              /* force a path; RT_EISA if the CPU lacks it */
+int rt_scratch_config(size_t gsm_bytes, size_t am_bytes);  /* sizes from the hw profile */
+size_t rt_gsm_bytes(void);
+size_t rt_am_bytes(void);
+
+/* ---- DMA between the DDR arena and on-chip scratch (dma.c) ---- */
+typedef enum { RT_GSM = 0, RT_AM = 1 } rt_level;
+typedef struct { int pending; int status; } rt_dma_handle;
+/* copy rows x row_bytes; strides in bytes on both sides; completes at dma_wait */
+int dma_get_2d(void *scratch, size_t scratch_stride, const void *ddr, size_t ddr_stride,
+               size_t rows, size_t row_bytes, rt_level level, rt_dma_handle *h);
+int dma_put_2d(void *ddr, size_t ddr_stride, const void *scratch, size_t scratch_stride,
+               size_t rows, size_t row_bytes, rt_level level, rt_dma_handle *h);
+int dma_wait(rt_dma_handle *h);
+/* counters[0..3] = bytes DDR->GSM, DDR->AM, GSM->DDR, AM->DDR; [4],[5] = gets, puts */
+void rt_dma_stats(uint64_t counters[6]);
+void rt_dma_reset(void);
+
+/* ---- GEMM (gemm.c): out[M,N] = op(a)[M,K] @ op(b)[K,N] (+ bias[N]) ---- */
+/* flags: RT_TRANS_A (a stored [K,M]), RT_TRANS_B (b stored [N,K]), RT_ACCUMULATE (out f32 +=) */
+int gemm_fwd_f16(void *out, rt_dtype out_dtype, const rt_half *a, const rt_half *b,
+                 const float *bias, int M, int N, int K, int flags, int threads);
+int gemm_fwd_f32(void *out, rt_dtype out_dtype, const float *a, const float *b,
+                 const float *bias, int M, int N, int K, int flags, int threads);
+/* tiling the GEMM uses for these sizes: plan[0..3] = MC, KC, NC, MR*65536+NR */
+int gemm_plan(int plan[4], int M, int N, int K, rt_dtype in_dtype, int flags);
+
+/* ---- causal attention, flash style (attention_fwd.c, attention_bwd.c) ---- */
+/* q,o [B,T,Hq,D]; k,v [B,T,Hkv,D]; lse [B,Hq,T] f32; alibi [Hq] f32 or NULL */
+int attention_fwd_f16(rt_half *o, float *lse, const rt_half *q, const rt_half *k,
+                      const rt_half *v, const float *alibi, int B, int T, int Hq, int Hkv,
+                      int D, int causal, int threads);
+int attention_fwd_f32(float *o, float *lse, const float *q, const float *k, const float *v,
+                      const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal,
+                      int threads);
+/* dq [B,T,Hq,D]; dk, dv [B,T,Hkv,D] (overwritten) */
+int attention_bwd_f16(rt_half *dq, rt_half *dk, rt_half *dv, const rt_half *q,
+                      const rt_half *k, const rt_half *v, const rt_half *o, const float *lse,
+                      const rt_half *dout, const float *alibi, int B, int T, int Hq, int Hkv,
+                      int D, int causal, int threads);
+int attention_bwd_f32(float *dq, float *dk, float *dv, const float *q, const float *k,
+                      const float *v, const float *o, const float *lse, const float *dout,
+                      const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal,
+                      int threads);
+
+/* ---- elementwise layers (layers.c); dtype-generic pointers, dtype argument ---- */
+/* out,x [N,C]; w [C]; rstd [N] f32 saved for backward */
+int rmsnorm_fwd(void *out, float *rstd, const void *x, const void *w, int N, int C,
+                float eps, rt_dtype dt);
+/* dx [N,C] overwritten; dw [C] f32 accumulated (+=) */
+int rmsnorm_bwd(void *dx, float *dw, const void *dout, const void *x, const void *w,
+                const float *rstd, int N, int C, rt_dtype dt);
+/* out,x [B,T,H,D]; HF rotate_half convention; backward is the inverse rotation */
+int rope_fwd(void *out, const void *x, int B, int T, int H, int D, float theta, rt_dtype dt);
+int rope_bwd(void *dx, const void *dout, int B, int T, int H, int D, float theta, rt_dtype dt);
+/* out = silu(gate) * up, all [n] */
+int swiglu_fwd(void *out, const void *gate, const void *up, size_t n, rt_dtype dt);
+int swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+               size_t n, rt_dtype dt);
+/* out [N,C] = table[ids[N]]; backward scatter-adds into dtable [V,C] f32 (+=) */
+int embedding_fwd(void *out, const int32_t *ids, const void *table, int N, int V, int C,
+                  rt_dtype dt);
+int embedding_bwd(float *dtable, const void *dout, const int32_t *ids, int N, int V, int C,
+                  rt_dtype dt);
+
+/* ---- cross-entropy fused with the LM head (crossentropy.c) ---- */
+/* losses, lse [N] f32; h [N,C]; w [V,C]; targets [N] (<0 = ignored); vocab in chunks */
+int crossentropy_fwd(float *losses, float *lse, const void *h, const void *w,
+                     const int32_t *targets, int N, int V, int C, int chunk, rt_dtype dt,
+                     int threads);
+/* dh [N,C] (dtype dt, overwritten); dw [V,C] f32 (+=); dlosses [N] f32 */
+int crossentropy_bwd(void *dh, float *dw, const void *h, const void *w,
+                     const int32_t *targets, const float *lse, const float *dlosses, int N,
+                     int V, int C, int chunk, rt_dtype dt, int threads);
+
+/* ---- optimizer and reductions (optim.c) ---- */
+/* torch.optim.AdamW on f32 master/m/v with f32 grad; writes the f16 view (may be NULL) */
+int adamw_step_f32(float *master, float *m, float *v, rt_half *param_f16, const float *grad,
+                   size_t n, float lr, float beta1, float beta2, float eps, float wd, int step);
+int cast_f32_to_f16(rt_half *dst, const float *src, size_t n);
+int cast_f16_to_f32(float *dst, const rt_half *src, size_t n);
+/* *sumsq = sum x^2 (double); returns 1 if every element is finite, 0 otherwise */
+int finite_sumsq(double *sumsq, const void *x, size_t n, rt_dtype dt);
 
 #endif

@@ -1,0 +1,217 @@
+/* Blocked GEMM with the MT-3000 structure: per column block (NC) the B panel is fetched by DMA
+ * into GSM and packed by all cores; each core then streams its A blocks (MC x KC) into AM,
+ * double buffered, runs the register micro-kernel into an FP32 C tile kept in AM, and puts
+ * the finished tile back to DDR (cast to FP16, or added to an FP32 buffer when accumulating).
+ * NOTE [gemm dma bytes]: DDR->GSM = K*N*eb, DDR->AM = M*K*ea*n_jc (+ M*N*4 if accumulating),
+ * AM->DDR = M*N*eo, with n_jc = ceil(N / NC) from gemm_plan. tests/native checks this. */
+#include <omp.h>
+#include <stdlib.h>
+#include "gemm.h"
+
+#define MC_BLOCKS 8        /* MC = 8 micro-panels of MR rows */
+#define KC_MAX 256         /* B micro-panel KC x NR fp32 stays in L1 */
+
+typedef struct { int mr, nr, mc, kc, nc, njc, npc; } plan_t;
+
+static int make_plan(plan_t *p, const rt_simd *S, const rt_gemm_args *g) {
+    size_t ea = rt_esize(g->a_dt), eb = rt_esize(g->b_dt);
+    p->mr = S->mr; p->nr = S->nr; p->mc = MC_BLOCKS * S->mr;
+    p->npc = (g->K + KC_MAX - 1) / KC_MAX;
+    p->kc = (int)rt_round_up((g->K + p->npc - 1) / p->npc, 4);
+    p->npc = (g->K + p->kc - 1) / p->kc;
+    size_t a_bytes = (size_t)p->mc * p->kc * (2 * ea + 8) + 4 * RT_ALIGN;
+    if (a_bytes >= rt_am_bytes()) return RT_ENOMEM;
+    size_t nc_am = (rt_am_bytes() - a_bytes) / ((size_t)p->mc * 4);
+    size_t nc_gsm = rt_gsm_bytes() / (4 * rt_round_up(g->K, 4) + (size_t)p->kc * (2 * eb + 4) + 64);
+    size_t nc_max = (nc_am < nc_gsm ? nc_am : nc_gsm) / p->nr * p->nr;
+    if (nc_max < (size_t)p->nr) return RT_ENOMEM;
+    p->njc = (int)((g->N + nc_max - 1) / nc_max);
+    p->nc = (int)rt_round_up((g->N + p->njc - 1) / p->njc, p->nr);
+    return RT_OK;
+}
+
+int gemm_plan(int plan[4], int M, int N, int K, rt_dtype in_dtype, int flags) {
+    rt_gemm_args g = {0};
+    g.M = M; g.N = N; g.K = K; g.a_dt = g.b_dt = in_dtype; g.flags = flags;
+    plan_t p;
+    int st = make_plan(&p, rt_simd_get(), &g);
+    if (st) return st;
+    plan[0] = p.mc; plan[1] = p.kc; plan[2] = p.nc; plan[3] = p.mr * 65536 + p.nr;
+    return RT_OK;
+}
+
+/* ---- B side: panel [k0, k0+kc) x [j0, j1) of op(b) into GSM, packed as kc x NR strips ---- */
+static void fetch_b(char *raw, const rt_gemm_args *g, int k0, int kc, int j0, int j1,
+                    rt_dma_handle *h) {
+    size_t eb = rt_esize(g->b_dt);
+    const char *b = (const char *)g->b;
+    if (g->flags & RT_TRANS_B)   /* b stored [N,K]: rows j, kc elements each */
+        dma_get_2d(raw, kc * eb, b + ((size_t)j0 * g->ldb + k0) * eb, g->ldb * eb, j1 - j0, kc * eb, RT_GSM, h);
+    else                         /* b stored [K,N]: rows k, (j1-j0) elements each */
+        dma_get_2d(raw, (j1 - j0) * eb, b + ((size_t)k0 * g->ldb + j0) * eb, g->ldb * eb, kc, (j1 - j0) * eb, RT_GSM, h);
+}
+
+static void pack_b(float *dst, const float *b32, const rt_gemm_args *g, int kc, int cols, int nr) {
+    int trans = g->flags & RT_TRANS_B;
+    for (int p0 = 0; p0 < cols; p0 += nr, dst += (size_t)kc * nr) {
+        int w = rt_min(nr, cols - p0);
+        for (int k = 0; k < kc; k++) {
+            float *d = dst + (size_t)k * nr;
+            for (int c = 0; c < w; c++) d[c] = trans ? b32[(size_t)(p0 + c) * kc + k] : b32[(size_t)k * cols + p0 + c];
+            for (int c = w; c < nr; c++) d[c] = 0.0f;
+        }
+    }
+}
+
+/* this thread's share [j0, j1) of the NR strips of one column block, for every K chunk */
+static void stage_b(float *bpack, char *gsm_raw, float *b32, const rt_simd *S,
+                    const rt_gemm_args *g, const plan_t *p, int jc0, int nc, int tid, int nt) {
+    int nstrips = (nc + p->nr - 1) / p->nr, ncp = (int)rt_round_up(nc, p->nr);
+    int s0 = nstrips * tid / nt, s1 = nstrips * (tid + 1) / nt;
+    int j0 = s0 * p->nr, j1 = rt_min(s1 * p->nr, nc);
+    if (j0 >= j1) return;
+    size_t eb = rt_esize(g->b_dt), raw_sz = (size_t)p->kc * ncp * eb;
+    char *raw[2] = {gsm_raw + (size_t)p->kc * j0 * eb, gsm_raw + raw_sz + (size_t)p->kc * j0 * eb};
+    float *my32 = b32 + (size_t)p->kc * j0;
+    rt_dma_handle h[2];
+    fetch_b(raw[0], g, 0, rt_min(p->kc, g->K), jc0 + j0, jc0 + j1, &h[0]);
+    for (int pc = 0, k0 = 0; k0 < g->K; pc++, k0 += p->kc) {
+        int kc = rt_min(p->kc, g->K - k0);
+        if (k0 + kc < g->K)   /* double buffering: next chunk in flight while packing this one */
+            fetch_b(raw[(pc + 1) & 1], g, k0 + kc, rt_min(p->kc, g->K - k0 - kc), jc0 + j0, jc0 + j1, &h[(pc + 1) & 1]);
+        dma_wait(&h[pc & 1]);
+        rt_load_f32(S, my32, raw[pc & 1], 0, (size_t)kc * (j1 - j0), g->b_dt);
+        pack_b(bpack + (size_t)k0 * ncp + (size_t)kc * j0, my32, g, kc, j1 - j0, p->nr);
+    }
+}
+
+/* ---- A side: block [i0, i0+mc) x [k0, k0+kc) of op(a) into AM, packed as MR x kc strips ---- */
+static void fetch_a(char *raw, const rt_gemm_args *g, int i0, int mc, int k0, int kc,
+                    rt_dma_handle *h) {
+    size_t ea = rt_esize(g->a_dt);
+    const char *a = (const char *)g->a;
+    if (g->flags & RT_TRANS_A)   /* a stored [K,M] */
+        dma_get_2d(raw, mc * ea, a + ((size_t)k0 * g->lda + i0) * ea, g->lda * ea, kc, mc * ea, RT_AM, h);
+    else
+        dma_get_2d(raw, kc * ea, a + ((size_t)i0 * g->lda + k0) * ea, g->lda * ea, mc, kc * ea, RT_AM, h);
+}
+
+static void pack_a(float *dst, const float *a32, int trans, int mc, int kc, int mr) {
+    for (int r0 = 0; r0 < mc; r0 += mr, dst += (size_t)kc * mr) {
+        int h = rt_min(mr, mc - r0);
+        for (int r = 0; r < h; r++) {
+            if (trans) for (int k = 0; k < kc; k++) dst[(size_t)k * mr + r] = a32[(size_t)k * mc + r0 + r];
+            else for (int k = 0; k < kc; k++) dst[(size_t)k * mr + r] = a32[(size_t)(r0 + r) * kc + k];
+        }
+        for (int r = h; r < mr; r++) for (int k = 0; k < kc; k++) dst[(size_t)k * mr + r] = 0.0f;
+    }
+}
+
+static void compute_block(float *ctile, int ldct, const float *apack, const float *bpack_k,
+                          const rt_simd *S, int mc, int nc, int kc, int first) {
+    int ncp = (int)rt_round_up(nc, S->nr);
+    for (int j = 0; j < ncp; j += S->nr) {
+        const float *bs = bpack_k + (size_t)kc * j;
+        for (int i = 0; i < mc; i += S->mr)
+            S->gemm_ukr(kc, apack + (size_t)kc * i, bs, ctile + (size_t)i * ldct + j, ldct, first);
+    }
+}
+
+/* finished C tile (mc x nc, f32 in AM) -> DDR: + bias, += old C if accumulating, cast */
+static void put_c(const rt_gemm_args *g, const rt_simd *S, float *ctile, int ldct, float *stage,
+                  size_t stage_floats, int i0, int mc, int j0, int nc) {
+    size_t eo = rt_esize(g->out_dt);
+    int slab = rt_max(1, (int)(stage_floats / (size_t)nc));
+    char *out = (char *)g->out;
+    for (int r0 = 0; r0 < mc; r0 += slab) {
+        int rows = rt_min(slab, mc - r0);
+        rt_dma_handle h;
+        char *dst = out + ((size_t)(i0 + r0) * g->ldc + j0) * eo;
+        if (g->flags & RT_ACCUMULATE) {
+            dma_get_2d(stage, nc * 4, dst, g->ldc * 4, rows, nc * 4, RT_AM, &h);
+            dma_wait(&h);
+        }
+        for (int r = 0; r < rows; r++) {
+            float *cr = ctile + (size_t)(r0 + r) * ldct, *sr = stage + (size_t)r * nc;
+            if (g->bias) S->axpy(cr, g->bias + j0, nc, 1.0f);
+            if (g->flags & RT_ACCUMULATE) S->axpy(sr, cr, nc, 1.0f);
+            else rt_store_f32(S, stage, (size_t)r * nc, cr, nc, g->out_dt);
+        }
+        dma_put_2d(dst, g->ldc * eo, stage, nc * eo, rows, nc * eo, RT_AM, &h);
+        dma_wait(&h);
+    }
+}
+
+/* this thread's rows [m0, m1) against the packed column block [jc0, jc0+nc) */
+static void run_rows(const rt_gemm_args *g, const rt_simd *S, const plan_t *p, char *am,
+                     const float *bpack, int m0, int m1, int jc0, int nc) {
+    size_t ea = rt_esize(g->a_dt), ablk = (size_t)p->mc * p->kc;
+    int ldct = (int)rt_round_up(nc, p->nr);
+    char *raw[2] = {am, am + rt_round_up(ablk * ea, RT_ALIGN)};
+    float *a32 = (float *)(raw[1] + rt_round_up(ablk * ea, RT_ALIGN));
+    float *apack = a32 + ablk, *ctile = apack + ablk;
+    int trans = g->flags & RT_TRANS_A, n_items = 0, npc = p->npc;
+    for (int i0 = m0; i0 < m1; i0 += p->mc) n_items += npc;
+    rt_dma_handle h[2];
+    if (n_items) fetch_a(raw[0], g, m0, rt_min(p->mc, m1 - m0), 0, rt_min(p->kc, g->K), &h[0]);
+    for (int it = 0; it < n_items; it++) {
+        int i0 = m0 + (it / npc) * p->mc, pc = it % npc, k0 = pc * p->kc;
+        int mc = rt_min(p->mc, m1 - i0), kc = rt_min(p->kc, g->K - k0);
+        if (it + 1 < n_items) {   /* double buffering: next A block in flight */
+            int ni0 = m0 + ((it + 1) / npc) * p->mc, nk0 = ((it + 1) % npc) * p->kc;
+            fetch_a(raw[(it + 1) & 1], g, ni0, rt_min(p->mc, m1 - ni0), nk0, rt_min(p->kc, g->K - nk0), &h[(it + 1) & 1]);
+        }
+        dma_wait(&h[it & 1]);
+        rt_load_f32(S, a32, raw[it & 1], 0, (size_t)mc * kc, g->a_dt);
+        pack_a(apack, a32, trans, mc, kc, p->mr);
+        compute_block(ctile, ldct, apack, bpack + (size_t)k0 * ldct, S, (int)rt_round_up(mc, p->mr), nc, kc, pc == 0);
+        if (pc == npc - 1) put_c(g, S, ctile, ldct, a32, ablk, i0, mc, jc0, nc);
+    }
+}
+
+int rt_gemm(const rt_gemm_args *g_in, int threads) {
+    rt_gemm_args g = *g_in;
+    if (g.M <= 0 || g.N <= 0 || g.K <= 0 || threads < 1 || threads > RT_MAX_THREADS) return RT_EINVAL;
+    if ((g.flags & RT_ACCUMULATE) && g.out_dt != RT_F32) return RT_EINVAL;
+    if (!g.lda) g.lda = (g.flags & RT_TRANS_A) ? g.M : g.K;
+    if (!g.ldb) g.ldb = (g.flags & RT_TRANS_B) ? g.K : g.N;
+    if (!g.ldc) g.ldc = g.N;
+    const rt_simd *S = rt_simd_get();
+    plan_t p;
+    int st = make_plan(&p, S, &g);
+    if (st) return st;
+    char *gsm = rt_gsm();
+    if (!gsm) return RT_ENOMEM;
+    int ncp = (int)rt_round_up(p.nc, p.nr);
+    float *bpack = (float *)gsm;
+    char *braw = gsm + rt_round_up((size_t)4 * rt_round_up(g.K, 4) * ncp, RT_ALIGN);
+    float *b32 = (float *)(braw + rt_round_up((size_t)2 * p.kc * ncp * rt_esize(g.b_dt), RT_ALIGN));
+    int mpanels = (g.M + p.mr - 1) / p.mr, fail = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        char *am = rt_am(tid);
+        if (!am) { __atomic_store_n(&fail, 1, __ATOMIC_RELAXED); }
+        #pragma omp barrier
+        int m0 = rt_min(g.M, mpanels * tid / nt * p.mr), m1 = rt_min(g.M, mpanels * (tid + 1) / nt * p.mr);
+        for (int jc0 = 0; jc0 < g.N && !fail; jc0 += p.nc) {
+            int nc = rt_min(p.nc, g.N - jc0);
+            stage_b(bpack, braw, b32, S, &g, &p, jc0, nc, tid, nt);
+            #pragma omp barrier
+            run_rows(&g, S, &p, am, bpack, m0, m1, jc0, nc);
+            #pragma omp barrier
+        }
+    }
+    return fail ? RT_ENOMEM : RT_OK;
+}
+
+int gemm_fwd_f16(void *out, rt_dtype out_dtype, const rt_half *a, const rt_half *b,
+                 const float *bias, int M, int N, int K, int flags, int threads) {
+    rt_gemm_args g = {out, out_dtype, a, RT_F16, b, RT_F16, bias, M, N, K, flags, 0, 0, 0};
+    return rt_gemm(&g, threads);
+}
+int gemm_fwd_f32(void *out, rt_dtype out_dtype, const float *a, const float *b,
+                 const float *bias, int M, int N, int K, int flags, int threads) {
+    rt_gemm_args g = {out, out_dtype, a, RT_F32, b, RT_F32, bias, M, N, K, flags, 0, 0, 0};
+    return rt_gemm(&g, threads);
+}
