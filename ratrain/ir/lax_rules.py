@@ -25,29 +25,41 @@ def _is_var(v) -> bool:
     return not isinstance(v, Literal)
 
 
+def _fit(b, ct, x):
+    """The cotangent of operand x. lax lets a scalar or a size-1 axis meet a full array
+    (implicit broadcast), so the cotangent is summed back over those axes."""
+    if not _is_var(x):
+        return None
+    if tuple(ct.shape) == tuple(x.shape):
+        return ct
+    padded = (1,) * (len(ct.shape) - len(x.shape)) + tuple(x.shape)
+    axes = tuple(i for i, (n, m) in enumerate(zip(padded, ct.shape)) if n == 1 and m != 1)
+    summed = b.emit1("reduce_sum", ct, axes=axes) if axes else ct
+    return b.emit1("reshape", summed, new_sizes=tuple(x.shape))
+
+
 # --- elementwise arithmetic -----------------------------------------------------------
 
 def _vjp_add(b, node, cts):
-    return tuple(cts[0] if _is_var(x) else None for x in node.inputs)
+    return tuple(_fit(b, cts[0], x) for x in node.inputs)
 
 
 def _vjp_sub(b, node, cts):
     x, y = node.inputs
-    return (cts[0] if _is_var(x) else None,
-            b.emit1("neg", cts[0]) if _is_var(y) else None)
+    return (_fit(b, cts[0], x), _fit(b, b.emit1("neg", cts[0]), y) if _is_var(y) else None)
 
 
 def _vjp_mul(b, node, cts):
     x, y = node.inputs
-    return (b.emit1("mul", cts[0], y) if _is_var(x) else None,
-            b.emit1("mul", x, cts[0]) if _is_var(y) else None)
+    return (_fit(b, b.emit1("mul", cts[0], y), x) if _is_var(x) else None,
+            _fit(b, b.emit1("mul", x, cts[0]), y) if _is_var(y) else None)
 
 
 def _vjp_div(b, node, cts):
     x, y = node.inputs
     dx = b.emit1("div", cts[0], y)
     dy = b.emit1("neg", b.emit1("mul", dx, node.outputs[0])) if _is_var(y) else None
-    return (dx if _is_var(x) else None, dy)
+    return (_fit(b, dx, x), _fit(b, dy, y) if dy is not None else None)
 
 
 def _vjp_neg(b, node, cts):

@@ -57,10 +57,11 @@ def format_node(node: Node, name) -> str:
 
 def format_graph(graph: LayerGraph) -> str:
     name = _Namer(graph.params, graph.param_names)
-    params = " ".join(name.typed(v) for v in graph.params)
-    inputs = " ".join(f"{role}={name.typed(v)}"
-                      for role, v in zip(graph.input_names, graph.inputs))
-    lines = [f"{{ {graph.name} ; params {params} ; inputs {inputs} . let"]
+    lines = [f"{{ {graph.name}"]
+    lines += [f"  param  {name.typed(v)}" for v in graph.params]
+    lines += [f"  input  {role}={name.typed(v)}"
+              for role, v in zip(graph.input_names, graph.inputs)]
+    lines.append("  let")
     lines += ["    " + format_node(n, name) for n in graph.nodes]
     outs = " ".join(f"{role}={name(v)}" for role, v in zip(graph.output_names, graph.outputs))
     lines.append(f"  in ({outs}) }}")

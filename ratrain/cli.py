@@ -1,0 +1,122 @@
+"""The `ratrain` command: one subcommand per user task (DESIGN section 1).
+
+Each subcommand is a small function over parsed arguments; errors a user can fix are
+raised as `UserError` and printed as one line, never as a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+MODEL_HELP = ("a preset name (tiny, llama2-7b, llama2-13b, llama2-70b, baichuan2-13b, "
+              "qwen2.5-32b, ...), a Hugging Face config.json, or a directory holding one")
+
+
+class UserError(Exception):
+    """An error caused by the command's input; printed without a traceback."""
+
+
+def _trace(args):
+    from ratrain import models
+    from ratrain.ir.train_graph import trace_model
+    try:
+        config = models.get_config(args.model)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        raise UserError(str(e)) from None
+    return trace_model(config, micro_batch_size=args.micro_batch_size, seq_len=args.seq_len,
+                       name=args.model)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def cmd_info(args) -> None:
+    from ratrain.ir.costs import layer_cost
+    tg = _trace(args)
+    c = tg.config
+    print(f"model: {tg.name} ({c.get('model_type')})  hidden {c['hidden_size']}, "
+          f"layers {c['num_hidden_layers']}, heads {c['num_attention_heads']} "
+          f"(kv {c.get('num_key_value_heads', c['num_attention_heads'])}), "
+          f"ffn {c['intermediate_size']}, vocab {c['vocab_size']}")
+    print(f"micro-batch: {tg.micro_batch_size} x {tg.seq_len} tokens, dtype {tg.dtype}")
+    print(f"parameters: {tg.num_params()}")
+    print(f"{'layer':>5} {'kind':<8} {'params':>12} {'fwd GFLOP':>10} {'bwd GFLOP':>10} "
+          f"{'param bytes':>12} {'act bytes/mb':>13}")
+    costs = {k: layer_cost(kind) for k, kind in tg.kinds.items()}
+    types = tg.param_types()
+    for layer in tg.layers:
+        cost = costs[layer.kind]
+        n = sum(types[p].size for p in layer.param_names)
+        print(f"{layer.index:>5} {layer.kind:<8} {n:>12} {cost.fwd_flops / 1e9:>10.3f} "
+              f"{cost.bwd_flops / 1e9:>10.3f} {_fmt_bytes(cost.param_bytes):>12} "
+              f"{_fmt_bytes(cost.residual_bytes):>13}")
+    if args.graph:
+        print(tg.kinds["decoder"].fwd)
+
+
+def cmd_inspect(args) -> None:
+    tg = _trace(args)
+    if not 0 <= args.layer < len(tg.layers):
+        raise UserError(f"--layer {args.layer} is out of range: the model has layers "
+                        f"0..{len(tg.layers) - 1} (0 = embedding, {len(tg.layers) - 1} = head)")
+    layer = tg.layers[args.layer]
+    kind = tg.kinds[layer.kind]
+    print(f"# layer {layer.index} ({layer.kind}); parameters: " + ", ".join(layer.param_names))
+    print(kind.fwd if args.graph == "fwd" else kind.bwd)
+
+
+def _add_shape_options(p) -> None:
+    p.add_argument("model", nargs="?", default="tiny", help=f"the model: {MODEL_HELP} "
+                   "(default: tiny)")
+    p.add_argument("--micro-batch-size", type=int, default=1, metavar="B",
+                   help="sequences per micro-batch the graphs are traced for (default: 1)")
+    p.add_argument("--seq-len", type=int, default=None, metavar="T",
+                   help="tokens per sequence (default: the model's context, at most 2048)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ratrain", description="Compile, run, inspect and plan resource-aware 1F1B + DP "
+        "training of dense LLMs (RATrain).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                help="what to do; `ratrain COMMAND --help` explains each")
+    p = sub.add_parser("info", help="trace a model: config, exact parameter count, "
+                       "per-layer FLOPs and bytes",
+                       description="Trace MODEL into the IR on abstract shapes (no parameter "
+                       "memory) and print its config, `parameters: N` counted from the traced "
+                       "graph, and per-layer FLOPs and bytes for one micro-batch.")
+    _add_shape_options(p)
+    p.add_argument("--graph", action="store_true", help="also print the decoder layer's "
+                   "forward IR")
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("inspect", help="print one layer's forward or backward IR",
+                       description="Print the IR text of one layer of MODEL.")
+    _add_shape_options(p)
+    p.add_argument("--layer", type=int, default=1, metavar="I",
+                   help="layer index: 0 = embedding, 1..L = decoder layers, L+1 = head "
+                   "(default: 1)")
+    p.add_argument("--graph", choices=("fwd", "bwd"), default="fwd",
+                   help="which graph to print (default: fwd)")
+    p.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except UserError as e:
+        print(f"ratrain: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ratrain: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

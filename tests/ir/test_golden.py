@@ -1,0 +1,38 @@
+"""Golden text of the forward and backward IR of a one-layer model.
+
+On a mismatch the actual text is printed so it can be reviewed and pasted in
+(or regenerated with RATRAIN_UPDATE_GOLDEN=1).
+"""
+import os
+from pathlib import Path
+
+import pytest
+
+from ratrain import models
+from ratrain.ir.train_graph import trace_model
+
+GOLDEN = Path(__file__).parent / "golden"
+ONE_LAYER = {"model_type": "llama", "hidden_size": 16, "intermediate_size": 24,
+             "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+             "vocab_size": 32, "max_position_embeddings": 8}
+
+
+def assert_ir_equal(expected_file: Path, actual: str) -> None:
+    if os.environ.get("RATRAIN_UPDATE_GOLDEN") == "1":
+        expected_file.write_text(actual + "\n")
+    expected = expected_file.read_text().rstrip("\n")
+    assert actual == expected, f"IR differs from {expected_file.name}; actual:\n{actual}"
+
+
+@pytest.mark.parametrize("kind", ["embed", "decoder", "head"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_one_layer_ir(kind, direction):
+    tg = trace_model(models.fill_defaults(dict(ONE_LAYER)), micro_batch_size=1, seq_len=4)
+    graph = getattr(tg.kinds[kind], direction)
+    assert_ir_equal(GOLDEN / f"one_layer_{kind}_{direction}.txt", str(graph))
+
+
+def test_text_is_deterministic():
+    config = models.fill_defaults(dict(ONE_LAYER))
+    first = str(trace_model(config, seq_len=4).kinds["decoder"].bwd)
+    assert first == str(trace_model(config, seq_len=4).kinds["decoder"].bwd)
