@@ -27,3 +27,40 @@ def gemm(a, b, *, trans_a=False, trans_b=False, out=None, out_dtype=np.float16, 
         st = c_gemm_fwd_f32(<void*>co.data, od, <float*>ca.data, <float*>cb.data, NULL, M, N, K, flags, threads)
     if st: raise RuntimeError(st)
     return out
+
+cdef extern from "ratrain_kernels.h" nogil:
+    int c_attention_fwd_f16 "attention_fwd_f16"(void *o, float *lse, const void *q, const void *k, const void *v, const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal, int threads)
+    int c_attention_fwd_f32 "attention_fwd_f32"(void *o, float *lse, const void *q, const void *k, const void *v, const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal, int threads)
+    int c_attention_bwd_f16 "attention_bwd_f16"(void *dq, void *dk, void *dv, const void *q, const void *k, const void *v, const void *o, const float *lse, const void *do, const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal, int threads)
+    int c_attention_bwd_f32 "attention_bwd_f32"(void *dq, void *dk, void *dv, const void *q, const void *k, const void *v, const void *o, const float *lse, const void *do, const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal, int threads)
+
+cdef void *P(cnp.ndarray x):
+    return <void*>x.data
+
+def attention_fwd(q, k, v, *, causal=True, alibi_slopes=None, threads=1):
+    B, T, Hq, D = q.shape; Hkv = k.shape[2]
+    o = np.empty_like(q); lse = np.empty((B, Hq, T), np.float32)
+    cdef const float *al = NULL
+    cdef cnp.ndarray a
+    if alibi_slopes is not None:
+        a = np.ascontiguousarray(alibi_slopes, np.float32); al = <float*>a.data
+    if q.dtype == np.float16:
+        st = c_attention_fwd_f16(P(o), <float*>P(lse), P(q), P(k), P(v), al, B, T, Hq, Hkv, D, causal, threads)
+    else:
+        st = c_attention_fwd_f32(P(o), <float*>P(lse), P(q), P(k), P(v), al, B, T, Hq, Hkv, D, causal, threads)
+    if st: raise RuntimeError(st)
+    return o, lse
+
+def attention_bwd(q, k, v, o, lse, do, *, causal=True, alibi_slopes=None, threads=1):
+    B, T, Hq, D = q.shape; Hkv = k.shape[2]
+    dq = np.empty_like(q); dk = np.empty_like(k); dv = np.empty_like(v)
+    cdef const float *al = NULL
+    cdef cnp.ndarray a
+    if alibi_slopes is not None:
+        a = np.ascontiguousarray(alibi_slopes, np.float32); al = <float*>a.data
+    if q.dtype == np.float16:
+        st = c_attention_bwd_f16(P(dq), P(dk), P(dv), P(q), P(k), P(v), P(o), <float*>P(lse), P(do), al, B, T, Hq, Hkv, D, causal, threads)
+    else:
+        st = c_attention_bwd_f32(P(dq), P(dk), P(dv), P(q), P(k), P(v), P(o), <float*>P(lse), P(do), al, B, T, Hq, Hkv, D, causal, threads)
+    if st: raise RuntimeError(st)
+    return dq, dk, dv
