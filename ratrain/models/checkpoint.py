@@ -38,23 +38,26 @@ def save_pretrained(path, config: dict, params: dict) -> Path:
     return path
 
 
+_WIDENED = ("bfloat16", "float16")   # HF release dtypes; our reference math is fp32
+
+
 def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
-    """All tensors of one file; bf16 tensors (numpy has no bf16) widen to float32."""
+    """All tensors of one file; bf16/fp16 tensors widen to float32 (exactly)."""
     out = {}
     with safe_open(str(file), framework="numpy") as f:
         for name in f.keys():
             out[name] = f.get_tensor(name)
-    return {k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v
+    return {k: v.astype(np.float32) if v.dtype.name in _WIDENED else v
             for k, v in out.items()}
 
 
-def _weight_files(path: Path) -> list[Path]:
-    index = path / INDEX_FILE
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [path / f for f in sorted(set(weight_map.values()))]
+def _weight_map(path: Path) -> dict[str, str]:
+    """tensor name -> file name: the index's weight_map, or everything in one file."""
+    if (path / INDEX_FILE).is_file():
+        return json.loads((path / INDEX_FILE).read_text())["weight_map"]
     if (path / SINGLE_FILE).is_file():
-        return [path / SINGLE_FILE]
+        with safe_open(str(path / SINGLE_FILE), framework="numpy") as f:
+            return {name: SINGLE_FILE for name in f.keys()}
     raise ValueError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
 
 
@@ -62,7 +65,11 @@ def load_pretrained(path) -> tuple[dict, dict[str, np.ndarray]]:
     """(config, params) from a checkpoint directory written by us or by transformers."""
     path = Path(path)
     config = fill_defaults(json.loads((path / "config.json").read_text()), source=str(path))
-    params = {}
-    for file in _weight_files(path):
-        params.update(_read_safetensors(file))
+    weight_map, params = _weight_map(path), {}
+    for file in sorted(set(weight_map.values())):
+        params.update(_read_safetensors(path / file))
+    if set(params) != set(weight_map):
+        missing = sorted(set(weight_map) - set(params))[:5]
+        raise ValueError(f"{path}: shards do not match the index weight_map "
+                         f"(missing e.g. {missing})")
     return config, params
