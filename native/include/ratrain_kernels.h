@@ -59,43 +59,46 @@ int attention_bwd_f32(float *dq, float *dk, float *dv, const float *q, const flo
                       const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal,
                       int threads);
 
-/* ---- elementwise layers (layers.c); dtype-generic pointers, dtype argument ---- */
-/* out,x [N,C]; w [C]; rstd [N] f32 saved for backward */
-int rmsnorm_fwd(void *out, float *rstd, const void *x, const void *w, int N, int C,
-                float eps, rt_dtype dt);
-/* dx [N,C] overwritten; dw [C] f32 accumulated (+=) */
-int rmsnorm_bwd(void *dx, float *dw, const void *dout, const void *x, const void *w,
-                const float *rstd, int N, int C, rt_dtype dt);
-/* out,x [B,T,H,D]; HF rotate_half convention; backward is the inverse rotation */
-int rope_fwd(void *out, const void *x, int B, int T, int H, int D, float theta, rt_dtype dt);
-int rope_bwd(void *dx, const void *dout, int B, int T, int H, int D, float theta, rt_dtype dt);
-/* out = silu(gate) * up, all [n] */
-int swiglu_fwd(void *out, const void *gate, const void *up, size_t n, rt_dtype dt);
-int swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up,
-               size_t n, rt_dtype dt);
-/* out [N,C] = table[ids[N]]; backward scatter-adds into dtable [V,C] f32 (+=) */
-int embedding_fwd(void *out, const int32_t *ids, const void *table, int N, int V, int C,
-                  rt_dtype dt);
-int embedding_bwd(float *dtable, const void *dout, const int32_t *ids, int N, int V, int C,
-                  rt_dtype dt);
+/* ---- layer kernels (layers.c, crossentropy.c via entry.c); X = f16 (rt_half) or f32 ---- */
+#define RT_DECLARE_LAYERS(X, T)                                                              \
+/* out,x [N,C]; w [C]; rstd [N] f32 saved for backward */                                    \
+int rmsnorm_fwd_##X(T *out, float *rstd, const T *x, const T *w, int N, int C, float eps,    \
+                    int threads);                                                            \
+/* dx [N,C] overwritten; dw [C] f32 accumulated (+=) */                                      \
+int rmsnorm_bwd_##X(T *dx, float *dw, const T *dout, const T *x, const T *w,                 \
+                    const float *rstd, int N, int C, int threads);                           \
+/* out,x [B,T,H,D], positions 0..T-1, HF rotate_half; backward = inverse rotation */         \
+int rope_fwd_##X(T *out, const T *x, int B, int T_, int H, int D, float theta, int threads); \
+int rope_bwd_##X(T *dx, const T *dout, int B, int T_, int H, int D, float theta,             \
+                 int threads);                                                               \
+/* out = silu(gate) * up, all [n]; backward overwrites dgate, dup */                         \
+int swiglu_fwd_##X(T *out, const T *gate, const T *up, size_t n, int threads);               \
+int swiglu_bwd_##X(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n,    \
+                   int threads);                                                             \
+/* out [N,C] = table[V,C][ids[N]]; backward scatter-adds into dtable [V,C] f32 (+=) */       \
+int embedding_fwd_##X(T *out, const int32_t *ids, const T *table, int N, int V, int C,       \
+                      int threads);                                                          \
+int embedding_bwd_##X(float *dtable, const T *dout, const int32_t *ids, int N, int V, int C, \
+                      int threads);                                                          \
+/* LM head + cross-entropy, vocab in chunks: losses, lse [N] f32; h [N,C]; w [V,C];          \
+ * targets [N] (<0 ignored); backward: dh [N,C] overwritten, dw [V,C] f32 (+=),              \
+ * dlosses [N] f32 = d(total loss)/d(loss[n]) */                                             \
+int crossentropy_fwd_##X(float *losses, float *lse, const T *h, const T *w,                  \
+                         const int32_t *targets, int N, int V, int C, int chunk,             \
+                         int threads);                                                       \
+int crossentropy_bwd_##X(T *dh, float *dw, const T *h, const T *w, const int32_t *targets,   \
+                         const float *lse, const float *dlosses, int N, int V, int C,        \
+                         int chunk, int threads);                                            \
+/* *finite = 1 iff every element is finite; *sumsq = sum x^2 in double */                   \
+int finite_sumsq_##X(int *finite, double *sumsq, const T *x, size_t n, int threads);
+RT_DECLARE_LAYERS(f16, rt_half)
+RT_DECLARE_LAYERS(f32, float)
 
-/* ---- cross-entropy fused with the LM head (crossentropy.c) ---- */
-/* losses, lse [N] f32; h [N,C]; w [V,C]; targets [N] (<0 = ignored); vocab in chunks */
-int crossentropy_fwd(float *losses, float *lse, const void *h, const void *w,
-                     const int32_t *targets, int N, int V, int C, int chunk, rt_dtype dt,
-                     int threads);
-/* dh [N,C] (dtype dt, overwritten); dw [V,C] f32 (+=); dlosses [N] f32 */
-int crossentropy_bwd(void *dh, float *dw, const void *h, const void *w,
-                     const int32_t *targets, const float *lse, const float *dlosses, int N,
-                     int V, int C, int chunk, rt_dtype dt, int threads);
-
-/* ---- optimizer and reductions (optim.c) ---- */
-/* torch.optim.AdamW on f32 master/m/v with f32 grad; writes the f16 view (may be NULL) */
+/* ---- optimizer and casts (optim.c) ---- */
+/* torch.optim.AdamW on f32 master/m/v [n] with f32 grad; writes the f16 view (may be NULL) */
 int adamw_step_f32(float *master, float *m, float *v, rt_half *param_f16, const float *grad,
                    size_t n, float lr, float beta1, float beta2, float eps, float wd, int step);
 int cast_f32_to_f16(rt_half *dst, const float *src, size_t n);
 int cast_f16_to_f32(float *dst, const rt_half *src, size_t n);
-/* *sumsq = sum x^2 (double); returns 1 if every element is finite, 0 otherwise */
-int finite_sumsq(double *sumsq, const void *x, size_t n, rt_dtype dt);
 
 #endif

@@ -79,7 +79,7 @@ static int attention_fwd(void *o, float *lse, const void *q, const void *k, cons
     #pragma omp parallel num_threads(threads)
     {
         char *am = rt_am(omp_get_thread_num());
-        fwd_tiles w;
+        fwd_tiles w = {0};
         if (am) carve_fwd(&w, am, &s); else fail = 1;
         #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < ntask; t++) {   /* longest (last) query blocks first */
