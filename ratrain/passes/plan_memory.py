@@ -1,0 +1,265 @@
+"""plan_memory: exact buffer lifetimes, FREE at last use, arena offsets, peak vs budget.
+
+Runs after every pass that adds or moves tasks and before lower. It sees buffers only
+through buffers.task_effects and persistent_buffers, so it is generic over task kinds.
+One arena per stage: every DP replica of a stage runs the same tasks and the same plan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ratrain.ir.tasks import Kind, Task
+from ratrain.passes.buffers import CATEGORIES, Buffer, persistent_buffers, task_effects
+
+ALIGNMENT = 64                          # bytes; every arena offset is a multiple of it
+MiB, GiB = 1 << 20, 1 << 30
+
+
+class MemoryBudgetError(ValueError):
+    """The program needs more memory per rank than --budget allows; the message says why."""
+
+
+@dataclass(frozen=True)
+class Span:
+    buffer: Buffer                      # what lives
+    first: int                          # index of the creating task (0 if persistent)
+    last: int                           # index of the last task that reads it
+    persistent: bool                    # lives all step: never freed
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    arena_bytes: int                    # arena size: max offset + nbytes
+    peak_bytes: int                     # most bytes live during any one task
+    peak_task: int                      # index (in the final tasks) of the first peak task
+    peak_task_name: str                 # its text form, e.g. "0B0"
+    offsets: dict                       # buffer name -> (arena offset, nbytes)
+    lifetimes: dict                     # buffer name -> (first, last) task index, inclusive
+    categories: dict                    # buffer name -> category (one of CATEGORIES)
+    timeline: list                      # per task: {category: live bytes}, CATEGORIES order
+
+    def breakdown(self) -> str:
+        """The categories live at the peak task, largest first."""
+        row = self.timeline[self.peak_task] if self.timeline else {}
+        parts = sorted(((b, c) for c, b in row.items() if b), reverse=True)
+        return ", ".join(f"{c} {format_bytes(b)}" for b, c in parts) or "nothing"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    stages: dict                        # stage -> StageMemory
+    budget: int | None                  # usable bytes per rank; None = unlimited
+
+    @property
+    def worst_stage(self) -> int:
+        return max(self.stages, key=lambda s: (self.stages[s].arena_bytes, -s))
+
+    @property
+    def arena_bytes(self) -> int:
+        return max((m.arena_bytes for m in self.stages.values()), default=0)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max((m.peak_bytes for m in self.stages.values()), default=0)
+
+    def report(self) -> str:
+        """Per stage: peak (at which task), arena, and the peak broken down by category."""
+        budget = format_bytes(self.budget) if self.budget else "unlimited"
+        lines = [f"memory plan (budget {budget})"]
+        for stage, m in sorted(self.stages.items()):
+            lines.append(f"stage {stage}: peak {format_bytes(m.peak_bytes)} at task "
+                         f"{m.peak_task} ({m.peak_task_name}), arena {format_bytes(m.arena_bytes)}")
+            lines.append("  " + m.breakdown())
+        return "\n".join(lines)
+
+
+def format_bytes(nbytes: int) -> str:
+    return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB else f"{nbytes / MiB:.2f} MiB"
+
+
+def arena_name(name: str) -> str:
+    """A buffer's name in the plan and in FREE tasks. Task text forbids brackets in a
+    FREE's operand, but workspace names embed task text (`ws.0REC[L1]0`): map them to
+    parentheses (`ws.0REC(L1)0`). The identity for every other name."""
+    return name.replace("[", "(").replace("]", ")")
+
+
+def align(nbytes: int) -> int:
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def plan_memory(program):
+    """Insert FREE tasks at last use, assign arena offsets, check the budget.
+
+    Requires: every stage's final task order (all passes that add or move tasks have
+    run); every buffer a task reads is persistent or created by an earlier task.
+    Guarantees: each non-persistent buffer gets one FREE right after its last reader
+    (right after its creator if never read); buffers whose lifetimes intersect never
+    overlap in their stage's arena; offsets are ALIGNMENT-aligned; `program.memory` is
+    a MemoryPlan over the returned tasks. Raises MemoryBudgetError if a stage's arena
+    exceeds `options.budget`. Idempotent: FREE tasks already present are replanned.
+    """
+    tasks, stages = {}, {}
+    for stage in sorted(program.tasks):
+        tasks[stage], stages[stage] = plan_stage(program, stage)
+    plan = MemoryPlan(stages, program.options.budget)
+    if plan.budget is not None and plan.arena_bytes > plan.budget:
+        raise MemoryBudgetError(budget_message(program, plan))
+    return replace(program, tasks=tasks, memory=plan)
+
+
+def plan_stage(program, stage: int) -> tuple[tuple[Task, ...], StageMemory]:
+    """The stage's tasks with FREEs inserted, and its memory plan over them."""
+    work = tuple(t for t in program.tasks[stage] if t.kind != Kind.FREE)
+    spans = _spans(program, stage, work)
+    final, position = _with_frees(stage, work, spans)
+    spans = [replace(s, first=0, last=len(final) - 1) if s.persistent else
+             replace(s, first=position[s.first], last=position[s.last]) for s in spans]
+    timeline = _timeline(spans, len(final))
+    totals = [sum(row.values()) for row in timeline]
+    peak_task = totals.index(max(totals)) if totals else 0
+    memory = StageMemory(
+        arena_bytes=0, peak_bytes=max(totals, default=0), peak_task=peak_task,
+        peak_task_name=str(final[peak_task]) if final else "",
+        offsets=assign_offsets(spans),
+        lifetimes={s.buffer.name: (s.first, s.last) for s in spans},
+        categories={s.buffer.name: s.buffer.category for s in spans}, timeline=timeline)
+    arena = max((o + n for o, n in memory.offsets.values()), default=0)
+    return final, replace(memory, arena_bytes=arena)
+
+
+def _spans(program, stage: int, tasks) -> list[Span]:
+    """Lifetime of every buffer over `tasks` (no FREEs), from task_effects alone."""
+    last = max(len(tasks) - 1, 0)
+    spans = {b.name: Span(_renamed(b), 0, last, True) for b in persistent_buffers(program, stage)}
+    for i, task in enumerate(tasks):
+        effects = task_effects(program, task)
+        for b in effects.creates:
+            if b.name in spans:
+                raise ValueError(f"{task} creates {b.name}, which already exists on stage {stage}")
+            spans[b.name] = Span(_renamed(b), i, i, False)
+        for name in effects.reads:
+            if name not in spans:
+                raise ValueError(f"{task} reads {name}, which no earlier task on stage "
+                                 f"{stage} creates and which is not persistent")
+            if not spans[name].persistent:
+                spans[name] = replace(spans[name], last=i)
+    return list(spans.values())
+
+
+def _renamed(buffer: Buffer) -> Buffer:
+    return replace(buffer, name=arena_name(buffer.name))
+
+
+def _with_frees(stage: int, tasks, spans) -> tuple[tuple[Task, ...], list[int]]:
+    """Tasks with a FREE after each buffer's last use; old index -> new index."""
+    frees_after: dict[int, list[Task]] = {}
+    for s in spans:
+        if not s.persistent:
+            frees_after.setdefault(s.last, []).append(Task(stage, Kind.FREE, buffer=s.buffer.name))
+    final, position = [], []
+    for i, task in enumerate(tasks):
+        position.append(len(final))
+        final += [task] + frees_after.get(i, [])
+    return tuple(final), position
+
+
+def _timeline(spans, num_tasks: int) -> list[dict[str, int]]:
+    """Live bytes per task by category: +nbytes at first, -nbytes after last."""
+    delta = [dict.fromkeys(CATEGORIES, 0) for _ in range(num_tasks + 1)]
+    for s in spans:
+        delta[s.first][s.buffer.category] += s.buffer.nbytes
+        delta[s.last + 1][s.buffer.category] -= s.buffer.nbytes
+    timeline, live = [], dict.fromkeys(CATEGORIES, 0)
+    for row in delta[:num_tasks]:
+        live = {c: live[c] + row[c] for c in CATEGORIES}
+        timeline.append(live)
+    return timeline
+
+
+def assign_offsets(spans) -> dict[str, tuple[int, int]]:
+    """Offline first-fit by size: persistent buffers at the bottom, then largest first,
+    each at the lowest aligned offset clear of every placed buffer it is live with."""
+    placed: list[tuple[int, int, Span]] = []
+    offsets = {}
+    key = lambda s: (not s.persistent, -s.buffer.nbytes, s.first, s.buffer.name)
+    for span in sorted(spans, key=key):
+        offset = _lowest_fit(span, placed)
+        offsets[span.buffer.name] = (offset, span.buffer.nbytes)
+        if span.buffer.nbytes:
+            placed.append((offset, offset + span.buffer.nbytes, span))
+    return offsets
+
+
+def _lowest_fit(span: Span, placed) -> int:
+    clashes = sorted((lo, hi) for lo, hi, other in placed
+                     if other.first <= span.last and span.first <= other.last)
+    offset = 0
+    for lo, hi in clashes:
+        if offset + span.buffer.nbytes <= lo:
+            break
+        offset = max(offset, align(hi))
+    return offset
+
+
+# ---- what would make an over-budget program fit ----------------------------------------
+
+def budget_message(program, plan: MemoryPlan) -> str:
+    """Worst stage, its peak breakdown, the budget, and the changes that would help."""
+    stage = plan.worst_stage
+    m = plan.stages[stage]
+    lines = [f"stage {stage} needs an arena of {format_bytes(m.arena_bytes)} (peak "
+             f"{format_bytes(m.peak_bytes)}), over the budget of {format_bytes(plan.budget)} "
+             f"by {format_bytes(m.arena_bytes - plan.budget)}",
+             f"at its peak, task {m.peak_task} ({m.peak_task_name}): {m.breakdown()}",
+             "what would help:"]
+    lines += [f"  - {fix}" for fix in _fixes(program, stage, m)]
+    return "\n".join(lines)
+
+
+def _fixes(program, stage: int, m: StageMemory) -> list[str]:
+    options, fixes = program.options, []
+    if options.recompute != "full":
+        saving = m.arena_bytes - _arena_with(_recompute_all(program), stage)
+        if saving > 0:
+            fixes.append(f"--recompute full would save {format_bytes(saving)}")
+    fixes += _zero_fixes(program, stage, m)
+    layers = len(program.stages[stage]) if program.stages else 0
+    if layers > 1:
+        fixes.append(f"more pipeline stages (--pp > {options.pp}) would split stage "
+                     f"{stage}'s {layers} layers")
+    in_flight = min(options.pp - stage, options.micro_batches)
+    activations = m.timeline[m.peak_task]["activations"] if m.timeline else 0
+    fixes.append(f"activations at the peak are {format_bytes(activations)} for {in_flight} "
+                 f"micro-batch(es) in flight: a smaller --micro-batch-size shrinks each, and "
+                 f"fewer micro-batches help while M < {options.pp - stage} (P - s)")
+    return fixes
+
+
+def _zero_fixes(program, stage: int, m: StageMemory) -> list[str]:
+    options = program.options
+    row = m.timeline[m.peak_task] if m.timeline else dict.fromkeys(CATEGORIES, 0)
+    if options.dp == 1:
+        states = row["params"] + row["optimizer"]
+        return [f"--zero 1/2 with --dp D > 1 would shard params + optimizer "
+                f"({format_bytes(states)} here) to 1/D"] if options.zero == 0 else []
+    fixes = []
+    for zero in (1, 2):
+        if zero > options.zero:
+            sharded = replace(program, options=replace(options, zero=zero))
+            saving = m.arena_bytes - _arena_with(sharded, stage)
+            fixes.append(f"--zero {zero} would save {format_bytes(saving)}")
+    return fixes
+
+
+def _recompute_all(program):
+    """The same program with every decoder activation recomputed (REC tasks re-placed)."""
+    from ratrain.passes.insert_recovery import insert_recovery
+    options = replace(program.options, recompute="full", budget=None)
+    tasks = {s: tuple(t for t in ts if t.kind not in (Kind.REC, Kind.FREE))
+             for s, ts in program.tasks.items()}
+    return insert_recovery(replace(program, options=options, tasks=tasks, recompute={}))
+
+
+def _arena_with(program, stage: int) -> int:
+    return plan_stage(program, stage)[1].arena_bytes
