@@ -39,7 +39,7 @@ int gemm_fwd_f16(void *out, rt_dtype out_dtype, const rt_half *a, const rt_half 
 int gemm_fwd_f32(void *out, rt_dtype out_dtype, const float *a, const float *b,
                  const float *bias, int M, int N, int K, int flags, int threads);
 /* tiling the GEMM uses for these sizes: plan[0..3] = MC, KC, NC, MR*65536+NR */
-int gemm_plan(int plan[4], int M, int N, int K, rt_dtype in_dtype, int flags);
+int rt_gemm_plan(int plan[4], int M, int N, int K, rt_dtype in_dtype, int flags);
 
 /* ---- causal attention, flash style (attention_fwd.c, attention_bwd.c) ---- */
 /* q,o [B,T,Hq,D]; k,v [B,T,Hkv,D]; lse [B,Hq,T] f32; alibi [Hq] f32 or NULL */

@@ -30,7 +30,7 @@ static int make_plan(plan_t *p, const rt_simd *S, const rt_gemm_args *g) {
     return RT_OK;
 }
 
-int gemm_plan(int plan[4], int M, int N, int K, rt_dtype in_dtype, int flags) {
+int rt_gemm_plan(int plan[4], int M, int N, int K, rt_dtype in_dtype, int flags) {
     rt_gemm_args g = {0};
     g.M = M; g.N = N; g.K = K; g.a_dt = g.b_dt = in_dtype; g.flags = flags;
     plan_t p;
