@@ -51,10 +51,23 @@ def fill_defaults(config: dict, source: str = "config") -> dict:
     c.setdefault("initializer_range", 0.02)
     c.setdefault("tie_word_embeddings", False)
     c.setdefault("max_position_embeddings", c.get("model_max_length", 4096))
-    if c["tie_word_embeddings"]:
-        raise ValueError(f"{source}: tie_word_embeddings=true is not supported (the head "
-                         "layer owns its own lm_head.weight)")
+    _check_supported(c, source)
     return c
+
+
+def _check_supported(c: dict, source: str) -> None:
+    """Refuse config features the layer functions would otherwise silently ignore."""
+    unsupported = {
+        "tie_word_embeddings": c["tie_word_embeddings"],   # the head owns its lm_head.weight
+        "rope_scaling": c.get("rope_scaling") is not None,
+        "hidden_act": c.get("hidden_act", "silu") != "silu",
+        "attention_bias": c["model_type"] == "llama" and bool(c.get("attention_bias")),
+        "use_sliding_window": bool(c.get("use_sliding_window")),
+    }
+    bad = [k for k, is_bad in unsupported.items() if is_bad]
+    if bad:
+        raise ValueError(f"{source}: unsupported config fields {bad} "
+                         f"({', '.join(f'{k}={c.get(k)!r}' for k in bad)})")
 
 
 @dataclass(frozen=True)
