@@ -54,8 +54,9 @@ def _layer_inputs(kind: str, x, ids, targets) -> list:
     return {"embed": [ids], "decoder": [x], "head": [x, targets]}[kind]
 
 
-def run_train_graph(train_graph, params: dict, tokens) -> tuple[float, dict]:
-    """Loss and every parameter gradient of one micro-batch, layer by layer.
+def run_train_graph(train_graph, params: dict, tokens, loss_cotangent: float = 1.0
+                    ) -> tuple[float, dict]:
+    """Loss and every parameter gradient (times `loss_cotangent`) of one micro-batch.
 
     tokens: int32 [B, T+1]; the model reads tokens[:, :-1] and predicts tokens[:, 1:].
     """
@@ -68,7 +69,7 @@ def run_train_graph(train_graph, params: dict, tokens) -> tuple[float, dict]:
         x, = run_graph(kind.fwd, [params[n] for n in layer.param_names],
                        _layer_inputs(layer.kind, x, ids, targets), env=env)
         saved.append([env[r.id] for r in kind.residuals])
-    loss, ct, grads = float(x), np.ones((), dtype=np.float32), {}
+    loss, ct, grads = float(x), np.asarray(loss_cotangent, dtype=np.float32), {}
     for layer, residuals in zip(reversed(train_graph.layers), reversed(saved)):
         kind = train_graph.kinds[layer.kind]
         cts_in = [ct] if kind.bwd.input_names[-1].startswith("ct:") else []

@@ -20,6 +20,8 @@ class Kind(StrEnum):
     RECV_F = "RECV_F"     # receive the stage's input activation from stage - 1
     SEND_B = "SEND_B"     # send the input gradient to stage - 1
     RECV_B = "RECV_B"     # receive the output gradient from stage + 1
+    POST_F = "POST_F"     # post (non-blocking) the receive that RECV_F later waits for
+    POST_B = "POST_B"     # post (non-blocking) the receive that RECV_B later waits for
     SYNC = "SYNC"         # gradient sync of one layer over the DP group
     UPD = "UPD"           # optimizer update of one layer (its shard under ZeRO)
     PREF = "PREF"         # build the next step's parameter view of one layer
@@ -36,6 +38,8 @@ TEXT_FORMS: dict[Kind, str] = {
     Kind.RECV_F: "{stage}RECV_F{micro_batch}",
     Kind.SEND_B: "{stage}SEND_B{micro_batch}",
     Kind.RECV_B: "{stage}RECV_B{micro_batch}",
+    Kind.POST_F: "{stage}POST_F{micro_batch}",
+    Kind.POST_B: "{stage}POST_B{micro_batch}",
     Kind.SYNC: "{stage}SYNC[L{layer}]",
     Kind.UPD: "{stage}UPD[L{layer}]",
     Kind.PREF: "{stage}PREF[L{layer}]",

@@ -8,6 +8,7 @@ types, residuals and costs from here.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import jax
 import numpy as np
@@ -46,6 +47,12 @@ class TrainGraph:
         """HF name -> typed Var of every parameter, in model order."""
         return {name: var for layer in self.layers
                 for name, var in zip(layer.param_names, self.kinds[layer.kind].fwd.params)}
+
+    @cached_property
+    def kind_costs(self) -> dict:
+        """LayerCost of each kind on one micro-batch (ratrain.ir.costs)."""
+        from ratrain.ir.costs import layer_cost
+        return {name: layer_cost(kind) for name, kind in self.kinds.items()}
 
     def num_params(self) -> int:
         return sum(v.size for v in self.param_types().values())

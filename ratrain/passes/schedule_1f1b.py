@@ -67,3 +67,13 @@ def _with_comms(task: Task, num_stages: int) -> list[Task]:
     before = [] if skip_recv else [Task(task.stage, recv, micro_batch=task.micro_batch)]
     after = [] if skip_send else [Task(task.stage, send, micro_batch=task.micro_batch)]
     return before + [task] + after
+
+
+def schedule_pipeline(program):
+    """The pass form of schedule_1f1b: stage task lists for the program's P and M.
+
+    Requires: stages. Guarantees: program.tasks holds schedule_1f1b(P, M).
+    """
+    from dataclasses import replace
+    return replace(program, tasks=schedule_1f1b(len(program.stages),
+                                                program.options.micro_batches))

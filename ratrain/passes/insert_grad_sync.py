@@ -1,0 +1,44 @@
+"""insert_grad_sync: one SYNC per layer per step, issued after the layer's last backward.
+
+Runs after insert_recovery (the F/B/REC order is final). In `ratrain` mode each SYNC[L]
+is a non-blocking collective issued as soon as layer L's part of the step's last B is
+done (NOTE [sync issue point]); in `baseline` the syncs run blocking at the step end.
+All-reduce under ZeRO 0/1, reduce-scatter under ZeRO 2, over the stage's DP group.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ratrain.ir.tasks import Kind, Task
+
+# NOTE [sync issue point]: a stage's B runs its layers last to first, so in the task list
+# the SYNCs follow the step's last B in reverse layer order. The runtime and simulator
+# issue SYNC[L] when layer L's backward inside that B has finished, so communication of
+# later layers overlaps the backward of earlier ones. The baseline starts them only
+# after every task of the stage is done, and waits for each.
+
+
+def last_backward_index(tasks) -> int:
+    return max(i for i, t in enumerate(tasks) if t.kind == Kind.B)
+
+
+def _with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+    syncs = [Task(stage, Kind.SYNC, layer=l) for l in reversed(program.stages[stage])]
+    if program.options.schedule == "baseline":
+        return tasks + tuple(syncs)
+    at = last_backward_index(tasks) + 1
+    if at < len(tasks) and tasks[at].kind == Kind.SEND_B:
+        at += 1  # the gradient the previous stage waits for goes out first
+    return tasks[:at] + tuple(syncs) + tasks[at:]
+
+
+def insert_grad_sync(program):
+    """Add SYNC[L] for every layer L of every stage.
+
+    Requires: F/B tasks (and RECs) in final order. Guarantees: each layer has exactly
+    one SYNC; in ratrain mode the stage's SYNCs directly follow its last B (and that
+    B's SEND_B, which the previous stage waits for); in baseline
+    mode they end the stage's list.
+    """
+    tasks = {s: _with_syncs(program, s, ts) for s, ts in program.tasks.items()}
+    return replace(program, tasks=tasks)

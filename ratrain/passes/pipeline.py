@@ -1,0 +1,53 @@
+"""The pass pipeline: one visible PIPELINE list and the runner that times, verifies and
+records every pass's output for `ratrain inspect`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ratrain.passes.insert_grad_sync import insert_grad_sync
+from ratrain.passes.insert_prefetch import insert_prefetch
+from ratrain.passes.insert_recovery import insert_recovery
+from ratrain.passes.insert_update import insert_update
+from ratrain.passes.lower_comms import lower_comms
+from ratrain.passes.partition_stages import partition_stages
+from ratrain.passes.program import Program
+from ratrain.passes.schedule_1f1b import schedule_pipeline
+from ratrain.passes.verify_schedule import verify_schedule
+
+PIPELINE = [
+    partition_stages,   # first: every later pass works per stage
+    schedule_pipeline,  # the F/B skeleton (1F1B) the lifecycle tasks are placed around
+    lower_comms,        # posts receives before any lifecycle task, so REC can fill the wait
+    insert_recovery,    # needs the F/B/RECV_B order to put recompute on the forward side
+    insert_grad_sync,   # needs the final last-B position of each stage
+    insert_update,      # each UPD after its SYNC (after NORM when global scalars rule)
+    insert_prefetch,    # each PREF after its UPD: the view is built from updated params
+]
+
+
+def _late_passes():
+    # plan_memory and lower need the final task order, so they run last.
+    from ratrain.passes.plan_memory import plan_memory
+    return [plan_memory]
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    name: str                           # pass function name
+    seconds: float                      # wall time of the pass
+    text: str                           # the program after it (per-stage task lists)
+
+
+def run_pipeline(program: Program, passes=None, *, verify: bool = True):
+    """Run `passes` (default: PIPELINE + plan_memory); return (program, records)."""
+    records = []
+    for compiler_pass in passes if passes is not None else PIPELINE + _late_passes():
+        start = time.perf_counter()
+        program = compiler_pass(program)
+        seconds = time.perf_counter() - start
+        if verify:
+            verify_schedule(program)
+        records.append(PassRecord(compiler_pass.__name__, seconds, str(program)))
+    return program, records

@@ -1,0 +1,101 @@
+"""The schedule verifier: invariants of per-stage task lists, checked after every pass.
+
+It checks only what the tasks present so far promise (a pass that has not run yet adds
+no obligations): pipeline messages pair up and do not deadlock; each (stage, mb) has one
+F and one B; each layer is synced once, right after its last backward in ratrain mode;
+every UPD follows its SYNC; every PREF follows its UPD; every REC precedes its B (and,
+in ratrain mode, the RECV_B it overlaps); every RECV has an earlier POST once posted.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from ratrain.ir.tasks import Kind
+from ratrain.passes.dryrun import dry_run
+
+
+class ScheduleInvariantError(ValueError):
+    """A task list breaks a schedule invariant; the message names stage and task."""
+
+
+def _fail(stage: int, message: str):
+    raise ScheduleInvariantError(f"stage {stage}: {message}")
+
+
+def _position(tasks, kind, **match) -> int | None:
+    for i, t in enumerate(tasks):
+        if t.kind == kind and all(getattr(t, k) == v for k, v in match.items()):
+            return i
+    return None
+
+
+def _check_forward_backward(program, stage: int, tasks) -> None:
+    counts = Counter((t.kind, t.micro_batch) for t in tasks if t.kind in (Kind.F, Kind.B))
+    for m in range(program.options.micro_batches):
+        for kind in (Kind.F, Kind.B):
+            if counts[(kind, m)] != 1:
+                _fail(stage, f"{counts[(kind, m)]} {kind} tasks for micro-batch {m}")
+
+
+def _check_syncs(program, stage: int, tasks) -> None:
+    syncs = [i for i, t in enumerate(tasks) if t.kind == Kind.SYNC]
+    if not syncs:
+        return
+    per_layer = Counter(tasks[i].layer for i in syncs)
+    for layer in program.stages[stage]:
+        if per_layer[layer] != 1:
+            _fail(stage, f"layer {layer} is synced {per_layer[layer]} times, not once")
+    last_b = max(i for i, t in enumerate(tasks) if t.kind == Kind.B)
+    if min(syncs) < last_b:
+        _fail(stage, f"{tasks[min(syncs)]} starts before the last backward {tasks[last_b]}")
+    first = last_b + 1 + (last_b + 1 < len(tasks) and tasks[last_b + 1].kind == Kind.SEND_B)
+    if program.options.schedule == "ratrain" and syncs != list(range(first, first + len(syncs))):
+        _fail(stage, f"{tasks[syncs[0]]} does not start right after the last backward "
+                     f"{tasks[last_b]}")
+
+
+def _check_follows(stage: int, tasks, later: Kind, earlier: Kind) -> None:
+    for i, t in enumerate(tasks):
+        if t.kind == later:
+            j = _position(tasks, earlier, layer=t.layer)
+            if j is None or j > i:
+                _fail(stage, f"{t} is not preceded by its {earlier}")
+
+
+def _check_recovery(program, stage: int, tasks) -> None:
+    forward_side = program.options.schedule == "ratrain"
+    for i, t in enumerate(tasks):
+        if t.kind != Kind.REC:
+            continue
+        b = _position(tasks, Kind.B, micro_batch=t.micro_batch)
+        if b is None or b < i:
+            _fail(stage, f"{t} does not precede its backward")
+        recv = _position(tasks, Kind.RECV_B, micro_batch=t.micro_batch)
+        if forward_side and recv is not None and recv < i:
+            _fail(stage, f"{t} comes after {tasks[recv]}: in ratrain mode recovery runs "
+                         "on the forward side, before the wait for the gradient")
+
+
+def _check_posts(stage: int, tasks) -> None:
+    posts = {Kind.RECV_F: Kind.POST_F, Kind.RECV_B: Kind.POST_B}
+    if not any(t.kind in (Kind.POST_F, Kind.POST_B) for t in tasks):
+        return
+    for i, t in enumerate(tasks):
+        if t.kind in posts:
+            j = _position(tasks, posts[t.kind], micro_batch=t.micro_batch)
+            if j is None or j > i:
+                _fail(stage, f"{t} has no earlier {posts[t.kind]}")
+
+
+def verify_schedule(program) -> None:
+    """Raise ScheduleInvariantError (or a dry-run error) if an invariant is broken."""
+    if not program.tasks:
+        return
+    for stage, tasks in program.tasks.items():
+        _check_forward_backward(program, stage, tasks)
+        _check_syncs(program, stage, tasks)
+        _check_follows(stage, tasks, Kind.UPD, Kind.SYNC)
+        _check_follows(stage, tasks, Kind.PREF, Kind.UPD)
+        _check_recovery(program, stage, tasks)
+        _check_posts(stage, tasks)
+    dry_run(program.tasks)  # pairs every SEND with one RECV and proves no deadlock
