@@ -113,6 +113,7 @@ def test_global_norm_clipping_is_exact(pp, dp, zero):
     program = compile_program(pp, dp, 3, "ratrain", zero, "none", clip=0.05)
     executor = Executor(program, models.init_params(CONFIG, seed=0), OPTIMIZER)
     losses = [executor.run_step(tokens) for tokens in batches(dp, 3)]
+    assert all(st.buffers["clip_coef"] < 0.1 for st in executor.ranks), "clipping inactive"
     ref_losses, ref_params = reference(dp, 3, 0.05)
     assert losses == pytest.approx(ref_losses, rel=1e-6)
     got = executor.params()
