@@ -108,6 +108,12 @@ def plan_memory(program):
     return replace(program, tasks=tasks, memory=plan)
 
 
+def unplanned_memory(program) -> MemoryPlan:
+    """The MemoryPlan of `program` without the budget check (for pictures of failures)."""
+    stages = {stage: plan_stage(program, stage)[1] for stage in sorted(program.tasks)}
+    return MemoryPlan(stages, program.options.budget)
+
+
 def plan_stage(program, stage: int) -> tuple[tuple[Task, ...], StageMemory]:
     """The stage's tasks with FREEs inserted, and its memory plan over them."""
     work = tuple(t for t in program.tasks[stage] if t.kind != Kind.FREE)
