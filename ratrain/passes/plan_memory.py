@@ -36,6 +36,7 @@ class StageMemory:
     offsets: dict                       # buffer name -> (arena offset, nbytes)
     lifetimes: dict                     # buffer name -> (first, last) task index, inclusive
     categories: dict                    # buffer name -> category (one of CATEGORIES)
+    persistent: frozenset               # names that live across steps (never freed)
     timeline: list                      # per task: {category: live bytes}, CATEGORIES order
 
     def breakdown(self) -> str:
@@ -129,7 +130,8 @@ def plan_stage(program, stage: int) -> tuple[tuple[Task, ...], StageMemory]:
         peak_task_name=str(final[peak_task]) if final else "",
         offsets=assign_offsets(spans),
         lifetimes={s.buffer.name: (s.first, s.last) for s in spans},
-        categories={s.buffer.name: s.buffer.category for s in spans}, timeline=timeline)
+        categories={s.buffer.name: s.buffer.category for s in spans}, timeline=timeline,
+        persistent=frozenset(s.buffer.name for s in spans if s.persistent))
     arena = max((o + n for o, n in memory.offsets.values()), default=0)
     return final, replace(memory, arena_bytes=arena)
 
@@ -206,6 +208,68 @@ def _lowest_fit(span: Span, placed) -> int:
             break
         offset = max(offset, align(hi))
     return offset
+
+
+# ---- the verifier's memory checks ---------------------------------------------------
+
+class MemoryPlanError(ValueError):
+    """A memory plan that does not match its tasks; the message names stage and buffers."""
+
+
+def verify_memory_plan(program) -> None:
+    """Raise MemoryPlanError unless, on every stage: offsets are aligned, no two buffers
+    live at once share arena bytes, and each transient buffer is freed once, after its
+    last use (so no task reads it after its FREE). No-op before plan_memory runs."""
+    if program.memory is None:
+        return
+    for stage, memory in program.memory.stages.items():
+        _check_arena(stage, memory)
+        _check_frees(program, stage, memory)
+
+
+def _check_arena(stage: int, memory: StageMemory) -> None:
+    """Sweep buffers by offset; compare each with those starting inside it."""
+    placed = sorted((o, o + n, name) for name, (o, n) in memory.offsets.items() if n)
+    for i, (lo, hi, name) in enumerate(placed):
+        if lo % ALIGNMENT:
+            raise MemoryPlanError(f"stage {stage}: {name} at offset {lo} is not "
+                                  f"{ALIGNMENT}-aligned")
+        for other_lo, _, other in placed[i + 1:]:
+            if other_lo >= hi:
+                break
+            (a, b), (c, d) = memory.lifetimes[name], memory.lifetimes[other]
+            if a <= d and c <= b:
+                raise MemoryPlanError(f"stage {stage}: {name} (tasks {a}-{b}) and {other} (tasks "
+                                      f"{c}-{d}) are live together and overlap in the arena")
+
+
+def _check_frees(program, stage: int, memory: StageMemory) -> None:
+    """FREE positions against the uses task_effects reports for the tasks as they are now."""
+    tasks, last_use, freed = program.tasks[stage], _last_uses(program, stage), {}
+    for i, task in enumerate(tasks):
+        if task.kind != Kind.FREE:
+            continue
+        if task.buffer in freed or task.buffer in memory.persistent or \
+                task.buffer not in memory.offsets:
+            raise MemoryPlanError(f"stage {stage}: {task} (task {i}) frees a buffer that is "
+                                  "persistent, unplanned or already freed")
+        if last_use.get(task.buffer, -1) > i:
+            raise MemoryPlanError(f"stage {stage}: {task.buffer} is used by task "
+                                  f"{last_use[task.buffer]} after its FREE at task {i}")
+        freed[task.buffer] = i
+    missing = set(memory.offsets) - memory.persistent - set(freed)
+    if missing:
+        raise MemoryPlanError(f"stage {stage}: never freed: {', '.join(sorted(missing))}")
+
+
+def _last_uses(program, stage: int) -> dict[str, int]:
+    """Plan name -> index of the last task that creates or reads it."""
+    last_use = {}
+    for i, task in enumerate(program.tasks[stage]):
+        effects = task_effects(program, task)
+        for name in [b.name for b in effects.creates] + list(effects.reads):
+            last_use[arena_name(name)] = i
+    return last_use
 
 
 # ---- what would make an over-budget program fit ----------------------------------------

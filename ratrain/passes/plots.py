@@ -52,23 +52,29 @@ def schedule_png(program, path, timeline: DryRunResult | None = None,
     dry_run(program.tasks, cost). Returns the number of task bars drawn.
     """
     timeline = timeline or dry_run(program.tasks, cost)
-    bars: dict[str, tuple[list, list, list]] = {}
-    for stage, row in timeline.timeline.items():
-        for timing in row:
-            if timing.task.kind != Kind.FREE:
-                ys, lefts, widths = bars.setdefault(_group(timing.task.kind), ([], [], []))
-                ys.append(stage), lefts.append(timing.start), widths.append(timing.end - timing.start)
-    fig, ax = plt.subplots(figsize=(max(8, timeline.makespan * 0.25), 1 + 0.6 * len(timeline.timeline)))
-    for group in GROUPS:
-        if group in bars:
-            ys, lefts, widths = bars[group]
-            ax.barh(ys, widths, left=lefts, height=0.8, color=GROUPS[group], edgecolor="black",
-                    linewidth=0.3, label=group)
+    height = 1 + 0.6 * len(timeline.timeline)
+    fig, ax = plt.subplots(figsize=(max(8, timeline.makespan * 0.25), height))
+    for group, (ys, lefts, widths) in _task_bars(timeline).items():
+        ax.barh(ys, widths, left=lefts, height=0.8, color=GROUPS[group], edgecolor="black",
+                linewidth=0.3, label=group)
     _label_micro_batches(ax, timeline)
     _finish_gantt(ax, program, timeline)
     drawn = sum(len(container.patches) for container in ax.containers)
     _save(fig, path)
     return drawn
+
+
+def _task_bars(timeline: DryRunResult) -> dict[str, tuple[list, list, list]]:
+    """(stage rows, starts, durations) of the non-FREE tasks, per group in GROUPS order."""
+    bars = {group: ([], [], []) for group in GROUPS}
+    for stage, row in timeline.timeline.items():
+        for timing in row:
+            if timing.task.kind != Kind.FREE:
+                ys, lefts, widths = bars[_group(timing.task.kind)]
+                ys.append(stage)
+                lefts.append(timing.start)
+                widths.append(timing.end - timing.start)
+    return {group: bar for group, bar in bars.items() if bar[0]}
 
 
 def _label_micro_batches(ax, timeline: DryRunResult) -> None:

@@ -6,12 +6,13 @@ from itertools import combinations
 import pytest
 
 from ratrain import models
-from ratrain.ir.tasks import Kind, format_tasks
+from ratrain.ir.tasks import Kind, format_tasks, parse_task
 from ratrain.ir.train_graph import trace_model
 from ratrain.passes.buffers import CATEGORIES, persistent_buffers, stage_peak, task_effects
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
-from ratrain.passes.plan_memory import (ALIGNMENT, MemoryBudgetError, arena_name,
-                                        format_bytes, plan_memory)
+from ratrain.passes.plan_memory import (ALIGNMENT, MemoryBudgetError, MemoryPlanError,
+                                        arena_name, format_bytes, plan_memory,
+                                        verify_memory_plan)
 from ratrain.passes.program import CompileOptions, Program
 
 MiB = 1 << 20
@@ -83,8 +84,8 @@ def test_arena_has_no_overlap_among_live_buffers(config):
         assert all(offset % ALIGNMENT == 0 for offset, _ in offsets.values())
         for a, b in combinations(offsets, 2):
             (oa, na), (ob, nb) = offsets[a], offsets[b]
-            live_together = lifetimes[a][0] <= lifetimes[b][1] and lifetimes[b][0] <= lifetimes[a][1]
-            if live_together and na and nb:
+            (fa, la), (fb, lb) = lifetimes[a], lifetimes[b]
+            if fa <= lb and fb <= la and na and nb:
                 assert oa + na <= ob or ob + nb <= oa, f"{a} and {b} overlap"
         assert memory.arena_bytes == max(o + n for o, n in offsets.values())
         assert memory.arena_bytes >= memory.peak_bytes
@@ -192,3 +193,35 @@ def test_report_lists_every_stage_peak_and_arena():
                 f"{memory.peak_task} ({memory.peak_task_name}), "
                 f"arena {format_bytes(memory.arena_bytes)}") in lines
     assert plan.peak_bytes == max(m.peak_bytes for m in plan.stages.values())
+
+
+def test_verify_memory_plan_accepts_every_plan():
+    for config in CONFIGS[::5]:
+        verify_memory_plan(plan_memory(scheduled(**config)))
+
+
+def test_verify_memory_plan_rejects_overlapping_live_buffers():
+    program = plan_memory(scheduled(pp=2, micro_batches=2))
+    memory = program.memory.stages[0]
+    offsets = dict(memory.offsets, **{"act.L1.mb0": (0, memory.offsets["act.L1.mb0"][1])})
+    broken = replace(memory, offsets=offsets)
+    stages = {**program.memory.stages, 0: broken}
+    program = replace(program, memory=replace(program.memory, stages=stages))
+    with pytest.raises(MemoryPlanError, match=r"act.L1.mb0 .* live together and overlap"):
+        verify_memory_plan(program)
+
+
+def test_verify_memory_plan_rejects_a_read_after_free():
+    program = plan_memory(scheduled(pp=2, micro_batches=2))
+    tasks = list(program.tasks[1])
+    free = next(i for i, t in enumerate(tasks) if str(t) == "1FREE[in.mb0]")
+    tasks.insert(tasks.index(parse_task("1RECV_F0")), tasks.pop(free))
+    with pytest.raises(MemoryPlanError, match=r"in.mb0 is used by task 3 after its FREE at task 1"):
+        verify_memory_plan(replace(program, tasks={**program.tasks, 1: tuple(tasks)}))
+
+
+def test_verify_memory_plan_rejects_a_missing_free():
+    program = plan_memory(scheduled(pp=2, micro_batches=2))
+    tasks = tuple(t for t in program.tasks[0] if str(t) != "0FREE[out.mb1]")
+    with pytest.raises(MemoryPlanError, match=r"never freed: out.mb1"):
+        verify_memory_plan(replace(program, tasks={**program.tasks, 0: tasks}))
