@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, wraparound=True, boundscheck=True
 """Python bindings of the native kernels (native/) over numpy arrays, used by tests, benchmarks
 and the interpreter. Each function checks shapes and dtypes, releases the GIL around the C
 call and raises on a non-zero status. float16 and float32 inputs pick the _f16/_f32 kernel.

@@ -13,10 +13,11 @@
 
 typedef struct { int mr, nr, mc, kc, nc, njc, npc; } plan_t;
 
-static int make_plan(plan_t *p, const rt_simd *S, const rt_gemm_args *g) {
+/* tile sizes for one (MC blocks, KC cap) choice; RT_ENOMEM if they do not fit GSM/AM */
+static int try_plan(plan_t *p, const rt_simd *S, const rt_gemm_args *g, int mc_blocks, int kc_max) {
     size_t ea = rt_esize(g->a_dt), eb = rt_esize(g->b_dt);
-    p->mr = S->mr; p->nr = S->nr; p->mc = MC_BLOCKS * S->mr;
-    p->npc = (g->K + KC_MAX - 1) / KC_MAX;
+    p->mr = S->mr; p->nr = S->nr; p->mc = mc_blocks * S->mr;
+    p->npc = (g->K + kc_max - 1) / kc_max;
     p->kc = (int)rt_round_up((g->K + p->npc - 1) / p->npc, 4);
     p->npc = (g->K + p->kc - 1) / p->kc;
     size_t a_bytes = (size_t)p->mc * p->kc * (2 * ea + 8) + 4 * RT_ALIGN;
@@ -28,6 +29,14 @@ static int make_plan(plan_t *p, const rt_simd *S, const rt_gemm_args *g) {
     p->njc = (int)((g->N + nc_max - 1) / nc_max);
     p->nc = (int)rt_round_up((g->N + p->njc - 1) / p->njc, p->nr);
     return RT_OK;
+}
+
+/* largest tiles that fit the profile's scratch: shrink KC first, then MC */
+static int make_plan(plan_t *p, const rt_simd *S, const rt_gemm_args *g) {
+    for (int mcb = MC_BLOCKS; mcb >= 1; mcb /= 2)
+        for (int kc = KC_MAX; kc >= 32; kc /= 2)
+            if (try_plan(p, S, g, mcb, kc) == RT_OK) return RT_OK;
+    return RT_ENOMEM;
 }
 
 int rt_gemm_plan(int plan[4], int M, int N, int K, rt_dtype in_dtype, int flags) {
