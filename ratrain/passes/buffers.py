@@ -9,12 +9,11 @@ gin.mb3 gout.mb3 ws.<task>.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-
 import numpy as np
 
-from ratrain.ir.graph import LayerGraph, Literal
+from ratrain.ir.graph import Literal
 from ratrain.ir.tasks import Kind, Task
+from ratrain.passes.layout import align_up, graph_workspace, pack
 
 CATEGORIES = ("params", "optimizer", "views", "grads", "activations", "comm", "workspace")
 
@@ -32,9 +31,9 @@ class Effects:
     reads: tuple[str, ...]              # names of buffers the task reads (or updates)
 
 
-def _shard(nbytes: int, program, sharded: bool) -> int:
-    dp = program.options.dp
-    return -(-nbytes // dp) if sharded else nbytes
+def shard_elements(n: int, program, sharded: bool) -> int:
+    """Elements of a flat fp32 state of n elements on one rank (ZeRO shards round up)."""
+    return -(-n // program.options.dp) if sharded else n
 
 
 def layer_param_count(program, layer: int) -> int:
@@ -48,52 +47,77 @@ def persistent_buffers(program, stage: int) -> tuple[Buffer, ...]:
     out = []
     for layer in program.stages[stage]:
         n = layer_param_count(program, layer)
-        out += [Buffer(f"master.L{layer}", "params", _shard(4 * n, program, zero >= 1)),
-                Buffer(f"opt.L{layer}", "optimizer", _shard(8 * n, program, zero >= 1)),
-                Buffer(f"view.L{layer}", "views", program.layer_cost(layer).param_bytes)]
+        shard = shard_elements(n, program, zero >= 1)
+        out += [Buffer(f"master.L{layer}", "params", 4 * shard),
+                Buffer(f"opt.L{layer}", "optimizer", 2 * align_up(4 * shard)),
+                Buffer(f"view.L{layer}", "views", view_layout(program, layer)[1])]
     return tuple(out)
+
+
+def view_layout(program, layer: int) -> tuple[tuple[int, ...], int]:
+    """Offsets of a layer's parameters in its view buffer (parameter order), and size."""
+    return pack(p.nbytes for p in _kind(program, layer).fwd.params)
+
+
+def grad_layout(program, layer: int) -> tuple[tuple[int, ...], int]:
+    """Offsets (in elements) of a layer's parameters in its flat fp32 gradient."""
+    sizes = [p.size for p in _kind(program, layer).fwd.params]
+    offsets = tuple(sum(sizes[:i]) for i in range(len(sizes)))
+    return offsets, sum(sizes)
+
+
+def _kind(program, layer: int):
+    return program.graph.kinds[program.graph.layers[layer].kind]
+
+
+def residual_layout(program, layer: int, micro_batch: int, kept: bool) -> tuple[dict, int]:
+    """residual index -> offset in act.L.mb (kept=True) or rec.L.mb (the dropped ones)."""
+    from ratrain.passes.insert_recovery import kept_mask
+    kind = _kind(program, layer)
+    mask = kept_mask(kind, program.recompute.get((layer, micro_batch), "none"))
+    chosen = [i for i, k in enumerate(mask) if k == kept]
+    offsets, total = pack(kind.residuals[i].nbytes for i in chosen)
+    return dict(zip(chosen, offsets)), total
 
 
 def residual_split(program, layer: int, micro_batch: int) -> tuple[int, int]:
     """(bytes kept from F to B, bytes dropped and rebuilt by REC) of one (layer, mb)."""
-    from ratrain.passes.insert_recovery import kept_mask
-    kind = program.graph.kinds[program.graph.layers[layer].kind]
-    mode = program.recompute.get((layer, micro_batch), "none")
-    mask = kept_mask(kind, mode)
-    kept = sum(r.nbytes for r, k in zip(kind.residuals, mask) if k)
-    return kept, sum(r.nbytes for r in kind.residuals) - kept
+    return (residual_layout(program, layer, micro_batch, True)[1],
+            residual_layout(program, layer, micro_batch, False)[1])
 
 
-@lru_cache(maxsize=256)
-def _peak_transient(graph: LayerGraph, keep: frozenset) -> int:
-    """Most bytes of intermediates alive at once inside `graph` (liveness by position)."""
-    last_use = {}
-    for i, node in enumerate(graph.nodes):
-        for x in node.inputs:
-            if not isinstance(x, Literal):
-                last_use[x.id] = i
-    live, peak, sizes = set(), 0, {}
-    for i, node in enumerate(graph.nodes):
-        for o in node.outputs:
-            if o.id not in keep:
-                live.add(o.id)
-                sizes[o.id] = o.nbytes
-        peak = max(peak, sum(sizes[v] for v in live))
-        live = {v for v in live if last_use.get(v, -1) > i}
-    return peak
+def pinned_values(kind, direction: str) -> frozenset:
+    """Values of a layer graph that live in buffers of their own, not in the workspace:
+    forward: inputs, residuals (act/rec) and the output passed on (the head's loss stays
+    in the workspace); backward: its inputs and the cotangent passed on (parameter
+    gradients stay in the workspace until they are accumulated)."""
+    if direction == "fwd":
+        values = kind.fwd.inputs + kind.residuals
+        if kind.kind != "head":
+            values += tuple(kind.fwd.outputs)
+    else:
+        cts = [v for v, n in zip(kind.bwd.outputs, kind.bwd.output_names) if n.startswith("ct:")]
+        values = kind.bwd.inputs + tuple(cts)
+    return frozenset(v.id for v in values if not isinstance(v, Literal))
+
+
+def cotangent_bytes(program) -> int:
+    """One hidden-state cotangent [B, T, H] in the compute dtype."""
+    g = program.graph
+    return align_up(g.micro_batch_size * g.seq_len * int(g.config["hidden_size"])
+                    * np.dtype(g.dtype).itemsize)
 
 
 def workspace_bytes(program, stage: int, direction: str) -> int:
-    """Transient bytes of the stage's F (or B): the largest layer's intermediates that are
-    neither residuals nor outputs (those have buffers of their own)."""
+    """Workspace of the stage's F, REC (direction "fwd") or B ("bwd"): the largest
+    layer's intermediates; B also holds two cotangent slots passed layer to layer."""
     peaks = []
     for layer in program.stages[stage]:
-        kind = program.graph.kinds[program.graph.layers[layer].kind]
+        kind = _kind(program, layer)
         graph = kind.fwd if direction == "fwd" else kind.bwd
-        keep = frozenset(v.id for v in kind.residuals + tuple(graph.outputs)
-                         if not isinstance(v, Literal))
-        peaks.append(_peak_transient(graph, keep))
-    return max(peaks, default=0)
+        peaks.append(graph_workspace(graph, pinned_values(kind, direction))[1])
+    reserve = 2 * cotangent_bytes(program) if direction == "bwd" else 0
+    return reserve + max(peaks, default=0)
 
 
 def _message_bytes(program, stage: int) -> int:
@@ -117,7 +141,7 @@ def _backward(program, task: Task) -> Effects:
     s, m = task.stage, task.micro_batch
     layers = program.stages[s]
     first_b = min(t.micro_batch for t in program.tasks[s] if t.kind == Kind.B)
-    creates = [Buffer(f"grad.L{l}", "grads", 4 * layer_param_count(program, l))
+    creates = [Buffer(f"grad.L{l}", "grads", 4 * grad_layout(program, l)[1])
                for l in layers] if m == first_b else []
     if s > 0:
         creates.append(Buffer(f"gout.mb{m}", "comm", _message_bytes(program, s - 1)))
@@ -140,8 +164,8 @@ def _recompute(program, task: Task) -> Effects:
 def _grad_sync(program, task: Task) -> Effects:
     l = task.layer
     if program.options.zero == 2:
-        shard = _shard(4 * layer_param_count(program, l), program, True)
-        return Effects((Buffer(f"gshard.L{l}", "grads", shard),), (f"grad.L{l}",))
+        shard = shard_elements(grad_layout(program, l)[1], program, True)
+        return Effects((Buffer(f"gshard.L{l}", "grads", 4 * shard),), (f"grad.L{l}",))
     return Effects((), (f"grad.L{l}",))
 
 

@@ -19,7 +19,7 @@ GiB = 2**30
 
 @pytest.fixture(scope="module")
 def tiny():
-    return trace_model(get_config("tiny"), micro_batch_size=1, seq_len=32)
+    return trace_model(get_config("tiny"), micro_batch_size=1, seq_len=128)
 
 
 def all_splits(num_layers, num_stages):
@@ -119,18 +119,18 @@ def test_more_stages_than_layers_is_an_error(tiny):
 
 
 def test_stage_memory_estimate_values(tiny):
-    # tiny fp32: embed 65,536 params (residual: 128 B of token ids), decoder 791,040 params
-    # (559,872 B residuals), hidden state 32,768 B. Stage 0 of 2 holds min(2, 4) = 2 mbs.
+    # tiny fp32, seq 128: embed 65,536 params (residual: 512 B of token ids), decoder 791,040
+    # params (2,239,488 B residuals), hidden state 131,072 B. Stage 0 of 2 holds min(2, 4) = 2 mbs.
     zero1 = Program(tiny, CompileOptions(pp=2, dp=2, zero=1, micro_batches=4))
     params = 65_536 + 791_040
     assert stage_memory_estimate(zero1, 0, (0, 1)) == {
         "params": 4 * params // 2, "optimizer": 8 * params // 2, "views": 4 * params,
-        "grads": 4 * params, "activations": 2 * (128 + 559_872), "comm": 2 * 32_768}
+        "grads": 4 * params, "activations": 2 * (512 + 2_239_488), "comm": 2 * 131_072}
     zero2_full = Program(tiny, CompileOptions(pp=2, dp=2, zero=2, micro_batches=4,
                                               recompute="full"))
     estimate = stage_memory_estimate(zero2_full, 0, (0, 1))
     assert estimate["grads"] == 4 * params // 2
-    assert estimate["activations"] == 2 * (128 + 32_768) + 559_872
+    assert estimate["activations"] == 2 * (512 + 131_072) + 2_239_488
     assert stage_memory_estimate(zero2_full, 1, (5,))["comm"] == 8   # the head sends a loss
 
 

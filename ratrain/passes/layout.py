@@ -1,0 +1,64 @@
+"""Layouts inside buffers: where each tensor of a buffer sits, in bytes from its start.
+
+buffers.py sizes buffers from these layouts and lower.py addresses tensors through them,
+so the memory plan and the lowered calls agree byte for byte. Tensors are packed in a
+fixed order at ALIGN-byte boundaries; a layer's workspace places its intermediates by
+first fit over their live ranges inside the graph.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ratrain.ir.graph import LayerGraph, Literal
+
+ALIGN = 16  # bytes; keeps every tensor aligned for its dtype and for 128-bit loads
+
+
+def align_up(nbytes: int, to: int = ALIGN) -> int:
+    return -(-nbytes // to) * to
+
+
+def pack(sizes) -> tuple[tuple[int, ...], int]:
+    """Offsets of tensors of `sizes` bytes placed one after another; total bytes."""
+    offsets, at = [], 0
+    for size in sizes:
+        offsets.append(at)
+        at += align_up(size)
+    return tuple(offsets), at
+
+
+def _live_ranges(graph: LayerGraph, pinned: frozenset) -> dict[int, tuple[int, int, int]]:
+    """var id -> (first node, last node, bytes) for every node output not pinned."""
+    ranges, end = {}, len(graph.nodes)
+    for i, node in enumerate(graph.nodes):
+        for o in node.outputs:
+            if o.id not in pinned:
+                ranges[o.id] = (i, i, o.nbytes)
+        for x in node.inputs:
+            if not isinstance(x, Literal) and x.id in ranges:
+                first, _, size = ranges[x.id]
+                ranges[x.id] = (first, i, size)
+    for x in graph.outputs:  # results are read after the graph: live to its end
+        if not isinstance(x, Literal) and x.id in ranges:
+            ranges[x.id] = (ranges[x.id][0], end, ranges[x.id][2])
+    return ranges
+
+
+@lru_cache(maxsize=512)
+def graph_workspace(graph: LayerGraph, pinned: frozenset) -> tuple[dict, int]:
+    """Offsets of the graph's unpinned intermediates in a workspace, and its size.
+
+    First fit, largest first: each value at the lowest aligned offset clear of every
+    value whose live range intersects its own.
+    """
+    ranges = _live_ranges(graph, pinned)
+    placed, offsets = [], {}
+    for var_id, (first, last, size) in sorted(ranges.items(), key=lambda kv: (-kv[1][2], kv[0])):
+        at = 0
+        for lo, hi in sorted((lo, hi) for lo, hi, f, l in placed if f <= last and first <= l):
+            if at + size <= lo:
+                break
+            at = max(at, align_up(hi))
+        offsets[var_id] = at
+        placed.append((at, at + size, first, last))
+    return offsets, max((hi for _, hi, _, _ in placed), default=0)
