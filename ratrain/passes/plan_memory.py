@@ -120,7 +120,7 @@ def plan_stage(program, stage: int) -> tuple[tuple[Task, ...], StageMemory]:
     work = tuple(t for t in program.tasks[stage] if t.kind != Kind.FREE)
     spans = _spans(program, stage, work)
     final, position = _with_frees(stage, work, spans)
-    spans = [replace(s, first=0, last=len(final) - 1) if s.persistent else
+    spans = [replace(s, first=0, last=max(len(final) - 1, 0)) if s.persistent else
              replace(s, first=position[s.first], last=position[s.last]) for s in spans]
     timeline = _timeline(spans, len(final))
     totals = [sum(row.values()) for row in timeline]
@@ -174,7 +174,7 @@ def _with_frees(stage: int, tasks, spans) -> tuple[tuple[Task, ...], list[int]]:
 
 def _timeline(spans, num_tasks: int) -> list[dict[str, int]]:
     """Live bytes per task by category: +nbytes at first, -nbytes after last."""
-    delta = [dict.fromkeys(CATEGORIES, 0) for _ in range(num_tasks + 1)]
+    delta = [dict.fromkeys(CATEGORIES, 0) for _ in range(num_tasks + 2)]  # +1: no tasks
     for s in spans:
         delta[s.first][s.buffer.category] += s.buffer.nbytes
         delta[s.last + 1][s.buffer.category] -= s.buffer.nbytes

@@ -53,7 +53,8 @@ def schedule_png(program, path, timeline: DryRunResult | None = None,
     """
     timeline = timeline or dry_run(program.tasks, cost)
     height = 1 + 0.6 * len(timeline.timeline)
-    fig, ax = plt.subplots(figsize=(max(8, timeline.makespan * 0.25), height))
+    width = min(40, max(8, timeline.makespan * 0.25))    # inches; long steps get dense
+    fig, ax = plt.subplots(figsize=(width, height))
     for group, (ys, lefts, widths) in _task_bars(timeline).items():
         ax.barh(ys, widths, left=lefts, height=0.8, color=GROUPS[group], edgecolor="black",
                 linewidth=0.3, label=group)

@@ -225,3 +225,11 @@ def test_verify_memory_plan_rejects_a_missing_free():
     tasks = tuple(t for t in program.tasks[0] if str(t) != "0FREE[out.mb1]")
     with pytest.raises(MemoryPlanError, match=r"never freed: out.mb1"):
         verify_memory_plan(replace(program, tasks={**program.tasks, 0: tasks}))
+
+
+def test_stage_without_tasks_keeps_persistent_buffers_apart():
+    program = scheduled(pp=2, micro_batches=2)
+    memory = plan_memory(replace(program, tasks={**program.tasks, 1: ()})).memory.stages[1]
+    spans = sorted(memory.offsets.values())
+    assert all(o + n <= next_o for (o, n), (next_o, _) in zip(spans, spans[1:]))
+    assert memory.arena_bytes >= sum(n for _, n in spans) and memory.timeline == []
