@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ratrain.cli_compile import add_compile_parser, add_program_inspect_options
+
 MODEL_HELP = ("a preset name (tiny, llama2-7b, llama2-13b, llama2-70b, baichuan2-13b, "
               "qwen2.5-32b, ...), a Hugging Face config.json, or a directory holding one")
 
@@ -59,6 +61,10 @@ def cmd_info(args) -> None:
 
 
 def cmd_inspect(args) -> None:
+    from pathlib import Path
+    from ratrain.cli_compile import cmd_inspect_program, is_program_dir
+    if args.model and is_program_dir(Path(args.model)):
+        return cmd_inspect_program(args)
     tg = _trace(args)
     if not 0 <= args.layer < len(tg.layers):
         raise UserError(f"--layer {args.layer} is out of range: the model has layers "
@@ -93,14 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph", action="store_true", help="also print the decoder layer's "
                    "forward IR")
     p.set_defaults(func=cmd_info)
-    p = sub.add_parser("inspect", help="print one layer's forward or backward IR",
-                       description="Print the IR text of one layer of MODEL.")
+    add_compile_parser(sub, MODEL_HELP)
+    p = sub.add_parser("inspect", help="print one layer's IR, or a compiled program after "
+                       "a pass", description="Print the IR text of one layer of MODEL, or, "
+                       "given a program DIR written by `ratrain compile`, its text after a "
+                       "pass (one rank's task list with --rank) and its pictures.")
     _add_shape_options(p)
     p.add_argument("--layer", type=int, default=1, metavar="I",
                    help="layer index: 0 = embedding, 1..L = decoder layers, L+1 = head "
                    "(default: 1)")
     p.add_argument("--graph", choices=("fwd", "bwd"), default="fwd",
                    help="which graph to print (default: fwd)")
+    add_program_inspect_options(p)
     p.set_defaults(func=cmd_inspect)
     return parser
 
@@ -110,7 +120,8 @@ def main(argv=None) -> int:
     try:
         args.func(args)
     except UserError as e:
-        print(f"ratrain: error: {e}", file=sys.stderr)
+        for line in str(e).splitlines() or [""]:
+            print(f"ratrain: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ratrain: interrupted", file=sys.stderr)
@@ -119,4 +130,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run ratrain.cli's own main, not __main__'s: subcommand modules raise ratrain.cli's
+    # UserError, which a second copy of this module (as __main__) would not catch.
+    from ratrain.cli import main as package_main
+    sys.exit(package_main())

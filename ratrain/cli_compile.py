@@ -1,0 +1,456 @@
+"""`ratrain compile` and `ratrain inspect DIR`: a model to a program directory and back.
+
+compile traces the model, runs the pass PIPELINE (passes/pipeline.py) and writes DIR
+atomically: program.json (manifest with sha256 of every file), passes/NN_<pass>.txt,
+rank<R>.txt and memory.txt. inspect reads those files; for pictures it recompiles from
+the manifest's config and options (compiling is deterministic and fast).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ratrain.passes.buffers import CATEGORIES
+from ratrain.passes.plan_memory import format_bytes
+
+MANIFEST = "program.json"
+SIZE_UNITS = {"": 1, "b": 1} | {f"{p}{s}": 1000 ** (i + 1) for i, p in enumerate("kmgt")
+                                 for s in ("", "b")} \
+    | {f"{p}i{s}": 1024 ** (i + 1) for i, p in enumerate("kmgt") for s in ("", "b")}
+SIZE_HELP = ("decimal units are powers of 10 (KB/MB/GB/TB, or K/M/G/T: 20GB = 20 * 10^9 "
+             "bytes, as in the MT-3000's '20 GB'); binary units need an i (KiB/MiB/GiB/TiB: "
+             "20GiB = 20 * 2^30); a plain number is bytes")
+
+
+def _user_error(message: str) -> Exception:
+    from ratrain.cli import UserError
+    return UserError(message)
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size like `20GB` (10^9), `20GiB` (2^30), `1.5G`, `512MB`, `4096`."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*([a-z]*)\s*",
+                         str(text), re.I)
+    unit = match and match[3].lower()
+    if not match or unit not in SIZE_UNITS:
+        raise ValueError(f"cannot read size {text!r}: {SIZE_HELP}")
+    nbytes = round(float(match[1] + (f"e{match[2]}" if match[2] else "")) * SIZE_UNITS[unit])
+    if nbytes < 1:
+        raise ValueError(f"size {text!r} must be at least one byte")
+    return nbytes
+
+
+def _size_arg(text: str) -> int:
+    import argparse
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+# ---- compiling ---------------------------------------------------------------------------
+
+def resolve_options(args, config: dict, profile: dict):
+    """CompileOptions from the flags, filling unset ones from the model and the profile."""
+    from ratrain.passes.program import CompileOptions
+    context = int(config.get("max_position_embeddings", 128))
+    precision = args.precision or profile.get("default_precision", "fp32")
+    zero = args.zero if args.zero is not None else (
+        profile.get("default_zero", 0) if args.dp > 1 else 0)
+    try:
+        return CompileOptions(
+            pp=args.pp, dp=args.dp, micro_batches=args.micro_batches,
+            micro_batch_size=args.micro_batch_size, seq_len=args.seq_len or min(128, context),
+            schedule=args.schedule, recompute=args.recompute, zero=zero,
+            budget=args.budget or int(profile["usable_memory"]), hw=profile["name"],
+            precision=precision, clip=args.clip)
+    except ValueError as e:
+        raise _user_error(str(e)) from None
+
+
+def trace_for(config: dict, name: str, options):
+    """The TrainGraph the options ask for: fp16 programs trace in float16."""
+    from ratrain.ir.train_graph import trace_model
+    dtype = "float16" if options.precision == "fp16" else "float32"
+    return trace_model(config, micro_batch_size=options.micro_batch_size,
+                       seq_len=options.seq_len, dtype=dtype, name=name)
+
+
+def compile_graph(graph, options):
+    """Run the pass pipeline; (program, records). Over-budget programs are user errors."""
+    from ratrain.passes.partition_stages import PartitionError
+    from ratrain.passes.plan_memory import MemoryBudgetError
+    from ratrain.passes.program import Program
+    try:
+        return _run_all_passes(Program(graph, options))
+    except (PartitionError, MemoryBudgetError) as e:
+        raise _user_error(f"{options.schedule} program does not fit --budget "
+                          f"{format_bytes(options.budget)} per rank:\n{e}") from None
+
+
+def _run_all_passes(program):
+    """PIPELINE verified after every pass, then the late passes (plan_memory, ...).
+
+    NOTE [late passes unverified]: verify_schedule's sync check rejects the FREE tasks
+    plan_memory puts between a stage's last B and its SYNCs ("0SYNC[L2] does not start
+    right after the last backward 0B3"); until it skips FREEs they run unverified.
+    """
+    from ratrain.passes import pipeline
+    program, records = pipeline.run_pipeline(program, pipeline.PIPELINE)
+    program, late = pipeline.run_pipeline(program, pipeline._late_passes(), verify=False)
+    return program, records + late
+
+
+def load_model(model: str) -> tuple[dict, str]:
+    from ratrain import models
+    try:
+        return models.get_config(model), model
+    except (ValueError, FileNotFoundError, OSError) as e:
+        raise _user_error(str(e)) from None
+
+
+def load_hw(name_or_path: str) -> dict:
+    from ratrain.hw import ProfileError, load_profile
+    try:
+        return load_profile(name_or_path)
+    except ProfileError as e:
+        raise _user_error(str(e)) from None
+
+
+# ---- the program directory ----------------------------------------------------------------
+
+def program_files(program, records) -> dict[str, str]:
+    """Relative path -> text of every file except the manifest."""
+    files = {f"passes/{i:02d}_{r.name}.txt": f"# after: {r.name} ({r.seconds * 1e3:.1f} ms)\n"
+             f"{r.text}\n" for i, r in enumerate(records, 1)}
+    stage_text = {s: "".join(f"{t}\n" for t in tasks) for s, tasks in program.tasks.items()}
+    for rank in range(program.options.world_size):
+        files[f"rank{rank}.txt"] = stage_text[program.coords(rank)[0]]
+    files["memory.txt"] = program.memory.report() + "\n"
+    return files
+
+
+def _stage_summary(program) -> list[dict]:
+    plan = program.memory.stages
+    return [{"stage": s, "layers": list(layers), "peak_bytes": plan[s].peak_bytes,
+             "arena_bytes": plan[s].arena_bytes,
+             "peak_breakdown": plan[s].timeline[plan[s].peak_task] if plan[s].timeline else {}}
+            for s, layers in enumerate(program.stages)]
+
+
+def build_manifest(program, records, profile: dict, hashes: dict[str, str]) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        ratrain_version = version("ratrain")
+    except PackageNotFoundError:
+        ratrain_version = "unknown"
+    o = program.options
+    return {
+        "format": "ratrain-program/1", "ratrain_version": ratrain_version,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": {"name": program.graph.name, "config": program.graph.config},
+        "options": asdict(o), "hw": profile, "world_size": o.world_size,
+        "ranks": {str(r): dict(zip(("stage", "replica"), program.coords(r)))
+                  for r in range(o.world_size)},
+        "stages": _stage_summary(program),
+        "passes": [{"name": r.name, "seconds": r.seconds} for r in records],
+        "files": hashes}
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def is_program_dir(path: Path) -> bool:
+    return (path / MANIFEST).is_file()
+
+
+def check_output(out: Path, force: bool) -> None:
+    """Refuse to replace anything but an empty directory or (with --force) a program."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        return
+    if out.is_dir() and is_program_dir(out):
+        if not force:
+            raise _user_error(f"{out} already holds a compiled program; pass --force to "
+                              "overwrite it")
+        return
+    raise _user_error(f"{out} exists and is not a program directory (no {MANIFEST}); "
+                      "refusing to overwrite it: choose another -o")
+
+
+def write_program_dir(out: Path, files: dict[str, str], manifest_of) -> dict:
+    """Write `files` and the manifest (`manifest_of(hashes)`) into a temporary sibling of
+    `out`, then rename it into place: readers see the old DIR or the whole new one."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        hashes = _write_files(staging, files)
+        manifest = manifest_of(hashes)
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
+        _swap_into_place(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _write_files(root: Path, files: dict[str, str]) -> dict[str, str]:
+    hashes, by_text = {}, {}
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        key = id(text)  # replicas of a stage share one string: hash it once
+        hashes[relative] = by_text.get(key) or by_text.setdefault(key, sha256_text(text))
+    return hashes
+
+
+def _swap_into_place(staging: Path, out: Path) -> None:
+    os.chmod(staging, 0o755)
+    if not out.exists():
+        os.rename(staging, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    os.rename(out, old / "program")
+    os.rename(staging, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- --report --------------------------------------------------------------------------------
+
+def format_pass_times(records) -> list[str]:
+    lines = ["pass times:"]
+    lines += [f"  {i:02d} {r.name:<20} {r.seconds * 1e3:9.1f} ms" for i, r in enumerate(records, 1)]
+    lines.append(f"  {'total':<23} {sum(r.seconds for r in records) * 1e3:9.1f} ms")
+    return lines
+
+
+def format_stage_memory(program) -> list[str]:
+    """Per stage: peak, arena and the peak's bytes by category (as in memory.txt)."""
+    header = f"  {'stage':>5} {'peak':>10} {'arena':>10} " + " ".join(f"{c:>11}" for c in CATEGORIES)
+    lines = [f"peak memory per stage (budget {format_bytes(program.options.budget)}):", header]
+    for stage, m in sorted(program.memory.stages.items()):
+        row = m.timeline[m.peak_task] if m.timeline else dict.fromkeys(CATEGORIES, 0)
+        lines.append(f"  {stage:>5} {format_bytes(m.peak_bytes):>10} {format_bytes(m.arena_bytes):>10} "
+                     + " ".join(f"{format_bytes(row[c]):>11}" for c in CATEGORIES))
+    return lines
+
+
+def simulate(program, profile: dict):
+    """dry_run of the stage task lists with the profile's cost model (seconds)."""
+    from ratrain.hw import task_cost_model
+    from ratrain.passes.dryrun import dry_run
+    return dry_run(program.tasks, task_cost_model(program, profile))
+
+
+def format_dry_run(program, profile: dict, result) -> list[str]:
+    lines = [f"dry run on {profile['name']} ({'calibrated' if profile.get('calibrated') else 'uncalibrated'} "
+             f"profile): step {result.makespan:.4g} s, bubble {result.bubble_fraction:.1%}",
+             f"  {'stage':>5} {'busy s':>10} {'exposed tail s':>15}"]
+    lines += [f"  {s:>5} {result.busy[s]:>10.4g} {result.exposed_tail.get(s, 0.0):>15.4g}"
+              for s in sorted(result.timeline)]
+    return lines
+
+
+def format_schedule_comparison(program, other, profile: dict, result) -> list[str]:
+    """This program's peak and step time next to the other schedule's (or why it failed)."""
+    mine = program.options.schedule
+    lines = ["ratrain vs baseline (same configuration):"]
+    runs = {mine: (program, result)}
+    if isinstance(other, str):
+        lines.append(f"  {_other_schedule(mine)}: does not fit: {other}")
+    else:
+        runs[other.options.schedule] = (other, simulate(other, profile))
+    for schedule in ("ratrain", "baseline"):
+        if schedule in runs:
+            p, r = runs[schedule]
+            lines.append(f"  {schedule:<9} peak {format_bytes(p.memory.peak_bytes)} (stage "
+                         f"{p.memory.worst_stage}), arena {format_bytes(p.memory.arena_bytes)}, "
+                         f"step {r.makespan:.4g} s, bubble {r.bubble_fraction:.1%}")
+    return lines
+
+
+def _other_schedule(schedule: str) -> str:
+    return "baseline" if schedule == "ratrain" else "ratrain"
+
+
+def compile_other_schedule(graph, options):
+    """The same configuration under the other schedule, in memory; a str if it fails."""
+    from ratrain.cli import UserError
+    try:
+        return compile_graph(graph, replace(options, schedule=_other_schedule(options.schedule)))[0]
+    except UserError as e:
+        return " ".join(str(e).splitlines()[1:2])
+
+
+def format_report(program, records, profile: dict, graph) -> str:
+    result = simulate(program, profile)
+    other = compile_other_schedule(graph, program.options)
+    return "\n".join(format_pass_times(records) + format_stage_memory(program)
+                     + format_dry_run(program, profile, result)
+                     + format_schedule_comparison(program, other, profile, result))
+
+
+# ---- the commands ----------------------------------------------------------------------------
+
+def cmd_compile(args) -> None:
+    config, name = load_model(args.model)
+    profile = load_hw(args.hw)
+    options = resolve_options(args, config, profile)
+    out = Path(args.output)
+    check_output(out, args.force)
+    graph = trace_for(config, name, options)
+    program, records = compile_graph(graph, options)
+    files = program_files(program, records)
+    write_program_dir(out, files, lambda hashes: build_manifest(program, records, profile, hashes))
+    o = options
+    print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}), schedule "
+          f"{o.schedule}, recompute {o.recompute}, zero {o.zero}, {o.precision} on {o.hw}: "
+          f"peak {format_bytes(program.memory.peak_bytes)} per rank -> {out}")
+    if args.report:
+        print(format_report(program, records, profile, graph))
+
+
+def read_manifest(directory: Path) -> dict:
+    try:
+        return json.loads((directory / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise _user_error(f"cannot read {directory / MANIFEST}: {e}") from None
+
+
+def pass_file(directory: Path, manifest: dict, after: str | None) -> Path:
+    """passes/NN_<name>.txt by pass name or number (1-based); the last pass by default."""
+    names = [p["name"] for p in manifest["passes"]]
+    if after is None:
+        index = len(names)
+    elif after.isdigit() and 1 <= int(after) <= len(names):
+        index = int(after)
+    elif after in names:
+        index = names.index(after) + 1
+    else:
+        raise _user_error(f"--after {after!r} names no pass of this program; passes: "
+                          + ", ".join(f"{i} {n}" for i, n in enumerate(names, 1)))
+    return directory / "passes" / f"{index:02d}_{names[index - 1]}.txt"
+
+
+def rank_line(text: str, manifest: dict, rank: int) -> str:
+    """The task-list line of `rank`'s stage in a pass's text, labelled with the rank."""
+    if str(rank) not in manifest["ranks"]:
+        raise _user_error(f"--rank {rank} is out of range: the program has ranks "
+                          f"0..{manifest['world_size'] - 1}")
+    stage = manifest["ranks"][str(rank)]["stage"]
+    for line in text.splitlines():
+        if line.startswith(f"rank {stage}:"):
+            return f"rank {rank}:" + line[len(f"rank {stage}:"):]
+    raise _user_error(f"this pass's output has no task lists yet (stage {stage} of rank "
+                      f"{rank}); try a later --after")
+
+
+def recompile(manifest: dict):
+    """The Program a manifest describes, rebuilt from its model config and options."""
+    from ratrain.passes.program import CompileOptions
+    options = dict(manifest["options"])
+    if options.get("stage_speeds") is not None:
+        options["stage_speeds"] = tuple(options["stage_speeds"])
+    options = CompileOptions(**options)
+    graph = trace_for(manifest["model"]["config"], manifest["model"]["name"], options)
+    return compile_graph(graph, options)[0]
+
+
+def cmd_inspect_program(args) -> None:
+    directory = Path(args.model)
+    manifest = read_manifest(directory)
+    text = pass_file(directory, manifest, args.after).read_text()
+    print(rank_line(text, manifest, args.rank) if args.rank is not None else text, end="\n"
+          if args.rank is not None else "")
+    if args.schedule_png or args.memory_png:
+        write_pictures(recompile(manifest), manifest["hw"], args)
+
+
+def write_pictures(program, profile: dict, args) -> None:
+    from ratrain.hw import task_cost_model
+    from ratrain.passes.plots import memory_png, schedule_png
+    if args.schedule_png:
+        bars = schedule_png(program, args.schedule_png, cost=task_cost_model(program, profile))
+        print(f"wrote {args.schedule_png} ({bars} task bars, times from the {profile['name']} "
+              "profile in seconds)")
+    if args.memory_png:
+        stages = memory_png(program, args.memory_png)
+        print(f"wrote {args.memory_png} ({stages} stages)")
+
+
+# ---- argument parsers --------------------------------------------------------------------------
+
+def add_compile_parser(sub, model_help: str) -> None:
+    p = sub.add_parser("compile", help="compile a model into a static per-rank training "
+                       "program directory",
+                       description="Trace MODEL, run the pass pipeline (partition, 1F1B, "
+                       "recovery, gradient sync, update, prefetch, memory plan) and write a "
+                       "program directory: program.json, passes/NN_<pass>.txt, rank<R>.txt, "
+                       f"memory.txt. Sizes: {SIZE_HELP}.")
+    p.add_argument("model", help=f"the model: {model_help}")
+    _add_parallel_options(p)
+    _add_policy_options(p)
+    p.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="program directory to write (atomically; see --force)")
+    p.add_argument("--force", action="store_true",
+                   help="replace DIR if it already holds a compiled program")
+    p.add_argument("--report", action="store_true", help="print pass times, per-stage peak "
+                   "memory, a dry run on the --hw profile (bubble, exposed tail) and the "
+                   "peaks of ratrain vs baseline scheduling")
+    p.set_defaults(func=cmd_compile)
+
+
+def _add_parallel_options(p) -> None:
+    for flag, dest, meta, text in (
+            ("--pp", "pp", "P", "pipeline stages (default: 1)"),
+            ("--dp", "dp", "D", "data-parallel replicas of every stage (default: 1)"),
+            ("--micro-batches", "micro_batches", "M", "micro-batches per step (default: 1)"),
+            ("--micro-batch-size", "micro_batch_size", "B",
+             "sequences per micro-batch (default: 1)")):
+        p.add_argument(flag, dest=dest, type=int, default=1, metavar=meta, help=text)
+    p.add_argument("--seq-len", type=int, default=None, metavar="T",
+                   help="tokens per sequence (default: 128, or the model's context if smaller)")
+
+
+def _add_policy_options(p) -> None:
+    from ratrain.passes.program import PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
+    p.add_argument("--schedule", choices=SCHEDULES, default="ratrain", help="ratrain: "
+                   "lifecycle scheduling (overlapped sync, forward-side recovery); baseline: "
+                   "GPU-style 1F1B with everything at the step end (default: ratrain)")
+    p.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="auto", help="activation"
+                   " recovery: auto = the least recompute that fits --budget (default: auto)")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2), default=None, help="ZeRO stage over "
+                   "the DP group (default: the profile's default_zero when --dp > 1, else 0; "
+                   "2 for mt3000, 0 for cpu)")
+    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="usable "
+                   "memory per rank, e.g. 20GB (= 20 * 10^9 bytes) or 18GiB (= 18 * 2^30) "
+                   "(default: the profile's usable_memory)")
+    p.add_argument("--hw", default="cpu", metavar="PROFILE", help="hardware profile: mt3000, "
+                   "cpu or a path to a profile .json (default: cpu)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help="fp32 exact mode or "
+                   "fp16 mixed precision (default: the profile's, fp16 on mt3000, fp32 on cpu)")
+    p.add_argument("--clip", type=float, default=None, metavar="X",
+                   help="clip gradients to global norm X (default: no clipping)")
+
+
+def add_program_inspect_options(p) -> None:
+    """Options of `ratrain inspect DIR` (a compiled program rather than a model)."""
+    p.add_argument("--after", default=None, metavar="PASS", help="with a program DIR: show "
+                   "the program after this pass, by name or number (default: the last)")
+    p.add_argument("--rank", type=int, default=None, metavar="R",
+                   help="with a program DIR: print only rank R's task list")
+    p.add_argument("--schedule-png", default=None, metavar="FILE", help="with a program DIR: "
+                   "draw the schedule (dry-run times on the program's --hw profile) to FILE")
+    p.add_argument("--memory-png", default=None, metavar="FILE",
+                   help="with a program DIR: draw each stage's memory timeline to FILE")
