@@ -24,8 +24,8 @@ cdef void *_p(object a) except NULL:
     return cnp.PyArray_DATA(<cnp.ndarray>a)
 
 
-cdef const float *_opt_f32(object a) except? NULL:
-    return NULL if a is None else <const float *>_p(a)
+cdef float *_opt_f32(object a) except? NULL:
+    return NULL if a is None else <float *>_p(a)
 
 
 def _check(int st, str name):

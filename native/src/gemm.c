@@ -151,30 +151,36 @@ static void put_c(const rt_gemm_args *g, const rt_simd *S, float *ctile, int ldc
     }
 }
 
-/* this thread's rows [m0, m1) against the packed column block [jc0, jc0+nc) */
+/* MC row blocks of one column block are handed out dynamically (a shared counter), so a
+ * core slowed by other work takes fewer blocks; the next block is claimed one step early so
+ * its first A tile can be in flight while the current block computes */
 static void run_rows(const rt_gemm_args *g, const rt_simd *S, const plan_t *p, char *am,
-                     const float *bpack, int m0, int m1, int jc0, int nc) {
+                     const float *bpack, int *next_block, int jc0, int nc) {
     size_t ea = rt_esize(g->a_dt), ablk = (size_t)p->mc * p->kc;
-    int ldct = (int)rt_round_up(nc, p->nr);
+    int ldct = (int)rt_round_up(nc, p->nr), nblocks = (g->M + p->mc - 1) / p->mc;
     char *raw[2] = {am, am + rt_round_up(ablk * ea, RT_ALIGN)};
     float *a32 = (float *)(raw[1] + rt_round_up(ablk * ea, RT_ALIGN));
     float *apack = a32 + ablk, *ctile = apack + ablk;
-    int trans = g->flags & RT_TRANS_A, n_items = 0, npc = p->npc;
-    for (int i0 = m0; i0 < m1; i0 += p->mc) n_items += npc;
+    int trans = g->flags & RT_TRANS_A, slot = 0;
+    int ib = __atomic_fetch_add(next_block, 1, __ATOMIC_RELAXED);
     rt_dma_handle h[2];
-    if (n_items) fetch_a(raw[0], g, m0, rt_min(p->mc, m1 - m0), 0, rt_min(p->kc, g->K), &h[0]);
-    for (int it = 0; it < n_items; it++) {
-        int i0 = m0 + (it / npc) * p->mc, pc = it % npc, k0 = pc * p->kc;
-        int mc = rt_min(p->mc, m1 - i0), kc = rt_min(p->kc, g->K - k0);
-        if (it + 1 < n_items) {   /* double buffering: next A block in flight */
-            int ni0 = m0 + ((it + 1) / npc) * p->mc, nk0 = ((it + 1) % npc) * p->kc;
-            fetch_a(raw[(it + 1) & 1], g, ni0, rt_min(p->mc, m1 - ni0), nk0, rt_min(p->kc, g->K - nk0), &h[(it + 1) & 1]);
+    if (ib < nblocks) fetch_a(raw[0], g, ib * p->mc, rt_min(p->mc, g->M - ib * p->mc), 0, rt_min(p->kc, g->K), &h[0]);
+    while (ib < nblocks) {
+        int i0 = ib * p->mc, mc = rt_min(p->mc, g->M - i0), nb = ib;
+        for (int pc = 0; pc < p->npc; pc++, slot ^= 1) {
+            int k0 = pc * p->kc, kc = rt_min(p->kc, g->K - k0), nk0 = 0;
+            if (pc + 1 < p->npc) nk0 = k0 + kc;                      /* next K chunk, same rows */
+            else nb = __atomic_fetch_add(next_block, 1, __ATOMIC_RELAXED);
+            if (nb < nblocks)
+                fetch_a(raw[slot ^ 1], g, nb * p->mc, rt_min(p->mc, g->M - nb * p->mc), nk0,
+                        rt_min(p->kc, g->K - nk0), &h[slot ^ 1]);
+            dma_wait(&h[slot]);
+            rt_load_f32(S, a32, raw[slot], 0, (size_t)mc * kc, g->a_dt);
+            pack_a(apack, a32, trans, mc, kc, p->mr);
+            compute_block(ctile, ldct, apack, bpack + (size_t)k0 * ldct, S, (int)rt_round_up(mc, p->mr), nc, kc, pc == 0);
         }
-        dma_wait(&h[it & 1]);
-        rt_load_f32(S, a32, raw[it & 1], 0, (size_t)mc * kc, g->a_dt);
-        pack_a(apack, a32, trans, mc, kc, p->mr);
-        compute_block(ctile, ldct, apack, bpack + (size_t)k0 * ldct, S, (int)rt_round_up(mc, p->mr), nc, kc, pc == 0);
-        if (pc == npc - 1) put_c(g, S, ctile, ldct, a32, ablk, i0, mc, jc0, nc);
+        put_c(g, S, ctile, ldct, a32, ablk, i0, mc, jc0, nc);
+        ib = nb;
     }
 }
 
@@ -195,19 +201,19 @@ int rt_gemm(const rt_gemm_args *g_in, int threads) {
     float *bpack = (float *)gsm;
     char *braw = gsm + rt_round_up((size_t)4 * rt_round_up(g.K, 4) * ncp, RT_ALIGN);
     float *b32 = (float *)(braw + rt_round_up((size_t)2 * p.kc * ncp * rt_esize(g.b_dt), RT_ALIGN));
-    int mpanels = (g.M + p.mr - 1) / p.mr, fail = 0;
+    int fail = 0, next_block = 0;
     #pragma omp parallel num_threads(threads)
     {
         int tid = omp_get_thread_num(), nt = omp_get_num_threads();
         char *am = rt_am(tid);
         if (!am) { __atomic_store_n(&fail, 1, __ATOMIC_RELAXED); }
         #pragma omp barrier
-        int m0 = rt_min(g.M, mpanels * tid / nt * p.mr), m1 = rt_min(g.M, mpanels * (tid + 1) / nt * p.mr);
         for (int jc0 = 0; jc0 < g.N && !fail; jc0 += p.nc) {
             int nc = rt_min(p.nc, g.N - jc0);
             stage_b(bpack, braw, b32, S, &g, &p, jc0, nc, tid, nt);
+            if (tid == 0) next_block = 0;     /* previous block's users passed the barrier */
             #pragma omp barrier
-            run_rows(&g, S, &p, am, bpack, m0, m1, jc0, nc);
+            run_rows(&g, S, &p, am, bpack, &next_block, jc0, nc);
             #pragma omp barrier
         }
     }
