@@ -102,7 +102,8 @@ def run_child(threads, reps):
     threadpool_limits(threads)
     blas = [f"{i['internal_api']} {i.get('version')} kernel={i.get('architecture')} "
             f"threads={i['num_threads']}" for i in threadpool_info() if i["user_api"] == "blas"]
-    print(f"# threads={threads} ours: isa={kernels.isa()} fp16 storage, fp32 accumulate | "
+    print(f"# threads={threads} ours: isa={kernels.isa()} fp16 storage, fp32 accumulate, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} | "
           f"numpy float32 matmul via {'; '.join(blas)} | jax float32 jit (XLA CPU)", flush=True)
     bench_gemm(np, kernels, threads, reps)
     bench_attention(np, kernels, threads, reps)
@@ -110,6 +111,9 @@ def run_child(threads, reps):
 
 def child_env(threads):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    # our OpenMP threads sleep at barriers instead of spinning: on a shared machine a spinning
+    # thread steals the core its partner needs (the runtime should set the same)
+    env.setdefault("OMP_WAIT_POLICY", "passive")
     if threads == 1:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
                             " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")

@@ -1,0 +1,66 @@
+"""ISA dispatch (RATRAIN_ISA forces a path at start-up) and the .pxd contract: a Cython module
+that cimports ratrain.kernels calls the kernels nogil and gets status codes back."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ratrain import kernels
+
+
+@pytest.mark.parametrize("name", ["avx512", "avx2", "scalar"])
+def test_ratrain_isa_env_forces_path(name):
+    env = dict(os.environ, RATRAIN_ISA=name)
+    got = subprocess.run([sys.executable, "-c", "import ratrain.kernels as k; print(k.isa())"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    try:                                   # the CPU may lack the path: then it is not chosen
+        kernels.set_isa(name)
+        available = True
+    except RuntimeError:
+        available = False
+    finally:
+        kernels.set_isa(kernels.isa())
+    assert (got == name) == available
+
+
+def test_set_isa_rejects_unknown_name():
+    with pytest.raises(RuntimeError):
+        kernels.set_isa("sse9")
+
+
+GENERATED = '''
+from ratrain.kernels cimport gemm_fwd_f32, RT_F32, RT_TRANS_B, RT_EINVAL
+def run(float[:, ::1] a, float[:, ::1] b, float[:, ::1] out):
+    cdef int st, bad
+    with nogil:
+        st = gemm_fwd_f32(&out[0, 0], RT_F32, &a[0, 0], &b[0, 0], NULL,
+                          a.shape[0], b.shape[0], a.shape[1], RT_TRANS_B, 1)
+        bad = gemm_fwd_f32(&out[0, 0], RT_F32, &a[0, 0], &b[0, 0], NULL, -1, 1, 1, 0, 1)
+    return st, bad == RT_EINVAL
+'''
+
+
+def test_pxd_is_cimportable_by_generated_code(tmp_path):
+    """The generated module needs only the package root on Cython's include path."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kernels.__file__)))
+    (tmp_path / "gen_prog.pyx").write_text(GENERATED)
+    (tmp_path / "build_it.py").write_text(textwrap.dedent(f"""
+        from setuptools import setup
+        from Cython.Build import cythonize
+        setup(ext_modules=cythonize(["gen_prog.pyx"], language_level=3, include_path=[{root!r}]),
+              script_args=["build_ext", "--inplace", "-q"])
+    """))
+    build = subprocess.run([sys.executable, "build_it.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout + build.stderr
+    check = textwrap.dedent("""
+        import numpy as np, gen_prog
+        a = np.arange(12, dtype=np.float32).reshape(3, 4); b = np.ones((5, 4), np.float32)
+        out = np.zeros((3, 5), np.float32)
+        st, bad_ok = gen_prog.run(a, b, out)
+        assert st == 0 and bad_ok and np.array_equal(out, a @ b.T), (st, bad_ok, out)
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True)
+    assert res.stdout.strip() == "ok", res.stderr
