@@ -154,6 +154,7 @@ int rt_embedding_fwd(void *out, const int32_t *ids, const void *table, int N, in
 int rt_embedding_bwd(float *dtable, const void *dout, const int32_t *ids, int N, int V, int C,
                      rt_dtype dt, int threads) {
     for (int n = 0; n < N; n++) if (ids[n] < 0 || ids[n] >= V) return RT_EINVAL;
+    if ((size_t)C * 4 > rt_am_bytes()) return RT_EINVAL;
     const rt_simd *S = rt_simd_get();
     #pragma omp parallel num_threads(threads)
     {
