@@ -22,12 +22,24 @@ from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.plan_memory import format_bytes
 
 MANIFEST = "program.json"
+# The choices of passes/program.py (CompileOptions checks them again), repeated here so
+# building the parser does not import jax.
+SCHEDULES = ("ratrain", "baseline")
+RECOMPUTE_POLICIES = ("none", "full", "selective", "auto")
+PRECISIONS = ("fp32", "fp16")
 SIZE_UNITS = {"": 1, "b": 1} | {f"{p}{s}": 1000 ** (i + 1) for i, p in enumerate("kmgt")
                                  for s in ("", "b")} \
     | {f"{p}i{s}": 1024 ** (i + 1) for i, p in enumerate("kmgt") for s in ("", "b")}
 SIZE_HELP = ("decimal units are powers of 10 (KB/MB/GB/TB, or K/M/G/T: 20GB = 20 * 10^9 "
              "bytes, as in the MT-3000's '20 GB'); binary units need an i (KiB/MiB/GiB/TiB: "
              "20GiB = 20 * 2^30); a plain number is bytes")
+
+
+def format_budget(nbytes: int) -> str:
+    """Both readings of a budget: `20 GB (18.63 GiB)`."""
+    scale, unit = next((s, u) for s, u in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"),
+                                           (1, "B")) if nbytes >= s or u == "B")
+    return f"{nbytes / scale:.4g} {unit} ({format_bytes(nbytes)})"
 
 
 def _user_error(message: str) -> Exception:
@@ -92,8 +104,8 @@ def compile_graph(graph, options):
     try:
         return _run_all_passes(Program(graph, options))
     except (PartitionError, MemoryBudgetError) as e:
-        raise _user_error(f"{options.schedule} program does not fit --budget "
-                          f"{format_bytes(options.budget)} per rank:\n{e}") from None
+        raise _user_error(f"the {options.schedule} program does not fit --budget "
+                          f"{format_budget(options.budget)} per rank:\n{e}") from None
 
 
 def _run_all_passes(program):
@@ -238,7 +250,7 @@ def format_pass_times(records) -> list[str]:
 def format_stage_memory(program) -> list[str]:
     """Per stage: peak, arena and the peak's bytes by category (as in memory.txt)."""
     header = f"  {'stage':>5} {'peak':>10} {'arena':>10} " + " ".join(f"{c:>11}" for c in CATEGORIES)
-    lines = [f"peak memory per stage (budget {format_bytes(program.options.budget)}):", header]
+    lines = [f"peak memory per stage (budget {format_budget(program.options.budget)}):", header]
     for stage, m in sorted(program.memory.stages.items()):
         row = m.timeline[m.peak_task] if m.timeline else dict.fromkeys(CATEGORIES, 0)
         lines.append(f"  {stage:>5} {format_bytes(m.peak_bytes):>10} {format_bytes(m.arena_bytes):>10} "
@@ -285,12 +297,17 @@ def _other_schedule(schedule: str) -> str:
 
 
 def compile_other_schedule(graph, options):
-    """The same configuration under the other schedule, in memory; a str if it fails."""
-    from ratrain.cli import UserError
+    """The same configuration under the other schedule, in memory, through plan_memory
+    only (its peak is all the report needs); the error's first line if it does not fit."""
+    from ratrain.passes.partition_stages import PartitionError
+    from ratrain.passes.pipeline import PIPELINE, run_pipeline
+    from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory
+    from ratrain.passes.program import Program
+    other = Program(graph, replace(options, schedule=_other_schedule(options.schedule)))
     try:
-        return compile_graph(graph, replace(options, schedule=_other_schedule(options.schedule)))[0]
-    except UserError as e:
-        return " ".join(str(e).splitlines()[1:2])
+        return run_pipeline(other, PIPELINE + [plan_memory], verify=False)[0]
+    except (PartitionError, MemoryBudgetError) as e:
+        return str(e).splitlines()[0]
 
 
 def format_report(program, records, profile: dict, graph) -> str:
@@ -424,7 +441,6 @@ def _add_parallel_options(p) -> None:
 
 
 def _add_policy_options(p) -> None:
-    from ratrain.passes.program import PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
     p.add_argument("--schedule", choices=SCHEDULES, default="ratrain", help="ratrain: "
                    "lifecycle scheduling (overlapped sync, forward-side recovery); baseline: "
                    "GPU-style 1F1B with everything at the step end (default: ratrain)")

@@ -1,0 +1,207 @@
+"""`ratrain compile` and `ratrain inspect DIR`: program directories, --report, errors."""
+import hashlib
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ratrain.cli import main
+from ratrain.cli_compile import parse_size
+from ratrain.hw import ProfileError, load_profile
+from ratrain.ir.tasks import Kind, parse_tasks
+from ratrain.passes.buffers import CATEGORIES
+from ratrain.passes.pipeline import PIPELINE, _late_passes
+
+PASS_NAMES = [p.__name__ for p in PIPELINE + _late_passes()]
+TINY = ["tiny", "--seq-len", "32"]
+PP2_DP2 = ["--pp", "2", "--dp", "2", "--micro-batches", "4"]
+
+
+def compile_to(out, *options):
+    return main(["compile", *TINY, *options, "-o", str(out)])
+
+
+@pytest.fixture(scope="module")
+def program_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("programs") / "pp2dp2"
+    assert compile_to(out, *PP2_DP2, "--recompute", "selective") == 0
+    return out
+
+
+def manifest_of(directory):
+    return json.loads((directory / "program.json").read_text())
+
+
+@pytest.mark.parametrize("text, nbytes", [
+    ("20GB", 20 * 10**9), ("20GiB", 20 * 2**30), ("512MB", 512 * 10**6),
+    ("512MiB", 512 * 2**20), ("1.5G", 1_500_000_000), ("1.5Gi", 3 * 2**29),
+    ("4096", 4096), ("64kb", 64_000), ("2TiB", 2 * 2**40), (" 7 b ", 7), ("1e9", 10**9)])
+def test_parse_size(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "GB", "20 XB", "-1GB", "0", "1.2.3G"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="size"):
+        parse_size(text)
+
+
+def test_manifest_has_every_field(program_dir):
+    manifest = manifest_of(program_dir)
+    assert manifest["model"]["name"] == "tiny"
+    assert manifest["model"]["config"]["num_hidden_layers"] == 4
+    options = manifest["options"]
+    assert (options["pp"], options["dp"], options["micro_batches"], options["seq_len"]) == (2, 2, 4, 32)
+    assert (options["schedule"], options["recompute"], options["precision"]) == ("ratrain", "selective", "fp32")
+    assert options["budget"] == load_profile("cpu")["usable_memory"] and options["hw"] == "cpu"
+    assert manifest["world_size"] == 4 and manifest["ratrain_version"] and manifest["created"]
+    assert manifest["ranks"] == {"0": {"stage": 0, "replica": 0}, "1": {"stage": 1, "replica": 0},
+                                 "2": {"stage": 0, "replica": 1}, "3": {"stage": 1, "replica": 1}}
+    layers = [layer for s in manifest["stages"] for layer in s["layers"]]
+    assert layers == list(range(6)) and [s["stage"] for s in manifest["stages"]] == [0, 1]
+    for stage in manifest["stages"]:
+        assert 0 < stage["peak_bytes"] <= stage["arena_bytes"]
+        assert sum(stage["peak_breakdown"].values()) == stage["peak_bytes"]
+
+
+def test_hashes_match_files(program_dir):
+    files = manifest_of(program_dir)["files"]
+    on_disk = sorted(str(p.relative_to(program_dir)) for p in program_dir.rglob("*.txt"))
+    assert sorted(files) == on_disk
+    for relative, digest in files.items():
+        assert hashlib.sha256((program_dir / relative).read_bytes()).hexdigest() == digest
+
+
+def test_pass_files_in_pipeline_order(program_dir):
+    names = sorted(p.name for p in (program_dir / "passes").iterdir())
+    assert names == [f"{i:02d}_{name}.txt" for i, name in enumerate(PASS_NAMES, 1)]
+    assert [p["name"] for p in manifest_of(program_dir)["passes"]] == PASS_NAMES
+    planned = names.index(f"{PASS_NAMES.index('plan_memory') + 1:02d}_plan_memory.txt")
+    text = (program_dir / "passes" / names[planned]).read_text()
+    assert text.startswith("# after: plan_memory (") and "FREE[" in text
+    assert "FREE[" not in (program_dir / "passes" / names[planned - 1]).read_text()
+
+
+def test_rank_files_parse_back(program_dir):
+    ranks = [parse_tasks((program_dir / f"rank{r}.txt").read_text()) for r in range(4)]
+    assert ranks[0] == ranks[2] and ranks[1] == ranks[3]
+    for stage, tasks in enumerate(ranks[:2]):
+        assert {t.stage for t in tasks} == {stage}
+        assert sorted(t.micro_batch for t in tasks if t.kind == Kind.F) == [0, 1, 2, 3]
+        assert any(t.kind == Kind.FREE for t in tasks) and any(t.kind == Kind.SYNC for t in tasks)
+    line = (program_dir / "rank1.txt").read_text().splitlines()[0]
+    assert line == str(ranks[1][0])
+
+
+def test_memory_txt_is_the_plan_report(program_dir):
+    text = (program_dir / "memory.txt").read_text()
+    assert text.startswith("memory plan (budget") and "stage 0: peak" in text and "stage 1: peak" in text
+
+
+def test_report_via_subprocess(tmp_path):
+    out = tmp_path / "prog"
+    result = subprocess.run([sys.executable, "-m", "ratrain.cli", "compile", *TINY, *PP2_DP2,
+                             "--zero", "1", "-o", str(out), "--report"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = result.stdout
+    for number, name in enumerate(PASS_NAMES, 1):
+        assert re.search(rf"^\s+{number:02d} {name}\s+\d+\.\d ms$", report, re.M), name
+    for stage in (0, 1):
+        row = re.search(rf"^\s+{stage} +([\d.]+ [MG]iB) +([\d.]+ [MG]iB)((?: +[\d.]+ [MG]iB){{7}})$",
+                        report, re.M)
+        assert row, report
+    assert all(c in report for c in CATEGORIES)
+    assert re.search(r"step [\d.e-]+ s, bubble \d+\.\d%", report)
+    assert re.search(r"^\s+stage\s+busy s\s+exposed tail s$", report, re.M)
+    assert len(re.findall(r"^\s+[01] +[\d.e-]+ +[\d.e-]+$", report, re.M)) == 2
+    assert re.search(r"^  ratrain +peak [\d.]+ MiB", report, re.M)
+    assert re.search(r"^  baseline +peak [\d.]+ MiB", report, re.M)
+    assert (out / "program.json").is_file()
+
+
+def test_budget_too_small_is_exit_2_with_breakdown(tmp_path, capsys):
+    out = tmp_path / "prog"
+    assert compile_to(out, *PP2_DP2, "--budget", "20MB") == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert lines and all(line.startswith("ratrain: error: ") for line in lines)
+    assert "20 MB (19.07 MiB)" in lines[0]
+    assert all(c in captured.err for c in ("params", "optimizer", "views", "activations"))
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_inspect_after_and_rank(program_dir, capsys):
+    assert main(["inspect", str(program_dir), "--after", "insert_grad_sync", "--rank", "3"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("rank 3: 1POST_F0") and "1SYNC[L5]" in line
+    assert "UPD" not in line and "FREE" not in line
+    tasks = parse_tasks(line.split(":", 1)[1])
+    assert {t.stage for t in tasks} == {1}
+
+
+def test_inspect_default_is_last_pass_and_numbers_work(program_dir, capsys):
+    assert main(["inspect", str(program_dir)]) == 0
+    assert capsys.readouterr().out.startswith(f"# after: {PASS_NAMES[-1]} (")
+    assert main(["inspect", str(program_dir), "--after", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# after: schedule_pipeline (") and "rank 0: 0F0" in out
+
+
+def test_inspect_bad_pass_and_rank(program_dir, capsys):
+    assert main(["inspect", str(program_dir), "--after", "nope"]) == 2
+    assert "1 partition_stages" in capsys.readouterr().err
+    assert main(["inspect", str(program_dir), "--rank", "4"]) == 2
+    assert "ranks 0..3" in capsys.readouterr().err
+    assert main(["inspect", str(program_dir), "--after", "1", "--rank", "0"]) == 2
+    assert "no task lists yet" in capsys.readouterr().err
+
+
+def test_inspect_writes_pngs(program_dir, tmp_path, capsys):
+    schedule, memory = tmp_path / "schedule.png", tmp_path / "memory.png"
+    assert main(["inspect", str(program_dir), "--rank", "0", "--schedule-png", str(schedule),
+                 "--memory-png", str(memory)]) == 0
+    for png in (schedule, memory):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "(2 stages)" in capsys.readouterr().out
+
+
+def test_overwrite_protection(tmp_path, capsys):
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    assert compile_to(other) == 2
+    assert "not a program directory" in capsys.readouterr().err
+    assert [p.name for p in other.iterdir()] == ["keep.txt"]
+    out = tmp_path / "prog"
+    assert compile_to(out) == 0
+    assert compile_to(out, "--schedule", "baseline") == 2
+    assert "--force" in capsys.readouterr().err
+    assert manifest_of(out)["options"]["schedule"] == "ratrain"
+    assert compile_to(out, "--schedule", "baseline", "--force") == 0
+    assert manifest_of(out)["options"]["schedule"] == "baseline"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "prog"]
+
+
+def test_mt3000_defaults(tmp_path):
+    out = tmp_path / "prog"
+    assert compile_to(out, "--hw", "mt3000", "--dp", "2") == 0
+    options = manifest_of(out)["options"]
+    assert (options["precision"], options["zero"], options["budget"]) == ("fp16", 2, 20 * 10**9)
+    assert manifest_of(out)["hw"]["link_bandwidth"] == 3.7e9
+
+
+def test_unknown_profile_lists_known():
+    with pytest.raises(ProfileError, match="known profiles are cpu, mt3000"):
+        load_profile("no-such-machine")
+
+
+def test_parser_choices_match_compile_options():
+    from ratrain import cli_compile
+    from ratrain.passes import program
+    assert cli_compile.SCHEDULES == program.SCHEDULES
+    assert cli_compile.RECOMPUTE_POLICIES == program.RECOMPUTE_POLICIES
+    assert cli_compile.PRECISIONS == program.PRECISIONS
