@@ -24,9 +24,9 @@ def best_time(fn, reps):
     return min(times)
 
 
-def compare(ours, peer, reps, rounds=2):
-    """Best time of each, measured in alternating blocks (ours, peer, ours, peer) so that a
-    burst of load from other processes does not land on one side only."""
+def compare(ours, peer, reps, rounds=4):
+    """Best time of each, measured in alternating blocks (ours, peer, ours, peer, ...) so that
+    a burst of load from other processes does not land on one side only."""
     ours(); peer()                                    # warm-up (and JIT compile for JAX)
     t_ours = t_peer = float("inf")
     for _ in range(rounds):
@@ -88,8 +88,7 @@ def bench_attention(np, kernels, threads, reps):
 
         # useful FLOPs of causal fwd (2 matmuls) + bwd (5 matmuls) over the lower triangle
         flop = 7 * 2.0 * B * H * T * (T + 1) / 2 * D
-        t_ours, t_peer = compare(ours, lambda: jax.block_until_ready(fwd_bwd(*jq)),
-                                 max(1, reps // 3))
+        t_ours, t_peer = compare(ours, lambda: jax.block_until_ready(fwd_bwd(*jq)), 1, rounds=3)
         line(f"attention fwd+bwd B={B} T={T} H={H} D={D}", threads, flop / t_ours / 1e9,
              flop / t_peer / 1e9, 1.5)
 
@@ -123,7 +122,7 @@ def child_env(threads):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3, help="timed runs per block (GEMM)")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

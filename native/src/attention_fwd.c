@@ -80,7 +80,7 @@ static int attention_fwd(void *o, float *lse, const void *q, const void *k, cons
     {
         char *am = rt_am(omp_get_thread_num());
         fwd_tiles w = {0};
-        if (am) carve_fwd(&w, am, &s); else fail = 1;
+        if (am) carve_fwd(&w, am, &s); else __atomic_store_n(&fail, 1, __ATOMIC_RELAXED);
         #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < ntask; t++) {   /* longest (last) query blocks first */
             int qb = nq - 1 - t / (B * Hq), bh = t % (B * Hq);

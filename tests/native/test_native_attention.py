@@ -48,6 +48,8 @@ CASES = [  # B, T, Hq, Hkv, D, causal, alibi
     (1, 333, 8, 1, 128, True, False),
     (1, 97, 4, 1, 40, False, True),
     (2, 70, 2, 2, 72, False, False),
+    (1, 50, 2, 1, 256, True, False),      # wide head: AM forces smaller tiles
+    (1, 17, 3, 1, 1, True, True),         # degenerate head dim, GQA ratio 3
 ]
 
 
