@@ -7,6 +7,7 @@ are frozen: passes build new ones (`dataclasses.replace`), never mutate.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,11 +26,11 @@ class Var:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     def type_str(self) -> str:
         return f"{DTYPE_SHORT.get(self.dtype, self.dtype)}[{','.join(map(str, self.shape))}]"
@@ -62,7 +63,7 @@ class Node:
         return dict(self.params)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity: graphs are compared by their text
 class LayerGraph:
     name: str                           # "decoder fwd", "head bwd"
     params: tuple[Var, ...]             # parameter views, in `param_names` order

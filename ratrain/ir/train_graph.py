@@ -18,7 +18,7 @@ from ratrain.ir.graph import LayerGraph, Var
 from ratrain.ir.trace import trace_layer
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity: one object per traced kind
 class LayerKind:
     kind: str                           # "embed", "decoder", "head"
     fwd: LayerGraph                     # params + inputs -> outputs

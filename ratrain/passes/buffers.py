@@ -9,6 +9,8 @@ gin.mb3 gout.mb3 ws.<task>.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+
 import numpy as np
 
 from ratrain.ir.graph import Literal
@@ -72,10 +74,14 @@ def _kind(program, layer: int):
 
 def residual_layout(program, layer: int, micro_batch: int, kept: bool) -> tuple[dict, int]:
     """residual index -> offset in act.L.mb (kept=True) or rec.L.mb (the dropped ones)."""
+    mode = program.recompute.get((layer, micro_batch), "none")
+    return _residual_layout(_kind(program, layer), mode, kept)
+
+
+@lru_cache(maxsize=4096)
+def _residual_layout(kind, mode: str, kept: bool) -> tuple[dict, int]:
     from ratrain.passes.insert_recovery import kept_mask
-    kind = _kind(program, layer)
-    mask = kept_mask(kind, program.recompute.get((layer, micro_batch), "none"))
-    chosen = [i for i, k in enumerate(mask) if k == kept]
+    chosen = [i for i, k in enumerate(kept_mask(kind, mode)) if k == kept]
     offsets, total = pack(kind.residuals[i].nbytes for i in chosen)
     return dict(zip(chosen, offsets)), total
 
@@ -86,19 +92,30 @@ def residual_split(program, layer: int, micro_batch: int) -> tuple[int, int]:
             residual_layout(program, layer, micro_batch, False)[1])
 
 
-def pinned_values(kind, direction: str) -> frozenset:
-    """Values of a layer graph that live in buffers of their own, not in the workspace:
-    forward: inputs, residuals (act/rec) and the output passed on (the head's loss stays
-    in the workspace); backward: its inputs and the cotangent passed on (parameter
-    gradients stay in the workspace until they are accumulated)."""
-    if direction == "fwd":
-        values = kind.fwd.inputs + kind.residuals
-        if kind.kind != "head":
-            values += tuple(kind.fwd.outputs)
+def residual_ids(kind, mode: str, kept: bool) -> set[int]:
+    from ratrain.passes.insert_recovery import kept_mask
+    return {r.id for r, k in zip(kind.residuals, kept_mask(kind, mode)) if k == kept}
+
+
+def pinned_values(kind, use: str, mode: str = "none") -> frozenset:
+    """Values of a layer graph that live in buffers of their own, not in the workspace.
+
+    "F": inputs, kept residuals (act) and the output passed on (the head's loss stays in
+    the workspace); "REC": inputs and the dropped residuals it rebuilds (rec); "B": its
+    inputs and the cotangent passed on (parameter gradients stay in the workspace until
+    they are accumulated).
+    """
+    ids = {v.id for v in kind.fwd.inputs}
+    if use == "F":
+        ids |= residual_ids(kind, mode, True)
+        ids |= {v.id for v in kind.fwd.outputs if kind.kind != "head" and not isinstance(v, Literal)}
+    elif use == "REC":
+        ids |= residual_ids(kind, mode, False)
     else:
-        cts = [v for v, n in zip(kind.bwd.outputs, kind.bwd.output_names) if n.startswith("ct:")]
-        values = kind.bwd.inputs + tuple(cts)
-    return frozenset(v.id for v in values if not isinstance(v, Literal))
+        ids = {v.id for v in kind.bwd.inputs}
+        ids |= {v.id for v, n in zip(kind.bwd.outputs, kind.bwd.output_names)
+                if n.startswith("ct:") and not isinstance(v, Literal)}
+    return frozenset(ids)
 
 
 def cotangent_bytes(program) -> int:
@@ -108,16 +125,20 @@ def cotangent_bytes(program) -> int:
                     * np.dtype(g.dtype).itemsize)
 
 
+RECOVERY_MODES = ("none", "full", "selective")
+
+
 def workspace_bytes(program, stage: int, direction: str) -> int:
-    """Workspace of the stage's F, REC (direction "fwd") or B ("bwd"): the largest
-    layer's intermediates; B also holds two cotangent slots passed layer to layer."""
-    peaks = []
-    for layer in program.stages[stage]:
-        kind = _kind(program, layer)
-        graph = kind.fwd if direction == "fwd" else kind.bwd
-        peaks.append(graph_workspace(graph, pinned_values(kind, direction))[1])
-    reserve = 2 * cotangent_bytes(program) if direction == "bwd" else 0
-    return reserve + max(peaks, default=0)
+    """Workspace of the stage's F and REC (direction "fwd") or B ("bwd"): the largest
+    layer's intermediates under any recovery mode; B also holds two cotangent slots
+    passed from layer to layer (the first also takes the loss cotangent)."""
+    if direction == "bwd":
+        peaks = [graph_workspace(_kind(program, l).bwd, pinned_values(_kind(program, l), "B"))[1]
+                 for l in program.stages[stage]]
+        return 2 * cotangent_bytes(program) + max(peaks, default=0)
+    peaks = [graph_workspace(_kind(program, l).fwd, pinned_values(_kind(program, l), use, mode))[1]
+             for l in program.stages[stage] for use in ("F", "REC") for mode in RECOVERY_MODES]
+    return max(peaks, default=0)
 
 
 def _message_bytes(program, stage: int) -> int:

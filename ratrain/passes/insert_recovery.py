@@ -8,11 +8,13 @@ RECV_B its backward waits for (forward-side recovery); in `baseline` right befor
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, Task
 
 
+@lru_cache(maxsize=1024)
 def kept_mask(kind, mode: str) -> tuple[bool, ...]:
     """Which of a layer kind's residuals survive from F to B under `mode`.
 

@@ -28,9 +28,10 @@ PIPELINE = [
 
 
 def _late_passes():
-    # plan_memory and lower need the final task order, so they run last.
+    # plan_memory needs the final task order; lower needs the arena offsets it assigns.
+    from ratrain.passes.lower import lower
     from ratrain.passes.plan_memory import plan_memory
-    return [plan_memory]
+    return [plan_memory, lower]
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ def _check_forward_backward(program, stage: int, tasks) -> None:
 
 
 def _check_syncs(program, stage: int, tasks) -> None:
+    tasks = [t for t in tasks if t.kind != Kind.FREE]  # FREEs do not delay a sync
     syncs = [i for i, t in enumerate(tasks) if t.kind == Kind.SYNC]
     if not syncs:
         return

@@ -12,9 +12,8 @@ from ratrain import models
 from ratrain.ir.interp import run_train_graph
 from ratrain.ir.train_graph import trace_model
 from ratrain.optim import AdamW, adamw_step
-from ratrain.passes.buffers import stage_peak
 from ratrain.passes.execute import Executor
-from ratrain.passes.pipeline import PIPELINE, run_pipeline
+from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 
 CONFIG = models.fill_defaults({
@@ -22,7 +21,9 @@ CONFIG = models.fill_defaults({
     "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
     "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1})
 B, T, STEPS = 2, 8, 2
-OPTIMIZER = AdamW(lr=1e-2, weight_decay=0.1)
+# eps well above gradient rounding noise: with eps=1e-8 Adam turns a last-bit difference
+# of a near-zero gradient (BLAS blocks differently on other addresses) into a full lr step.
+OPTIMIZER = AdamW(lr=1e-2, weight_decay=0.1, eps=1e-5)
 
 
 @lru_cache(maxsize=None)
@@ -78,16 +79,23 @@ def compile_program(pp, dp, m, schedule, zero, recompute, clip=None):
                              schedule=schedule, zero=zero, recompute=recompute, clip=clip)
     program = Program(graph(), options)
     if recompute == "auto":
-        # A budget just under what keeping everything needs: auto must drop something.
-        keep_all, _ = run_pipeline(replace(program, options=replace(options, recompute="none")),
-                                   PIPELINE)
-        budget = max(stage_peak(keep_all, s) for s in range(pp)) - 1
-        program = replace(program, options=replace(options, budget=budget))
-    return run_pipeline(program, PIPELINE)[0]
+        program = replace(program, options=replace(options, budget=auto_budget(program)))
+    return run_pipeline(program)[0]
+
+
+def auto_budget(program) -> int:
+    """Halfway between the arenas of keeping everything and recomputing everything, so
+    auto must drop something (or, where recompute saves nothing, just what fits)."""
+    arenas = [run_pipeline(replace(program, options=replace(program.options, recompute=policy))
+                           )[0].memory.arena_bytes for policy in ("none", "full")]
+    return (arenas[0] + arenas[1]) // 2 if arenas[1] < arenas[0] else arenas[0]
 
 
 def _relative(a, b) -> float:
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+    """Norm-wise relative difference of one parameter tensor. (Element-wise maxima are
+    not a fair measure after Adam: m / sqrt(v) turns a last-bit difference of a tiny
+    gradient, e.g. from BLAS blocking on other addresses, into a visible step.)"""
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 GRID = list(itertools.product((1, 2, 3, 4), (1, 2), (1, 3, 8), ("ratrain", "baseline"),
@@ -98,7 +106,9 @@ GRID = list(itertools.product((1, 2, 3, 4), (1, 2), (1, 3, 8), ("ratrain", "base
 def test_compiled_program_matches_whole_model(pp, dp, m, schedule, zero, recompute):
     program = compile_program(pp, dp, m, schedule, zero, recompute)
     if recompute == "auto":
-        assert program.recompute, "auto under a tight budget recomputed nothing"
+        keep_all = compile_program(pp, dp, m, schedule, zero, "none").memory.arena_bytes
+        assert program.memory.arena_bytes <= program.options.budget
+        assert bool(program.recompute) == (program.options.budget < keep_all)
     executor = Executor(program, models.init_params(CONFIG, seed=0), OPTIMIZER)
     losses = [executor.run_step(tokens) for tokens in batches(dp, m)]
     ref_losses, ref_params = reference(dp, m, None)
@@ -113,7 +123,7 @@ def test_global_norm_clipping_is_exact(pp, dp, zero):
     program = compile_program(pp, dp, 3, "ratrain", zero, "none", clip=0.05)
     executor = Executor(program, models.init_params(CONFIG, seed=0), OPTIMIZER)
     losses = [executor.run_step(tokens) for tokens in batches(dp, 3)]
-    assert all(st.buffers["clip_coef"] < 0.1 for st in executor.ranks), "clipping inactive"
+    assert all(st.clip_coef < 0.1 for st in executor.ranks), "clipping inactive"
     ref_losses, ref_params = reference(dp, 3, 0.05)
     assert losses == pytest.approx(ref_losses, rel=1e-6)
     got = executor.params()

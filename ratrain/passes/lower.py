@@ -1,0 +1,327 @@
+"""lower: every task becomes a list of calls over (buffer, offset) slots of the arena.
+
+Runs last, after plan_memory fixed each buffer's arena offset. Compute tasks (F, REC, B)
+become one call per IR node, with every value addressed: parameters in view.L, kept
+residuals in act.L.mb, rebuilt ones in rec.L.mb, intermediates in the task's workspace
+(layout.py), messages in in/out/gin/gout. Other tasks become one runtime call. This is
+the input of codegen and of the reference executor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ratrain.ir.graph import DTYPE_SHORT, Literal
+from ratrain.ir.printer import format_param
+from ratrain.ir.tasks import Kind, Task
+from ratrain.passes.buffers import (cotangent_bytes, grad_layout, pinned_values,
+                                    residual_layout, shard_elements, view_layout)
+from ratrain.passes.layout import align_up, graph_workspace
+from ratrain.passes.lower_comms import message_tag
+from ratrain.passes.plan_memory import arena_name
+
+
+@dataclass(frozen=True)
+class Slot:
+    buffer: str                         # arena buffer name ("act.L5.mb3")
+    offset: int                         # bytes from the buffer's start
+    dtype: str                          # numpy dtype name
+    shape: tuple[int, ...]              # tensor shape
+
+    def __str__(self) -> str:
+        dims = ",".join(map(str, self.shape))
+        return f"{self.buffer}+{self.offset}:{DTYPE_SHORT.get(self.dtype, self.dtype)}[{dims}]"
+
+
+@dataclass(frozen=True)
+class Call:
+    op: str                             # IR op, or a runtime action (send_activation, ...)
+    outputs: tuple[Slot, ...]           # where results are written
+    inputs: tuple = ()                  # Slots or Literals read
+    params: tuple = ()                  # sorted (name, value) pairs
+    note: str = ""                      # where it came from: "L3 rms_norm" etc.
+
+    def __str__(self) -> str:
+        params = " ".join(f"{k}={format_param(v)}" for k, v in self.params)
+        op = f"{self.op}[{params}]" if params else self.op
+        args = " ".join(str(x) if isinstance(x, Slot) else f"{x.value!r}" for x in self.inputs)
+        outs = " ".join(map(str, self.outputs))
+        text = f"{outs} = {op} {args}".strip(" =") if outs else f"{op} {args}".strip()
+        return f"{text}    # {self.note}" if self.note else text
+
+
+@dataclass(frozen=True)
+class LoweredTask:
+    task: Task                          # the task these calls implement
+    calls: tuple[Call, ...]             # in order
+
+
+def _slot(buffer: str, offset: int, var) -> Slot:
+    return Slot(arena_name(buffer), offset, var.dtype, tuple(var.shape))
+
+
+class _Placement:
+    """Var id -> Slot for one execution of one layer graph."""
+
+    def __init__(self, graph, pinned, workspace: str, base: int = 0):
+        self.graph, self.slots = graph, {}
+        offsets, _ = graph_workspace(graph, pinned)
+        for node in graph.nodes:
+            for o in node.outputs:
+                if o.id in offsets:
+                    self.slots[o.id] = _slot(workspace, base + offsets[o.id], o)
+
+    def bind(self, var, slot: Slot) -> None:
+        self.slots[var.id] = slot
+
+    def calls(self, layer: int) -> list[Call]:
+        read = lambda x: x if isinstance(x, Literal) else self.slots[x.id]
+        return [Call(n.op, tuple(self.slots[o.id] for o in n.outputs),
+                     tuple(read(x) for x in n.inputs), n.params, f"L{layer} {n.op}")
+                for n in self.graph.nodes]
+
+
+def _kind(program, layer: int):
+    return program.graph.kinds[program.graph.layers[layer].kind]
+
+
+def _bind_params(placement: _Placement, program, layer: int, graph) -> None:
+    offsets, _ = view_layout(program, layer)
+    for var, offset in zip(graph.params, offsets):
+        placement.bind(var, _slot(f"view.L{layer}", offset, var))
+
+
+def residual_slot(program, layer: int, micro_batch: int, index: int) -> Slot:
+    """Where residual `index` of (layer, micro_batch) lives: act.L.mb if kept, else rec."""
+    var = _kind(program, layer).residuals[index]
+    kept, _ = residual_layout(program, layer, micro_batch, True)
+    if index in kept:
+        return _slot(f"act.L{layer}.mb{micro_batch}", kept[index], var)
+    dropped, _ = residual_layout(program, layer, micro_batch, False)
+    return _slot(f"rec.L{layer}.mb{micro_batch}", dropped[index], var)
+
+
+def _input_index(kind, position: int) -> int:
+    var = kind.fwd.inputs[position]
+    for i, r in enumerate(kind.residuals):
+        if r.id == var.id:
+            return i
+    raise NotImplementedError(f"{kind.kind}: input '{kind.fwd.input_names[position]}' is not "
+                              "read by the backward, so it has no buffer; lowering needs it")
+
+
+def _bind_residuals(placement: _Placement, program, layer: int, m: int, keep) -> None:
+    for i, var in enumerate(_kind(program, layer).residuals):
+        if keep(i):
+            placement.bind(var, residual_slot(program, layer, m, i))
+
+
+def _is_kept(program, layer: int, m: int):
+    kept, _ = residual_layout(program, layer, m, True)
+    return lambda i: i in kept
+
+
+def _forward_inputs(program, task: Task, layer: int) -> list[Call]:
+    kind, m = _kind(program, layer), task.micro_batch
+    slot = lambda pos: residual_slot(program, layer, m, _input_index(kind, pos))
+    if kind.kind == "embed":
+        return [Call("load_ids", (slot(0),), (), (("micro_batch", m),), f"L{layer} ids")]
+    calls = []
+    if layer == program.stages[task.stage][0]:
+        message = _slot(f"in.mb{m}", 0, kind.fwd.inputs[0])
+        calls.append(Call("copy", (slot(0),), (message,), (), f"L{layer} input"))
+    if kind.kind == "head":
+        calls.append(Call("load_targets", (slot(1),), (), (("micro_batch", m),),
+                          f"L{layer} targets"))
+    return calls
+
+
+def _lower_forward(program, task: Task) -> list[Call]:
+    m, layers, calls = task.micro_batch, program.stages[task.stage], []
+    for i, layer in enumerate(layers):
+        kind = _kind(program, layer)
+        mode = program.recompute.get((layer, m), "none")
+        placement = _Placement(kind.fwd, pinned_values(kind, "F", mode), f"ws.{task}")
+        _bind_params(placement, program, layer, kind.fwd)
+        _bind_residuals(placement, program, layer, m, _is_kept(program, layer, m))
+        out = kind.fwd.outputs[0]
+        if kind.kind != "head" and i + 1 < len(layers):
+            nxt = _kind(program, layers[i + 1])
+            placement.bind(out, residual_slot(program, layers[i + 1], m, _input_index(nxt, 0)))
+        elif kind.kind != "head":
+            placement.bind(out, _slot(f"out.mb{m}", 0, out))
+        calls += _forward_inputs(program, task, layer) + placement.calls(layer)
+        if kind.kind == "head":
+            calls.append(Call("record_loss", (), (placement.slots[out.id],),
+                              (("micro_batch", m),), f"L{layer} loss"))
+    return calls
+
+
+def _lower_recompute(program, task: Task) -> list[Call]:
+    layer, m = task.layer, task.micro_batch
+    kind = _kind(program, layer)
+    mode = program.recompute[(layer, m)]
+    placement = _Placement(kind.fwd, pinned_values(kind, "REC", mode), f"ws.{task}")
+    _bind_params(placement, program, layer, kind.fwd)
+    inputs = {_input_index(kind, p) for p in range(len(kind.fwd.inputs))}
+    kept = _is_kept(program, layer, m)
+    _bind_residuals(placement, program, layer, m, lambda i: i in inputs or not kept(i))
+    return placement.calls(layer)
+
+
+def _cotangent_slots(program, task: Task, var) -> tuple[Slot, Slot]:
+    size = cotangent_bytes(program)
+    return _slot(f"ws.{task}", 0, var), _slot(f"ws.{task}", size, var)
+
+
+def _accumulate_grads(program, task: Task, layer: int, placement: _Placement) -> list[Call]:
+    kind = _kind(program, layer)
+    first_b = min(t.micro_batch for t in program.tasks[task.stage] if t.kind == Kind.B)
+    offsets, _ = grad_layout(program, layer)
+    calls = []
+    for name, var, offset in zip(kind.fwd.param_names, kind.fwd.params, offsets):
+        grad = kind.bwd.output("grad:" + name)
+        target = Slot(arena_name(f"grad.L{layer}"), 4 * offset, "float32", tuple(var.shape))
+        calls.append(Call("accumulate_grad", (target,), (placement.slots[grad.id],),
+                          (("first", task.micro_batch == first_b),), f"L{layer} {name}"))
+    return calls
+
+
+def _lower_backward(program, task: Task) -> list[Call]:
+    m, stage = task.micro_batch, task.stage
+    layers, calls = program.stages[stage], []
+    last_stage = stage == len(program.stages) - 1
+    hidden = _kind(program, layers[0]).fwd.outputs[0] if _kind(program, layers[0]).kind != "head" \
+        else _kind(program, layers[0]).fwd.inputs[0]
+    ping_pong = _cotangent_slots(program, task, hidden)
+    turn = 0
+    if last_stage:
+        loss = _kind(program, layers[-1]).bwd.inputs[-1]
+        current = _slot(f"ws.{task}", 0, loss)
+        calls.append(Call("fill", (current,), (), (("value", 1.0 / program.options.micro_batches),),
+                          "loss cotangent"))
+        turn = 1
+    else:
+        current = _slot(f"gin.mb{m}", 0, _kind(program, layers[-1]).fwd.outputs[0])
+    for j, layer in enumerate(reversed(layers)):
+        kind = _kind(program, layer)
+        placement = _Placement(kind.bwd, pinned_values(kind, "B"), f"ws.{task}",
+                               base=2 * cotangent_bytes(program))
+        _bind_params(placement, program, layer, kind.bwd)
+        n_res = len(kind.residuals)
+        for i, var in enumerate(kind.bwd.inputs[:n_res]):
+            placement.bind(var, residual_slot(program, layer, m, i))
+        for var in kind.bwd.inputs[n_res:]:
+            placement.bind(var, replace(current, dtype=var.dtype, shape=tuple(var.shape)))
+        if "ct:h" in kind.bwd.output_names:
+            out = kind.bwd.output("ct:h")
+            first_layer = j == len(layers) - 1
+            current = _slot(f"gout.mb{m}", 0, out) if first_layer else \
+                replace(ping_pong[turn % 2], dtype=out.dtype, shape=tuple(out.shape))
+            placement.bind(out, current)
+            turn += 1
+        calls += placement.calls(layer) + _accumulate_grads(program, task, layer, placement)
+    return calls
+
+
+def _flat_slot(buffer: str, elements: int, offset: int = 0) -> Slot:
+    return Slot(arena_name(buffer), offset, "float32", (elements,))
+
+
+def state_slots(program, layer: int) -> tuple[Slot, Slot, Slot, int, int]:
+    """master, m, v slots of a layer on this rank, the full size and the shard size."""
+    _, n = grad_layout(program, layer)
+    shard = shard_elements(n, program, program.options.zero >= 1)
+    return (_flat_slot(f"master.L{layer}", shard), _flat_slot(f"opt.L{layer}", shard),
+            _flat_slot(f"opt.L{layer}", shard, align_up(4 * shard)), n, shard)
+
+
+def _lower_sync(program, task: Task) -> list[Call]:
+    layer = task.layer
+    _, _, _, n, shard = state_slots(program, layer)
+    grad = _flat_slot(f"grad.L{layer}", n)
+    if program.options.zero == 2:
+        return [Call("grad_sync", (_flat_slot(f"gshard.L{layer}", shard),), (grad,),
+                     (("op", "reduce_scatter"),), f"L{layer}")]
+    return [Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), f"L{layer}")]
+
+
+def _lower_update(program, task: Task) -> list[Call]:
+    master, m, v, n, shard = state_slots(program, task.layer)
+    grad = _flat_slot(f"gshard.L{task.layer}", shard) if program.options.zero == 2 else \
+        _flat_slot(f"grad.L{task.layer}", n)
+    return [Call("adamw", (master, m, v), (grad,), (("zero", program.options.zero),),
+                 f"L{task.layer}")]
+
+
+def view_slots(program, layer: int) -> tuple[Slot, ...]:
+    """The layer's parameters in its view buffer, in parameter order."""
+    offsets, _ = view_layout(program, layer)
+    params = _kind(program, layer).fwd.params
+    return tuple(_slot(f"view.L{layer}", o, p) for o, p in zip(offsets, params))
+
+
+def _lower_prefetch(program, task: Task) -> list[Call]:
+    layer = task.layer
+    views = view_slots(program, layer)
+    master = state_slots(program, layer)[0]
+    return [Call("prefetch_view", views, (master,), (("gather", program.options.zero >= 1),),
+                 f"L{layer}")]
+
+
+def _lower_norm(program, task: Task) -> list[Call]:
+    grads = tuple(_flat_slot(f"grad.L{l}", grad_layout(program, l)[1])
+                  if program.options.zero < 2 else
+                  _flat_slot(f"gshard.L{l}", state_slots(program, l)[4])
+                  for l in program.stages[task.stage])
+    return [Call("global_norm", (), grads, (("clip", program.options.clip),), "step")]
+
+
+def _message(program, task: Task) -> Slot:
+    layers, m = program.stages[task.stage], task.micro_batch
+    first, last = _kind(program, layers[0]), _kind(program, layers[-1])
+    name, var = {Kind.SEND_F: ("out", last.fwd.outputs[0]),
+                 Kind.RECV_F: ("in", first.fwd.inputs[0]), Kind.POST_F: ("in", first.fwd.inputs[0]),
+                 Kind.SEND_B: ("gout", first.fwd.inputs[0]),
+                 Kind.RECV_B: ("gin", last.fwd.outputs[0]),
+                 Kind.POST_B: ("gin", last.fwd.outputs[0])}[task.kind]
+    return _slot(f"{name}.mb{m}", 0, var)
+
+
+_PEER = {Kind.SEND_F: 1, Kind.RECV_F: -1, Kind.POST_F: -1,
+         Kind.SEND_B: -1, Kind.RECV_B: 1, Kind.POST_B: 1}
+_COMM_OP = {Kind.SEND_F: "send", Kind.SEND_B: "send", Kind.POST_F: "post_recv",
+            Kind.POST_B: "post_recv", Kind.RECV_F: "wait_recv", Kind.RECV_B: "wait_recv"}
+
+
+def _lower_comm(program, task: Task) -> list[Call]:
+    slot = _message(program, task)
+    params = (("peer", _PEER[task.kind]), ("tag", message_tag(task)))
+    if task.kind in (Kind.SEND_F, Kind.SEND_B):
+        return [Call("send", (), (slot,), params, str(task))]
+    return [Call(_COMM_OP[task.kind], (slot,), (), params, str(task))]
+
+
+_LOWER = {Kind.F: _lower_forward, Kind.B: _lower_backward, Kind.REC: _lower_recompute,
+          Kind.SYNC: _lower_sync, Kind.UPD: _lower_update, Kind.PREF: _lower_prefetch,
+          Kind.NORM: _lower_norm, Kind.FREE: lambda p, t: [],
+          **{k: _lower_comm for k in _PEER}}
+
+
+def lower(program):
+    """Turn every stage's tasks into calls over arena slots.
+
+    Requires: plan_memory has run (FREEs in place, offsets known). Guarantees:
+    `program.lowered[stage]` has one LoweredTask per task, in order; every slot names a
+    buffer of the stage's memory plan and lies inside it.
+    """
+    lowered = {s: tuple(LoweredTask(t, tuple(_LOWER[t.kind](program, t))) for t in tasks)
+               for s, tasks in program.tasks.items()}
+    return replace(program, lowered=lowered)
+
+
+def format_lowered(program, stage: int) -> str:
+    lines = [f"# lowered program of stage {stage}"]
+    for item in program.lowered[stage]:
+        lines.append(f"{item.task}:")
+        lines += [f"    {call}" for call in item.calls]
+    return "\n".join(lines)
