@@ -62,9 +62,10 @@ def cmd_info(args) -> None:
 
 def cmd_inspect(args) -> None:
     from pathlib import Path
-    from ratrain.cli_compile import cmd_inspect_program, is_program_dir
-    if args.model and is_program_dir(Path(args.model)):
+    from ratrain.cli_compile import cmd_inspect_program, is_program_dir, reject_program_options
+    if is_program_dir(Path(args.model)):
         return cmd_inspect_program(args)
+    reject_program_options(args)
     tg = _trace(args)
     if not 0 <= args.layer < len(tg.layers):
         raise UserError(f"--layer {args.layer} is out of range: the model has layers "

@@ -77,6 +77,8 @@ def resolve_options(args, config: dict, profile: dict):
     precision = args.precision or profile.get("default_precision", "fp32")
     zero = args.zero if args.zero is not None else (
         profile.get("default_zero", 0) if args.dp > 1 else 0)
+    if args.clip is not None and not args.clip > 0:
+        raise _user_error(f"--clip must be a positive gradient norm (got {args.clip})")
     try:
         return CompileOptions(
             pp=args.pp, dp=args.dp, micro_batches=args.micro_batches,
@@ -99,26 +101,14 @@ def trace_for(config: dict, name: str, options):
 def compile_graph(graph, options):
     """Run the pass pipeline; (program, records). Over-budget programs are user errors."""
     from ratrain.passes.partition_stages import PartitionError
+    from ratrain.passes.pipeline import run_pipeline
     from ratrain.passes.plan_memory import MemoryBudgetError
     from ratrain.passes.program import Program
     try:
-        return _run_all_passes(Program(graph, options))
+        return run_pipeline(Program(graph, options))
     except (PartitionError, MemoryBudgetError) as e:
         raise _user_error(f"the {options.schedule} program does not fit --budget "
                           f"{format_budget(options.budget)} per rank:\n{e}") from None
-
-
-def _run_all_passes(program):
-    """PIPELINE verified after every pass, then the late passes (plan_memory, ...).
-
-    NOTE [late passes unverified]: verify_schedule's sync check rejects the FREE tasks
-    plan_memory puts between a stage's last B and its SYNCs ("0SYNC[L2] does not start
-    right after the last backward 0B3"); until it skips FREEs they run unverified.
-    """
-    from ratrain.passes import pipeline
-    program, records = pipeline.run_pipeline(program, pipeline.PIPELINE)
-    program, late = pipeline.run_pipeline(program, pipeline._late_passes(), verify=False)
-    return program, records + late
 
 
 def load_model(model: str) -> tuple[dict, str]:
@@ -271,6 +261,8 @@ def format_dry_run(program, profile: dict, result) -> list[str]:
              f"  {'stage':>5} {'busy s':>10} {'exposed tail s':>15}"]
     lines += [f"  {s:>5} {result.busy[s]:>10.4g} {result.exposed_tail.get(s, 0.0):>15.4g}"
               for s in sorted(result.timeline)]
+    lines.append("  (dry run: each rank runs its tasks one after another, so a non-blocking "
+                 "SYNC does not overlap compute here; the simulator models that)")
     return lines
 
 
@@ -388,10 +380,21 @@ def cmd_inspect_program(args) -> None:
     directory = Path(args.model)
     manifest = read_manifest(directory)
     text = pass_file(directory, manifest, args.after).read_text()
-    print(rank_line(text, manifest, args.rank) if args.rank is not None else text, end="\n"
-          if args.rank is not None else "")
+    if args.rank is not None:
+        text = rank_line(text, manifest, args.rank) + "\n"
+    print(text, end="")
     if args.schedule_png or args.memory_png:
         write_pictures(recompile(manifest), manifest["hw"], args)
+
+
+def reject_program_options(args) -> None:
+    """inspect MODEL: the program-only options would be silently ignored; refuse them."""
+    given = [flag for flag, value in (("--after", args.after), ("--rank", args.rank),
+             ("--schedule-png", args.schedule_png), ("--memory-png", args.memory_png))
+             if value is not None]
+    if given:
+        raise _user_error(f"{', '.join(given)} need a program DIR written by `ratrain "
+                          f"compile`; {args.model!r} has no {MANIFEST}")
 
 
 def write_pictures(program, profile: dict, args) -> None:

@@ -205,3 +205,13 @@ def test_parser_choices_match_compile_options():
     assert cli_compile.SCHEDULES == program.SCHEDULES
     assert cli_compile.RECOMPUTE_POLICIES == program.RECOMPUTE_POLICIES
     assert cli_compile.PRECISIONS == program.PRECISIONS
+
+
+def test_program_options_need_a_program_dir(capsys):
+    assert main(["inspect", "tiny", "--rank", "0"]) == 2
+    assert "--rank need a program DIR" in capsys.readouterr().err
+
+
+def test_clip_must_be_positive(tmp_path, capsys):
+    assert compile_to(tmp_path / "prog", "--clip", "0") == 2
+    assert "--clip must be a positive" in capsys.readouterr().err
