@@ -106,15 +106,16 @@ def _kept_activation_bytes(program: Program, layer: int) -> int:
 
     All residuals, or under full recompute only the layer's input: the previous layer's
     output (hidden state); the embedding's input is the token ids, which are its residual.
+    `auto` may recompute as much as `full`, so a split is feasible if `full` makes it fit.
     """
-    if program.options.recompute != "full" or layer == 0:
+    if program.options.recompute not in ("full", "auto") or layer == 0:
         return program.layer_cost(layer).residual_bytes
     return program.layer_cost(layer - 1).output_bytes
 
 
 def _recompute_workspace(program: Program, layers: tuple[int, ...]) -> int:
     """Under full recompute, one layer's residuals are rebuilt at a time: the largest, once."""
-    if program.options.recompute != "full":
+    if program.options.recompute not in ("full", "auto"):
         return 0
     return max(program.layer_cost(l).residual_bytes for l in layers)
 
