@@ -44,6 +44,7 @@ setup(
         "mpi4py>=4.0",
         "mpich",
         "safetensors>=0.4",
+        "matplotlib>=3.7",          # schedule and memory pictures of `ratrain inspect`
     ],
     extras_require={
         "test": ["pytest>=8", "threadpoolctl>=3"],
