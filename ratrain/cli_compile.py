@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import tempfile
-import time
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -107,8 +106,10 @@ def compile_graph(graph, options):
     try:
         return run_pipeline(Program(graph, options))
     except (PartitionError, MemoryBudgetError) as e:
+        over_budget = isinstance(e, MemoryBudgetError) or e.peak > 0
         raise _user_error(f"the {options.schedule} program does not fit --budget "
-                          f"{format_budget(options.budget)} per rank:\n{e}") from None
+                          f"{format_budget(options.budget)} per rank:\n{e}" if over_budget
+                          else str(e)) from None
 
 
 def load_model(model: str) -> tuple[dict, str]:

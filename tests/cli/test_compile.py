@@ -215,3 +215,10 @@ def test_program_options_need_a_program_dir(capsys):
 def test_clip_must_be_positive(tmp_path, capsys):
     assert compile_to(tmp_path / "prog", "--clip", "0") == 2
     assert "--clip must be a positive" in capsys.readouterr().err
+
+
+def test_too_many_stages_is_one_line(tmp_path, capsys):
+    assert compile_to(tmp_path / "prog", "--pp", "9") == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "ratrain: error: cannot split 6 layers into 9 stages: every stage needs at least one "
+        "layer (use --pp <= 6)"]
