@@ -27,6 +27,7 @@ sm_bytes, sources (field -> where the number comes from).
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -106,7 +107,7 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
     table: dict[Kind, Callable[[Task], float]] = {
         Kind.F: lambda t: sum(cost(l).fwd_flops for l in program.stages[t.stage]) / rate,
         Kind.B: lambda t: sum(cost(l).bwd_flops for l in program.stages[t.stage]) / rate,
-        Kind.REC: lambda t: cost(t.layer).fwd_flops / rate,
+        Kind.REC: lambda t: recompute_flops(program, t.layer, t.micro_batch) / rate,
         Kind.SEND_F: lambda t: message_seconds(profile, cost(program.stages[t.stage][-1]).output_bytes),
         Kind.SEND_B: lambda t: message_seconds(profile, cost(program.stages[t.stage - 1][-1]).output_bytes),
         Kind.SYNC: lambda t: ring_seconds(profile, 4 * params(t.layer), o.dp, 1 if o.zero == 2 else 2),
@@ -115,6 +116,22 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
         Kind.NORM: lambda t: ring_seconds(profile, 8, o.dp * o.pp, 2),
     }
     return lambda task: table[task.kind](task) if task.kind in table else 0.0
+
+
+def recompute_flops(program, layer: int, micro_batch: int) -> int:
+    """FLOPs a REC spends: the whole forward under full recompute; under selective only
+    the non-GEMM ops (GEMM outputs are kept, see insert_recovery.kept_mask)."""
+    mode = program.recompute.get((layer, micro_batch), "full")
+    kind = program.graph.kinds[program.graph.layers[layer].kind]
+    return _forward_flops(kind.fwd, skip_gemm=mode == "selective")
+
+
+@lru_cache(maxsize=64)
+def _forward_flops(graph, skip_gemm: bool) -> int:
+    from ratrain.ir.costs import node_flops
+    from ratrain.ir.rules import lookup_rule
+    return sum(node_flops(n) for n in graph.nodes
+               if not (skip_gemm and (lookup_rule(n.op).kernel or "") == "gemm"))
 
 
 def _prefetch_seconds(profile: dict, options, view_bytes: int, num_params: int) -> float:

@@ -222,3 +222,28 @@ def test_too_many_stages_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.splitlines() == [
         "ratrain: error: cannot split 6 layers into 9 stages: every stage needs at least one "
         "layer (use --pp <= 6)"]
+
+
+def test_task_costs_follow_the_profile():
+    from ratrain.cli_compile import compile_graph, trace_for
+    from ratrain.hw.profiles import task_cost_model
+    from ratrain.ir.tasks import Task
+    from ratrain.models import get_config
+    from ratrain.passes.buffers import layer_param_count
+    from ratrain.passes.program import CompileOptions
+    options = CompileOptions(pp=2, dp=4, micro_batches=2, seq_len=32, recompute="full")
+    program = compile_graph(trace_for(get_config("tiny"), "tiny", options), options)[0]
+    profile = load_profile("mt3000")
+    cost = task_cost_model(program, profile)
+    rate = profile["fp32_flops"] * profile["gemm_efficiency"]
+    fwd = sum(program.layer_cost(l).fwd_flops for l in program.stages[1])
+    assert cost(Task(1, Kind.F, micro_batch=0)) == pytest.approx(fwd / rate)
+    assert cost(Task(1, Kind.REC, micro_batch=0, layer=3)) == pytest.approx(
+        program.layer_cost(3).fwd_flops / rate)
+    grad_bytes = 4 * layer_param_count(program, 3)
+    assert cost(Task(1, Kind.SYNC, layer=3)) == pytest.approx(      # ring all-reduce, D = 4
+        6 * profile["link_latency"] + 2 * 3 / 4 * grad_bytes / profile["link_bandwidth"])
+    message = program.layer_cost(program.stages[0][-1]).output_bytes
+    assert cost(Task(0, Kind.SEND_F, micro_batch=0)) == pytest.approx(
+        profile["link_latency"] + message / profile["link_bandwidth"])
+    assert cost(Task(1, Kind.RECV_F, micro_batch=0)) == 0.0
