@@ -247,3 +247,14 @@ def test_task_costs_follow_the_profile():
     assert cost(Task(0, Kind.SEND_F, micro_batch=0)) == pytest.approx(
         profile["link_latency"] + message / profile["link_bandwidth"])
     assert cost(Task(1, Kind.RECV_F, micro_batch=0)) == 0.0
+
+
+def test_failed_write_leaves_no_directory(tmp_path, monkeypatch):
+    from ratrain import cli_compile
+
+    def broken_manifest(*args):
+        raise OSError("disk full")
+    monkeypatch.setattr(cli_compile, "build_manifest", broken_manifest)
+    with pytest.raises(OSError, match="disk full"):
+        compile_to(tmp_path / "prog")
+    assert list(tmp_path.iterdir()) == []
