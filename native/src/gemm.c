@@ -108,10 +108,11 @@ static void fetch_a(char *raw, const rt_gemm_args *g, int i0, int mc, int k0, in
 static void pack_a(float *dst, const float *a32, int trans, int mc, int kc, int mr) {
     for (int r0 = 0; r0 < mc; r0 += mr, dst += (size_t)kc * mr) {
         int h = rt_min(mr, mc - r0);
-        for (int r = 0; r < h; r++) {
-            if (trans) for (int k = 0; k < kc; k++) dst[(size_t)k * mr + r] = a32[(size_t)k * mc + r0 + r];
-            else for (int k = 0; k < kc; k++) dst[(size_t)k * mr + r] = a32[(size_t)(r0 + r) * kc + k];
-        }
+        if (trans)          /* a32 is [kc][mc]: each k row gives MR contiguous values */
+            for (int k = 0; k < kc; k++) memcpy(dst + (size_t)k * mr, a32 + (size_t)k * mc + r0, h * sizeof(float));
+        else
+            for (int r = 0; r < h; r++)
+                for (int k = 0; k < kc; k++) dst[(size_t)k * mr + r] = a32[(size_t)(r0 + r) * kc + k];
         for (int r = h; r < mr; r++) for (int k = 0; k < kc; k++) dst[(size_t)k * mr + r] = 0.0f;
     }
 }
