@@ -18,14 +18,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ratrain.passes.buffers import CATEGORIES
+from ratrain.passes.options import GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
 from ratrain.passes.plan_memory import format_bytes
 
 MANIFEST = "program.json"
-# The choices of passes/program.py (CompileOptions checks them again), repeated here so
-# building the parser does not import jax.
-SCHEDULES = ("ratrain", "baseline")
-RECOMPUTE_POLICIES = ("none", "full", "selective", "auto")
-PRECISIONS = ("fp32", "fp16")
 SIZE_UNITS = {"": 1, "b": 1} | {f"{p}{s}": 1000 ** (i + 1) for i, p in enumerate("kmgt")
                                  for s in ("", "b")} \
     | {f"{p}i{s}": 1024 ** (i + 1) for i, p in enumerate("kmgt") for s in ("", "b")}
@@ -84,7 +80,7 @@ def resolve_options(args, config: dict, profile: dict):
             micro_batch_size=args.micro_batch_size, seq_len=args.seq_len or min(128, context),
             schedule=args.schedule, recompute=args.recompute, zero=zero,
             budget=args.budget or int(profile["usable_memory"]), hw=profile["name"],
-            precision=precision, clip=args.clip)
+            precision=precision, clip=args.clip, grad_accum=args.grad_accum)
     except ValueError as e:
         raise _user_error(str(e)) from None
 
@@ -460,6 +456,10 @@ def _add_policy_options(p) -> None:
                    "cpu or a path to a profile .json (default: cpu)")
     p.add_argument("--precision", choices=PRECISIONS, default=None, help="fp32 exact mode or "
                    "fp16 mixed precision (default: the profile's, fp16 on mt3000, fp32 on cpu)")
+    p.add_argument("--grad-accum", choices=GRAD_ACCUMULATION, default="auto",
+                   help="ZeRO-2 gradient accumulation: local (full gradient until the step's "
+                   "sync), scatter (reduce-scatter every micro-batch, only a shard kept) or "
+                   "auto (scatter only where local cannot fit the budget)")
     p.add_argument("--clip", type=float, default=None, metavar="X",
                    help="clip gradients to global norm X (default: no clipping)")
 

@@ -33,7 +33,7 @@ class Layer:
     param_names: tuple[str, ...]        # HF names, aligned with the kind's graph params
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity: one object per trace, cheap to hash
 class TrainGraph:
     name: str                           # preset or config name
     config: dict                        # HF config.json dictionary

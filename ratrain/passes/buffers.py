@@ -129,15 +129,21 @@ RECOVERY_MODES = ("none", "full", "selective")
 
 
 def workspace_bytes(program, stage: int, direction: str) -> int:
+    return _workspace_bytes(program.graph, program.stages[stage], direction,
+                            cotangent_bytes(program))
+
+
+@lru_cache(maxsize=4096)
+def _workspace_bytes(graph, layers: tuple, direction: str, cotangent: int) -> int:
     """Workspace of the stage's F and REC (direction "fwd") or B ("bwd"): the largest
     layer's intermediates under any recovery mode; B also holds two cotangent slots
     passed from layer to layer (the first also takes the loss cotangent)."""
+    kinds = [graph.kinds[graph.layers[l].kind] for l in layers]
     if direction == "bwd":
-        peaks = [graph_workspace(_kind(program, l).bwd, pinned_values(_kind(program, l), "B"))[1]
-                 for l in program.stages[stage]]
-        return 2 * cotangent_bytes(program) + max(peaks, default=0)
-    peaks = [graph_workspace(_kind(program, l).fwd, pinned_values(_kind(program, l), use, mode))[1]
-             for l in program.stages[stage] for use in ("F", "REC") for mode in RECOVERY_MODES]
+        peaks = [graph_workspace(k.bwd, pinned_values(k, "B"))[1] for k in kinds]
+        return 2 * cotangent + max(peaks, default=0)
+    peaks = [graph_workspace(k.fwd, pinned_values(k, use, mode))[1]
+             for k in kinds for use in ("F", "REC") for mode in RECOVERY_MODES]
     return max(peaks, default=0)
 
 
@@ -158,18 +164,26 @@ def _forward(program, task: Task) -> Effects:
     return Effects(tuple(creates), tuple(reads))
 
 
+def grad_buffer(program, layer: int) -> Buffer:
+    """The gradient accumulator of a layer: the full fp32 gradient, or under scatter
+    accumulation (NOTE [gradient accumulation]) this rank's shard of it."""
+    n = grad_layout(program, layer)[1]
+    if layer in program.scatter_grads:
+        return Buffer(f"gshard.L{layer}", "grads", 4 * shard_elements(n, program, True))
+    return Buffer(f"grad.L{layer}", "grads", 4 * n)
+
+
 def _backward(program, task: Task) -> Effects:
     s, m = task.stage, task.micro_batch
     layers = program.stages[s]
-    first_b = min(t.micro_batch for t in program.tasks[s] if t.kind == Kind.B)
-    creates = [Buffer(f"grad.L{l}", "grads", 4 * grad_layout(program, l)[1])
-               for l in layers] if m == first_b else []
+    # The step's first B is micro-batch 0's (verify_schedule checks B's run in order).
+    creates = [grad_buffer(program, l) for l in layers] if m == 0 else []
     if s > 0:
         creates.append(Buffer(f"gout.mb{m}", "comm", _message_bytes(program, s - 1)))
     creates.append(Buffer(f"ws.{task}", "workspace", workspace_bytes(program, s, "bwd")))
     reads = [f"view.L{l}" for l in layers] + [f"act.L{l}.mb{m}" for l in layers]
     reads += [f"rec.L{l}.mb{m}" for l in layers if (l, m) in program.recompute]
-    reads += [f"grad.L{l}" for l in layers] if m != first_b else []
+    reads += [grad_buffer(program, l).name for l in layers] if m != 0 else []
     reads += [f"gin.mb{m}"] if s < len(program.stages) - 1 else []
     return Effects(tuple(creates), tuple(reads))
 
@@ -184,6 +198,8 @@ def _recompute(program, task: Task) -> Effects:
 
 def _grad_sync(program, task: Task) -> Effects:
     l = task.layer
+    if l in program.scatter_grads:
+        return Effects((), (f"gshard.L{l}",))
     if program.options.zero == 2:
         shard = shard_elements(grad_layout(program, l)[1], program, True)
         return Effects((Buffer(f"gshard.L{l}", "grads", 4 * shard),), (f"grad.L{l}",))
@@ -221,32 +237,44 @@ def task_effects(program, task: Task) -> Effects:
     return _EFFECTS[task.kind](program, task)
 
 
+def _intervals(program, stage: int):
+    """(first, last, buffer) of every non-persistent buffer of the stage's tasks."""
+    effects = [task_effects(program, t) for t in program.tasks[stage]]
+    last_read = {}
+    for i, e in enumerate(effects):
+        for name in e.reads:
+            last_read[name] = i
+    return [(i, max(i, last_read.get(b.name, i)), b)
+            for i, e in enumerate(effects) for b in e.creates]
+
+
 def live_bytes_timeline(program, stage: int) -> list[dict[str, int]]:
     """Bytes alive during each task of the stage, by category (persistent included).
 
     A buffer is alive from the task that creates it through the last task that reads
     it; one created and never read lives only during its own task (workspace).
     """
-    tasks = program.tasks[stage]
-    effects = [task_effects(program, t) for t in tasks]
-    last_read = {}
-    for i, e in enumerate(effects):
-        for name in e.reads:
-            last_read[name] = i
-    base = dict.fromkeys(CATEGORIES, 0)
+    n = len(program.tasks[stage])
+    delta = [dict.fromkeys(CATEGORIES, 0) for _ in range(n + 1)]
     for b in persistent_buffers(program, stage):
-        base[b.category] += b.nbytes
-    intervals = [(i, max(i, last_read.get(b.name, i)), b)
-                 for i, e in enumerate(effects) for b in e.creates]
-    timeline = []
-    for i in range(len(tasks)):
-        row = dict(base)
-        for start, end, b in intervals:
-            if start <= i <= end:
-                row[b.category] += b.nbytes
-        timeline.append(row)
+        delta[0][b.category] += b.nbytes
+        delta[n][b.category] -= b.nbytes
+    for first, last, b in _intervals(program, stage):
+        delta[first][b.category] += b.nbytes
+        delta[last + 1][b.category] -= b.nbytes
+    timeline, live = [], dict.fromkeys(CATEGORIES, 0)
+    for row in delta[:n]:
+        live = {c: live[c] + row[c] for c in CATEGORIES}
+        timeline.append(live)
     return timeline
 
 
 def stage_peak(program, stage: int) -> int:
-    return max((sum(row.values()) for row in live_bytes_timeline(program, stage)), default=0)
+    """Most bytes alive during any one task of the stage."""
+    n = len(program.tasks[stage])
+    delta = np.zeros(n + 1, np.int64)
+    for first, last, b in _intervals(program, stage):
+        delta[first] += b.nbytes
+        delta[last + 1] -= b.nbytes
+    persistent = sum(b.nbytes for b in persistent_buffers(program, stage))
+    return persistent + int(np.cumsum(delta[:n]).max(initial=0))

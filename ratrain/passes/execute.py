@@ -225,8 +225,25 @@ class Executor:
     def _dp_group(self, st: RankState) -> list[int]:
         return [self.program.rank(st.stage, d) for d in range(self.options.dp)]
 
+    def _grad_scatter(self, st: RankState, call) -> None:
+        """Reduce-scatter one micro-batch's gradient and add this rank's shard."""
+        dp, params = self.options.dp, dict(call.params)
+        flat = np.concatenate([st.view(s).astype(np.float32).ravel() for s in call.inputs])
+
+        def mean(grads):
+            total = np.sum(grads, axis=0) / np.float32(dp)
+            return [total[slice(*shard_bounds(total.size, dp, d))] for d in range(dp)]
+        key = ("scatter", self.step, call.outputs[0].buffer, params["micro_batch"])
+        part = self._collective(key, self._dp_group(st), st.rank, flat, mean)
+        shard = st.view(call.outputs[0])
+        if params["first"]:
+            shard[...] = 0
+        shard[:part.size] += part
+
     def _grad_sync(self, st: RankState, call) -> None:
         dp, grad = self.options.dp, st.view(call.inputs[0])
+        if dict(call.params)["op"] == "wait":
+            return
         scatter = dict(call.params)["op"] == "reduce_scatter"
 
         def mean(grads):
@@ -277,6 +294,6 @@ class Executor:
         "load_ids": _load_ids, "load_targets": _load_targets, "record_loss": _record_loss,
         "fill": _fill, "copy": _copy, "accumulate_grad": _accumulate_grad,
         "send": _send, "post_recv": lambda self, st, call: None, "wait_recv": _wait_recv,
-        "grad_sync": _grad_sync, "global_norm": _global_norm, "adamw": _adamw,
+        "grad_sync": _grad_sync, "grad_scatter": _grad_scatter, "global_norm": _global_norm, "adamw": _adamw,
         "prefetch_view": _prefetch_view,
     }

@@ -39,31 +39,56 @@ def _stage_keys(program, stage: int) -> list[tuple[int, int]]:
             for l in program.stages[stage] if l in decoders]
 
 
-def _apply(program, choices: dict):
-    tasks = {s: _place(program, choices, s, ts) for s, ts in program.tasks.items()}
+def _apply(program, choices: dict, stages=None):
+    """`program` with `choices` and REC tasks placed (on `stages` only, if given)."""
+    stages = program.tasks.keys() if stages is None else stages
+    tasks = {**program.tasks, **{s: _place(program, choices, s, program.tasks[s]) for s in stages}}
     return replace(program, recompute=dict(choices), tasks=tasks)
 
 
-def _auto(program) -> dict:
-    """The least recompute that fits the budget. Per stage, (layer, mb) pairs escalate
-    none -> selective -> full in a fixed order; the shortest prefix that fits is found
-    by bisection (peak memory falls as the prefix grows)."""
+def recompute_everything(program, stage: int):
+    """`program` with every recomputable (layer, mb) of `stage` fully recomputed."""
+    return _apply(program, {k: "full" for k in _stage_keys(program, stage)}, [stage])
+
+
+def _stage_fits(program, stage: int, choices: dict, exact: bool) -> bool:
     from ratrain.passes.buffers import stage_peak
-    budget, choices = program.options.budget, {}
+    candidate = _apply(program, choices, [stage])
+    if not exact:
+        return stage_peak(candidate, stage) <= program.options.budget
+    from ratrain.passes.plan_memory import plan_stage
+    return plan_stage(candidate, stage)[1].arena_bytes <= program.options.budget
+
+
+def _escalate(program, stage: int, base: dict) -> dict:
+    """The least recompute of one stage that fits: (layer, mb) pairs escalate none ->
+    selective -> full in a fixed order; bisection on the live-bytes peak finds the
+    shortest prefix, then the prefix grows until the packed arena fits too."""
+    keys = _stage_keys(program, stage)
+    choices = base
+    for mode in ("selective", "full"):
+        trial = lambda n: {**base, **{k: mode for k in keys[:n]},
+                           **{k: "selective" for k in keys[n:] if mode == "full"}}
+        if _stage_fits(program, stage, choices, exact=True):
+            return choices
+        lo, hi = 0, len(keys)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if _stage_fits(program, stage, trial(mid), False) else (mid + 1, hi)
+        while lo < len(keys) and not _stage_fits(program, stage, trial(lo), exact=True):
+            lo += 1
+        choices = trial(lo)
+    return choices
+
+
+def _auto(program) -> dict:
+    """The least recompute that fits the budget, stage by stage (stages do not share
+    memory, so each is searched on its own)."""
+    if program.options.budget is None:
+        return {}
+    choices: dict = {}
     for stage in range(len(program.stages)):
-        keys = _stage_keys(program, stage)
-        fits = lambda c: stage_peak(_apply(program, c), stage) <= budget
-        for mode in ("selective", "full"):
-            base = {k: v for k, v in choices.items() if k not in keys}
-            trial = lambda n: {**base, **{k: mode for k in keys[:n]},
-                               **{k: "selective" for k in keys[n:] if mode == "full"}}
-            if budget is None or fits(choices):
-                break
-            lo, hi = 0, len(keys)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if fits(trial(mid)) else (mid + 1, hi)
-            choices = trial(lo)
+        choices = _escalate(program, stage, choices)
     return choices
 
 

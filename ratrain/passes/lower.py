@@ -175,7 +175,13 @@ def _cotangent_slots(program, task: Task, var) -> tuple[Slot, Slot]:
 
 def _accumulate_grads(program, task: Task, layer: int, placement: _Placement) -> list[Call]:
     kind = _kind(program, layer)
-    first_b = min(t.micro_batch for t in program.tasks[task.stage] if t.kind == Kind.B)
+    first_b = 0  # the step's first B (verify_schedule checks B's run in micro-batch order)
+    if layer in program.scatter_grads:  # NOTE [gradient accumulation]
+        grads = tuple(placement.slots[kind.bwd.output("grad:" + n).id] for n in kind.fwd.param_names)
+        shard = state_slots(program, layer)[4]
+        return [Call("grad_scatter", (_flat_slot(f"gshard.L{layer}", shard),), grads,
+                     (("first", task.micro_batch == first_b), ("micro_batch", task.micro_batch)),
+                     f"L{layer}")]
     offsets, _ = grad_layout(program, layer)
     calls = []
     for name, var, offset in zip(kind.fwd.param_names, kind.fwd.params, offsets):
@@ -239,6 +245,9 @@ def _lower_sync(program, task: Task) -> list[Call]:
     layer = task.layer
     _, _, _, n, shard = state_slots(program, layer)
     grad = _flat_slot(f"grad.L{layer}", n)
+    if layer in program.scatter_grads:  # already reduce-scattered inside each B: wait only
+        shard_slot = _flat_slot(f"gshard.L{layer}", shard)
+        return [Call("grad_sync", (shard_slot,), (shard_slot,), (("op", "wait"),), f"L{layer}")]
     if program.options.zero == 2:
         return [Call("grad_sync", (_flat_slot(f"gshard.L{layer}", shard),), (grad,),
                      (("op", "reduce_scatter"),), f"L{layer}")]

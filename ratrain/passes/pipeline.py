@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ratrain.passes.choose_grad_accumulation import choose_grad_accumulation
 from ratrain.passes.insert_grad_sync import insert_grad_sync
 from ratrain.passes.insert_prefetch import insert_prefetch
 from ratrain.passes.insert_recovery import insert_recovery
@@ -20,6 +21,7 @@ PIPELINE = [
     partition_stages,   # first: every later pass works per stage
     schedule_pipeline,  # the F/B skeleton (1F1B) the lifecycle tasks are placed around
     lower_comms,        # posts receives before any lifecycle task, so REC can fill the wait
+    choose_grad_accumulation,  # ZeRO-2 gradient buffers first: recovery's budget sees them
     insert_recovery,    # needs the F/B/RECV_B order to put recompute on the forward side
     insert_grad_sync,   # needs the final last-B position of each stage
     insert_update,      # each UPD after its SYNC (after NORM when global scalars rule)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ratrain.ir.tasks import Kind, Task
 from ratrain.passes.buffers import CATEGORIES, Buffer, persistent_buffers, task_effects
 
@@ -188,26 +190,41 @@ def _timeline(spans, num_tasks: int) -> list[dict[str, int]]:
 def assign_offsets(spans) -> dict[str, tuple[int, int]]:
     """Offline first-fit by size: persistent buffers at the bottom, then largest first,
     each at the lowest aligned offset clear of every placed buffer it is live with."""
-    placed: list[tuple[int, int, Span]] = []
+    order = sorted(spans, key=lambda s: (not s.persistent, -s.buffer.nbytes, s.first,
+                                         s.buffer.name))
+    placed = _Placed(len(order))
     offsets = {}
-    key = lambda s: (not s.persistent, -s.buffer.nbytes, s.first, s.buffer.name)
-    for span in sorted(spans, key=key):
-        offset = _lowest_fit(span, placed)
+    for span in order:
+        offset = placed.lowest_fit(span)
         offsets[span.buffer.name] = (offset, span.buffer.nbytes)
         if span.buffer.nbytes:
-            placed.append((offset, offset + span.buffer.nbytes, span))
+            placed.add(offset, span)
     return offsets
 
 
-def _lowest_fit(span: Span, placed) -> int:
-    clashes = sorted((lo, hi) for lo, hi, other in placed
-                     if other.first <= span.last and span.first <= other.last)
-    offset = 0
-    for lo, hi in clashes:
-        if offset + span.buffer.nbytes <= lo:
-            break
-        offset = max(offset, align(hi))
-    return offset
+class _Placed:
+    """Placed buffers as arrays, so the clash test against all of them is vectorised."""
+
+    def __init__(self, capacity: int):
+        self.lo, self.hi, self.first, self.last = (np.zeros(capacity, np.int64) for _ in range(4))
+        self.n = 0
+
+    def add(self, offset: int, span: Span) -> None:
+        i = self.n
+        self.lo[i], self.hi[i] = offset, offset + span.buffer.nbytes
+        self.first[i], self.last[i] = span.first, span.last
+        self.n += 1
+
+    def lowest_fit(self, span: Span) -> int:
+        n = self.n
+        live = (self.first[:n] <= span.last) & (span.first <= self.last[:n])
+        clashes = sorted(zip(self.lo[:n][live].tolist(), self.hi[:n][live].tolist()))
+        offset = 0
+        for lo, hi in clashes:
+            if offset + span.buffer.nbytes <= lo:
+                break
+            offset = max(offset, align(hi))
+        return offset
 
 
 # ---- the verifier's memory checks ---------------------------------------------------
