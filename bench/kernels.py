@@ -2,7 +2,7 @@
 thread count: GEMM (FP16 in, FP32 accumulate) vs numpy's float32 matmul (OpenBLAS via
 threadpoolctl) on the LLaMA-layer shapes, and flash attention forward+backward vs jax.jit of
 the jnp reference. One line per case: ours GFLOP/s, peer GFLOP/s, ratio, issue target.
-Usage: python bench/kernels.py [--threads 1,2] [--reps 5]. Each thread count runs in a fresh
+Usage: python bench/kernels.py [--threads 1,2] [--reps 3]. Each thread count runs in a fresh
 subprocess so BLAS/XLA thread pools are sized before they are created."""
 import argparse
 import os
@@ -88,7 +88,7 @@ def bench_attention(np, kernels, threads, reps):
 
         # useful FLOPs of causal fwd (2 matmuls) + bwd (5 matmuls) over the lower triangle
         flop = 7 * 2.0 * B * H * T * (T + 1) / 2 * D
-        t_ours, t_peer = compare(ours, lambda: jax.block_until_ready(fwd_bwd(*jq)), 1, rounds=3)
+        t_ours, t_peer = compare(ours, lambda: jax.block_until_ready(fwd_bwd(*jq)), 1, rounds=4)
         line(f"attention fwd+bwd B={B} T={T} H={H} D={D}", threads, flop / t_ours / 1e9,
              flop / t_peer / 1e9, 1.5)
 
