@@ -104,14 +104,18 @@ def memory_png(program, path) -> int:
     from ratrain.passes.plan_memory import unplanned_memory
     plan = program.memory or unplanned_memory(program)
     stages = sorted(plan.stages)
-    unit, unit_name = _byte_unit(max(plan.arena_bytes, plan.budget or 0))
+    # A budget far above the arena would flatten the picture: draw it only when near.
+    budget = plan.budget if plan.budget and plan.budget <= 2 * plan.arena_bytes else None
+    unit, unit_name = _byte_unit(max(plan.arena_bytes, budget or 0))
     fig, axes = plt.subplots(len(stages), 1, figsize=(10, 2.2 * len(stages) + 0.8),
                              sharey=True, squeeze=False)
     for ax, stage in zip(axes[:, 0], stages):
-        _draw_stage_memory(ax, stage, plan.stages[stage], plan.budget, unit, unit_name)
+        _draw_stage_memory(ax, stage, plan.stages[stage], budget, unit, unit_name)
     axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     axes[-1, 0].set_xlabel("task index (final per-stage order)")
-    fig.suptitle(options_title(program), fontsize=9)
+    off_scale = "" if budget or not plan.budget else \
+        f" (budget {plan.budget / unit:.0f} {unit_name}, far above the arena)"
+    fig.suptitle(options_title(program) + off_scale, fontsize=9)
     _save(fig, path)
     return len(stages)
 
