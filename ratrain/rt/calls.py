@@ -1,0 +1,239 @@
+"""What every lowered call does to one rank's arena: the single definition of the call
+semantics, shared by the reference executor (passes/execute.py, all ranks in one process)
+and the MPI runtime (rt/executor.py). A `Transport` supplies what crosses ranks (data rows,
+pipeline messages, DP and world collectives); everything else here is local numpy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from ratrain.ir.rules import lookup_rule
+from ratrain.optim import AdamW, adamw_step
+from ratrain.passes.lower import state_slots, view_slots
+
+
+def shard_bounds(n: int, dp: int, replica: int) -> tuple[int, int]:
+    """[lo, hi) of replica's ZeRO shard of n elements: ceil(n/dp) each, the last shorter."""
+    size = -(-n // dp)
+    return min(n, replica * size), min(n, (replica + 1) * size)
+
+
+@dataclass
+class RankState:
+    rank: int
+    stage: int
+    replica: int
+    arena: np.ndarray                   # uint8, exactly the planned arena
+    offsets: dict                       # buffer name -> (arena offset, nbytes)
+    decay: dict = field(default_factory=dict)   # layer -> weight-decay mask of its shard
+    losses: list = field(default_factory=list)  # per micro-batch loss of this step
+    clip_coef: float = 1.0              # from the step's global norm
+
+    def view(self, slot) -> np.ndarray:
+        base, nbytes = self.offsets[slot.buffer]
+        size = math.prod(slot.shape) * np.dtype(slot.dtype).itemsize
+        if slot.offset + size > nbytes:
+            raise IndexError(f"rank {self.rank}: {slot} runs past its buffer ({nbytes} bytes)")
+        return np.ndarray(slot.shape, slot.dtype, buffer=self.arena, offset=base + slot.offset)
+
+    def byte_range(self, slot) -> tuple[int, int]:
+        """[lo, hi) of the arena bytes a slot covers."""
+        lo = self.offsets[slot.buffer][0] + slot.offset
+        return lo, lo + math.prod(slot.shape) * np.dtype(slot.dtype).itemsize
+
+
+Finish = Callable[[np.ndarray], None]
+
+
+class Transport(Protocol):
+    """Everything a call needs from outside its rank. A collective calls `finish` with this
+    rank's part of the result, at once or (non-blocking) before anything reads its target."""
+    options: object                     # the program's CompileOptions
+    step: int                           # 1-based step being run
+    optimizer: AdamW                    # hyper-parameters of this step
+
+    def rows(self, st: RankState, micro_batch: int) -> np.ndarray: ...
+    def send(self, st: RankState, call, message: np.ndarray) -> None: ...
+    def post_receive(self, st: RankState, call, target: np.ndarray) -> None: ...
+    def receive(self, st: RankState, call, target: np.ndarray) -> None: ...
+    def dp_sum(self, st: RankState, call, value, scatter: bool, finish: Finish) -> None: ...
+    def dp_gather(self, st: RankState, call, shard, finish: Finish) -> None: ...
+    def world_sum(self, st: RankState, call, value: float) -> float: ...
+
+
+# --- set-up: master params, optimizer state and views into the arena --------------------
+
+def layer_arrays(graph, layer: int, params: dict):
+    """A layer's parameters flattened in order, and the weight-decay mask (ndim >= 2)."""
+    names = graph.layers[layer].param_names
+    flat = np.concatenate([np.asarray(params[n], np.float32).ravel() for n in names])
+    decay = np.concatenate([np.full(np.size(params[n]), float(np.ndim(params[n]) >= 2),
+                                    np.float32) for n in names])
+    return flat, decay
+
+
+def owned_shard(options, n: int, replica: int) -> tuple[int, int]:
+    return (0, n) if options.zero == 0 else shard_bounds(n, options.dp, replica)
+
+
+def init_layer(program, st: RankState, layer: int, params: dict) -> None:
+    """Master (shard), zeroed Adam moments, decay mask and the full view of one layer."""
+    flat, decay = layer_arrays(program.graph, layer, params)
+    master, m, v, _, shard = state_slots(program, layer)
+    lo, hi = owned_shard(program.options, flat.size, st.replica)
+    for slot in (master, m, v):
+        st.view(slot)[:] = 0
+    st.view(master)[:hi - lo] = flat[lo:hi]
+    st.decay[layer] = np.zeros(shard, np.float32)
+    st.decay[layer][:hi - lo] = decay[lo:hi]
+    write_view(st, view_slots(program, layer), flat)
+
+
+def write_view(st: RankState, slots, flat) -> None:
+    at = 0
+    for slot in slots:
+        n = math.prod(slot.shape)
+        st.view(slot)[...] = flat[at:at + n].reshape(slot.shape)
+        at += n
+
+
+# --- local calls -------------------------------------------------------------------------
+
+def _params(call) -> dict:
+    return dict(call.params)
+
+
+def _load_ids(t: Transport, st: RankState, call) -> None:
+    st.view(call.outputs[0])[...] = t.rows(st, _params(call)["micro_batch"])[:, :-1]
+
+
+def _load_targets(t: Transport, st: RankState, call) -> None:
+    st.view(call.outputs[0])[...] = t.rows(st, _params(call)["micro_batch"])[:, 1:]
+
+
+def _record_loss(t: Transport, st: RankState, call) -> None:
+    st.losses.append(float(st.view(call.inputs[0])))
+
+
+def _fill(t: Transport, st: RankState, call) -> None:
+    st.view(call.outputs[0])[...] = _params(call)["value"]
+
+
+def _copy(t: Transport, st: RankState, call) -> None:
+    st.view(call.outputs[0])[...] = st.view(call.inputs[0])
+
+
+def _accumulate_grad(t: Transport, st: RankState, call) -> None:
+    target, value = st.view(call.outputs[0]), st.view(call.inputs[0])
+    if _params(call)["first"]:
+        target[...] = value
+    else:
+        target += value
+
+
+def _compute(t: Transport, st: RankState, call) -> None:
+    """Any IR op: its rule's numpy reference, outputs written into their slots."""
+    args = [st.view(x) if hasattr(x, "buffer") else np.asarray(x.value, x.dtype)
+            for x in call.inputs]
+    out = lookup_rule(call.op).fwd(np, *args, **_params(call))
+    for slot, value in zip(call.outputs, out if isinstance(out, (tuple, list)) else (out,)):
+        st.view(slot)[...] = value
+
+
+# --- pipeline messages ---------------------------------------------------------------------
+
+def _send(t: Transport, st: RankState, call) -> None:
+    t.send(st, call, st.view(call.inputs[0]))
+
+
+def _post_recv(t: Transport, st: RankState, call) -> None:
+    t.post_receive(st, call, st.view(call.outputs[0]))
+
+
+def _wait_recv(t: Transport, st: RankState, call) -> None:
+    t.receive(st, call, st.view(call.outputs[0]))
+
+
+# --- gradients, norm, update, prefetch ------------------------------------------------------
+
+def _dp_mean_into(dp: int, out: np.ndarray) -> Finish:
+    """finish(): out = this rank's part of the DP sum / dp, zero past its end (padding)."""
+    def finish(part: np.ndarray) -> None:
+        mean = part / np.float32(dp)
+        out[...] = 0
+        out[:mean.size] = mean
+    return finish
+
+
+def _grad_sync(t: Transport, st: RankState, call) -> None:
+    op = _params(call)["op"]
+    if op == "wait":  # reduce-scattered inside every B already
+        return
+    t.dp_sum(st, call, st.view(call.inputs[0]), op == "reduce_scatter",
+             _dp_mean_into(t.options.dp, st.view(call.outputs[0])))
+
+
+def _grad_scatter(t: Transport, st: RankState, call) -> None:
+    """Reduce-scatter one micro-batch's gradient and add this rank's shard (NOTE
+    [gradient accumulation] in lower.py)."""
+    flat = np.concatenate([st.view(s).astype(np.float32).ravel() for s in call.inputs])
+    shard, first = st.view(call.outputs[0]), _params(call)["first"]
+
+    def finish(part: np.ndarray) -> None:
+        if first:
+            shard[...] = 0
+        shard[:part.size] += part / np.float32(t.options.dp)
+    t.dp_sum(st, call, flat, True, finish)
+
+
+def _owned(options, st: RankState, slot) -> np.ndarray:
+    """The part of a gradient this rank counts in the global norm (no DP double count)."""
+    grad = st.view(slot)
+    if slot.buffer.startswith("gshard"):
+        return grad
+    return grad[slice(*shard_bounds(grad.size, options.dp, st.replica))]
+
+
+def _global_norm(t: Transport, st: RankState, call) -> None:
+    squares = sum(float(np.sum(np.square(_owned(t.options, st, s), dtype=np.float64)))
+                  for s in call.inputs)
+    total = math.sqrt(t.world_sum(st, call, squares))
+    clip = _params(call)["clip"]
+    st.clip_coef = 1.0 if clip is None else min(1.0, clip / (total + 1e-6))
+
+
+def _adamw(t: Transport, st: RankState, call) -> None:
+    master, m, v = (st.view(s) for s in call.outputs)
+    grad = st.view(call.inputs[0])
+    if _params(call)["zero"] == 1:
+        lo, hi = shard_bounds(grad.size, t.options.dp, st.replica)
+        grad = np.concatenate([grad[lo:hi], np.zeros(master.size - (hi - lo), np.float32)])
+    layer = int(call.outputs[0].buffer.split(".L")[1])
+    adamw_step(t.optimizer, t.step, master, grad * np.float32(st.clip_coef), m, v,
+               st.decay[layer])
+
+
+def _prefetch_view(t: Transport, st: RankState, call) -> None:
+    master = st.view(call.inputs[0])
+    if _params(call)["gather"]:
+        t.dp_gather(st, call, master, lambda flat: write_view(st, call.outputs, flat))
+    else:
+        write_view(st, call.outputs, master)
+
+
+CALLS = {
+    "load_ids": _load_ids, "load_targets": _load_targets, "record_loss": _record_loss,
+    "fill": _fill, "copy": _copy, "accumulate_grad": _accumulate_grad,
+    "send": _send, "post_recv": _post_recv, "wait_recv": _wait_recv,
+    "grad_sync": _grad_sync, "grad_scatter": _grad_scatter, "global_norm": _global_norm,
+    "adamw": _adamw, "prefetch_view": _prefetch_view,
+}
+
+
+def run_call(transport: Transport, st: RankState, call) -> None:
+    """Run one lowered call on rank `st` (runtime actions by table, IR ops by rule)."""
+    CALLS.get(call.op, _compute)(transport, st, call)
