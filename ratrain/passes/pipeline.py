@@ -36,6 +36,13 @@ def _late_passes():
     return [plan_memory, lower]
 
 
+def verify_program(program) -> None:
+    """The one verifier run after every pass: schedule invariants, then the memory plan."""
+    from ratrain.passes.plan_memory import verify_memory_plan
+    verify_schedule(program)
+    verify_memory_plan(program)
+
+
 @dataclass(frozen=True)
 class PassRecord:
     name: str                           # pass function name
@@ -45,12 +52,16 @@ class PassRecord:
 
 def run_pipeline(program: Program, passes=None, *, verify: bool = True):
     """Run `passes` (default: PIPELINE + plan_memory); return (program, records)."""
-    records = []
+    records, verified = [], None
     for compiler_pass in passes if passes is not None else PIPELINE + _late_passes():
         start = time.perf_counter()
         program = compiler_pass(program)
         seconds = time.perf_counter() - start
-        if verify:
-            verify_schedule(program)
+        # Tasks and memory plan are what the verifier reads; a pass that kept both
+        # objects (lower) cannot have broken them.
+        if verify and (verified is None or verified[0] is not program.tasks
+                       or verified[1] is not program.memory):
+            verify_program(program)
+            verified = (program.tasks, program.memory)
         records.append(PassRecord(compiler_pass.__name__, seconds, str(program)))
     return program, records
