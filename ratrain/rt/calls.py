@@ -51,7 +51,8 @@ Finish = Callable[[np.ndarray], None]
 
 class Transport(Protocol):
     """Everything a call needs from outside its rank. A collective calls `finish` with this
-    rank's part of the result, at once or (non-blocking) before anything reads its target."""
+    rank's part of the result, at once or (non-blocking) before anything reads its target;
+    dp_sum may sum in place into `value` (an all-reduce of a gradient buffer)."""
     options: object                     # the program's CompileOptions
     step: int                           # 1-based step being run
     optimizer: AdamW                    # hyper-parameters of this step

@@ -1,0 +1,132 @@
+"""One rank's step loop under MPI: walk the stage's lowered task table and run every call
+with the shared semantics of rt/calls.py, messages and collectives going through
+rt/comm.py. Non-blocking operations (receives posted early, gradient reductions, view
+all-gathers) are completed right before a call touches their arena bytes: the hazard
+rule, which lets them overlap every call in between.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ratrain.rt import comm
+from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds
+
+
+class ProtocolError(RuntimeError):
+    """The task table asks for something the runtime's protocol forbids."""
+
+
+class RankExecutor:
+    """This rank's arena, its in-flight operations and the Transport of rt/calls.py."""
+
+    def __init__(self, program, comms: comm.Communicators, params: dict):
+        self.program, self.options, self.comms = program, program.options, comms
+        stage, replica = program.coords(comms.rank)
+        plan = program.memory.stages[stage]
+        self.state = RankState(comms.rank, stage, replica,
+                               np.empty(plan.arena_bytes, np.uint8), plan.offsets)
+        for layer in program.stages[stage]:
+            init_layer(program, self.state, layer, params)
+        comms.split_dp_group(stage, replica)
+        self.in_flight: list[comm.InFlight] = []
+        self.receives: dict = {}        # (source, tag) -> posted receive
+        self.sends: list[comm.InFlight] = []
+        self.step, self.optimizer, self.tokens = 0, None, None
+        self.position = ("set-up", None)  # (task, call) being run, for error messages
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.state.arena.nbytes
+
+    # --- driving --------------------------------------------------------------------------
+
+    def run_step(self, tokens: np.ndarray, optimizer) -> list[float]:
+        """One step on the global batch `tokens` [G, T+1]; this rank's micro-batch losses."""
+        st = self.state
+        self.step, self.tokens, self.optimizer = self.step + 1, tokens, optimizer
+        st.losses, st.clip_coef = [], 1.0
+        for lowered in self.program.lowered[st.stage]:
+            for call in lowered.calls:
+                self.position = (lowered.task, call)
+                self._clear_hazards(call)
+                run_call(self, st, call)
+            comm.drive_progress(self.in_flight + self.sends)
+        self._complete(self.sends)
+        self.sends = []
+        return list(st.losses)
+
+    def finish(self) -> None:
+        """Complete everything still in flight (the last step's view all-gathers)."""
+        self._complete(self.in_flight)
+        self.in_flight = []
+
+    def _clear_hazards(self, call) -> None:
+        """Complete every in-flight operation whose arena bytes this call reads or writes."""
+        if not self.in_flight:
+            return
+        for lo, hi in self._ranges(call.inputs + call.outputs):
+            for op in self.in_flight:
+                if op.overlaps(lo, hi):
+                    op.complete()
+        self.in_flight = [op for op in self.in_flight if not op.done]
+
+    def _ranges(self, slots) -> tuple:
+        return tuple(self.state.byte_range(s) for s in slots if hasattr(s, "buffer"))
+
+    @staticmethod
+    def _complete(ops) -> None:
+        for op in ops:
+            op.complete()
+
+    # --- the Transport of rt/calls.py -----------------------------------------------------
+
+    def rows(self, st: RankState, micro_batch: int) -> np.ndarray:
+        b = self.options.micro_batch_size
+        first = (st.replica * self.options.micro_batches + micro_batch) * b
+        return self.tokens[first:first + b]
+
+    def _peer(self, st: RankState, call) -> tuple[int, int]:
+        params = dict(call.params)
+        return self.program.rank(st.stage + params["peer"], st.replica), params["tag"]
+
+    def send(self, st: RankState, call, message: np.ndarray) -> None:
+        self.sends.append(comm.send_activation(self.comms, *self._peer(st, call), message))
+
+    def post_receive(self, st: RankState, call, target: np.ndarray) -> None:
+        key = self._peer(st, call)
+        if key in self.receives:
+            raise ProtocolError(f"{call.note}: a second receive posted on stage {st.stage} "
+                                f"from rank {key[0]} tag {key[1]} before the first was waited")
+        op = comm.post_activation_receive(self.comms, *key, target, self._ranges(call.outputs))
+        self.receives[key] = op
+        self.in_flight.append(op)
+
+    def receive(self, st: RankState, call, target: np.ndarray) -> None:
+        op = self.receives.pop(self._peer(st, call), None)
+        if op is None:
+            raise ProtocolError(f"{call.note}: wait_recv on stage {st.stage} before its "
+                                "post_recv")
+        op.complete()
+
+    def _touched(self, call, value: np.ndarray) -> tuple:
+        """Arena ranges a collective on `value` keeps busy: its targets, and its inputs
+        too when it reads them in place."""
+        in_place = np.may_share_memory(value, self.state.arena)
+        return self._ranges(call.outputs + (call.inputs if in_place else ()))
+
+    def dp_sum(self, st: RankState, call, value, scatter: bool, finish) -> None:
+        ranges = self._touched(call, value)
+        if scatter:
+            counts = [hi - lo for lo, hi in (shard_bounds(value.size, self.options.dp, d)
+                                             for d in range(self.options.dp))]
+            op = comm.start_grad_reduce_scatter(self.comms, value, counts, ranges, finish)
+        else:
+            op = comm.start_grad_allreduce(self.comms, value, ranges, finish)
+        self.in_flight.append(op)
+
+    def dp_gather(self, st: RankState, call, shard, finish) -> None:
+        op = comm.start_param_allgather(self.comms, shard, self._touched(call, shard), finish)
+        self.in_flight.append(op)
+
+    def world_sum(self, st: RankState, call, value: float) -> float:
+        return comm.sum_over_world(self.comms, value)

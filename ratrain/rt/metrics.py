@@ -1,0 +1,58 @@
+"""Per-step metrics on rank 0: one JSON line per step (step, loss, tokens/s, step seconds,
+lr, planned arena bytes and resident memory of every rank), the progress line and the
+run's summary.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+from dataclasses import asdict, dataclass
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (peak if /proc is unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    step: int                           # 1-based
+    loss: float                         # mean over all micro-batches of the step
+    tokens_per_s: float                 # global batch tokens / step seconds
+    step_seconds: float                 # wall time of the step on rank 0, loss gathered
+    lr: float                           # learning rate of the step
+    arena_bytes: list                   # planned (and allocated) arena per rank
+    rss_bytes: list                     # resident memory per rank after the step
+
+    def progress_line(self, steps: int) -> str:
+        return (f"step {self.step}/{steps}  loss {self.loss:.4f}  "
+                f"{self.tokens_per_s:,.0f} tokens/s  lr {self.lr:.3g}")
+
+
+class MetricsLog:
+    """Appends StepMetrics as JSON lines (flushed every step); keeps them for the summary."""
+
+    def __init__(self, path: str | None):
+        self.path, self.steps = path, []
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def write(self, metrics: StepMetrics) -> None:
+        self.steps.append(metrics)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(asdict(metrics)) + "\n")
+
+    def summary(self) -> str:
+        if not self.steps:
+            return "no steps run"
+        timed = self.steps[1:] or self.steps  # the first step pays for warm-up
+        rate = sum(s.tokens_per_s for s in timed) / len(timed)
+        return (f"done: {len(self.steps)} steps, final loss {self.steps[-1].loss:.4f} "
+                f"(first {self.steps[0].loss:.4f}), {rate:,.0f} tokens/s, arena "
+                f"{max(self.steps[-1].arena_bytes) / 2 ** 20:.1f} MiB per rank (max)")

@@ -1,0 +1,69 @@
+"""The training options a run takes (steps, data, optimizer, learning-rate schedule,
+metrics), defined once: `python -m ratrain.rt`, `ratrain run` and `ratrain train` add them
+from this table, and `forward_argv` turns parsed values back into flags for mpiexec.
+Imports neither mpi4py nor jax, so the command line stays fast.
+"""
+from __future__ import annotations
+
+import math
+
+from ratrain.optim import AdamW
+
+# flag, type (None = switch), default, help
+TRAINING_OPTIONS = (
+    ("--steps", int, 10, "training steps to run (default: 10)"),
+    ("--data", str, None, "training tokens: a .npy of integer rows [N, seq-len + 1] "
+     "(default: the installed Python standard library's sources as bytes, vocab 256)"),
+    ("--no-shuffle", None, False, "take the rows in file order: step k uses rows "
+     "[k*G, (k+1)*G), wrapping (default: a permutation seeded by --seed)"),
+    ("--seed", int, 0, "seed of the initial weights and of the row order (default: 0)"),
+    ("--init-from", str, None, "start from the weights of this Hugging Face checkpoint "
+     "directory instead of a seeded initialisation"),
+    ("--lr", float, 1e-3, "peak learning rate of AdamW (default: 1e-3)"),
+    ("--warmup", int, 0, "linear warm-up steps from 0 to --lr (default: 0)"),
+    ("--min-lr", float, None, "decay the learning rate after warm-up to this value by the "
+     "last step, along a cosine (default: keep --lr constant)"),
+    ("--weight-decay", float, 0.1, "AdamW decoupled weight decay, applied only to parameters "
+     "with 2 or more dimensions (default: 0.1)"),
+    ("--beta1", float, 0.9, "AdamW first-moment decay (default: 0.9)"),
+    ("--beta2", float, 0.95, "AdamW second-moment decay (default: 0.95)"),
+    ("--eps", float, 1e-8, "AdamW epsilon added to sqrt(v) (default: 1e-8)"),
+    ("--metrics", str, None, "append one JSON line per step (step, loss, tokens/s, arena "
+     "bytes and RSS per rank) to this file (default: none)"),
+)
+
+
+def add_training_options(parser, skip: tuple = ()) -> None:
+    for flag, kind, default, text in TRAINING_OPTIONS:
+        if flag in skip:
+            continue
+        if kind is None:
+            parser.add_argument(flag, action="store_true", help=text)
+        else:
+            parser.add_argument(flag, type=kind, default=default, help=text,
+                                metavar=flag.lstrip("-").split("-")[0].upper())
+
+
+def forward_argv(args) -> list[str]:
+    """The training options of parsed `args` as flags (only those not at their default)."""
+    argv = []
+    for flag, kind, default, _ in TRAINING_OPTIONS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), default)
+        if value != default:
+            argv += [flag] if kind is None else [flag, str(value)]
+    return argv
+
+
+def learning_rate(args, step: int) -> float:
+    """lr of 1-based `step`: linear warm-up, then constant or cosine down to --min-lr."""
+    if step <= args.warmup:
+        return args.lr * step / args.warmup
+    if args.min_lr is None or args.steps <= args.warmup:
+        return args.lr
+    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def optimizer_at(args, step: int) -> AdamW:
+    return AdamW(lr=learning_rate(args, step), beta1=args.beta1, beta2=args.beta2,
+                 eps=args.eps, weight_decay=args.weight_decay)

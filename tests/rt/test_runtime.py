@@ -1,0 +1,120 @@
+"""End to end: `mpiexec -n W python -m ratrain.rt DIR` trains a tiny model with the loss
+curve of a single-process JAX reference (whole global batch, same AdamW), for pipeline
+and data parallelism; set-up errors are one line and a non-zero exit."""
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from ratrain import models
+from ratrain.cli import main as ratrain_main
+from ratrain.optim import AdamW, adamw_step
+
+pytestmark = pytest.mark.mpi
+
+CONFIG = models.fill_defaults({
+    "model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1})
+T, M, B, STEPS, SEED = 16, 2, 2, 3, 3
+OPTIMIZER = AdamW(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-6, weight_decay=0.1)
+HYPER = ["--lr", "0.01", "--eps", "1e-6", "--weight-decay", "0.1", "--seed", str(SEED)]
+
+
+def mpirun(ranks: int, *args, timeout=120):
+    return subprocess.run(["mpiexec", "-n", str(ranks), sys.executable, "-m", "ratrain.rt",
+                           *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rt")
+    (root / "config.json").write_text(json.dumps(CONFIG))
+    rows = np.random.default_rng(0).integers(0, CONFIG["vocab_size"], (40, T + 1))
+    np.save(root / "tokens.npy", rows)
+    return root
+
+
+def compile_program(workdir, pp, dp, *extra):
+    out = workdir / f"pp{pp}dp{dp}{''.join(extra)}"
+    if not out.exists():
+        assert ratrain_main(["compile", str(workdir / "config.json"), "--seq-len", str(T),
+                             "--pp", str(pp), "--dp", str(dp), "--micro-batches", str(M),
+                             "--micro-batch-size", str(B), "--recompute", "none",
+                             *extra, "-o", str(out)]) == 0
+    return out
+
+
+def reference_losses(rows, global_batch, clip=None):
+    """Whole global batch per step in one process: jax.value_and_grad + AdamW."""
+    params = {k: np.array(v) for k, v in models.init_params(CONFIG, SEED).items()}
+    moments = {k: (np.zeros(v.size, np.float32), np.zeros(v.size, np.float32))
+               for k, v in params.items()}
+    loss_and_grad = jax.jit(jax.value_and_grad(models.loss_fn(CONFIG)))
+    losses = []
+    for step in range(1, STEPS + 1):
+        at = ((step - 1) * global_batch + np.arange(global_batch)) % len(rows)
+        loss, grads = loss_and_grad(params, rows[at].astype(np.int32))
+        grads = {k: np.asarray(g, np.float32) for k, g in grads.items()}
+        norm = np.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
+        coef = 1.0 if clip is None else min(1.0, clip / (norm + 1e-6))
+        for k, p in params.items():
+            decay = np.full(p.size, float(p.ndim >= 2), np.float32)
+            adamw_step(OPTIMIZER, step, p.reshape(-1), grads[k].reshape(-1) * np.float32(coef),
+                       *moments[k], decay)
+        losses.append(float(loss))
+    return losses
+
+
+def read_metrics(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("pp,dp,extra", [
+    (1, 1, ()), (2, 1, ()), (1, 2, ()), (1, 2, ("--zero", "2", "--clip", "0.5"))])
+def test_loss_curve_matches_single_process_reference(workdir, pp, dp, extra):
+    program = compile_program(workdir, pp, dp, *extra)
+    metrics = workdir / f"metrics-{program.name}.jsonl"
+    run = mpirun(pp * dp, program, "--steps", STEPS, "--data", workdir / "tokens.npy",
+                 "--no-shuffle", "--metrics", metrics, *HYPER)
+    assert run.returncode == 0, run.stderr
+    records = read_metrics(metrics)
+    clip = float(extra[-1]) if "--clip" in extra else None
+    expected = reference_losses(np.load(workdir / "tokens.npy"), dp * M * B, clip)
+    assert [r["loss"] for r in records] == pytest.approx(expected, rel=1e-4)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for r in records:
+        assert len(r["arena_bytes"]) == len(r["rss_bytes"]) == pp * dp
+        assert r["tokens_per_s"] > 0 and min(r["rss_bytes"]) > 0
+    assert "done: 3 steps" in run.stdout
+
+
+def test_wrong_world_size_is_one_line_error(workdir):
+    run = mpirun(1, compile_program(workdir, 2, 1), "--steps", 1,
+                 "--data", workdir / "tokens.npy")
+    assert run.returncode != 0
+    lines = [l for l in run.stderr.splitlines() if l.startswith("ratrain:")]
+    assert len(lines) == 1 and "compiled for 2 ranks" in lines[0], run.stderr
+    assert "mpiexec -n 2" in lines[0]
+
+
+def test_missing_data_file_is_one_line_error(workdir):
+    run = mpirun(2, compile_program(workdir, 2, 1), "--steps", 1,
+                 "--data", workdir / "no-such.npy")
+    assert run.returncode != 0
+    lines = [l for l in run.stderr.splitlines() if l.startswith("ratrain:")]
+    assert len(lines) == 1 and "no-such.npy" in lines[0], run.stderr
+
+
+def test_corrupted_program_is_one_line_error(workdir, tmp_path):
+    import shutil
+    program = tmp_path / "corrupt"
+    shutil.copytree(compile_program(workdir, 1, 1), program)
+    (program / "rank0.txt").write_text("tampered\n")
+    run = mpirun(1, program, "--steps", 1, "--data", workdir / "tokens.npy")
+    assert run.returncode != 0
+    lines = [l for l in run.stderr.splitlines() if l.startswith("ratrain:")]
+    assert len(lines) == 1 and "corrupted: rank0.txt" in lines[0], run.stderr
