@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from ratrain.cli_compile import add_compile_parser, add_program_inspect_options
+from ratrain.cli_train import add_run_parser, add_train_parser
 
 MODEL_HELP = ("a preset name (tiny, llama2-7b, llama2-13b, llama2-70b, baichuan2-13b, "
               "qwen2.5-32b, ...), a Hugging Face config.json, or a directory holding one")
@@ -113,13 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which graph to print (default: fwd)")
     add_program_inspect_options(p)
     p.set_defaults(func=cmd_inspect)
+    add_run_parser(sub)
+    add_train_parser(sub, MODEL_HELP)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        code = args.func(args)  # launchers return mpiexec's exit code
     except UserError as e:
         for line in str(e).splitlines() or [""]:
             print(f"ratrain: error: {line}", file=sys.stderr)
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("ratrain: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,196 @@
+"""`ratrain run DIR -n N` and `ratrain train`: launch the MPI runtime with mpiexec.
+
+run starts `python -m ratrain.rt DIR` on N ranks with the training options. train first
+compiles a model (the tiny preset by default) into a run directory, then runs it and
+prints a summary. mpiexec is the one of the installed mpich wheel (next to Python).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from ratrain.passes.options import PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
+from ratrain.rt.train_options import add_training_options, forward_argv
+
+
+def _user_error(message: str) -> Exception:
+    from ratrain.cli import UserError
+    return UserError(message)
+
+
+def find_mpiexec() -> str:
+    """mpiexec next to this Python (the mpich wheel), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.is_file() else shutil.which("mpiexec")
+    if found is None:
+        raise _user_error("no mpiexec found: `pip install mpich` provides one, or put your "
+                          "MPI's mpiexec on PATH")
+    return found
+
+
+def launch(program_dir: Path, ranks: int, args, extra: list[str] = ()) -> int:
+    """mpiexec -n ranks python -m ratrain.rt DIR <training options>; its exit code."""
+    command = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "ratrain.rt",
+               str(program_dir), *forward_argv(args), *extra]
+    try:
+        return subprocess.run(command).returncode
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---- ratrain run ---------------------------------------------------------------------------
+
+def cmd_run(args) -> int:
+    from ratrain.cli_compile import read_manifest
+    manifest = read_manifest(Path(args.program))
+    ranks = args.ranks if args.ranks is not None else manifest["world_size"]
+    return launch(Path(args.program), ranks, args)
+
+
+def add_run_parser(sub) -> None:
+    p = sub.add_parser("run", help="run a compiled program directory on MPI ranks",
+                       description="Start `mpiexec -n N python -m ratrain.rt DIR` with the "
+                       "training options below and return its exit code.")
+    p.add_argument("program", metavar="DIR", help="program directory from `ratrain compile`")
+    p.add_argument("-n", "--ranks", type=int, default=None, metavar="N", help="MPI ranks to "
+                   "start; must equal the program's pp x dp (default: the program's)")
+    add_training_options(p)
+    p.set_defaults(func=cmd_run)
+
+
+# ---- ratrain train -----------------------------------------------------------------------------
+
+def default_layout(cores: int) -> tuple[int, int]:
+    """(pp, dp) using one rank per core: two pipeline stages, the rest data parallel."""
+    pp = 2 if cores >= 2 else 1
+    return pp, max(1, cores // pp)
+
+
+def resolve_batch(args, dp: int) -> tuple[int, int]:
+    """(micro-batches, micro-batch size) splitting --global-batch over dp replicas."""
+    per_replica, rest = divmod(args.global_batch, dp)
+    if rest or per_replica == 0:
+        raise _user_error(f"--global-batch {args.global_batch} does not split over "
+                          f"--dp {dp} replicas")
+    m = args.micro_batches or next(m for m in (4, 2, 1) if per_replica % m == 0)
+    if per_replica % m:
+        raise _user_error(f"--micro-batches {m} does not divide the {per_replica} sequences "
+                          f"of each replica (--global-batch {args.global_batch} / --dp {dp})")
+    return m, per_replica // m
+
+
+def compile_options(args, config: dict):
+    """CompileOptions of a train run (the compile command's rules for unset flags)."""
+    import argparse
+    from ratrain.cli_compile import load_hw, resolve_options
+    cores = os.cpu_count() or 1
+    pp, dp = (args.pp or default_layout(cores)[0], args.dp or 1) if args.pp or args.dp \
+        else default_layout(cores)
+    m, b = resolve_batch(args, dp)
+    flags = argparse.Namespace(pp=pp, dp=dp, micro_batches=m, micro_batch_size=b,
+                               seq_len=args.seq_len, schedule=args.schedule,
+                               recompute=args.recompute, zero=args.zero, budget=args.budget,
+                               precision=args.precision, clip=args.clip, grad_accum="auto")
+    return resolve_options(flags, config, load_hw("cpu"))
+
+
+def compile_run(args, run_dir: Path):
+    """Compile the model into run_dir/program; the CompileOptions used."""
+    from ratrain.cli_compile import (build_manifest, compile_graph, load_hw, load_model,
+                                     program_files, trace_for, write_program_dir)
+    config, name = load_model(args.init_from or args.model)
+    options = compile_options(args, config)
+    program, records = compile_graph(trace_for(config, name, options), options)
+    write_program_dir(run_dir / "program", program_files(program, records),
+                      lambda h: build_manifest(program, records, load_hw("cpu"), h))
+    return options
+
+
+def new_run_dir(out: str | None) -> Path:
+    if out is not None:
+        return Path(out)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir, n = Path("runs") / stamp, 1
+    while run_dir.exists():
+        run_dir, n = Path("runs") / f"{stamp}-{n}", n + 1
+    return run_dir
+
+
+def cmd_train(args) -> int:
+    run_dir = new_run_dir(args.out)
+    if (run_dir / "program").exists():
+        raise _user_error(f"{run_dir} already holds a run; choose another --out")
+    options = compile_run(args, run_dir)
+    args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
+    print(f"compiled {args.init_from or args.model} for {options.world_size} ranks (pp "
+          f"{options.pp} x dp {options.dp}, {options.micro_batches} micro-batches of "
+          f"{options.micro_batch_size} x {options.seq_len} tokens) into {run_dir}/program",
+          flush=True)
+    code = launch(run_dir / "program", options.world_size, args)
+    if code == 0:
+        print(summary(Path(args.metrics), run_dir))
+    return code
+
+
+def summary(metrics: Path, run_dir: Path) -> str:
+    steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    if not steps:
+        return f"no steps run; run directory {run_dir}"
+    timed = steps[1:] or steps
+    rate = sum(s["tokens_per_s"] for s in timed) / len(timed)
+    return (f"trained {len(steps)} steps: final loss {steps[-1]['loss']:.4f}, {rate:,.0f} "
+            f"tokens/s; run directory {run_dir} (program/, {metrics.name})")
+
+
+def _size(text: str) -> int:
+    import argparse
+    from ratrain.cli_compile import parse_size
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_train_parser(sub, model_help: str) -> None:
+    p = sub.add_parser("train", help="compile a model and train it on MPI ranks in one "
+                       "command", description="Compile MODEL (tiny by default) into a run "
+                       "directory, start one MPI rank per core with mpiexec, print a progress "
+                       "line per step and a summary.")
+    p.add_argument("--model", default="tiny", help=f"the model: {model_help} (default: tiny)")
+    p.add_argument("--out", default=None, metavar="DIR", help="run directory for the program "
+                   "and the metrics (default: runs/<timestamp>)")
+    _add_layout_options(p)
+    add_training_options(p)
+    p.set_defaults(func=cmd_train)
+
+
+def _add_layout_options(p) -> None:
+    p.add_argument("--seq-len", type=int, default=128, metavar="T",
+                   help="tokens per sequence (default: 128)")
+    p.add_argument("--global-batch", type=int, default=8, metavar="G",
+                   help="sequences per step over all replicas (default: 8)")
+    p.add_argument("--micro-batches", type=int, default=None, metavar="M", help="micro-batches "
+                   "per step and replica (default: 4, 2 or 1, whichever divides G / dp)")
+    p.add_argument("--pp", type=int, default=None, metavar="P", help="pipeline stages "
+                   "(default: 2 when there are 2 or more cores, else 1)")
+    p.add_argument("--dp", type=int, default=None, metavar="D", help="data-parallel replicas "
+                   "(default: cores / pp without --pp and --dp, else 1)")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2), default=None,
+                   help="ZeRO stage over the DP group (default: 0)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="ratrain", help="ratrain "
+                   "(lifecycle scheduling) or baseline (everything at the step end) "
+                   "(default: ratrain)")
+    p.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="auto",
+                   help="activation recovery; auto = the least recompute that fits --budget "
+                   "(default: auto)")
+    p.add_argument("--budget", type=_size, default=None, metavar="SIZE",
+                   help="usable memory per rank, e.g. 2GB (default: the cpu profile's)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="fp32 (the "
+                   "runtime runs fp32 programs only for now) or fp16 (default: fp32)")
+    p.add_argument("--clip", type=float, default=None, metavar="X",
+                   help="clip gradients to global norm X (default: no clipping)")

@@ -1,0 +1,42 @@
+"""`ratrain train` and `ratrain run`: compile + mpiexec in one command, a summary at the
+end; run forwards the training options and returns the runtime's exit code."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+
+def ratrain(*args, timeout=150):
+    return subprocess.run([sys.executable, "-m", "ratrain.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("train") / "run"
+    return run_dir, ratrain("train", "--steps", 3, "--seq-len", 32, "--global-batch", 4,
+                            "--out", run_dir)
+
+
+def test_train_on_defaults_prints_progress_and_summary(trained):
+    run_dir, result = trained
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "pp 2 x dp 1" in lines[0]
+    assert [l.split()[1] for l in lines if l.startswith("step ")] == ["1/3", "2/3", "3/3"]
+    assert lines[-1].startswith("trained 3 steps: final loss") and str(run_dir) in lines[-1]
+    steps = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert steps[-1]["loss"] < steps[0]["loss"]  # bytes of Python source are learnable
+
+
+def test_run_forwards_options_and_exit_code(trained):
+    run_dir, _ = trained
+    bad = ratrain("run", run_dir / "program", "--steps", 1, "--data", run_dir / "none.npy")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().startswith("ratrain: error: cannot read --data")
+    wrong = ratrain("run", run_dir / "program", "-n", 1, "--steps", 1)
+    assert wrong.returncode == 2 and "compiled for 2 ranks" in wrong.stderr

@@ -1,0 +1,54 @@
+"""Training data (built-in corpus, .npy rows, step batches) and the learning-rate schedule,
+in one process."""
+import argparse
+import re
+
+import numpy as np
+import pytest
+
+from ratrain.rt.data import Batches, DataError, load_rows, training_rows
+from ratrain.rt.train_options import add_training_options, forward_argv, learning_rate
+
+
+def test_builtin_corpus_is_byte_rows():
+    rows = training_rows(None, 16, 256)
+    assert rows.shape[1] == 17 and len(rows) > 1000
+    assert rows.dtype == np.int32 and 0 <= rows.min() and rows.max() < 256
+
+
+def test_batches_without_shuffle_take_consecutive_rows_and_wrap():
+    rows = np.arange(5)[:, None].repeat(3, axis=1)
+    batches = Batches(rows, 2, shuffle=False, seed=0)
+    assert [list(batches.step(k)[:, 0]) for k in range(3)] == [[0, 1], [2, 3], [4, 0]]
+    shuffled = Batches(rows, 5, shuffle=True, seed=1).step(0)[:, 0]
+    assert sorted(shuffled) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("array, message", [
+    (np.zeros((4, 9), np.int64), "rows [N, 17]"),
+    (np.zeros((4, 17), np.float32), "integer token rows"),
+    (np.full((4, 17), 64), "[0, 64)")])
+def test_malformed_data_is_one_line_error(tmp_path, array, message):
+    np.save(tmp_path / "rows.npy", array)
+    with pytest.raises(DataError, match=re.escape(message)) as e:
+        load_rows(str(tmp_path / "rows.npy"), 17, 64)
+    assert "\n" not in str(e.value)
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    add_training_options(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_warmup_then_cosine_to_min_lr():
+    args = parse("--lr", "1.0", "--warmup", "2", "--min-lr", "0.1", "--steps", "6")
+    lrs = [learning_rate(args, step) for step in range(1, 7)]
+    assert lrs[:2] == [0.5, 1.0] and lrs[-1] == pytest.approx(0.1)
+    assert all(a > b for a, b in zip(lrs[1:], lrs[2:]))
+    assert learning_rate(parse("--lr", "0.3"), 7) == 0.3
+
+
+def test_forward_argv_round_trips():
+    args = parse("--steps", "4", "--no-shuffle", "--min-lr", "1e-05", "--data", "x.npy")
+    assert parse(*forward_argv(args)) == args
