@@ -65,10 +65,14 @@ def add_run_parser(sub) -> None:
 
 # ---- ratrain train -----------------------------------------------------------------------------
 
-def default_layout(cores: int) -> tuple[int, int]:
-    """(pp, dp) using one rank per core: two pipeline stages, the rest data parallel."""
-    pp = 2 if cores >= 2 else 1
-    return pp, max(1, cores // pp)
+def resolve_layout(pp: int | None, dp: int | None, cores: int) -> tuple[int, int]:
+    """(pp, dp) with one rank per core for what is not given: by default two pipeline
+    stages (the pipeline is what ratrain is about), the rest data parallel."""
+    if pp is None and dp is None:
+        pp = 2 if cores >= 2 else 1
+    if dp is None:
+        return pp, max(1, cores // pp)
+    return pp or max(1, cores // dp), dp
 
 
 def resolve_batch(args, dp: int) -> tuple[int, int]:
@@ -88,9 +92,7 @@ def compile_options(args, config: dict):
     """CompileOptions of a train run (the compile command's rules for unset flags)."""
     import argparse
     from ratrain.cli_compile import load_hw, resolve_options
-    cores = os.cpu_count() or 1
-    pp, dp = (args.pp or default_layout(cores)[0], args.dp or 1) if args.pp or args.dp \
-        else default_layout(cores)
+    pp, dp = resolve_layout(args.pp, args.dp, os.cpu_count() or 1)
     m, b = resolve_batch(args, dp)
     flags = argparse.Namespace(pp=pp, dp=dp, micro_batches=m, micro_batch_size=b,
                                seq_len=args.seq_len, schedule=args.schedule,
@@ -177,9 +179,9 @@ def _add_layout_options(p) -> None:
     p.add_argument("--micro-batches", type=int, default=None, metavar="M", help="micro-batches "
                    "per step and replica (default: 4, 2 or 1, whichever divides G / dp)")
     p.add_argument("--pp", type=int, default=None, metavar="P", help="pipeline stages "
-                   "(default: 2 when there are 2 or more cores, else 1)")
+                   "(default: cores / dp with --dp, else 2 when there are 2 or more cores)")
     p.add_argument("--dp", type=int, default=None, metavar="D", help="data-parallel replicas "
-                   "(default: cores / pp without --pp and --dp, else 1)")
+                   "(default: cores / pp, so that every core runs one rank)")
     p.add_argument("--zero", type=int, choices=(0, 1, 2), default=None,
                    help="ZeRO stage over the DP group (default: 0)")
     p.add_argument("--schedule", choices=SCHEDULES, default="ratrain", help="ratrain "

@@ -6,6 +6,7 @@ return an `InFlight` that the executor completes before anything touches its mem
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
@@ -108,3 +109,4 @@ def abort_job(message: str) -> None:
     """One line to stderr, then end every rank of the job (never hang)."""
     print(message, file=sys.stderr, flush=True)
     MPI.COMM_WORLD.Abort(1)
+    os._exit(1)  # Abort does not return; if an MPI ever lets it, still never continue

@@ -50,7 +50,7 @@ class RankExecutor:
                 self.position = (lowered.task, call)
                 self._clear_hazards(call)
                 run_call(self, st, call)
-            comm.drive_progress(self.in_flight + self.sends)
+                comm.drive_progress(self.in_flight + self.sends)
         self._complete(self.sends)
         self.sends = []
         return list(st.losses)
@@ -67,8 +67,17 @@ class RankExecutor:
         for lo, hi in self._ranges(call.inputs + call.outputs):
             for op in self.in_flight:
                 if op.overlaps(lo, hi):
+                    self._check_not_early(call, op)
                     op.complete()
         self.in_flight = [op for op in self.in_flight if not op.done]
+
+    def _check_not_early(self, call, op: comm.InFlight) -> None:
+        """Only its wait_recv may touch a posted receive's bytes (plan_memory keeps the
+        message buffer apart from POST to RECV; anything else is a program bug)."""
+        if call.op != "wait_recv" and any(op is r for r in self.receives.values()):
+            (source, tag), = [k for k, r in self.receives.items() if r is op]
+            raise ProtocolError(f"{call.op} ({call.note}) on stage {self.state.stage} touches "
+                                f"the message from rank {source} tag {tag} before its wait_recv")
 
     def _ranges(self, slots) -> tuple:
         return tuple(self.state.byte_range(s) for s in slots if hasattr(s, "buffer"))

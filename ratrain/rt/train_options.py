@@ -32,6 +32,10 @@ TRAINING_OPTIONS = (
      "bytes and RSS per rank) to this file (default: none)"),
 )
 
+METAVARS = {"--steps": "N", "--data": "FILE", "--seed": "S", "--init-from": "DIR",
+            "--lr": "LR", "--warmup": "N", "--min-lr": "LR", "--weight-decay": "W",
+            "--beta1": "B1", "--beta2": "B2", "--eps": "EPS", "--metrics": "FILE"}
+
 
 def add_training_options(parser, skip: tuple = ()) -> None:
     for flag, kind, default, text in TRAINING_OPTIONS:
@@ -41,7 +45,7 @@ def add_training_options(parser, skip: tuple = ()) -> None:
             parser.add_argument(flag, action="store_true", help=text)
         else:
             parser.add_argument(flag, type=kind, default=default, help=text,
-                                metavar=flag.lstrip("-").split("-")[0].upper())
+                                metavar=METAVARS[flag])
 
 
 def forward_argv(args) -> list[str]:

@@ -74,7 +74,9 @@ def read_metrics(path):
 
 
 @pytest.mark.parametrize("pp,dp,extra", [
-    (1, 1, ()), (2, 1, ()), (1, 2, ()), (1, 2, ("--zero", "2", "--clip", "0.5"))])
+    (1, 1, ()), (2, 1, ()), (1, 2, ()), (1, 2, ("--zero", "2", "--clip", "0.5")),
+    (2, 2, ("--zero", "1", "--recompute", "selective")),
+    (2, 2, ("--zero", "2", "--grad-accum", "scatter", "--schedule", "baseline"))])
 def test_loss_curve_matches_single_process_reference(workdir, pp, dp, extra):
     program = compile_program(workdir, pp, dp, *extra)
     metrics = workdir / f"metrics-{program.name}.jsonl"
@@ -86,8 +88,11 @@ def test_loss_curve_matches_single_process_reference(workdir, pp, dp, extra):
     expected = reference_losses(np.load(workdir / "tokens.npy"), dp * M * B, clip)
     assert [r["loss"] for r in records] == pytest.approx(expected, rel=1e-4)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    manifest = json.loads((program / "program.json").read_text())
+    planned = [manifest["stages"][manifest["ranks"][str(r)]["stage"]]["arena_bytes"]
+               for r in range(pp * dp)]
     for r in records:
-        assert len(r["arena_bytes"]) == len(r["rss_bytes"]) == pp * dp
+        assert r["arena_bytes"] == planned and len(r["rss_bytes"]) == pp * dp
         assert r["tokens_per_s"] > 0 and min(r["rss_bytes"]) > 0
     assert "done: 3 steps" in run.stdout
 
@@ -118,3 +123,42 @@ def test_corrupted_program_is_one_line_error(workdir, tmp_path):
     assert run.returncode != 0
     lines = [l for l in run.stderr.splitlines() if l.startswith("ratrain:")]
     assert len(lines) == 1 and "corrupted: rank0.txt" in lines[0], run.stderr
+
+
+FAILING_RANK = """
+import os, sys
+import ratrain.rt.calls as calls
+def broken_update(transport, st, call):
+    if st.rank == 1:
+        raise RuntimeError("injected failure")
+    return adamw(transport, st, call)
+adamw, calls.CALLS["adamw"] = calls.CALLS["adamw"], broken_update
+from ratrain.rt.run import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_failure_on_one_rank_aborts_the_job_with_one_line(workdir):
+    program = compile_program(workdir, 2, 1)
+    run = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-c", FAILING_RANK,
+                          str(program), "--steps", "2", "--data", str(workdir / "tokens.npy")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    lines = [l for l in run.stderr.splitlines() if l.startswith("ratrain:")]
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("ratrain: rank 1 failed at task 1UPD[")
+    assert "(call adamw, L" in lines[0] and "injected failure" in lines[0]
+
+
+def test_init_from_checkpoint_equals_seeded_start(workdir):
+    checkpoint = workdir / "checkpoint"
+    models.save_pretrained(checkpoint, CONFIG, models.init_params(CONFIG, SEED))
+    program, data = compile_program(workdir, 2, 1), workdir / "tokens.npy"
+    runs = {}
+    for name, start in (("seed", ["--seed", SEED]), ("ckpt", ["--init-from", checkpoint])):
+        metrics = workdir / f"init-{name}.jsonl"
+        run = mpirun(2, program, "--steps", 1, "--data", data, "--no-shuffle",
+                     "--metrics", metrics, *start)
+        assert run.returncode == 0, run.stderr
+        runs[name] = read_metrics(metrics)[0]["loss"]
+    assert runs["seed"] == runs["ckpt"]
