@@ -129,6 +129,7 @@ def cmd_train(args) -> int:
         raise _user_error(f"{run_dir} already holds a run; choose another --out")
     options = compile_run(args, run_dir)
     args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
+    args.save_dir = args.save_dir or str(run_dir / "checkpoints")
     print(f"compiled {args.init_from or args.model} for {options.world_size} ranks (pp "
           f"{options.pp} x dp {options.dp}, {options.micro_batches} micro-batches of "
           f"{options.micro_batch_size} x {options.seq_len} tokens) into {run_dir}/program",
@@ -146,7 +147,7 @@ def summary(metrics: Path, run_dir: Path) -> str:
     timed = steps[1:] or steps
     rate = sum(s["tokens_per_s"] for s in timed) / len(timed)
     return (f"trained {len(steps)} steps: final loss {steps[-1]['loss']:.4f}, {rate:,.0f} "
-            f"tokens/s; run directory {run_dir} (program/, {metrics.name})")
+            f"tokens/s; run directory {run_dir} (program/, checkpoints/, {metrics.name})")
 
 
 def _size(text: str) -> int:

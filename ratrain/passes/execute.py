@@ -10,7 +10,8 @@ import numpy as np
 
 from ratrain.optim import AdamW
 from ratrain.passes.lower import state_slots
-from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds  # noqa: F401
+from ratrain.rt.calls import (RankState, init_layer, run_call, shard_bounds,  # noqa: F401
+                              unflatten_layer)
 
 
 class _Wait(Exception):
@@ -85,15 +86,8 @@ class Executor:
                 n = state_slots(self.program, layer)[3]
                 shards = [st.view(state_slots(self.program, layer)[0]) for st in members]
                 flat = (np.concatenate(shards) if self.options.zero else shards[0])[:n]
-                self._unflatten_into(out, layer, flat)
+                out |= unflatten_layer(self.graph, layer, flat)
         return out
-
-    def _unflatten_into(self, out: dict, layer: int, flat) -> None:
-        at = 0
-        for name, var in zip(self.graph.layers[layer].param_names,
-                             self.graph.kinds[self.graph.layers[layer].kind].fwd.params):
-            out[name] = flat[at:at + var.size].reshape(var.shape).copy()
-            at += var.size
 
     # --- the Transport of rt/calls.py: data rows, simulated messages and collectives ------
 

@@ -81,17 +81,37 @@ def owned_shard(options, n: int, replica: int) -> tuple[int, int]:
     return (0, n) if options.zero == 0 else shard_bounds(n, options.dp, replica)
 
 
-def init_layer(program, st: RankState, layer: int, params: dict) -> None:
-    """Master (shard), zeroed Adam moments, decay mask and the full view of one layer."""
-    flat, decay = layer_arrays(program.graph, layer, params)
+def init_layer(program, st: RankState, layer: int, params: dict, moments=None) -> None:
+    """Master (shard), Adam moments (zero, or this rank's shard of `moments`: name ->
+    (exp_avg, exp_avg_sq)), decay mask and the full view of one layer."""
+    graph = program.graph
+    flat, decay = layer_arrays(graph, layer, params)
     master, m, v, _, shard = state_slots(program, layer)
     lo, hi = owned_shard(program.options, flat.size, st.replica)
-    for slot in (master, m, v):
+    for slot, values in ((master, flat), (m, _layer_moment(graph, layer, moments, 0)),
+                         (v, _layer_moment(graph, layer, moments, 1))):
         st.view(slot)[:] = 0
-    st.view(master)[:hi - lo] = flat[lo:hi]
+        if values is not None:
+            st.view(slot)[:hi - lo] = values[lo:hi]
     st.decay[layer] = np.zeros(shard, np.float32)
     st.decay[layer][:hi - lo] = decay[lo:hi]
     write_view(st, view_slots(program, layer), flat)
+
+
+def _layer_moment(graph, layer: int, moments, which: int):
+    if moments is None:
+        return None
+    return layer_arrays(graph, layer, {n: pair[which] for n, pair in moments.items()})[0]
+
+
+def unflatten_layer(graph, layer: int, flat) -> dict:
+    """HF name -> array of one layer's parameters from their flat concatenation."""
+    out, at = {}, 0
+    for name, var in zip(graph.layers[layer].param_names,
+                         graph.kinds[graph.layers[layer].kind].fwd.params):
+        out[name] = np.asarray(flat[at:at + var.size]).reshape(var.shape).copy()
+        at += var.size
+    return out
 
 
 def write_view(st: RankState, slots, flat) -> None:

@@ -19,19 +19,20 @@ class ProtocolError(RuntimeError):
 class RankExecutor:
     """This rank's arena, its in-flight operations and the Transport of rt/calls.py."""
 
-    def __init__(self, program, comms: comm.Communicators, params: dict):
+    def __init__(self, program, comms: comm.Communicators, params: dict, moments=None,
+                 step: int = 0):
         self.program, self.options, self.comms = program, program.options, comms
         stage, replica = program.coords(comms.rank)
         plan = program.memory.stages[stage]
         self.state = RankState(comms.rank, stage, replica,
                                np.empty(plan.arena_bytes, np.uint8), plan.offsets)
         for layer in program.stages[stage]:
-            init_layer(program, self.state, layer, params)
+            init_layer(program, self.state, layer, params, moments)
         comms.split_dp_group(stage, replica)
         self.in_flight: list[comm.InFlight] = []
         self.receives: dict = {}        # (source, tag) -> posted receive
         self.sends: list[comm.InFlight] = []
-        self.step, self.optimizer, self.tokens = 0, None, None
+        self.step, self.optimizer, self.tokens = step, None, None  # steps done so far
         self.position = ("set-up", None)  # (task, call) being run, for error messages
 
     @property

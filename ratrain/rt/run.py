@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
+from ratrain.rt.checkpoint import checkpoint_name, load_checkpoint
 from ratrain.rt.data import Batches, DataError, training_rows
 from ratrain.rt.load import SetupError, open_program
 from ratrain.rt.metrics import MetricsLog, StepMetrics, rss_bytes
@@ -28,24 +30,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def initial_params(args, config: dict) -> dict:
-    """Seeded initial weights, or those of --init-from, checked against the model."""
+def initial_state(args, config: dict):
+    """(params, moments, state of a resumed run): seeded, --init-from or --resume."""
     from ratrain import models
-    if args.init_from is None:
-        return models.init_params(config, args.seed)
+    if args.init_from is None and args.resume is None:
+        return models.init_params(config, args.seed), None, {}
+    source, flag = (args.resume, "--resume") if args.resume else (args.init_from, "--init-from")
     try:
-        _, params = models.load_pretrained(args.init_from)
-    except (OSError, ValueError) as e:
-        raise SetupError(f"cannot load --init-from {args.init_from}: {e}") from None
+        params, moments, state = load_checkpoint(source) if args.resume else \
+            (models.load_pretrained(source)[1], None, {})
+    except (OSError, ValueError, KeyError) as e:
+        raise SetupError(f"cannot load {flag} {source}: {e}") from None
     for name, shape in models.param_shapes(config).items():
         if name not in params or tuple(params[name].shape) != tuple(shape):
-            raise SetupError(f"--init-from {args.init_from} does not fit the program's model: "
-                             f"{name} should be {list(shape)}")
-    return params
+            raise SetupError(f"{flag} {source} does not fit the program's model: {name} "
+                             f"should be {list(shape)}")
+    return params, moments, state
 
 
-def prepare(args, world_size: int):
-    """(program, params, batches) of this job, or a SetupError."""
+def prepare(args, world_size: int) -> dict:
+    """Everything a job starts from (program, initial state, batches), or a SetupError."""
     from ratrain.cli import UserError
     try:
         manifest, program = open_program(args.program, world_size)
@@ -55,13 +59,15 @@ def prepare(args, world_size: int):
     if o.precision != "fp32":
         raise SetupError(f"{args.program} is an {o.precision} program; the runtime runs fp32 "
                          "programs only for now: recompile with --precision fp32")
+    params, moments, state = initial_state(args, config)
     try:
         rows = training_rows(args.data, o.seq_len, int(config["vocab_size"]))
     except DataError as e:
         raise SetupError(str(e)) from None
-    batches = Batches(rows, o.dp * o.micro_batches * o.micro_batch_size,
-                      not args.no_shuffle, args.seed)
-    return program, initial_params(args, config), batches
+    shuffle, seed = state.get("shuffle", not args.no_shuffle), state.get("seed", args.seed)
+    batches = Batches(rows, o.dp * o.micro_batches * o.micro_batch_size, shuffle, seed)
+    return {"program": program, "params": params, "moments": moments, "batches": batches,
+            "step": state.get("step", 0), "data_order": {"shuffle": shuffle, "seed": seed}}
 
 
 def main(argv=None) -> int:
@@ -80,33 +86,60 @@ def main(argv=None) -> int:
         if comms.rank == 0:
             print(f"ratrain: error: {errors[0]}", file=sys.stderr)
         return 2
-    train(args, comms, *job)
+    train(args, comms, job)
     return 0
 
 
-def train(args, comms, program, params, batches) -> None:
-    from ratrain.rt import comm
+def train(args, comms, job: dict) -> None:
     from ratrain.rt.executor import RankExecutor
-    executor = RankExecutor(program, comms, params)
-    del params
+    program, batches = job["program"], job["batches"]
+    executor = RankExecutor(program, comms, job.pop("params"), job.pop("moments"), job["step"])
     log = MetricsLog(args.metrics if comms.rank == 0 else None)
     tokens_per_step = batches.global_batch * program.options.seq_len
-    for k in range(args.steps):
+    for k in range(job["step"], args.steps):
         start = time.perf_counter()
-        try:
-            losses = executor.run_step(batches.step(k), optimizer_at(args, k + 1))
-        except Exception as e:
-            task, call = executor.position
-            where = f"{call.op}, {call.note}" if call is not None and call.note else \
-                getattr(call, "op", "-")
-            comm.abort_job(f"ratrain: rank {comms.rank} failed at task {task} (call {where}): "
-                           f"{type(e).__name__}: {e}")
+        losses = _run_step(executor, batches.step(k), optimizer_at(args, k + 1))
         gathered = comms.gather_to_root((losses, executor.arena_bytes, rss_bytes()))
         if comms.rank == 0:
             _log_step(args, log, k + 1, gathered, tokens_per_step, time.perf_counter() - start)
+        if args.save_dir and (k + 1 == args.steps or args.save_every and
+                              (k + 1) % args.save_every == 0):
+            _save(args, comms, executor, job["data_order"])
     executor.finish()
     if comms.rank == 0 and not args.quiet:
         print(log.summary(), flush=True)
+
+
+def _run_step(executor, tokens, optimizer) -> list[float]:
+    """One step; any error aborts the job with the rank, task and call it happened at."""
+    from ratrain.rt import comm
+    try:
+        return executor.run_step(tokens, optimizer)
+    except Exception as e:
+        task, call = executor.position
+        where = f"{call.op}, {call.note}" if call is not None and call.note else \
+            getattr(call, "op", "-")
+        comm.abort_job(f"ratrain: rank {executor.comms.rank} failed at task {task} (call "
+                       f"{where}): {type(e).__name__}: {e}")
+
+
+def _save(args, comms, executor, data_order: dict) -> None:
+    """Gather master params and moments on rank 0 and write a checkpoint there."""
+    from ratrain.rt import comm
+    from ratrain.rt.checkpoint import assemble, rank_state, save_checkpoint
+    gathered = comms.gather_to_root(rank_state(executor))
+    if comms.rank != 0:
+        return
+    path = Path(args.save_dir) / checkpoint_name(executor.step)
+    try:
+        params, moments = assemble(executor.program, gathered)
+        save_checkpoint(path, executor.program.graph.config, params, moments,
+                        {"step": executor.step, **data_order, "data": args.data})
+    except Exception as e:
+        comm.abort_job(f"ratrain: rank 0 failed writing checkpoint {path}: "
+                       f"{type(e).__name__}: {e}")
+    if not args.quiet:
+        print(f"saved {path}", flush=True)
 
 
 def _log_step(args, log: MetricsLog, step: int, gathered, tokens: int, seconds: float):

@@ -28,13 +28,20 @@ TRAINING_OPTIONS = (
     ("--beta1", float, 0.9, "AdamW first-moment decay (default: 0.9)"),
     ("--beta2", float, 0.95, "AdamW second-moment decay (default: 0.95)"),
     ("--eps", float, 1e-8, "AdamW epsilon added to sqrt(v) (default: 1e-8)"),
+    ("--save-dir", str, None, "write checkpoints (HF safetensors + AdamW state) under this "
+     "directory as step-NNNNNN/ (default: none; `ratrain train` uses RUN/checkpoints)"),
+    ("--save-every", int, 0, "checkpoint every N steps as well as after the last one "
+     "(default: 0 = after the last step only; needs --save-dir)"),
+    ("--resume", str, None, "continue from a checkpoint directory written by --save-dir: "
+     "weights, AdamW moments, step and data order; --steps is the total to reach"),
     ("--metrics", str, None, "append one JSON line per step (step, loss, tokens/s, arena "
      "bytes and RSS per rank) to this file (default: none)"),
 )
 
 METAVARS = {"--steps": "N", "--data": "FILE", "--seed": "S", "--init-from": "DIR",
             "--lr": "LR", "--warmup": "N", "--min-lr": "LR", "--weight-decay": "W",
-            "--beta1": "B1", "--beta2": "B2", "--eps": "EPS", "--metrics": "FILE"}
+            "--beta1": "B1", "--beta2": "B2", "--eps": "EPS", "--metrics": "FILE",
+            "--save-dir": "DIR", "--save-every": "N", "--resume": "DIR"}
 
 
 def add_training_options(parser, skip: tuple = ()) -> None:

@@ -31,6 +31,7 @@ def test_train_on_defaults_prints_progress_and_summary(trained):
     steps = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert steps[-1]["loss"] < steps[0]["loss"]  # bytes of Python source are learnable
+    assert (run_dir / "checkpoints" / "step-000003" / "model.safetensors").is_file()
 
 
 def test_run_forwards_options_and_exit_code(trained):

@@ -48,8 +48,9 @@ def compile_program(workdir, pp, dp, *extra):
     return out
 
 
-def reference_losses(rows, global_batch, clip=None):
-    """Whole global batch per step in one process: jax.value_and_grad + AdamW."""
+def reference(rows, global_batch, clip=None):
+    """Whole global batch per step in one process: jax.value_and_grad + AdamW; the
+    losses of every step and the final parameters."""
     params = {k: np.array(v) for k, v in models.init_params(CONFIG, SEED).items()}
     moments = {k: (np.zeros(v.size, np.float32), np.zeros(v.size, np.float32))
                for k, v in params.items()}
@@ -66,7 +67,11 @@ def reference_losses(rows, global_batch, clip=None):
             adamw_step(OPTIMIZER, step, p.reshape(-1), grads[k].reshape(-1) * np.float32(coef),
                        *moments[k], decay)
         losses.append(float(loss))
-    return losses
+    return losses, params
+
+
+def _relative(a, b) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 def read_metrics(path):
@@ -80,13 +85,17 @@ def read_metrics(path):
 def test_loss_curve_matches_single_process_reference(workdir, pp, dp, extra):
     program = compile_program(workdir, pp, dp, *extra)
     metrics = workdir / f"metrics-{program.name}.jsonl"
+    saved = workdir / f"saved-{program.name}"
     run = mpirun(pp * dp, program, "--steps", STEPS, "--data", workdir / "tokens.npy",
-                 "--no-shuffle", "--metrics", metrics, *HYPER)
+                 "--no-shuffle", "--metrics", metrics, "--save-dir", saved, *HYPER)
     assert run.returncode == 0, run.stderr
     records = read_metrics(metrics)
     clip = float(extra[-1]) if "--clip" in extra else None
-    expected = reference_losses(np.load(workdir / "tokens.npy"), dp * M * B, clip)
+    expected, params = reference(np.load(workdir / "tokens.npy"), dp * M * B, clip)
     assert [r["loss"] for r in records] == pytest.approx(expected, rel=1e-4)
+    _, trained = models.load_pretrained(saved / f"step-{STEPS:06d}")
+    assert trained.keys() == params.keys()
+    assert max(_relative(trained[k], params[k]) for k in params) < 1e-4
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     manifest = json.loads((program / "program.json").read_text())
     planned = [manifest["stages"][manifest["ranks"][str(r)]["stage"]]["arena_bytes"]
@@ -162,3 +171,19 @@ def test_init_from_checkpoint_equals_seeded_start(workdir):
         assert run.returncode == 0, run.stderr
         runs[name] = read_metrics(metrics)[0]["loss"]
     assert runs["seed"] == runs["ckpt"]
+
+
+def test_resume_continues_the_same_run(workdir):
+    program, data = compile_program(workdir, 1, 2, "--zero", "1"), workdir / "tokens.npy"
+    saved, common = workdir / "resume", ["--data", data, "--save-dir", workdir / "resume"]
+    whole = mpirun(2, program, "--steps", 3, "--save-every", 2, "--metrics",
+                   workdir / "whole.jsonl", *common, *HYPER)
+    assert whole.returncode == 0, whole.stderr
+    state = json.loads((saved / "step-000002" / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["shuffle"] is True
+    resumed = mpirun(2, program, "--steps", 3, "--resume", saved / "step-000002",
+                     "--metrics", workdir / "resumed.jsonl", "--data", data, *HYPER)
+    assert resumed.returncode == 0, resumed.stderr
+    last = read_metrics(workdir / "resumed.jsonl")
+    assert [r["step"] for r in last] == [3]
+    assert last[0]["loss"] == read_metrics(workdir / "whole.jsonl")[2]["loss"]
