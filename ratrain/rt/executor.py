@@ -6,6 +6,8 @@ rule, which lets them overlap every call in between.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ratrain.rt import comm
@@ -34,6 +36,7 @@ class RankExecutor:
         self.sends: list[comm.InFlight] = []
         self.step, self.optimizer, self.tokens = step, None, None  # steps done so far
         self.position = ("set-up", None)  # (task, call) being run, for error messages
+        self.trace = None               # a TaskTrace to record task times into, if any
 
     @property
     def arena_bytes(self) -> int:
@@ -47,11 +50,14 @@ class RankExecutor:
         self.step, self.tokens, self.optimizer = self.step + 1, tokens, optimizer
         st.losses, st.clip_coef = [], 1.0
         for lowered in self.program.lowered[st.stage]:
+            start = time.perf_counter()
             for call in lowered.calls:
                 self.position = (lowered.task, call)
                 self._clear_hazards(call)
                 run_call(self, st, call)
                 comm.drive_progress(self.in_flight + self.sends)
+            if self.trace is not None:
+                self.trace.record(lowered.task, self.step, start, time.perf_counter())
         self._complete(self.sends)
         self.sends = []
         return list(st.losses)

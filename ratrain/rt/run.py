@@ -17,6 +17,7 @@ from ratrain.rt.checkpoint import checkpoint_name, load_checkpoint
 from ratrain.rt.data import Batches, DataError, training_rows
 from ratrain.rt.load import SetupError, open_program
 from ratrain.rt.metrics import MetricsLog, StepMetrics, rss_bytes
+from ratrain.rt.trace import TaskTrace
 from ratrain.rt.train_options import add_training_options, learning_rate, optimizer_at
 
 
@@ -94,6 +95,8 @@ def train(args, comms, job: dict) -> None:
     from ratrain.rt.executor import RankExecutor
     program, batches = job["program"], job["batches"]
     executor = RankExecutor(program, comms, job.pop("params"), job.pop("moments"), job["step"])
+    if args.trace:
+        executor.trace = TaskTrace(comms.rank, executor.state.stage)
     log = MetricsLog(args.metrics if comms.rank == 0 else None)
     tokens_per_step = batches.global_batch * program.options.seq_len
     for k in range(job["step"], args.steps):
@@ -106,6 +109,8 @@ def train(args, comms, job: dict) -> None:
                               (k + 1) % args.save_every == 0):
             _save(args, comms, executor, job["data_order"])
     executor.finish()
+    if executor.trace is not None:
+        executor.trace.write(args.trace)
     if comms.rank == 0 and not args.quiet:
         print(log.summary(), flush=True)
 

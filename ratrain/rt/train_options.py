@@ -34,6 +34,8 @@ TRAINING_OPTIONS = (
      "(default: 0 = after the last step only; needs --save-dir)"),
     ("--resume", str, None, "continue from a checkpoint directory written by --save-dir: "
      "weights, AdamW moments, step and data order; --steps is the total to reach"),
+    ("--trace", str, None, "write every rank's measured task timeline to "
+     "DIR/trace-rank<R>.json (Chrome trace format; open in Perfetto) (default: none)"),
     ("--metrics", str, None, "append one JSON line per step (step, loss, tokens/s, arena "
      "bytes and RSS per rank) to this file (default: none)"),
 )
@@ -41,7 +43,7 @@ TRAINING_OPTIONS = (
 METAVARS = {"--steps": "N", "--data": "FILE", "--seed": "S", "--init-from": "DIR",
             "--lr": "LR", "--warmup": "N", "--min-lr": "LR", "--weight-decay": "W",
             "--beta1": "B1", "--beta2": "B2", "--eps": "EPS", "--metrics": "FILE",
-            "--save-dir": "DIR", "--save-every": "N", "--resume": "DIR"}
+            "--save-dir": "DIR", "--save-every": "N", "--resume": "DIR", "--trace": "DIR"}
 
 
 def add_training_options(parser, skip: tuple = ()) -> None:

@@ -18,7 +18,7 @@ def ratrain(*args, timeout=150):
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("train") / "run"
     return run_dir, ratrain("train", "--steps", 3, "--seq-len", 32, "--global-batch", 4,
-                            "--out", run_dir)
+                            "--out", run_dir, "--trace", run_dir / "trace")
 
 
 def test_train_on_defaults_prints_progress_and_summary(trained):
@@ -32,6 +32,16 @@ def test_train_on_defaults_prints_progress_and_summary(trained):
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert steps[-1]["loss"] < steps[0]["loss"]  # bytes of Python source are learnable
     assert (run_dir / "checkpoints" / "step-000003" / "model.safetensors").is_file()
+
+
+def test_trace_has_every_task_of_every_step(trained):
+    run_dir, _ = trained
+    for rank in (0, 1):
+        events = json.loads((run_dir / "trace" / f"trace-rank{rank}.json").read_text())
+        tasks = [e for e in events["traceEvents"] if e["ph"] == "X"]
+        assert {e["args"]["step"] for e in tasks} == {1, 2, 3}
+        assert any(e["name"].startswith(f"{rank}F0") for e in tasks)
+        assert all(e["dur"] >= 0 for e in tasks)
 
 
 def test_run_forwards_options_and_exit_code(trained):
