@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from ratrain.cli_compile import add_compile_parser, add_program_inspect_options
+from ratrain.units import format_bytes
 from ratrain.cli_train import add_run_parser, add_train_parser
 
 MODEL_HELP = ("a preset name (tiny, llama2-7b, llama2-13b, llama2-70b, baichuan2-13b, "
@@ -30,13 +31,6 @@ def _trace(args):
                        name=args.model)
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
-
 def cmd_info(args) -> None:
     from ratrain.ir.costs import layer_cost
     tg = _trace(args)
@@ -55,8 +49,8 @@ def cmd_info(args) -> None:
         cost = costs[layer.kind]
         n = sum(types[p].size for p in layer.param_names)
         print(f"{layer.index:>5} {layer.kind:<8} {n:>12} {cost.fwd_flops / 1e9:>10.3f} "
-              f"{cost.bwd_flops / 1e9:>10.3f} {_fmt_bytes(cost.param_bytes):>12} "
-              f"{_fmt_bytes(cost.residual_bytes):>13}")
+              f"{cost.bwd_flops / 1e9:>10.3f} {format_bytes(cost.param_bytes):>12} "
+              f"{format_bytes(cost.residual_bytes):>13}")
     if args.graph:
         print(tg.kinds["decoder"].fwd)
 

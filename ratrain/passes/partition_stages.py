@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from ratrain.passes.program import Program
+from ratrain.units import format_bytes
 
 STATE_CATEGORIES = ("params", "optimizer", "views", "grads")   # per layer, step-long
 MEMORY_CATEGORIES = STATE_CATEGORIES + ("activations", "comm")
@@ -283,12 +284,3 @@ def _more_stages_fix(program: Program) -> str:
             return f"more stages (--pp {pp} fits)"
     return f"more stages would not suffice (even --pp {num_layers}, one layer per stage)"
 
-
-def format_bytes(nbytes: int | float | None) -> str:
-    """Human-readable size in binary units (GiB/MiB/KiB)."""
-    if nbytes is None:
-        return "unlimited"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{int(nbytes)} B"

@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ratrain.ir.tasks import Kind, Task
+from ratrain.units import format_bytes  # noqa: F401  (re-exported)
 from ratrain.passes.buffers import CATEGORIES, Buffer, persistent_buffers, task_effects
 
 ALIGNMENT = 64                          # bytes; every arena offset is a multiple of it
-MiB, GiB = 1 << 20, 1 << 30
 
 
 class MemoryBudgetError(ValueError):
@@ -74,10 +74,6 @@ class MemoryPlan:
                          f"{m.peak_task} ({m.peak_task_name}), arena {format_bytes(m.arena_bytes)}")
             lines.append("  " + m.breakdown())
         return "\n".join(lines)
-
-
-def format_bytes(nbytes: int) -> str:
-    return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB else f"{nbytes / MiB:.2f} MiB"
 
 
 def arena_name(name: str) -> str:

@@ -110,8 +110,8 @@ def test_report_via_subprocess(tmp_path):
     for number, name in enumerate(PASS_NAMES, 1):
         assert re.search(rf"^\s+{number:02d} {name}\s+\d+\.\d ms$", report, re.M), name
     for stage in (0, 1):
-        row = re.search(rf"^\s+{stage} +([\d.]+ [MG]iB) +([\d.]+ [MG]iB)((?: +[\d.]+ [MG]iB){{7}})$",
-                        report, re.M)
+        size = r"(?:[\d.]+ [KMG]iB|\d+ B)"
+        row = re.search(rf"^\s+{stage} +({size}) +({size})((?: +{size}){{7}})$", report, re.M)
         assert row, report
     assert all(c in report for c in CATEGORIES)
     assert re.search(r"step [\d.e-]+ s, bubble \d+\.\d%", report)
