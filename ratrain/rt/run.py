@@ -71,6 +71,16 @@ def prepare(args, world_size: int) -> dict:
             "step": state.get("step", 0), "data_order": {"shuffle": shuffle, "seed": seed}}
 
 
+def check_writable(path: str | None, flag: str) -> None:
+    if path is None:
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        open(path, "a").close()
+    except OSError as e:
+        raise SetupError(f"cannot write {flag} {path}: {e.strerror}") from None
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from ratrain.rt import comm
@@ -78,6 +88,8 @@ def main(argv=None) -> int:
     job, error = None, None
     try:
         job = prepare(args, comms.size)
+        if comms.rank == 0:
+            check_writable(args.metrics, "--metrics")
     except SetupError as e:
         error = str(e)
     except Exception as e:  # a bug, not a user error: say where and stop everyone
@@ -92,6 +104,7 @@ def main(argv=None) -> int:
 
 
 def train(args, comms, job: dict) -> None:
+    from ratrain.rt import comm
     from ratrain.rt.executor import RankExecutor
     program, batches = job["program"], job["batches"]
     executor = RankExecutor(program, comms, job.pop("params"), job.pop("moments"), job["step"])
@@ -104,7 +117,11 @@ def train(args, comms, job: dict) -> None:
         losses = _run_step(executor, batches.step(k), optimizer_at(args, k + 1))
         gathered = comms.gather_to_root((losses, executor.arena_bytes, rss_bytes()))
         if comms.rank == 0:
-            _log_step(args, log, k + 1, gathered, tokens_per_step, time.perf_counter() - start)
+            try:
+                _log_step(args, log, k + 1, gathered, tokens_per_step,
+                          time.perf_counter() - start)
+            except OSError as e:
+                comm.abort_job(f"ratrain: rank 0 failed writing metrics: {e}")
         if args.save_dir and (k + 1 == args.steps or args.save_every and
                               (k + 1) % args.save_every == 0):
             _save(args, comms, executor, job["data_order"])
