@@ -81,7 +81,8 @@ def read_metrics(path):
 @pytest.mark.parametrize("pp,dp,extra", [
     (1, 1, ()), (2, 1, ()), (1, 2, ()), (1, 2, ("--zero", "2", "--clip", "0.5")),
     (2, 2, ("--zero", "1", "--recompute", "selective")),
-    (2, 2, ("--zero", "2", "--grad-accum", "scatter", "--schedule", "baseline"))])
+    (2, 2, ("--zero", "2", "--grad-accum", "scatter", "--schedule", "baseline")),
+    (1, 3, ("--zero", "2", "--grad-accum", "scatter"))])  # uneven shards
 def test_loss_curve_matches_single_process_reference(workdir, pp, dp, extra):
     program = compile_program(workdir, pp, dp, *extra)
     metrics = workdir / f"metrics-{program.name}.jsonl"
