@@ -107,7 +107,12 @@ def train(args, comms, job: dict) -> None:
     from ratrain.rt import comm
     from ratrain.rt.executor import RankExecutor
     program, batches = job["program"], job["batches"]
-    executor = RankExecutor(program, comms, job.pop("params"), job.pop("moments"), job["step"])
+    try:
+        executor = RankExecutor(program, comms, job.pop("params"), job.pop("moments"),
+                                job["step"])
+    except Exception as e:
+        comm.abort_job(f"ratrain: rank {comms.rank} failed at set-up (arena and initial "
+                       f"state): {type(e).__name__}: {e}")
     if args.trace:
         executor.trace = TaskTrace(comms.rank, executor.state.stage)
     log = MetricsLog(args.metrics if comms.rank == 0 else None)
