@@ -97,12 +97,17 @@ def run_child(threads, reps):
     import numpy as np
     from threadpoolctl import threadpool_info, threadpool_limits
 
+    # Both sides get exactly `threads` cores: XLA ignores its thread flags on this version
+    # and would otherwise run the "1 thread" peer on every core.
+    if threads < os.cpu_count():
+        os.sched_setaffinity(0, set(range(threads)))
     from ratrain import kernels
     threadpool_limits(threads)
     blas = [f"{i['internal_api']} {i.get('version')} kernel={i.get('architecture')} "
             f"threads={i['num_threads']}" for i in threadpool_info() if i["user_api"] == "blas"]
     print(f"# threads={threads} ours: isa={kernels.isa()} fp16 storage, fp32 accumulate, "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} | "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} "
+          f"cores={sorted(os.sched_getaffinity(0))} | "
           f"numpy float32 matmul via {'; '.join(blas)} | jax float32 jit (XLA CPU)", flush=True)
     bench_gemm(np, kernels, threads, reps)
     bench_attention(np, kernels, threads, reps)
