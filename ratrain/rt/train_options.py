@@ -11,7 +11,7 @@ from ratrain.optim import AdamW
 
 # flag, type (None = switch), default, help
 TRAINING_OPTIONS = (
-    ("--steps", int, 10, "training steps to run (default: 10)"),
+    ("--steps", int, 50, "training steps to run (default: 50)"),
     ("--data", str, None, "training tokens: a .npy of integer rows [N, seq-len + 1] "
      "(default: the installed Python standard library's sources as bytes, vocab 256)"),
     ("--no-shuffle", None, False, "take the rows in file order: step k uses rows "
