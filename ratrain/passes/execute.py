@@ -118,8 +118,12 @@ class Executor:
         if len(slot) < len(group):
             raise _Wait
         if key not in self.results:
-            self.results[key] = combine([slot[r] for r in group])
-        return self.results[key][group.index(rank)]
+            self.results[key] = [combine([slot[r] for r in group]), set()]
+        parts, taken = self.results[key]
+        taken.add(rank)
+        if len(taken) == len(group):  # everyone has its part: forget the collective
+            del self.pending[key], self.results[key]
+        return parts[group.index(rank)]
 
     def _key(self, call) -> tuple:
         target = (call.outputs or call.inputs)[0].buffer
