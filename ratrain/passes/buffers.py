@@ -58,12 +58,22 @@ def persistent_buffers(program, stage: int) -> tuple[Buffer, ...]:
 
 def view_layout(program, layer: int) -> tuple[tuple[int, ...], int]:
     """Offsets of a layer's parameters in its view buffer (parameter order), and size."""
-    return pack(p.nbytes for p in _kind(program, layer).fwd.params)
+    return _view_layout(_kind(program, layer))
 
 
 def grad_layout(program, layer: int) -> tuple[tuple[int, ...], int]:
     """Offsets (in elements) of a layer's parameters in its flat fp32 gradient."""
-    sizes = [p.size for p in _kind(program, layer).fwd.params]
+    return _grad_layout(_kind(program, layer))
+
+
+@lru_cache(maxsize=256)
+def _view_layout(kind) -> tuple[tuple[int, ...], int]:
+    return pack(p.nbytes for p in kind.fwd.params)
+
+
+@lru_cache(maxsize=256)
+def _grad_layout(kind) -> tuple[tuple[int, ...], int]:
+    sizes = [p.size for p in kind.fwd.params]
     offsets = tuple(sum(sizes[:i]) for i in range(len(sizes)))
     return offsets, sum(sizes)
 

@@ -54,8 +54,10 @@ def recompute_everything(program, stage: int):
 def _stage_fits(program, stage: int, choices: dict, exact: bool) -> bool:
     from ratrain.passes.buffers import stage_peak
     candidate = _apply(program, choices, [stage])
+    if stage_peak(candidate, stage) > program.options.budget:
+        return False  # the arena is never smaller than the peak
     if not exact:
-        return stage_peak(candidate, stage) <= program.options.budget
+        return True
     from ratrain.passes.plan_memory import plan_stage
     return plan_stage(candidate, stage)[1].arena_bytes <= program.options.budget
 
