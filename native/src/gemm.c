@@ -21,9 +21,9 @@ static int try_plan(plan_t *p, const rt_simd *S, const rt_gemm_args *g, int mc_b
     p->kc = (int)rt_round_up((g->K + p->npc - 1) / p->npc, 4);
     p->npc = (g->K + p->kc - 1) / p->kc;
     size_t a_bytes = (size_t)p->mc * p->kc * (2 * ea + 8) + 4 * RT_ALIGN;
-    if (a_bytes >= rt_am_bytes()) return RT_ENOMEM;
+    if (a_bytes >= rt_am_bytes() || (size_t)p->nr * p->kc * 4 > rt_am_bytes()) return RT_ENOMEM;   /* + pack_b's tmp */
     size_t nc_am = (rt_am_bytes() - a_bytes) / ((size_t)p->mc * 4);
-    size_t nc_gsm = rt_gsm_bytes() / (4 * rt_round_up(g->K, 4) + (size_t)p->kc * (2 * eb + 4) + 64);
+    size_t nc_gsm = rt_gsm_bytes() / (4 * rt_round_up(g->K, 4) + (size_t)p->kc * 2 * eb + 64);
     size_t nc_max = (nc_am < nc_gsm ? nc_am : nc_gsm) / p->nr * p->nr;
     if (nc_max < (size_t)p->nr) return RT_ENOMEM;
     p->njc = (int)((g->N + nc_max - 1) / nc_max);
@@ -60,20 +60,35 @@ static void fetch_b(char *raw, const rt_gemm_args *g, int k0, int kc, int j0, in
         dma_get_2d(raw, (j1 - j0) * eb, b + ((size_t)k0 * g->ldb + j0) * eb, g->ldb * eb, kc, (j1 - j0) * eb, RT_GSM, h);
 }
 
-static void pack_b(float *dst, const float *b32, const rt_gemm_args *g, int kc, int cols, int nr) {
+/* pack the raw chunk (kc x cols of op(b), still in the input dtype, in GSM) into kc x NR fp32
+ * strips, widening on the way; trans: raw is [cols][kc], each strip goes through tmp (AM) */
+static void pack_b(float *dst, const char *raw, float *tmp, const rt_simd *S, const rt_gemm_args *g,
+                   int kc, int cols, int nr) {
+    size_t eb = rt_esize(g->b_dt);
     int trans = g->flags & RT_TRANS_B;
     for (int p0 = 0; p0 < cols; p0 += nr, dst += (size_t)kc * nr) {
         int w = rt_min(nr, cols - p0);
-        for (int k = 0; k < kc; k++) {
-            float *d = dst + (size_t)k * nr;
-            for (int c = 0; c < w; c++) d[c] = trans ? b32[(size_t)(p0 + c) * kc + k] : b32[(size_t)k * cols + p0 + c];
-            for (int c = w; c < nr; c++) d[c] = 0.0f;
+        if (trans) {
+            rt_load_f32(S, tmp, raw + (size_t)p0 * kc * eb, 0, (size_t)w * kc, g->b_dt);
+            for (int k = 0; k < kc; k++) {
+                float *d = dst + (size_t)k * nr;
+                for (int c = 0; c < w; c++) d[c] = tmp[(size_t)c * kc + k];
+                for (int c = w; c < nr; c++) d[c] = 0.0f;
+            }
+        } else {
+            for (int k = 0; k < kc; k++) {
+                float *d = dst + (size_t)k * nr;
+                rt_load_f32(S, d, raw + ((size_t)k * cols + p0) * eb, 0, (size_t)w, g->b_dt);
+                for (int c = w; c < nr; c++) d[c] = 0.0f;
+            }
         }
     }
 }
 
-/* this thread's share [j0, j1) of the NR strips of one column block, for every K chunk */
-static void stage_b(float *bpack, char *gsm_raw, float *b32, const rt_simd *S,
+/* this thread's share [j0, j1) of the NR strips of one column block, for every K chunk; the
+ * fp32 panel for the whole K is the only fp32 copy in GSM (widening goes straight into it), so
+ * GSM holds 4*K + 2*kc*eb bytes per column */
+static void stage_b(float *bpack, char *gsm_raw, float *tmp, const rt_simd *S,
                     const rt_gemm_args *g, const plan_t *p, int jc0, int nc, int tid, int nt) {
     int nstrips = (nc + p->nr - 1) / p->nr, ncp = (int)rt_round_up(nc, p->nr);
     int s0 = nstrips * tid / nt, s1 = nstrips * (tid + 1) / nt;
@@ -81,7 +96,6 @@ static void stage_b(float *bpack, char *gsm_raw, float *b32, const rt_simd *S,
     if (j0 >= j1) return;
     size_t eb = rt_esize(g->b_dt), raw_sz = (size_t)p->kc * ncp * eb;
     char *raw[2] = {gsm_raw + (size_t)p->kc * j0 * eb, gsm_raw + raw_sz + (size_t)p->kc * j0 * eb};
-    float *my32 = b32 + (size_t)p->kc * j0;
     rt_dma_handle h[2];
     fetch_b(raw[0], g, 0, rt_min(p->kc, g->K), jc0 + j0, jc0 + j1, &h[0]);
     for (int pc = 0, k0 = 0; k0 < g->K; pc++, k0 += p->kc) {
@@ -89,8 +103,7 @@ static void stage_b(float *bpack, char *gsm_raw, float *b32, const rt_simd *S,
         if (k0 + kc < g->K)   /* double buffering: next chunk in flight while packing this one */
             fetch_b(raw[(pc + 1) & 1], g, k0 + kc, rt_min(p->kc, g->K - k0 - kc), jc0 + j0, jc0 + j1, &h[(pc + 1) & 1]);
         dma_wait(&h[pc & 1]);
-        rt_load_f32(S, my32, raw[pc & 1], 0, (size_t)kc * (j1 - j0), g->b_dt);
-        pack_b(bpack + (size_t)k0 * ncp + (size_t)kc * j0, my32, g, kc, j1 - j0, p->nr);
+        pack_b(bpack + (size_t)k0 * ncp + (size_t)kc * j0, raw[pc & 1], tmp, S, g, kc, j1 - j0, p->nr);
     }
 }
 
@@ -201,7 +214,6 @@ int rt_gemm(const rt_gemm_args *g_in, int threads) {
     int ncp = (int)rt_round_up(p.nc, p.nr);
     float *bpack = (float *)gsm;
     char *braw = gsm + rt_round_up((size_t)4 * rt_round_up(g.K, 4) * ncp, RT_ALIGN);
-    float *b32 = (float *)(braw + rt_round_up((size_t)2 * p.kc * ncp * rt_esize(g.b_dt), RT_ALIGN));
     int fail = 0, next_block = 0;
     #pragma omp parallel num_threads(threads)
     {
@@ -211,7 +223,7 @@ int rt_gemm(const rt_gemm_args *g_in, int threads) {
         #pragma omp barrier
         for (int jc0 = 0; jc0 < g.N && !fail; jc0 += p.nc) {
             int nc = rt_min(p.nc, g.N - jc0);
-            stage_b(bpack, braw, b32, S, &g, &p, jc0, nc, tid, nt);
+            stage_b(bpack, braw, (float *)am, S, &g, &p, jc0, nc, tid, nt);   /* AM is free here */
             if (tid == 0) next_block = 0;     /* previous block's users passed the barrier */
             #pragma omp barrier
             run_rows(&g, S, &p, am, bpack, &next_block, jc0, nc);
