@@ -32,6 +32,9 @@ def compare(ours, peer, reps, rounds=4):
     for _ in range(rounds):
         t_ours = min(t_ours, best_time(ours, reps))
         t_peer = min(t_peer, best_time(peer, reps))
+        # OpenBLAS workers keep spinning ~0.1 s after a call (OPENBLAS_THREAD_TIMEOUT):
+        # let them go to sleep so our next block does not share the cores with them.
+        time.sleep(0.25)
     return t_ours, t_peer
 
 
