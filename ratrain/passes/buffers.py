@@ -258,27 +258,6 @@ def _intervals(program, stage: int):
             for i, e in enumerate(effects) for b in e.creates]
 
 
-def live_bytes_timeline(program, stage: int) -> list[dict[str, int]]:
-    """Bytes alive during each task of the stage, by category (persistent included).
-
-    A buffer is alive from the task that creates it through the last task that reads
-    it; one created and never read lives only during its own task (workspace).
-    """
-    n = len(program.tasks[stage])
-    delta = [dict.fromkeys(CATEGORIES, 0) for _ in range(n + 1)]
-    for b in persistent_buffers(program, stage):
-        delta[0][b.category] += b.nbytes
-        delta[n][b.category] -= b.nbytes
-    for first, last, b in _intervals(program, stage):
-        delta[first][b.category] += b.nbytes
-        delta[last + 1][b.category] -= b.nbytes
-    timeline, live = [], dict.fromkeys(CATEGORIES, 0)
-    for row in delta[:n]:
-        live = {c: live[c] + row[c] for c in CATEGORIES}
-        timeline.append(live)
-    return timeline
-
-
 def stage_peak(program, stage: int) -> int:
     """Most bytes alive during any one task of the stage."""
     n = len(program.tasks[stage])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ratrain.ir.costs import LayerCost
-from ratrain.ir.tasks import Schedule, format_schedule
+from ratrain.ir.tasks import Schedule
 from ratrain.ir.train_graph import TrainGraph
 from ratrain.passes.options import CompileOptions  # noqa: F401  (re-exported)
 
@@ -51,8 +51,3 @@ class Program:
     def __str__(self) -> str:
         from ratrain.passes.printer import format_program
         return format_program(self)
-
-
-def schedule_text(program: Program) -> str:
-    """Per-stage task lists, one line per stage."""
-    return format_schedule(program.tasks)

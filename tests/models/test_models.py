@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

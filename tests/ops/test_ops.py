@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from ratrain import ops
-from ratrain.ir.rules import lookup_rule
 from op_checks import grads_vs_reference, numpy_vs_jax, vjp_dot_gap
 
 R = np.random.default_rng(42)
