@@ -9,6 +9,7 @@ in ratrain mode, the RECV_B it overlaps); every RECV has an earlier POST once po
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 
 from ratrain.ir.tasks import PIPELINE_COMMS, Kind
 from ratrain.passes.dryrun import dry_run
@@ -116,16 +117,14 @@ def verify_schedule(program) -> None:
     _check_pipeline_comms(program.tasks)
 
 
-_PROVEN: set = set()
-
-
 def _check_pipeline_comms(tasks) -> None:
     """Pair every SEND with one RECV and prove deadlock freedom by a dry run. Only the
     order of pipeline messages decides either (other tasks never wait on another rank),
     so a projection already proven is not run again."""
-    projection = tuple((stage, tuple(t for t in ts if t.kind in PIPELINE_COMMS))
-                       for stage, ts in sorted(tasks.items()))
-    if projection in _PROVEN:
-        return
+    _prove(tuple((stage, tuple(t for t in ts if t.kind in PIPELINE_COMMS))
+                 for stage, ts in sorted(tasks.items())))
+
+
+@lru_cache(maxsize=32)  # a compile verifies the same few projections after every pass
+def _prove(projection) -> None:
     dry_run(dict(projection))
-    _PROVEN.add(projection)
