@@ -2,8 +2,10 @@
 
 compile traces the model, runs the pass PIPELINE (passes/pipeline.py) and writes DIR
 atomically: program.json (manifest with sha256 of every file), passes/NN_<pass>.txt,
-rank<R>.txt and memory.txt. inspect reads those files; for pictures it recompiles from
-the manifest's config and options (compiling is deterministic and fast).
+rank<R>.txt, memory.txt, and what the runtime runs: runtime.pkl and code/stage<N>.pyx
+(generated Cython, built into build/ before DIR appears) with its task table
+code/stage<N>.pkl. inspect reads those files; for pictures it recompiles from the
+manifest's config and options (compiling is deterministic and fast).
 """
 from __future__ import annotations
 
@@ -126,15 +128,18 @@ def load_hw(name_or_path: str) -> dict:
 
 # ---- the program directory ----------------------------------------------------------------
 
-def program_files(program, records) -> dict[str, str]:
-    """Relative path -> text of every file except the manifest."""
+def program_files(program, records) -> dict[str, str | bytes]:
+    """Relative path -> contents of every file except the manifest."""
+    from ratrain.rt.program import code_files
     files = {f"passes/{i:02d}_{r.name}.txt": f"# after: {r.name} ({r.seconds * 1e3:.1f} ms)\n"
              f"{r.text}\n" for i, r in enumerate(records, 1)}
     stage_text = {s: "".join(f"{t}\n" for t in tasks) for s, tasks in program.tasks.items()}
     for rank in range(program.options.world_size):
         files[f"rank{rank}.txt"] = stage_text[program.coords(rank)[0]]
     files["memory.txt"] = program.memory.report() + "\n"
-    return files
+    header = (f"ratrain generated program: {program.graph.name}, pp {program.options.pp} x "
+              f"dp {program.options.dp}, after pass lower. Do not edit; recompile.")
+    return files | code_files(program, header)
 
 
 def _stage_summary(program) -> list[dict]:
@@ -146,14 +151,10 @@ def _stage_summary(program) -> list[dict]:
 
 
 def build_manifest(program, records, profile: dict, hashes: dict[str, str]) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        ratrain_version = version("ratrain")
-    except PackageNotFoundError:
-        ratrain_version = "unknown"
+    from ratrain.rt.program import FORMAT, ratrain_version
     o = program.options
     return {
-        "format": "ratrain-program/1", "ratrain_version": ratrain_version,
+        "format": FORMAT, "ratrain_version": ratrain_version(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": {"name": program.graph.name, "config": program.graph.config},
         "options": asdict(o), "hw": profile, "world_size": o.world_size,
@@ -162,10 +163,6 @@ def build_manifest(program, records, profile: dict, hashes: dict[str, str]) -> d
         "stages": _stage_summary(program),
         "passes": [{"name": r.name, "seconds": r.seconds} for r in records],
         "files": hashes}
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def is_program_dir(path: Path) -> bool:
@@ -194,6 +191,7 @@ def write_program_dir(out: Path, files: dict[str, str], manifest_of) -> dict:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         hashes = _write_files(staging, files)
+        _build_code(staging, {k: v for k, v in files.items() if k.endswith(".pyx")})
         manifest = manifest_of(hashes)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
         _swap_into_place(staging, out)
@@ -203,15 +201,31 @@ def write_program_dir(out: Path, files: dict[str, str], manifest_of) -> dict:
     return manifest
 
 
-def _write_files(root: Path, files: dict[str, str]) -> dict[str, str]:
+def _write_files(root: Path, files: dict[str, str | bytes]) -> dict[str, str]:
     hashes, by_text = {}, {}
-    for relative, text in files.items():
+    for relative, content in files.items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        key = id(text)  # replicas of a stage share one string: hash it once
-        hashes[relative] = by_text.get(key) or by_text.setdefault(key, sha256_text(text))
+        data = content.encode() if isinstance(content, str) else content
+        path.write_bytes(data)
+        key = id(content)  # replicas of a stage share one string: hash it once
+        hashes[relative] = by_text.get(key) or by_text.setdefault(
+            key, hashlib.sha256(data).hexdigest())
     return hashes
+
+
+def _build_code(root: Path, sources: dict[str, str]) -> None:
+    """Build every distinct generated module into root/build, two at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ratrain.codegen.build import BuildError, build_module
+    distinct = sorted(set(sources.values()))
+    try:
+        with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+            list(pool.map(lambda source: build_module(source, root), distinct))
+    except BuildError as e:
+        raise _user_error(f"the generated code did not build (a C compiler and the Python "
+                          f"headers are needed): {str(e).splitlines()[-1]}") from None
 
 
 def _swap_into_place(staging: Path, out: Path) -> None:

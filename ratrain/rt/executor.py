@@ -1,21 +1,60 @@
-"""One rank's step loop under MPI: walk the stage's lowered task table and run every call
-with the shared semantics of rt/calls.py, messages and collectives going through
-rt/comm.py. Non-blocking operations (receives posted early, gradient reductions, view
-all-gathers) are completed right before a call touches their arena bytes: the hazard
-rule, which lets them overlap every call in between.
+"""One rank's step loop under MPI: walk the stage's static task table (ratrain/codegen)
+and run each step: a generated native function (kernels, GIL released) or one call with
+the shared semantics of rt/calls.py, messages and collectives going through rt/comm.py.
+Non-blocking operations (receives posted early, gradient reductions, view all-gathers) are
+completed right before a step touches their arena bytes: the hazard rule, which lets them
+overlap every step in between. Live buffers are counted as they are touched and freed, so
+the arena peak is measured, not copied from the plan.
 """
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from ratrain.codegen.table import NativeStep
 from ratrain.rt import comm
 from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds
+
+KERNEL_STATUS = {-1: "bad arguments", -2: "scratch too small", -3: "ISA unavailable"}
 
 
 class ProtocolError(RuntimeError):
     """The task table asks for something the runtime's protocol forbids."""
+
+
+class KernelError(RuntimeError):
+    """A native kernel returned a non-zero status."""
+
+
+@dataclass(frozen=True)
+class _Native:
+    """A NativeStep ready to run: its offsets as an int64 array, passed by address."""
+    function: int
+    offsets: np.ndarray
+    address: int                        # offsets.ctypes.data
+    calls: tuple                        # CallLabels, for error messages
+    ranges: tuple                       # arena [lo, hi) of every pointer it takes
+
+
+@dataclass(frozen=True)
+class _Row:
+    task: object                        # the Task
+    steps: tuple                        # _Native or Call
+    buffers: frozenset                  # arena buffers the task touches
+    frees: str | None                   # the buffer a FREE task releases
+
+
+def _native(step: NativeStep) -> _Native:
+    offsets = np.asarray(step.offsets or (0,), np.int64)
+    return _Native(step.function, offsets, offsets.ctypes.data, step.calls,
+                   tuple((lo, lo + n) for lo, n in zip(step.offsets, step.nbytes)))
+
+
+def _threads() -> int:
+    return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
 
 
 class RankExecutor:
@@ -23,11 +62,17 @@ class RankExecutor:
 
     def __init__(self, program, comms: comm.Communicators, params: dict, moments=None,
                  step: int = 0):
+        """`program`: a RuntimeProgram (rt/load.py) of the job."""
         self.program, self.options, self.comms = program, program.options, comms
         stage, replica = program.coords(comms.rank)
         plan = program.memory.stages[stage]
         self.state = RankState(comms.rank, stage, replica,
                                np.empty(plan.arena_bytes, np.uint8), plan.offsets)
+        table, self.module = program.stage_code(stage)
+        self.threads, self.address = _threads(), self.state.arena.ctypes.data
+        self.task_rows = tuple(self._row(*row) for row in table.rows)
+        self.live = set(plan.persistent)   # buffers live now; their bytes, the peak so far
+        self.peak_bytes = self.live_bytes = sum(plan.offsets[b][1] for b in self.live)
         for layer in program.stages[stage]:
             init_layer(program, self.state, layer, params, moments)
         comms.split_dp_group(stage, replica)
@@ -42,6 +87,25 @@ class RankExecutor:
     def arena_bytes(self) -> int:
         return self.state.arena.nbytes
 
+    @staticmethod
+    def _row(task, steps, buffers) -> _Row:
+        ready = tuple(_native(s) if isinstance(s, NativeStep) else s.call for s in steps)
+        return _Row(task, ready, buffers, task.buffer if task.kind == "FREE" else None)
+
+    def _count_live(self, row: _Row) -> None:
+        """A buffer is live from the first task touching it to its FREE (plan_memory's
+        convention), so the measured peak can be checked against the planned one."""
+        sizes = self.state.offsets
+        if row.frees is not None:
+            if row.frees in self.live:
+                self.live.discard(row.frees)
+                self.live_bytes -= sizes[row.frees][1]
+            return
+        for name in row.buffers - self.live:
+            self.live.add(name)
+            self.live_bytes += sizes[name][1]
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
     # --- driving --------------------------------------------------------------------------
 
     def run_step(self, tokens: np.ndarray, optimizer) -> list[float]:
@@ -49,15 +113,19 @@ class RankExecutor:
         st = self.state
         self.step, self.tokens, self.optimizer = self.step + 1, tokens, optimizer
         st.losses, st.clip_coef = [], 1.0
-        for lowered in self.program.lowered[st.stage]:
+        for row in self.task_rows:
             start = time.perf_counter()
-            for call in lowered.calls:
-                self.position = (lowered.task, call)
-                self._clear_hazards(call)
-                run_call(self, st, call)
+            self._count_live(row)
+            for step in row.steps:
+                if isinstance(step, _Native):
+                    self._run_native(row.task, step)
+                else:
+                    self.position = (row.task, step)
+                    self._clear_hazards(step, self._ranges(step.inputs + step.outputs))
+                    run_call(self, st, step)
                 comm.drive_progress(self.in_flight + self.sends)
             if self.trace is not None:
-                self.trace.record(lowered.task, self.step, start, time.perf_counter())
+                self.trace.record(row.task, self.step, start, time.perf_counter())
         self._complete(self.sends)
         self.sends = []
         return list(st.losses)
@@ -67,11 +135,21 @@ class RankExecutor:
         self._complete(self.in_flight)
         self.in_flight = []
 
-    def _clear_hazards(self, call) -> None:
-        """Complete every in-flight operation whose arena bytes this call reads or writes."""
+    def _run_native(self, task, step: _Native) -> None:
+        self.position = (task, step.calls[0])
+        self._clear_hazards(step.calls[0], step.ranges)
+        failed, status = self.module.run_function(step.function, self.address, step.address,
+                                                  self.threads)
+        if failed >= 0:
+            self.position = (task, step.calls[failed])
+            raise KernelError(f"kernel status {status} "
+                              f"({KERNEL_STATUS.get(status, 'unknown')}): {step.calls[failed]}")
+
+    def _clear_hazards(self, call, ranges) -> None:
+        """Complete every in-flight operation whose arena bytes `ranges` cover."""
         if not self.in_flight:
             return
-        for lo, hi in self._ranges(call.inputs + call.outputs):
+        for lo, hi in ranges:
             for op in self.in_flight:
                 if op.overlaps(lo, hi):
                     self._check_not_early(call, op)

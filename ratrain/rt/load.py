@@ -1,13 +1,11 @@
-"""Open a program directory for running: the manifest, the world-size check, the files'
-hashes, and the lowered Program rebuilt from the manifest's config and options.
-
-Compiling is deterministic, so every rank rebuilds the program (about a second for small
-models) and checks that its task list and memory plan equal the files that were hashed.
+"""Open a program directory for running: the manifest, the world-size, format and version
+checks, the files' hashes, and the RuntimeProgram (rt/program.py) the compiler wrote.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from pathlib import Path
 
 MANIFEST = "program.json"
@@ -49,16 +47,44 @@ def check_hashes(directory: Path, manifest: dict) -> None:
                              "recompile it")
 
 
-def rebuild_program(directory: Path, manifest: dict):
-    """The lowered Program of the manifest, checked against its rank and memory files."""
-    from ratrain.cli_compile import program_files, recompile
-    program = recompile(manifest)
-    rebuilt = program_files(program, [])
-    for relative in [f for f in manifest["files"] if not f.startswith("passes/")]:
-        if hashlib.sha256(rebuilt[relative].encode()).hexdigest() != manifest["files"][relative]:
-            raise SetupError(f"{directory}/{relative} differs from what this ratrain compiles "
-                             "from the manifest (another compiler version?); recompile it")
-    return program
+def check_versions(directory: Path, manifest: dict) -> None:
+    """The program's format and compiler version are this runtime's (its pickled tables
+    name classes of this ratrain)."""
+    from ratrain.rt.program import FORMAT, ratrain_version
+    found = (manifest.get("format"), manifest.get("ratrain_version"))
+    if found != (FORMAT, ratrain_version()):
+        raise SetupError(f"{directory} was compiled by ratrain {found[1]} ({found[0]}), this "
+                         f"is ratrain {ratrain_version()} ({FORMAT}): recompile it")
+
+
+def read_program(directory: Path):
+    """The RuntimeProgram of a checked program directory."""
+    try:
+        program = pickle.loads((directory / "runtime.pkl").read_bytes())
+    except (OSError, pickle.UnpicklingError, AttributeError, EOFError) as e:
+        raise SetupError(f"{directory}/runtime.pkl cannot be read ({e}); recompile it") from None
+    program.directory = directory
+    return _WithCompiled(program, directory)
+
+
+class _WithCompiled:
+    """Transitional: the compiler's Program (rebuilt) for rt/calls.py, the generated code
+    from the RuntimeProgram."""
+
+    def __init__(self, runtime, directory: Path):
+        from ratrain.cli_compile import recompile
+        self.runtime = runtime
+        self.compiled = recompile(json.loads((directory / MANIFEST).read_text()))
+
+    def stage_code(self, stage: int):
+        return self.runtime.stage_code(stage)
+
+    @property
+    def memory(self):
+        return self.runtime.memory
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
 
 
 def open_program(directory: str, world_size: int):
@@ -66,5 +92,6 @@ def open_program(directory: str, world_size: int):
     path = Path(directory)
     manifest = read_manifest(path)
     check_world_size(path, manifest, world_size)
+    check_versions(path, manifest)
     check_hashes(path, manifest)
-    return manifest, rebuild_program(path, manifest)
+    return manifest, read_program(path)

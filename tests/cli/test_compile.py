@@ -68,8 +68,10 @@ def test_manifest_has_every_field(program_dir):
 
 def test_hashes_match_files(program_dir):
     files = manifest_of(program_dir)["files"]
-    on_disk = sorted(str(p.relative_to(program_dir)) for p in program_dir.rglob("*.txt"))
-    assert sorted(files) == on_disk
+    on_disk = sorted(str(p.relative_to(program_dir)) for p in program_dir.rglob("*")
+                     if p.is_file() and "build" not in p.parts and p.name != "program.json")
+    assert sorted(files) == on_disk  # everything but the manifest and the build cache
+    assert {"runtime.pkl", "code/stage0.pyx", "code/stage1.pkl"} <= set(files)
     for relative, digest in files.items():
         assert hashlib.sha256((program_dir / relative).read_bytes()).hexdigest() == digest
 

@@ -1,0 +1,250 @@
+"""Op -> Cython template table: each IR op a lowered program runs natively becomes a few
+lines calling a kernel of ratrain/kernels.pxd (nogil, status into `st`). Pointers come
+from `arg(slot)`, the C expression of that slot's address in the arena; shapes, dtypes
+and params are baked in, so the same op on the same shapes gives the same text whatever
+the layer or micro-batch (what lets one function serve a whole class of tasks).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+C_TYPES = {"float32": "float", "float16": "unsigned short", "int32": "int32_t"}
+SUFFIX = {"float32": "f32", "float16": "f16"}
+RT_DTYPE = {"float32": "RT_F32", "float16": "RT_F16"}
+CE_CHUNK = 4096         # vocabulary rows of logits the cross-entropy kernel holds at once
+
+
+@dataclass
+class Emitted:
+    lines: list[str]                    # statements setting `st` (0 = ok)
+    scratch_floats: int = 0             # fp32 scratch the lines use (module buffer SCR)
+    tables: dict = field(default_factory=dict)  # constant fp32 arrays: name -> values
+
+
+Arg = Callable[[object], str]           # slot -> "<T *>(A + o[i])"
+
+
+def _rows(shape) -> int:
+    return math.prod(shape[:-1])
+
+
+def _size(slot) -> int:
+    return math.prod(slot.shape)
+
+
+def _params(call) -> dict:
+    return dict(call.params)
+
+
+def _k(call) -> str:
+    """Kernel suffix from the first floating input."""
+    return SUFFIX[next(x.dtype for x in call.inputs if x.dtype in SUFFIX)]
+
+
+def _f32_target(arg: Arg, slot, n: int, lines: list[str], at: int = 0) -> tuple[str, int]:
+    """Where a kernel that accumulates (+=) in fp32 should write `slot`: the slot itself
+    (zeroed) when it is fp32, else zeroed scratch at SCR + at, cast into it afterwards."""
+    if slot.dtype == "float32":
+        lines.append(f"memset({arg(slot)}, 0, {4 * n})")
+        return arg(slot), 0
+    lines.append(f"memset(SCR + {at}, 0, {4 * n})")
+    return f"SCR + {at}", n
+
+
+def _cast_back(arg: Arg, slot, n: int, at: int = 0) -> list[str]:
+    if slot.dtype == "float32":
+        return []
+    return [f"if st == 0: st = cast_f32_to_f16({arg(slot)}, SCR + {at}, {n})"]
+
+
+def matmul(call, arg: Arg) -> Emitted:
+    (x, w), (out,) = call.inputs, call.outputs
+    return Emitted([f"st = gemm_fwd_{_k(call)}({arg(out)}, {RT_DTYPE[out.dtype]}, {arg(x)}, "
+                    f"{arg(w)}, NULL, {_rows(x.shape)}, {w.shape[0]}, {w.shape[1]}, "
+                    "RT_TRANS_B, threads)"])
+
+
+def matmul_bias(call, arg: Arg) -> Emitted:
+    (x, w, b), (out,) = call.inputs, call.outputs
+    n = b.shape[0]
+    lines = [] if b.dtype == "float32" else [f"cast_f16_to_f32(SCR, {arg(b)}, {n})"]
+    bias = arg(b) if b.dtype == "float32" else "SCR"
+    lines.append(f"st = gemm_fwd_{_k(call)}({arg(out)}, {RT_DTYPE[out.dtype]}, {arg(x)}, "
+                 f"{arg(w)}, {bias}, {_rows(x.shape)}, {w.shape[0]}, {w.shape[1]}, "
+                 "RT_TRANS_B, threads)")
+    return Emitted(lines, 0 if b.dtype == "float32" else n)
+
+
+def _matmul_grads(call, arg: Arg) -> list[str]:
+    """dx[M,K] = dy[M,N] @ w[N,K];  dw[N,K] = dy^T x (a = dy stored [M,N] = [K',M'])."""
+    (x, w, dy), (dx, dw) = call.inputs, call.outputs[:2]
+    m, (n, k), sfx = _rows(x.shape), w.shape, _k(call)
+    return [f"st = gemm_fwd_{sfx}({arg(dx)}, {RT_DTYPE[dx.dtype]}, {arg(dy)}, {arg(w)}, NULL, "
+            f"{m}, {k}, {n}, 0, threads)",
+            f"if st == 0: st = gemm_fwd_{sfx}({arg(dw)}, {RT_DTYPE[dw.dtype]}, {arg(dy)}, "
+            f"{arg(x)}, NULL, {n}, {k}, {m}, RT_TRANS_A, threads)"]
+
+
+def matmul_bwd(call, arg: Arg) -> Emitted:
+    return Emitted(_matmul_grads(call, arg))
+
+
+def matmul_bias_bwd(call, arg: Arg) -> Emitted:
+    dy, db = call.inputs[2], call.outputs[2]
+    return Emitted(_matmul_grads(call, arg) + [
+        f"if st == 0: st = column_sums_{_k(call)}({arg(db)}, {arg(dy)}, {_rows(dy.shape)}, "
+        f"{dy.shape[-1]})"])
+
+
+def _alibi(call, heads: int) -> tuple[str, dict]:
+    """The slopes argument: NULL, or a module table ALIBI_<heads> (ratrain.ops' slopes)."""
+    if not _params(call)["alibi"]:
+        return "NULL", {}
+    from ratrain.ops.attention import alibi_slopes
+    return f"ALIBI_{heads}", {f"ALIBI_{heads}": alibi_slopes(heads)}
+
+
+def attention(call, arg: Arg) -> Emitted:
+    (q, k, v), (o, lse) = call.inputs, call.outputs
+    b, t, hq, d = q.shape
+    slopes, tables = _alibi(call, hq)
+    return Emitted([f"st = attention_fwd_{_k(call)}({arg(o)}, {arg(lse)}, {arg(q)}, {arg(k)}, "
+                    f"{arg(v)}, {slopes}, {b}, {t}, {hq}, {k.shape[2]}, {d}, "
+                    f"{int(_params(call)['causal'])}, threads)"], tables=tables)
+
+
+def attention_bwd(call, arg: Arg) -> Emitted:
+    (q, k, v, o, lse, do), (dq, dk, dv) = call.inputs, call.outputs
+    b, t, hq, d = q.shape
+    slopes, tables = _alibi(call, hq)
+    return Emitted([f"st = attention_bwd_{_k(call)}({arg(dq)}, {arg(dk)}, {arg(dv)}, {arg(q)}, "
+                    f"{arg(k)}, {arg(v)}, {arg(o)}, {arg(lse)}, {arg(do)}, "
+                    f"{slopes}, {b}, {t}, {hq}, {k.shape[2]}, {d}, "
+                    f"{int(_params(call)['causal'])}, threads)"], tables=tables)
+
+
+def rms_norm(call, arg: Arg) -> Emitted:
+    (x, w), (out, rstd) = call.inputs, call.outputs
+    return Emitted([f"st = rmsnorm_fwd_{_k(call)}({arg(out)}, {arg(rstd)}, {arg(x)}, {arg(w)}, "
+                    f"{_rows(x.shape)}, {x.shape[-1]}, {_params(call)['eps']!r}, threads)"])
+
+
+def rms_norm_bwd(call, arg: Arg) -> Emitted:
+    (x, w, rstd, dy), (dx, dw) = call.inputs, call.outputs
+    lines: list[str] = []
+    target, scratch = _f32_target(arg, dw, _size(dw), lines)
+    lines.append(f"st = rmsnorm_bwd_{_k(call)}({arg(dx)}, {target}, {arg(dy)}, {arg(x)}, "
+                 f"{arg(w)}, {arg(rstd)}, {_rows(x.shape)}, {x.shape[-1]}, threads)")
+    return Emitted(lines + _cast_back(arg, dw, _size(dw)), scratch)
+
+
+def rope(call, arg: Arg) -> Emitted:
+    (x,), (out,) = call.inputs, call.outputs
+    dims = ", ".join(map(str, x.shape))
+    return Emitted([f"st = rope_fwd_{_k(call)}({arg(out)}, {arg(x)}, {dims}, "
+                    f"{_params(call)['theta']!r}, threads)"])
+
+
+def rope_bwd(call, arg: Arg) -> Emitted:
+    (dy,), (dx,) = call.inputs, call.outputs
+    dims = ", ".join(map(str, dy.shape))
+    return Emitted([f"st = rope_bwd_{_k(call)}({arg(dx)}, {arg(dy)}, {dims}, "
+                    f"{_params(call)['theta']!r}, threads)"])
+
+
+def swiglu(call, arg: Arg) -> Emitted:
+    (gate, up), (out,) = call.inputs, call.outputs
+    return Emitted([f"st = swiglu_fwd_{_k(call)}({arg(out)}, {arg(gate)}, {arg(up)}, "
+                    f"{_size(gate)}, threads)"])
+
+
+def swiglu_bwd(call, arg: Arg) -> Emitted:
+    (gate, up, dy), (dgate, dup) = call.inputs, call.outputs
+    return Emitted([f"st = swiglu_bwd_{_k(call)}({arg(dgate)}, {arg(dup)}, {arg(dy)}, "
+                    f"{arg(gate)}, {arg(up)}, {_size(gate)}, threads)"])
+
+
+def embedding(call, arg: Arg) -> Emitted:
+    (table, ids), (out,) = call.inputs, call.outputs
+    return Emitted([f"st = embedding_fwd_{_k(call)}({arg(out)}, {arg(ids)}, {arg(table)}, "
+                    f"{_size(ids)}, {table.shape[0]}, {table.shape[1]}, threads)"])
+
+
+def embedding_bwd(call, arg: Arg) -> Emitted:
+    (ids, dy), (dtable,) = call.inputs, call.outputs
+    lines: list[str] = []
+    target, scratch = _f32_target(arg, dtable, _size(dtable), lines)
+    lines.append(f"st = embedding_bwd_{_k(call)}({target}, {arg(dy)}, {arg(ids)}, "
+                 f"{_size(ids)}, {dtable.shape[0]}, {dtable.shape[1]}, threads)")
+    return Emitted(lines + _cast_back(arg, dtable, _size(dtable)), scratch)
+
+
+def cross_entropy(call, arg: Arg) -> Emitted:
+    """The IR's loss is the mean of the kernel's per-token losses (kept in SCR)."""
+    (h, w, targets), (loss, lse) = call.inputs, call.outputs
+    n = _size(targets)
+    return Emitted([f"st = crossentropy_fwd_{_k(call)}(SCR, {arg(lse)}, {arg(h)}, {arg(w)}, "
+                    f"{arg(targets)}, {n}, {w.shape[0]}, {w.shape[1]}, {CE_CHUNK}, threads)",
+                    f"if st == 0: mean_into({arg(loss)}, SCR, {n})"], n)
+
+
+def cross_entropy_bwd(call, arg: Arg) -> Emitted:
+    """d loss / d loss[n] = dloss / N for every token (SCR[0:N]); dw staged after it."""
+    (h, w, targets, lse, dloss), (dh, dw) = call.inputs, call.outputs
+    n = _size(targets)
+    lines = [f"spread({arg(dloss)}, SCR, {n})"]
+    target, scratch = _f32_target(arg, dw, _size(dw), lines, at=n)
+    lines.append(f"st = crossentropy_bwd_{_k(call)}({arg(dh)}, {target}, {arg(h)}, {arg(w)}, "
+                 f"{arg(targets)}, {arg(lse)}, SCR, {n}, {w.shape[0]}, {w.shape[1]}, "
+                 f"{CE_CHUNK}, threads)")
+    return Emitted(lines + _cast_back(arg, dw, _size(dw), at=n), n + scratch)
+
+
+def add(call, arg: Arg) -> Emitted:
+    (a, b), (out,) = call.inputs, call.outputs
+    if not (a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype):
+        raise NotImplementedError("add with broadcasting or mixed dtypes")
+    return Emitted([f"st = add_{_k(call)}({arg(out)}, {arg(a)}, {arg(b)}, {_size(out)})"])
+
+
+def reshape(call, arg: Arg) -> Emitted:
+    (x,), (out,) = call.inputs, call.outputs
+    nbytes = _size(x) * (2 if x.dtype == "float16" else 4)
+    return Emitted([f"memmove({arg(out)}, {arg(x)}, {nbytes})"])
+
+
+def copy(call, arg: Arg) -> Emitted:
+    return reshape(call, arg)
+
+
+def accumulate_grad(call, arg: Arg) -> Emitted:
+    """target f32 (=|+=) value (f32 or f16)."""
+    (value,), (target,) = call.inputs, call.outputs
+    mode = "set" if _params(call)["first"] else "add"
+    return Emitted([f"st = accumulate_{mode}_{SUFFIX[value.dtype]}({arg(target)}, "
+                    f"{arg(value)}, {_size(value)})"])
+
+
+EMITTERS: dict[str, Callable[[object, Arg], Emitted]] = {
+    "matmul": matmul, "matmul_bias": matmul_bias, "matmul_bwd": matmul_bwd,
+    "matmul_bias_bwd": matmul_bias_bwd, "attention": attention, "attention_bwd": attention_bwd,
+    "rms_norm": rms_norm, "rms_norm_bwd": rms_norm_bwd, "rope": rope, "rope_bwd": rope_bwd,
+    "swiglu": swiglu, "swiglu_bwd": swiglu_bwd, "embedding": embedding,
+    "embedding_bwd": embedding_bwd, "cross_entropy": cross_entropy,
+    "cross_entropy_bwd": cross_entropy_bwd, "add": add, "reshape": reshape, "copy": copy,
+    "accumulate_grad": accumulate_grad,
+}
+
+
+def emit_call(call, arg: Arg) -> Emitted | None:
+    """The call's lines, or None when it has no native template (it runs in Python)."""
+    emitter = EMITTERS.get(call.op)
+    if emitter is None or any(not hasattr(x, "buffer") or x.dtype not in C_TYPES
+                              for x in (*call.inputs, *call.outputs)):
+        return None
+    try:
+        return emitter(call, arg)
+    except NotImplementedError:
+        return None
