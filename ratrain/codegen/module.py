@@ -136,7 +136,7 @@ def run_function(int function, size_t arena, size_t offsets, int threads):
 def _function(index: int, body: str, comment: str) -> str:
     lines = "\n".join(f"    {line}" for line in body.splitlines())
     return (f"\n\ncdef int f{index}(char *A, const int64_t *o, int threads, int *status) "
-            f"noexcept nogil:\n    # first used by {comment}\n    cdef int st = 0\n"
+            f"noexcept nogil:\n    # used by {comment}\n    cdef int st = 0\n"
             f"{lines}\n    return -1\n")
 
 

@@ -1,14 +1,14 @@
 """Static task table of one stage: every lowered task becomes a row of steps. Runs of
-consecutive calls that have a native template form one generated function; a row names
-the function and the arena offsets of its pointers, so tasks that differ only in layer or
-micro-batch share the function (the code grows with layer kinds, not layers x
+consecutive calls of one layer that have a native template form one generated function;
+a row names the function and the arena offsets of its pointers, so tasks that differ only
+in layer or micro-batch share the function (the code grows with layer kinds, not layers x
 micro-batches). Calls without a template (data rows, messages, collectives, the optimizer)
 stay Python steps run by rt/calls.py.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ratrain.codegen.emit import emit_call
 
@@ -48,8 +48,22 @@ class StageTable:
         if body not in self._index:
             self._index[body] = len(self.functions)
             self.functions.append(body)
-            self.comments.append(f"{task.kind} tasks")
+            self.comments.append(set())
+        self.comments[self._index[body]].add(str(task.kind))
         return self._index[body]
+
+    def canonical(self) -> StageTable:
+        """Functions sorted by text and commented with the task kinds using them, so two
+        programs running the same code (another schedule, DP degree or ZeRO stage) give
+        the same module and share its build."""
+        order = sorted(range(len(self.functions)), key=self.functions.__getitem__)
+        new_index = {old: new for new, old in enumerate(order)}
+        rows = [(task, tuple(replace(s, function=new_index[s.function])
+                             if isinstance(s, NativeStep) else s for s in steps), touched)
+                for task, steps, touched in self.rows]
+        return StageTable(self.stage, [self.functions[i] for i in order],
+                          [", ".join(sorted(self.comments[i])) + " tasks" for i in order],
+                          rows, self.scratch_floats, dict(sorted(self.tables.items())))
 
     def __post_init__(self):
         self._index: dict[str, int] = {}
@@ -100,6 +114,12 @@ def _flush(table: StageTable, task, run: list, pointers: _Pointers, steps: list)
                             tuple(CallLabel(c.op, c.note) for c, _ in run)))
 
 
+def _layer(call) -> str:
+    """The layer a call belongs to ("L3" of note "L3 rms_norm"), "" if none."""
+    head = call.note.split(" ", 1)[0]
+    return head if head[:1] == "L" and head[1:].isdigit() else ""
+
+
 def build_stage_table(program, stage: int) -> StageTable:
     """The table of `stage` from the lowered program and its memory plan."""
     offsets = program.memory.stages[stage].offsets
@@ -108,6 +128,9 @@ def build_stage_table(program, stage: int) -> StageTable:
         steps: list = []
         run, pointers = [], _Pointers(offsets)
         for call in lowered.calls:
+            if run and _layer(call) != _layer(run[-1][0]):  # one function per layer
+                _flush(table, lowered.task, run, pointers, steps)
+                run, pointers = [], _Pointers(offsets)
             before = len(pointers.order)
             emitted = emit_call(call, pointers)
             if emitted is None:
@@ -121,4 +144,4 @@ def build_stage_table(program, stage: int) -> StageTable:
         touched = frozenset(x.buffer for c in lowered.calls for x in (*c.inputs, *c.outputs)
                             if hasattr(x, "buffer"))
         table.rows.append((lowered.task, tuple(steps), touched))
-    return table
+    return table.canonical()

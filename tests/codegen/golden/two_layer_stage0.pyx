@@ -112,375 +112,7 @@ cdef void spread(const float *total, float *out, size_t n) noexcept nogil:
 
 
 cdef int f0(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # first used by F tasks
-    cdef int st = 0
-    # embedding[vocab=64] float32[2, 8, 32] float32[64, 32] int32[2, 8]
-    st = embedding_fwd_f32(<float *>(A + o[0]), <int32_t *>(A + o[1]), <float *>(A + o[2]), 16, 64, 32, threads)
-    if st != 0: status[0] = st; return 0
-    # rms_norm[eps=1e-06] float32[2, 8, 32] float32[2, 8] float32[2, 8, 32] float32[32]
-    st = rmsnorm_fwd_f32(<float *>(A + o[3]), <float *>(A + o[4]), <float *>(A + o[0]), <float *>(A + o[5]), 16, 32, 1e-06, threads)
-    if st != 0: status[0] = st; return 1
-    # matmul float32[2, 8, 32] float32[2, 8, 32] float32[32, 32]
-    st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[3]), <float *>(A + o[7]), NULL, 16, 32, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 2
-    # matmul float32[2, 8, 16] float32[2, 8, 32] float32[16, 32]
-    st = gemm_fwd_f32(<float *>(A + o[8]), RT_F32, <float *>(A + o[3]), <float *>(A + o[9]), NULL, 16, 16, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 3
-    # matmul float32[2, 8, 16] float32[2, 8, 32] float32[16, 32]
-    st = gemm_fwd_f32(<float *>(A + o[10]), RT_F32, <float *>(A + o[3]), <float *>(A + o[11]), NULL, 16, 16, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 4
-    # reshape[new_sizes=(2, 8, 4, 8)] float32[2, 8, 4, 8] float32[2, 8, 32]
-    memmove(<float *>(A + o[12]), <float *>(A + o[6]), 2048)
-    if st != 0: status[0] = st; return 5
-    # reshape[new_sizes=(2, 8, 2, 8)] float32[2, 8, 2, 8] float32[2, 8, 16]
-    memmove(<float *>(A + o[6]), <float *>(A + o[8]), 1024)
-    if st != 0: status[0] = st; return 6
-    # reshape[new_sizes=(2, 8, 2, 8)] float32[2, 8, 2, 8] float32[2, 8, 16]
-    memmove(<float *>(A + o[13]), <float *>(A + o[10]), 1024)
-    if st != 0: status[0] = st; return 7
-    # rope[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
-    st = rope_fwd_f32(<float *>(A + o[14]), <float *>(A + o[12]), 2, 8, 4, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 8
-    # rope[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = rope_fwd_f32(<float *>(A + o[15]), <float *>(A + o[6]), 2, 8, 2, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 9
-    # attention[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = attention_fwd_f32(<float *>(A + o[16]), <float *>(A + o[17]), <float *>(A + o[14]), <float *>(A + o[15]), <float *>(A + o[13]), NULL, 2, 8, 4, 2, 8, 1, threads)
-    if st != 0: status[0] = st; return 10
-    # reshape[new_sizes=(2, 8, 32)] float32[2, 8, 32] float32[2, 8, 4, 8]
-    memmove(<float *>(A + o[18]), <float *>(A + o[16]), 2048)
-    if st != 0: status[0] = st; return 11
-    # matmul float32[2, 8, 32] float32[2, 8, 32] float32[32, 32]
-    st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[18]), <float *>(A + o[19]), NULL, 16, 32, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 12
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[20]), <float *>(A + o[0]), <float *>(A + o[6]), 512)
-    if st != 0: status[0] = st; return 13
-    # rms_norm[eps=1e-06] float32[2, 8, 32] float32[2, 8] float32[2, 8, 32] float32[32]
-    st = rmsnorm_fwd_f32(<float *>(A + o[21]), <float *>(A + o[22]), <float *>(A + o[20]), <float *>(A + o[23]), 16, 32, 1e-06, threads)
-    if st != 0: status[0] = st; return 14
-    # matmul float32[2, 8, 48] float32[2, 8, 32] float32[48, 32]
-    st = gemm_fwd_f32(<float *>(A + o[24]), RT_F32, <float *>(A + o[21]), <float *>(A + o[25]), NULL, 16, 48, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 15
-    # matmul float32[2, 8, 48] float32[2, 8, 32] float32[48, 32]
-    st = gemm_fwd_f32(<float *>(A + o[26]), RT_F32, <float *>(A + o[21]), <float *>(A + o[27]), NULL, 16, 48, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 16
-    # swiglu float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48]
-    st = swiglu_fwd_f32(<float *>(A + o[28]), <float *>(A + o[24]), <float *>(A + o[26]), 768, threads)
-    if st != 0: status[0] = st; return 17
-    # matmul float32[2, 8, 32] float32[2, 8, 48] float32[32, 48]
-    st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[28]), <float *>(A + o[29]), NULL, 16, 32, 48, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 18
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[30]), <float *>(A + o[20]), <float *>(A + o[6]), 512)
-    if st != 0: status[0] = st; return 19
-    # rms_norm[eps=1e-06] float32[2, 8, 32] float32[2, 8] float32[2, 8, 32] float32[32]
-    st = rmsnorm_fwd_f32(<float *>(A + o[31]), <float *>(A + o[32]), <float *>(A + o[30]), <float *>(A + o[33]), 16, 32, 1e-06, threads)
-    if st != 0: status[0] = st; return 20
-    # matmul float32[2, 8, 32] float32[2, 8, 32] float32[32, 32]
-    st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[31]), <float *>(A + o[34]), NULL, 16, 32, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 21
-    # matmul float32[2, 8, 16] float32[2, 8, 32] float32[16, 32]
-    st = gemm_fwd_f32(<float *>(A + o[8]), RT_F32, <float *>(A + o[31]), <float *>(A + o[35]), NULL, 16, 16, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 22
-    # matmul float32[2, 8, 16] float32[2, 8, 32] float32[16, 32]
-    st = gemm_fwd_f32(<float *>(A + o[10]), RT_F32, <float *>(A + o[31]), <float *>(A + o[36]), NULL, 16, 16, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 23
-    # reshape[new_sizes=(2, 8, 4, 8)] float32[2, 8, 4, 8] float32[2, 8, 32]
-    memmove(<float *>(A + o[12]), <float *>(A + o[6]), 2048)
-    if st != 0: status[0] = st; return 24
-    # reshape[new_sizes=(2, 8, 2, 8)] float32[2, 8, 2, 8] float32[2, 8, 16]
-    memmove(<float *>(A + o[6]), <float *>(A + o[8]), 1024)
-    if st != 0: status[0] = st; return 25
-    # reshape[new_sizes=(2, 8, 2, 8)] float32[2, 8, 2, 8] float32[2, 8, 16]
-    memmove(<float *>(A + o[37]), <float *>(A + o[10]), 1024)
-    if st != 0: status[0] = st; return 26
-    # rope[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
-    st = rope_fwd_f32(<float *>(A + o[38]), <float *>(A + o[12]), 2, 8, 4, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 27
-    # rope[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = rope_fwd_f32(<float *>(A + o[39]), <float *>(A + o[6]), 2, 8, 2, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 28
-    # attention[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = attention_fwd_f32(<float *>(A + o[40]), <float *>(A + o[41]), <float *>(A + o[38]), <float *>(A + o[39]), <float *>(A + o[37]), NULL, 2, 8, 4, 2, 8, 1, threads)
-    if st != 0: status[0] = st; return 29
-    # reshape[new_sizes=(2, 8, 32)] float32[2, 8, 32] float32[2, 8, 4, 8]
-    memmove(<float *>(A + o[42]), <float *>(A + o[40]), 2048)
-    if st != 0: status[0] = st; return 30
-    # matmul float32[2, 8, 32] float32[2, 8, 32] float32[32, 32]
-    st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[42]), <float *>(A + o[43]), NULL, 16, 32, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 31
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[44]), <float *>(A + o[30]), <float *>(A + o[6]), 512)
-    if st != 0: status[0] = st; return 32
-    # rms_norm[eps=1e-06] float32[2, 8, 32] float32[2, 8] float32[2, 8, 32] float32[32]
-    st = rmsnorm_fwd_f32(<float *>(A + o[45]), <float *>(A + o[46]), <float *>(A + o[44]), <float *>(A + o[47]), 16, 32, 1e-06, threads)
-    if st != 0: status[0] = st; return 33
-    # matmul float32[2, 8, 48] float32[2, 8, 32] float32[48, 32]
-    st = gemm_fwd_f32(<float *>(A + o[48]), RT_F32, <float *>(A + o[45]), <float *>(A + o[49]), NULL, 16, 48, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 34
-    # matmul float32[2, 8, 48] float32[2, 8, 32] float32[48, 32]
-    st = gemm_fwd_f32(<float *>(A + o[50]), RT_F32, <float *>(A + o[45]), <float *>(A + o[51]), NULL, 16, 48, 32, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 35
-    # swiglu float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48]
-    st = swiglu_fwd_f32(<float *>(A + o[52]), <float *>(A + o[48]), <float *>(A + o[50]), 768, threads)
-    if st != 0: status[0] = st; return 36
-    # matmul float32[2, 8, 32] float32[2, 8, 48] float32[32, 48]
-    st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[52]), <float *>(A + o[53]), NULL, 16, 32, 48, RT_TRANS_B, threads)
-    if st != 0: status[0] = st; return 37
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[54]), <float *>(A + o[44]), <float *>(A + o[6]), 512)
-    if st != 0: status[0] = st; return 38
-    return -1
-
-
-cdef int f1(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # first used by F tasks
-    cdef int st = 0
-    # rms_norm[eps=1e-06] float32[2, 8, 32] float32[2, 8] float32[2, 8, 32] float32[32]
-    st = rmsnorm_fwd_f32(<float *>(A + o[0]), <float *>(A + o[1]), <float *>(A + o[2]), <float *>(A + o[3]), 16, 32, 1e-06, threads)
-    if st != 0: status[0] = st; return 0
-    # cross_entropy float32 float32[2, 8] float32[2, 8, 32] float32[64, 32] int32[2, 8]
-    st = crossentropy_fwd_f32(SCR, <float *>(A + o[4]), <float *>(A + o[0]), <float *>(A + o[5]), <int32_t *>(A + o[6]), 16, 64, 32, 4096, threads)
-    if st == 0: mean_into(<float *>(A + o[7]), SCR, 16)
-    if st != 0: status[0] = st; return 1
-    return -1
-
-
-cdef int f2(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # first used by B tasks
-    cdef int st = 0
-    # cross_entropy_bwd float32[2, 8, 32] float32[64, 32] float32[2, 8, 32] float32[64, 32] int32[2, 8] float32[2, 8] float32[]
-    spread(<float *>(A + o[0]), SCR, 16)
-    memset(<float *>(A + o[1]), 0, 8192)
-    st = crossentropy_bwd_f32(<float *>(A + o[2]), <float *>(A + o[1]), <float *>(A + o[3]), <float *>(A + o[4]), <int32_t *>(A + o[5]), <float *>(A + o[6]), SCR, 16, 64, 32, 4096, threads)
-    if st != 0: status[0] = st; return 0
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[7]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[8]), <float *>(A + o[7]), <float *>(A + o[2]), <float *>(A + o[9]), <float *>(A + o[10]), <float *>(A + o[11]), 16, 32, threads)
-    if st != 0: status[0] = st; return 1
-    # accumulate_grad[first=True] float32[32] float32[32]
-    st = accumulate_set_f32(<float *>(A + o[12]), <float *>(A + o[7]), 32)
-    if st != 0: status[0] = st; return 2
-    # accumulate_grad[first=True] float32[64, 32] float32[64, 32]
-    st = accumulate_set_f32(<float *>(A + o[13]), <float *>(A + o[1]), 2048)
-    if st != 0: status[0] = st; return 3
-    # matmul_bwd float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[14]), RT_F32, <float *>(A + o[8]), <float *>(A + o[15]), NULL, 16, 48, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[1]), RT_F32, <float *>(A + o[8]), <float *>(A + o[16]), NULL, 32, 48, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 4
-    # swiglu_bwd float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48]
-    st = swiglu_bwd_f32(<float *>(A + o[17]), <float *>(A + o[18]), <float *>(A + o[14]), <float *>(A + o[19]), <float *>(A + o[20]), 768, threads)
-    if st != 0: status[0] = st; return 5
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[21]), RT_F32, <float *>(A + o[18]), <float *>(A + o[22]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[14]), RT_F32, <float *>(A + o[18]), <float *>(A + o[23]), NULL, 48, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 6
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[24]), RT_F32, <float *>(A + o[17]), <float *>(A + o[25]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[18]), RT_F32, <float *>(A + o[17]), <float *>(A + o[23]), NULL, 48, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 7
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[17]), <float *>(A + o[21]), <float *>(A + o[24]), 512)
-    if st != 0: status[0] = st; return 8
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[26]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[27]), <float *>(A + o[26]), <float *>(A + o[17]), <float *>(A + o[28]), <float *>(A + o[29]), <float *>(A + o[30]), 16, 32, threads)
-    if st != 0: status[0] = st; return 9
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[31]), <float *>(A + o[8]), <float *>(A + o[27]), 512)
-    if st != 0: status[0] = st; return 10
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[31]), <float *>(A + o[33]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[17]), RT_F32, <float *>(A + o[31]), <float *>(A + o[34]), NULL, 32, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 11
-    # reshape[new_sizes=(2, 8, 4, 8)] float32[2, 8, 4, 8] float32[2, 8, 32]
-    memmove(<float *>(A + o[35]), <float *>(A + o[32]), 2048)
-    if st != 0: status[0] = st; return 12
-    # attention_bwd[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8]
-    st = attention_bwd_f32(<float *>(A + o[32]), <float *>(A + o[36]), <float *>(A + o[37]), <float *>(A + o[38]), <float *>(A + o[39]), <float *>(A + o[40]), <float *>(A + o[41]), <float *>(A + o[42]), <float *>(A + o[35]), NULL, 2, 8, 4, 2, 8, 1, threads)
-    if st != 0: status[0] = st; return 13
-    # rope_bwd[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = rope_bwd_f32(<float *>(A + o[43]), <float *>(A + o[36]), 2, 8, 2, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 14
-    # rope_bwd[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
-    st = rope_bwd_f32(<float *>(A + o[35]), <float *>(A + o[32]), 2, 8, 4, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 15
-    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[44]), <float *>(A + o[37]), 1024)
-    if st != 0: status[0] = st; return 16
-    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[45]), <float *>(A + o[43]), 1024)
-    if st != 0: status[0] = st; return 17
-    # reshape[new_sizes=(2, 8, 32)] float32[2, 8, 32] float32[2, 8, 4, 8]
-    memmove(<float *>(A + o[36]), <float *>(A + o[35]), 2048)
-    if st != 0: status[0] = st; return 18
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[44]), <float *>(A + o[46]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[43]), RT_F32, <float *>(A + o[44]), <float *>(A + o[47]), NULL, 16, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 19
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[35]), RT_F32, <float *>(A + o[45]), <float *>(A + o[48]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[44]), RT_F32, <float *>(A + o[45]), <float *>(A + o[47]), NULL, 16, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 20
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[45]), <float *>(A + o[32]), <float *>(A + o[35]), 512)
-    if st != 0: status[0] = st; return 21
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[49]), RT_F32, <float *>(A + o[36]), <float *>(A + o[50]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[36]), <float *>(A + o[47]), NULL, 32, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 22
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[36]), <float *>(A + o[45]), <float *>(A + o[49]), 512)
-    if st != 0: status[0] = st; return 23
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[49]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[45]), <float *>(A + o[49]), <float *>(A + o[36]), <float *>(A + o[51]), <float *>(A + o[52]), <float *>(A + o[53]), 16, 32, threads)
-    if st != 0: status[0] = st; return 24
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[0]), <float *>(A + o[31]), <float *>(A + o[45]), 512)
-    if st != 0: status[0] = st; return 25
-    # accumulate_grad[first=True] float32[32] float32[32]
-    st = accumulate_set_f32(<float *>(A + o[54]), <float *>(A + o[49]), 32)
-    if st != 0: status[0] = st; return 26
-    # accumulate_grad[first=True] float32[32, 32] float32[32, 32]
-    st = accumulate_set_f32(<float *>(A + o[55]), <float *>(A + o[32]), 1024)
-    if st != 0: status[0] = st; return 27
-    # accumulate_grad[first=True] float32[16, 32] float32[16, 32]
-    st = accumulate_set_f32(<float *>(A + o[56]), <float *>(A + o[44]), 512)
-    if st != 0: status[0] = st; return 28
-    # accumulate_grad[first=True] float32[16, 32] float32[16, 32]
-    st = accumulate_set_f32(<float *>(A + o[57]), <float *>(A + o[43]), 512)
-    if st != 0: status[0] = st; return 29
-    # accumulate_grad[first=True] float32[32, 32] float32[32, 32]
-    st = accumulate_set_f32(<float *>(A + o[58]), <float *>(A + o[17]), 1024)
-    if st != 0: status[0] = st; return 30
-    # accumulate_grad[first=True] float32[32] float32[32]
-    st = accumulate_set_f32(<float *>(A + o[59]), <float *>(A + o[26]), 32)
-    if st != 0: status[0] = st; return 31
-    # accumulate_grad[first=True] float32[48, 32] float32[48, 32]
-    st = accumulate_set_f32(<float *>(A + o[60]), <float *>(A + o[18]), 1536)
-    if st != 0: status[0] = st; return 32
-    # accumulate_grad[first=True] float32[48, 32] float32[48, 32]
-    st = accumulate_set_f32(<float *>(A + o[61]), <float *>(A + o[14]), 1536)
-    if st != 0: status[0] = st; return 33
-    # accumulate_grad[first=True] float32[32, 48] float32[32, 48]
-    st = accumulate_set_f32(<float *>(A + o[62]), <float *>(A + o[1]), 1536)
-    if st != 0: status[0] = st; return 34
-    # matmul_bwd float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[14]), RT_F32, <float *>(A + o[0]), <float *>(A + o[63]), NULL, 16, 48, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[1]), RT_F32, <float *>(A + o[0]), <float *>(A + o[64]), NULL, 32, 48, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 35
-    # swiglu_bwd float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48]
-    st = swiglu_bwd_f32(<float *>(A + o[17]), <float *>(A + o[18]), <float *>(A + o[14]), <float *>(A + o[65]), <float *>(A + o[66]), 768, threads)
-    if st != 0: status[0] = st; return 36
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[21]), RT_F32, <float *>(A + o[18]), <float *>(A + o[67]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[14]), RT_F32, <float *>(A + o[18]), <float *>(A + o[68]), NULL, 48, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 37
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[24]), RT_F32, <float *>(A + o[17]), <float *>(A + o[69]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[18]), RT_F32, <float *>(A + o[17]), <float *>(A + o[68]), NULL, 48, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 38
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[17]), <float *>(A + o[21]), <float *>(A + o[24]), 512)
-    if st != 0: status[0] = st; return 39
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[26]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[27]), <float *>(A + o[26]), <float *>(A + o[17]), <float *>(A + o[70]), <float *>(A + o[71]), <float *>(A + o[72]), 16, 32, threads)
-    if st != 0: status[0] = st; return 40
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[31]), <float *>(A + o[0]), <float *>(A + o[27]), 512)
-    if st != 0: status[0] = st; return 41
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[31]), <float *>(A + o[73]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[17]), RT_F32, <float *>(A + o[31]), <float *>(A + o[74]), NULL, 32, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 42
-    # reshape[new_sizes=(2, 8, 4, 8)] float32[2, 8, 4, 8] float32[2, 8, 32]
-    memmove(<float *>(A + o[35]), <float *>(A + o[32]), 2048)
-    if st != 0: status[0] = st; return 43
-    # attention_bwd[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8]
-    st = attention_bwd_f32(<float *>(A + o[32]), <float *>(A + o[36]), <float *>(A + o[37]), <float *>(A + o[75]), <float *>(A + o[76]), <float *>(A + o[77]), <float *>(A + o[78]), <float *>(A + o[79]), <float *>(A + o[35]), NULL, 2, 8, 4, 2, 8, 1, threads)
-    if st != 0: status[0] = st; return 44
-    # rope_bwd[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = rope_bwd_f32(<float *>(A + o[43]), <float *>(A + o[36]), 2, 8, 2, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 45
-    # rope_bwd[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
-    st = rope_bwd_f32(<float *>(A + o[35]), <float *>(A + o[32]), 2, 8, 4, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 46
-    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[44]), <float *>(A + o[37]), 1024)
-    if st != 0: status[0] = st; return 47
-    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[45]), <float *>(A + o[43]), 1024)
-    if st != 0: status[0] = st; return 48
-    # reshape[new_sizes=(2, 8, 32)] float32[2, 8, 32] float32[2, 8, 4, 8]
-    memmove(<float *>(A + o[36]), <float *>(A + o[35]), 2048)
-    if st != 0: status[0] = st; return 49
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[44]), <float *>(A + o[80]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[43]), RT_F32, <float *>(A + o[44]), <float *>(A + o[81]), NULL, 16, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 50
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[35]), RT_F32, <float *>(A + o[45]), <float *>(A + o[82]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[44]), RT_F32, <float *>(A + o[45]), <float *>(A + o[81]), NULL, 16, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 51
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[45]), <float *>(A + o[32]), <float *>(A + o[35]), 512)
-    if st != 0: status[0] = st; return 52
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[49]), RT_F32, <float *>(A + o[36]), <float *>(A + o[83]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[36]), <float *>(A + o[81]), NULL, 32, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 53
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[36]), <float *>(A + o[45]), <float *>(A + o[49]), 512)
-    if st != 0: status[0] = st; return 54
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[49]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[45]), <float *>(A + o[49]), <float *>(A + o[36]), <float *>(A + o[84]), <float *>(A + o[85]), <float *>(A + o[86]), 16, 32, threads)
-    if st != 0: status[0] = st; return 55
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[8]), <float *>(A + o[31]), <float *>(A + o[45]), 512)
-    if st != 0: status[0] = st; return 56
-    # accumulate_grad[first=True] float32[32] float32[32]
-    st = accumulate_set_f32(<float *>(A + o[87]), <float *>(A + o[49]), 32)
-    if st != 0: status[0] = st; return 57
-    # accumulate_grad[first=True] float32[32, 32] float32[32, 32]
-    st = accumulate_set_f32(<float *>(A + o[88]), <float *>(A + o[32]), 1024)
-    if st != 0: status[0] = st; return 58
-    # accumulate_grad[first=True] float32[16, 32] float32[16, 32]
-    st = accumulate_set_f32(<float *>(A + o[89]), <float *>(A + o[44]), 512)
-    if st != 0: status[0] = st; return 59
-    # accumulate_grad[first=True] float32[16, 32] float32[16, 32]
-    st = accumulate_set_f32(<float *>(A + o[90]), <float *>(A + o[43]), 512)
-    if st != 0: status[0] = st; return 60
-    # accumulate_grad[first=True] float32[32, 32] float32[32, 32]
-    st = accumulate_set_f32(<float *>(A + o[91]), <float *>(A + o[17]), 1024)
-    if st != 0: status[0] = st; return 61
-    # accumulate_grad[first=True] float32[32] float32[32]
-    st = accumulate_set_f32(<float *>(A + o[92]), <float *>(A + o[26]), 32)
-    if st != 0: status[0] = st; return 62
-    # accumulate_grad[first=True] float32[48, 32] float32[48, 32]
-    st = accumulate_set_f32(<float *>(A + o[93]), <float *>(A + o[18]), 1536)
-    if st != 0: status[0] = st; return 63
-    # accumulate_grad[first=True] float32[48, 32] float32[48, 32]
-    st = accumulate_set_f32(<float *>(A + o[94]), <float *>(A + o[14]), 1536)
-    if st != 0: status[0] = st; return 64
-    # accumulate_grad[first=True] float32[32, 48] float32[32, 48]
-    st = accumulate_set_f32(<float *>(A + o[95]), <float *>(A + o[1]), 1536)
-    if st != 0: status[0] = st; return 65
-    # embedding_bwd[vocab=64] float32[64, 32] int32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[1]), 0, 8192)
-    st = embedding_bwd_f32(<float *>(A + o[1]), <float *>(A + o[8]), <int32_t *>(A + o[96]), 16, 64, 32, threads)
-    if st != 0: status[0] = st; return 66
-    # accumulate_grad[first=True] float32[64, 32] float32[64, 32]
-    st = accumulate_set_f32(<float *>(A + o[97]), <float *>(A + o[1]), 2048)
-    if st != 0: status[0] = st; return 67
-    return -1
-
-
-cdef int f3(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # first used by B tasks
+    # used by B tasks
     cdef int st = 0
     # cross_entropy_bwd float32[2, 8, 32] float32[64, 32] float32[2, 8, 32] float32[64, 32] int32[2, 8] float32[2, 8] float32[]
     spread(<float *>(A + o[0]), SCR, 16)
@@ -497,231 +129,373 @@ cdef int f3(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     # accumulate_grad[first=False] float32[64, 32] float32[64, 32]
     st = accumulate_add_f32(<float *>(A + o[13]), <float *>(A + o[1]), 2048)
     if st != 0: status[0] = st; return 3
-    # matmul_bwd float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[14]), RT_F32, <float *>(A + o[8]), <float *>(A + o[15]), NULL, 16, 48, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[1]), RT_F32, <float *>(A + o[8]), <float *>(A + o[16]), NULL, 32, 48, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 4
-    # swiglu_bwd float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48]
-    st = swiglu_bwd_f32(<float *>(A + o[17]), <float *>(A + o[18]), <float *>(A + o[14]), <float *>(A + o[19]), <float *>(A + o[20]), 768, threads)
-    if st != 0: status[0] = st; return 5
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[21]), RT_F32, <float *>(A + o[18]), <float *>(A + o[22]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[14]), RT_F32, <float *>(A + o[18]), <float *>(A + o[23]), NULL, 48, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 6
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[24]), RT_F32, <float *>(A + o[17]), <float *>(A + o[25]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[18]), RT_F32, <float *>(A + o[17]), <float *>(A + o[23]), NULL, 48, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 7
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[17]), <float *>(A + o[21]), <float *>(A + o[24]), 512)
-    if st != 0: status[0] = st; return 8
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[26]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[27]), <float *>(A + o[26]), <float *>(A + o[17]), <float *>(A + o[28]), <float *>(A + o[29]), <float *>(A + o[30]), 16, 32, threads)
-    if st != 0: status[0] = st; return 9
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[31]), <float *>(A + o[8]), <float *>(A + o[27]), 512)
-    if st != 0: status[0] = st; return 10
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[31]), <float *>(A + o[33]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[17]), RT_F32, <float *>(A + o[31]), <float *>(A + o[34]), NULL, 32, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 11
-    # reshape[new_sizes=(2, 8, 4, 8)] float32[2, 8, 4, 8] float32[2, 8, 32]
-    memmove(<float *>(A + o[35]), <float *>(A + o[32]), 2048)
-    if st != 0: status[0] = st; return 12
-    # attention_bwd[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8]
-    st = attention_bwd_f32(<float *>(A + o[32]), <float *>(A + o[36]), <float *>(A + o[37]), <float *>(A + o[38]), <float *>(A + o[39]), <float *>(A + o[40]), <float *>(A + o[41]), <float *>(A + o[42]), <float *>(A + o[35]), NULL, 2, 8, 4, 2, 8, 1, threads)
-    if st != 0: status[0] = st; return 13
-    # rope_bwd[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = rope_bwd_f32(<float *>(A + o[43]), <float *>(A + o[36]), 2, 8, 2, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 14
-    # rope_bwd[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
-    st = rope_bwd_f32(<float *>(A + o[35]), <float *>(A + o[32]), 2, 8, 4, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 15
-    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[44]), <float *>(A + o[37]), 1024)
-    if st != 0: status[0] = st; return 16
-    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[45]), <float *>(A + o[43]), 1024)
-    if st != 0: status[0] = st; return 17
-    # reshape[new_sizes=(2, 8, 32)] float32[2, 8, 32] float32[2, 8, 4, 8]
-    memmove(<float *>(A + o[36]), <float *>(A + o[35]), 2048)
-    if st != 0: status[0] = st; return 18
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[44]), <float *>(A + o[46]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[43]), RT_F32, <float *>(A + o[44]), <float *>(A + o[47]), NULL, 16, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 19
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[35]), RT_F32, <float *>(A + o[45]), <float *>(A + o[48]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[44]), RT_F32, <float *>(A + o[45]), <float *>(A + o[47]), NULL, 16, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 20
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[45]), <float *>(A + o[32]), <float *>(A + o[35]), 512)
-    if st != 0: status[0] = st; return 21
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[49]), RT_F32, <float *>(A + o[36]), <float *>(A + o[50]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[36]), <float *>(A + o[47]), NULL, 32, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 22
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[36]), <float *>(A + o[45]), <float *>(A + o[49]), 512)
-    if st != 0: status[0] = st; return 23
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[49]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[45]), <float *>(A + o[49]), <float *>(A + o[36]), <float *>(A + o[51]), <float *>(A + o[52]), <float *>(A + o[53]), 16, 32, threads)
-    if st != 0: status[0] = st; return 24
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[0]), <float *>(A + o[31]), <float *>(A + o[45]), 512)
-    if st != 0: status[0] = st; return 25
-    # accumulate_grad[first=False] float32[32] float32[32]
-    st = accumulate_add_f32(<float *>(A + o[54]), <float *>(A + o[49]), 32)
-    if st != 0: status[0] = st; return 26
-    # accumulate_grad[first=False] float32[32, 32] float32[32, 32]
-    st = accumulate_add_f32(<float *>(A + o[55]), <float *>(A + o[32]), 1024)
-    if st != 0: status[0] = st; return 27
-    # accumulate_grad[first=False] float32[16, 32] float32[16, 32]
-    st = accumulate_add_f32(<float *>(A + o[56]), <float *>(A + o[44]), 512)
-    if st != 0: status[0] = st; return 28
-    # accumulate_grad[first=False] float32[16, 32] float32[16, 32]
-    st = accumulate_add_f32(<float *>(A + o[57]), <float *>(A + o[43]), 512)
-    if st != 0: status[0] = st; return 29
-    # accumulate_grad[first=False] float32[32, 32] float32[32, 32]
-    st = accumulate_add_f32(<float *>(A + o[58]), <float *>(A + o[17]), 1024)
-    if st != 0: status[0] = st; return 30
-    # accumulate_grad[first=False] float32[32] float32[32]
-    st = accumulate_add_f32(<float *>(A + o[59]), <float *>(A + o[26]), 32)
-    if st != 0: status[0] = st; return 31
-    # accumulate_grad[first=False] float32[48, 32] float32[48, 32]
-    st = accumulate_add_f32(<float *>(A + o[60]), <float *>(A + o[18]), 1536)
-    if st != 0: status[0] = st; return 32
-    # accumulate_grad[first=False] float32[48, 32] float32[48, 32]
-    st = accumulate_add_f32(<float *>(A + o[61]), <float *>(A + o[14]), 1536)
-    if st != 0: status[0] = st; return 33
-    # accumulate_grad[first=False] float32[32, 48] float32[32, 48]
-    st = accumulate_add_f32(<float *>(A + o[62]), <float *>(A + o[1]), 1536)
-    if st != 0: status[0] = st; return 34
-    # matmul_bwd float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[14]), RT_F32, <float *>(A + o[0]), <float *>(A + o[63]), NULL, 16, 48, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[1]), RT_F32, <float *>(A + o[0]), <float *>(A + o[64]), NULL, 32, 48, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 35
-    # swiglu_bwd float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48]
-    st = swiglu_bwd_f32(<float *>(A + o[17]), <float *>(A + o[18]), <float *>(A + o[14]), <float *>(A + o[65]), <float *>(A + o[66]), 768, threads)
-    if st != 0: status[0] = st; return 36
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[21]), RT_F32, <float *>(A + o[18]), <float *>(A + o[67]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[14]), RT_F32, <float *>(A + o[18]), <float *>(A + o[68]), NULL, 48, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 37
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[24]), RT_F32, <float *>(A + o[17]), <float *>(A + o[69]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[18]), RT_F32, <float *>(A + o[17]), <float *>(A + o[68]), NULL, 48, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 38
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[17]), <float *>(A + o[21]), <float *>(A + o[24]), 512)
-    if st != 0: status[0] = st; return 39
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[26]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[27]), <float *>(A + o[26]), <float *>(A + o[17]), <float *>(A + o[70]), <float *>(A + o[71]), <float *>(A + o[72]), 16, 32, threads)
-    if st != 0: status[0] = st; return 40
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[31]), <float *>(A + o[0]), <float *>(A + o[27]), 512)
-    if st != 0: status[0] = st; return 41
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[31]), <float *>(A + o[73]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[17]), RT_F32, <float *>(A + o[31]), <float *>(A + o[74]), NULL, 32, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 42
-    # reshape[new_sizes=(2, 8, 4, 8)] float32[2, 8, 4, 8] float32[2, 8, 32]
-    memmove(<float *>(A + o[35]), <float *>(A + o[32]), 2048)
-    if st != 0: status[0] = st; return 43
-    # attention_bwd[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8]
-    st = attention_bwd_f32(<float *>(A + o[32]), <float *>(A + o[36]), <float *>(A + o[37]), <float *>(A + o[75]), <float *>(A + o[76]), <float *>(A + o[77]), <float *>(A + o[78]), <float *>(A + o[79]), <float *>(A + o[35]), NULL, 2, 8, 4, 2, 8, 1, threads)
-    if st != 0: status[0] = st; return 44
-    # rope_bwd[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = rope_bwd_f32(<float *>(A + o[43]), <float *>(A + o[36]), 2, 8, 2, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 45
-    # rope_bwd[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
-    st = rope_bwd_f32(<float *>(A + o[35]), <float *>(A + o[32]), 2, 8, 4, 8, 10000.0, threads)
-    if st != 0: status[0] = st; return 46
-    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[44]), <float *>(A + o[37]), 1024)
-    if st != 0: status[0] = st; return 47
-    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[45]), <float *>(A + o[43]), 1024)
-    if st != 0: status[0] = st; return 48
-    # reshape[new_sizes=(2, 8, 32)] float32[2, 8, 32] float32[2, 8, 4, 8]
-    memmove(<float *>(A + o[36]), <float *>(A + o[35]), 2048)
-    if st != 0: status[0] = st; return 49
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[44]), <float *>(A + o[80]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[43]), RT_F32, <float *>(A + o[44]), <float *>(A + o[81]), NULL, 16, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 50
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[35]), RT_F32, <float *>(A + o[45]), <float *>(A + o[82]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[44]), RT_F32, <float *>(A + o[45]), <float *>(A + o[81]), NULL, 16, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 51
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[45]), <float *>(A + o[32]), <float *>(A + o[35]), 512)
-    if st != 0: status[0] = st; return 52
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[49]), RT_F32, <float *>(A + o[36]), <float *>(A + o[83]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[36]), <float *>(A + o[81]), NULL, 32, 32, 16, RT_TRANS_A, threads)
-    if st != 0: status[0] = st; return 53
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[36]), <float *>(A + o[45]), <float *>(A + o[49]), 512)
-    if st != 0: status[0] = st; return 54
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[49]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[45]), <float *>(A + o[49]), <float *>(A + o[36]), <float *>(A + o[84]), <float *>(A + o[85]), <float *>(A + o[86]), 16, 32, threads)
-    if st != 0: status[0] = st; return 55
-    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[8]), <float *>(A + o[31]), <float *>(A + o[45]), 512)
-    if st != 0: status[0] = st; return 56
-    # accumulate_grad[first=False] float32[32] float32[32]
-    st = accumulate_add_f32(<float *>(A + o[87]), <float *>(A + o[49]), 32)
-    if st != 0: status[0] = st; return 57
-    # accumulate_grad[first=False] float32[32, 32] float32[32, 32]
-    st = accumulate_add_f32(<float *>(A + o[88]), <float *>(A + o[32]), 1024)
-    if st != 0: status[0] = st; return 58
-    # accumulate_grad[first=False] float32[16, 32] float32[16, 32]
-    st = accumulate_add_f32(<float *>(A + o[89]), <float *>(A + o[44]), 512)
-    if st != 0: status[0] = st; return 59
-    # accumulate_grad[first=False] float32[16, 32] float32[16, 32]
-    st = accumulate_add_f32(<float *>(A + o[90]), <float *>(A + o[43]), 512)
-    if st != 0: status[0] = st; return 60
-    # accumulate_grad[first=False] float32[32, 32] float32[32, 32]
-    st = accumulate_add_f32(<float *>(A + o[91]), <float *>(A + o[17]), 1024)
-    if st != 0: status[0] = st; return 61
-    # accumulate_grad[first=False] float32[32] float32[32]
-    st = accumulate_add_f32(<float *>(A + o[92]), <float *>(A + o[26]), 32)
-    if st != 0: status[0] = st; return 62
-    # accumulate_grad[first=False] float32[48, 32] float32[48, 32]
-    st = accumulate_add_f32(<float *>(A + o[93]), <float *>(A + o[18]), 1536)
-    if st != 0: status[0] = st; return 63
-    # accumulate_grad[first=False] float32[48, 32] float32[48, 32]
-    st = accumulate_add_f32(<float *>(A + o[94]), <float *>(A + o[14]), 1536)
-    if st != 0: status[0] = st; return 64
-    # accumulate_grad[first=False] float32[32, 48] float32[32, 48]
-    st = accumulate_add_f32(<float *>(A + o[95]), <float *>(A + o[1]), 1536)
-    if st != 0: status[0] = st; return 65
-    # embedding_bwd[vocab=64] float32[64, 32] int32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[1]), 0, 8192)
-    st = embedding_bwd_f32(<float *>(A + o[1]), <float *>(A + o[8]), <int32_t *>(A + o[96]), 16, 64, 32, threads)
-    if st != 0: status[0] = st; return 66
-    # accumulate_grad[first=False] float32[64, 32] float32[64, 32]
-    st = accumulate_add_f32(<float *>(A + o[97]), <float *>(A + o[1]), 2048)
-    if st != 0: status[0] = st; return 67
     return -1
 
 
-cdef function_t FUNCTIONS[4]
+cdef int f1(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
+    # used by B tasks
+    cdef int st = 0
+    # cross_entropy_bwd float32[2, 8, 32] float32[64, 32] float32[2, 8, 32] float32[64, 32] int32[2, 8] float32[2, 8] float32[]
+    spread(<float *>(A + o[0]), SCR, 16)
+    memset(<float *>(A + o[1]), 0, 8192)
+    st = crossentropy_bwd_f32(<float *>(A + o[2]), <float *>(A + o[1]), <float *>(A + o[3]), <float *>(A + o[4]), <int32_t *>(A + o[5]), <float *>(A + o[6]), SCR, 16, 64, 32, 4096, threads)
+    if st != 0: status[0] = st; return 0
+    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
+    memset(<float *>(A + o[7]), 0, 128)
+    st = rmsnorm_bwd_f32(<float *>(A + o[8]), <float *>(A + o[7]), <float *>(A + o[2]), <float *>(A + o[9]), <float *>(A + o[10]), <float *>(A + o[11]), 16, 32, threads)
+    if st != 0: status[0] = st; return 1
+    # accumulate_grad[first=True] float32[32] float32[32]
+    st = accumulate_set_f32(<float *>(A + o[12]), <float *>(A + o[7]), 32)
+    if st != 0: status[0] = st; return 2
+    # accumulate_grad[first=True] float32[64, 32] float32[64, 32]
+    st = accumulate_set_f32(<float *>(A + o[13]), <float *>(A + o[1]), 2048)
+    if st != 0: status[0] = st; return 3
+    return -1
+
+
+cdef int f2(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
+    # used by F tasks
+    cdef int st = 0
+    # embedding[vocab=64] float32[2, 8, 32] float32[64, 32] int32[2, 8]
+    st = embedding_fwd_f32(<float *>(A + o[0]), <int32_t *>(A + o[1]), <float *>(A + o[2]), 16, 64, 32, threads)
+    if st != 0: status[0] = st; return 0
+    return -1
+
+
+cdef int f3(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
+    # used by B tasks
+    cdef int st = 0
+    # embedding_bwd[vocab=64] float32[64, 32] int32[2, 8] float32[2, 8, 32]
+    memset(<float *>(A + o[0]), 0, 8192)
+    st = embedding_bwd_f32(<float *>(A + o[0]), <float *>(A + o[1]), <int32_t *>(A + o[2]), 16, 64, 32, threads)
+    if st != 0: status[0] = st; return 0
+    # accumulate_grad[first=False] float32[64, 32] float32[64, 32]
+    st = accumulate_add_f32(<float *>(A + o[3]), <float *>(A + o[0]), 2048)
+    if st != 0: status[0] = st; return 1
+    return -1
+
+
+cdef int f4(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
+    # used by B tasks
+    cdef int st = 0
+    # embedding_bwd[vocab=64] float32[64, 32] int32[2, 8] float32[2, 8, 32]
+    memset(<float *>(A + o[0]), 0, 8192)
+    st = embedding_bwd_f32(<float *>(A + o[0]), <float *>(A + o[1]), <int32_t *>(A + o[2]), 16, 64, 32, threads)
+    if st != 0: status[0] = st; return 0
+    # accumulate_grad[first=True] float32[64, 32] float32[64, 32]
+    st = accumulate_set_f32(<float *>(A + o[3]), <float *>(A + o[0]), 2048)
+    if st != 0: status[0] = st; return 1
+    return -1
+
+
+cdef int f5(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
+    # used by B tasks
+    cdef int st = 0
+    # matmul_bwd float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
+    st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[1]), <float *>(A + o[2]), NULL, 16, 48, 32, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[3]), RT_F32, <float *>(A + o[1]), <float *>(A + o[4]), NULL, 32, 48, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 0
+    # swiglu_bwd float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48]
+    st = swiglu_bwd_f32(<float *>(A + o[5]), <float *>(A + o[6]), <float *>(A + o[0]), <float *>(A + o[7]), <float *>(A + o[8]), 768, threads)
+    if st != 0: status[0] = st; return 1
+    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
+    st = gemm_fwd_f32(<float *>(A + o[9]), RT_F32, <float *>(A + o[6]), <float *>(A + o[10]), NULL, 16, 32, 48, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[6]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 2
+    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
+    st = gemm_fwd_f32(<float *>(A + o[12]), RT_F32, <float *>(A + o[5]), <float *>(A + o[13]), NULL, 16, 32, 48, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[5]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 3
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[5]), <float *>(A + o[9]), <float *>(A + o[12]), 512)
+    if st != 0: status[0] = st; return 4
+    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
+    memset(<float *>(A + o[14]), 0, 128)
+    st = rmsnorm_bwd_f32(<float *>(A + o[15]), <float *>(A + o[14]), <float *>(A + o[5]), <float *>(A + o[16]), <float *>(A + o[17]), <float *>(A + o[18]), 16, 32, threads)
+    if st != 0: status[0] = st; return 5
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[19]), <float *>(A + o[1]), <float *>(A + o[15]), 512)
+    if st != 0: status[0] = st; return 6
+    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
+    st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[19]), <float *>(A + o[21]), NULL, 16, 32, 32, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[5]), RT_F32, <float *>(A + o[19]), <float *>(A + o[22]), NULL, 32, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 7
+    # reshape[new_sizes=(2, 8, 4, 8)] float32[2, 8, 4, 8] float32[2, 8, 32]
+    memmove(<float *>(A + o[23]), <float *>(A + o[20]), 2048)
+    if st != 0: status[0] = st; return 8
+    # attention_bwd[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8]
+    st = attention_bwd_f32(<float *>(A + o[20]), <float *>(A + o[24]), <float *>(A + o[25]), <float *>(A + o[26]), <float *>(A + o[27]), <float *>(A + o[28]), <float *>(A + o[29]), <float *>(A + o[30]), <float *>(A + o[23]), NULL, 2, 8, 4, 2, 8, 1, threads)
+    if st != 0: status[0] = st; return 9
+    # rope_bwd[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
+    st = rope_bwd_f32(<float *>(A + o[31]), <float *>(A + o[24]), 2, 8, 2, 8, 10000.0, threads)
+    if st != 0: status[0] = st; return 10
+    # rope_bwd[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
+    st = rope_bwd_f32(<float *>(A + o[23]), <float *>(A + o[20]), 2, 8, 4, 8, 10000.0, threads)
+    if st != 0: status[0] = st; return 11
+    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
+    memmove(<float *>(A + o[32]), <float *>(A + o[25]), 1024)
+    if st != 0: status[0] = st; return 12
+    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
+    memmove(<float *>(A + o[33]), <float *>(A + o[31]), 1024)
+    if st != 0: status[0] = st; return 13
+    # reshape[new_sizes=(2, 8, 32)] float32[2, 8, 32] float32[2, 8, 4, 8]
+    memmove(<float *>(A + o[24]), <float *>(A + o[23]), 2048)
+    if st != 0: status[0] = st; return 14
+    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
+    st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[32]), <float *>(A + o[34]), NULL, 16, 32, 16, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[31]), RT_F32, <float *>(A + o[32]), <float *>(A + o[35]), NULL, 16, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 15
+    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
+    st = gemm_fwd_f32(<float *>(A + o[23]), RT_F32, <float *>(A + o[33]), <float *>(A + o[36]), NULL, 16, 32, 16, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[33]), <float *>(A + o[35]), NULL, 16, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 16
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[33]), <float *>(A + o[20]), <float *>(A + o[23]), 512)
+    if st != 0: status[0] = st; return 17
+    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
+    st = gemm_fwd_f32(<float *>(A + o[37]), RT_F32, <float *>(A + o[24]), <float *>(A + o[38]), NULL, 16, 32, 32, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[24]), <float *>(A + o[35]), NULL, 32, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 18
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[24]), <float *>(A + o[33]), <float *>(A + o[37]), 512)
+    if st != 0: status[0] = st; return 19
+    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
+    memset(<float *>(A + o[37]), 0, 128)
+    st = rmsnorm_bwd_f32(<float *>(A + o[33]), <float *>(A + o[37]), <float *>(A + o[24]), <float *>(A + o[39]), <float *>(A + o[40]), <float *>(A + o[41]), 16, 32, threads)
+    if st != 0: status[0] = st; return 20
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[42]), <float *>(A + o[19]), <float *>(A + o[33]), 512)
+    if st != 0: status[0] = st; return 21
+    # accumulate_grad[first=False] float32[32] float32[32]
+    st = accumulate_add_f32(<float *>(A + o[43]), <float *>(A + o[37]), 32)
+    if st != 0: status[0] = st; return 22
+    # accumulate_grad[first=False] float32[32, 32] float32[32, 32]
+    st = accumulate_add_f32(<float *>(A + o[44]), <float *>(A + o[20]), 1024)
+    if st != 0: status[0] = st; return 23
+    # accumulate_grad[first=False] float32[16, 32] float32[16, 32]
+    st = accumulate_add_f32(<float *>(A + o[45]), <float *>(A + o[32]), 512)
+    if st != 0: status[0] = st; return 24
+    # accumulate_grad[first=False] float32[16, 32] float32[16, 32]
+    st = accumulate_add_f32(<float *>(A + o[46]), <float *>(A + o[31]), 512)
+    if st != 0: status[0] = st; return 25
+    # accumulate_grad[first=False] float32[32, 32] float32[32, 32]
+    st = accumulate_add_f32(<float *>(A + o[47]), <float *>(A + o[5]), 1024)
+    if st != 0: status[0] = st; return 26
+    # accumulate_grad[first=False] float32[32] float32[32]
+    st = accumulate_add_f32(<float *>(A + o[48]), <float *>(A + o[14]), 32)
+    if st != 0: status[0] = st; return 27
+    # accumulate_grad[first=False] float32[48, 32] float32[48, 32]
+    st = accumulate_add_f32(<float *>(A + o[49]), <float *>(A + o[6]), 1536)
+    if st != 0: status[0] = st; return 28
+    # accumulate_grad[first=False] float32[48, 32] float32[48, 32]
+    st = accumulate_add_f32(<float *>(A + o[50]), <float *>(A + o[0]), 1536)
+    if st != 0: status[0] = st; return 29
+    # accumulate_grad[first=False] float32[32, 48] float32[32, 48]
+    st = accumulate_add_f32(<float *>(A + o[51]), <float *>(A + o[3]), 1536)
+    if st != 0: status[0] = st; return 30
+    return -1
+
+
+cdef int f6(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
+    # used by B tasks
+    cdef int st = 0
+    # matmul_bwd float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
+    st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[1]), <float *>(A + o[2]), NULL, 16, 48, 32, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[3]), RT_F32, <float *>(A + o[1]), <float *>(A + o[4]), NULL, 32, 48, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 0
+    # swiglu_bwd float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48]
+    st = swiglu_bwd_f32(<float *>(A + o[5]), <float *>(A + o[6]), <float *>(A + o[0]), <float *>(A + o[7]), <float *>(A + o[8]), 768, threads)
+    if st != 0: status[0] = st; return 1
+    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
+    st = gemm_fwd_f32(<float *>(A + o[9]), RT_F32, <float *>(A + o[6]), <float *>(A + o[10]), NULL, 16, 32, 48, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[6]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 2
+    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
+    st = gemm_fwd_f32(<float *>(A + o[12]), RT_F32, <float *>(A + o[5]), <float *>(A + o[13]), NULL, 16, 32, 48, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[5]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 3
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[5]), <float *>(A + o[9]), <float *>(A + o[12]), 512)
+    if st != 0: status[0] = st; return 4
+    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
+    memset(<float *>(A + o[14]), 0, 128)
+    st = rmsnorm_bwd_f32(<float *>(A + o[15]), <float *>(A + o[14]), <float *>(A + o[5]), <float *>(A + o[16]), <float *>(A + o[17]), <float *>(A + o[18]), 16, 32, threads)
+    if st != 0: status[0] = st; return 5
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[19]), <float *>(A + o[1]), <float *>(A + o[15]), 512)
+    if st != 0: status[0] = st; return 6
+    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
+    st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[19]), <float *>(A + o[21]), NULL, 16, 32, 32, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[5]), RT_F32, <float *>(A + o[19]), <float *>(A + o[22]), NULL, 32, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 7
+    # reshape[new_sizes=(2, 8, 4, 8)] float32[2, 8, 4, 8] float32[2, 8, 32]
+    memmove(<float *>(A + o[23]), <float *>(A + o[20]), 2048)
+    if st != 0: status[0] = st; return 8
+    # attention_bwd[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8]
+    st = attention_bwd_f32(<float *>(A + o[20]), <float *>(A + o[24]), <float *>(A + o[25]), <float *>(A + o[26]), <float *>(A + o[27]), <float *>(A + o[28]), <float *>(A + o[29]), <float *>(A + o[30]), <float *>(A + o[23]), NULL, 2, 8, 4, 2, 8, 1, threads)
+    if st != 0: status[0] = st; return 9
+    # rope_bwd[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
+    st = rope_bwd_f32(<float *>(A + o[31]), <float *>(A + o[24]), 2, 8, 2, 8, 10000.0, threads)
+    if st != 0: status[0] = st; return 10
+    # rope_bwd[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
+    st = rope_bwd_f32(<float *>(A + o[23]), <float *>(A + o[20]), 2, 8, 4, 8, 10000.0, threads)
+    if st != 0: status[0] = st; return 11
+    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
+    memmove(<float *>(A + o[32]), <float *>(A + o[25]), 1024)
+    if st != 0: status[0] = st; return 12
+    # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
+    memmove(<float *>(A + o[33]), <float *>(A + o[31]), 1024)
+    if st != 0: status[0] = st; return 13
+    # reshape[new_sizes=(2, 8, 32)] float32[2, 8, 32] float32[2, 8, 4, 8]
+    memmove(<float *>(A + o[24]), <float *>(A + o[23]), 2048)
+    if st != 0: status[0] = st; return 14
+    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
+    st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[32]), <float *>(A + o[34]), NULL, 16, 32, 16, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[31]), RT_F32, <float *>(A + o[32]), <float *>(A + o[35]), NULL, 16, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 15
+    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
+    st = gemm_fwd_f32(<float *>(A + o[23]), RT_F32, <float *>(A + o[33]), <float *>(A + o[36]), NULL, 16, 32, 16, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[33]), <float *>(A + o[35]), NULL, 16, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 16
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[33]), <float *>(A + o[20]), <float *>(A + o[23]), 512)
+    if st != 0: status[0] = st; return 17
+    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
+    st = gemm_fwd_f32(<float *>(A + o[37]), RT_F32, <float *>(A + o[24]), <float *>(A + o[38]), NULL, 16, 32, 32, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[24]), <float *>(A + o[35]), NULL, 32, 32, 16, RT_TRANS_A, threads)
+    if st != 0: status[0] = st; return 18
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[24]), <float *>(A + o[33]), <float *>(A + o[37]), 512)
+    if st != 0: status[0] = st; return 19
+    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
+    memset(<float *>(A + o[37]), 0, 128)
+    st = rmsnorm_bwd_f32(<float *>(A + o[33]), <float *>(A + o[37]), <float *>(A + o[24]), <float *>(A + o[39]), <float *>(A + o[40]), <float *>(A + o[41]), 16, 32, threads)
+    if st != 0: status[0] = st; return 20
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[42]), <float *>(A + o[19]), <float *>(A + o[33]), 512)
+    if st != 0: status[0] = st; return 21
+    # accumulate_grad[first=True] float32[32] float32[32]
+    st = accumulate_set_f32(<float *>(A + o[43]), <float *>(A + o[37]), 32)
+    if st != 0: status[0] = st; return 22
+    # accumulate_grad[first=True] float32[32, 32] float32[32, 32]
+    st = accumulate_set_f32(<float *>(A + o[44]), <float *>(A + o[20]), 1024)
+    if st != 0: status[0] = st; return 23
+    # accumulate_grad[first=True] float32[16, 32] float32[16, 32]
+    st = accumulate_set_f32(<float *>(A + o[45]), <float *>(A + o[32]), 512)
+    if st != 0: status[0] = st; return 24
+    # accumulate_grad[first=True] float32[16, 32] float32[16, 32]
+    st = accumulate_set_f32(<float *>(A + o[46]), <float *>(A + o[31]), 512)
+    if st != 0: status[0] = st; return 25
+    # accumulate_grad[first=True] float32[32, 32] float32[32, 32]
+    st = accumulate_set_f32(<float *>(A + o[47]), <float *>(A + o[5]), 1024)
+    if st != 0: status[0] = st; return 26
+    # accumulate_grad[first=True] float32[32] float32[32]
+    st = accumulate_set_f32(<float *>(A + o[48]), <float *>(A + o[14]), 32)
+    if st != 0: status[0] = st; return 27
+    # accumulate_grad[first=True] float32[48, 32] float32[48, 32]
+    st = accumulate_set_f32(<float *>(A + o[49]), <float *>(A + o[6]), 1536)
+    if st != 0: status[0] = st; return 28
+    # accumulate_grad[first=True] float32[48, 32] float32[48, 32]
+    st = accumulate_set_f32(<float *>(A + o[50]), <float *>(A + o[0]), 1536)
+    if st != 0: status[0] = st; return 29
+    # accumulate_grad[first=True] float32[32, 48] float32[32, 48]
+    st = accumulate_set_f32(<float *>(A + o[51]), <float *>(A + o[3]), 1536)
+    if st != 0: status[0] = st; return 30
+    return -1
+
+
+cdef int f7(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
+    # used by F tasks
+    cdef int st = 0
+    # rms_norm[eps=1e-06] float32[2, 8, 32] float32[2, 8] float32[2, 8, 32] float32[32]
+    st = rmsnorm_fwd_f32(<float *>(A + o[0]), <float *>(A + o[1]), <float *>(A + o[2]), <float *>(A + o[3]), 16, 32, 1e-06, threads)
+    if st != 0: status[0] = st; return 0
+    # cross_entropy float32 float32[2, 8] float32[2, 8, 32] float32[64, 32] int32[2, 8]
+    st = crossentropy_fwd_f32(SCR, <float *>(A + o[4]), <float *>(A + o[0]), <float *>(A + o[5]), <int32_t *>(A + o[6]), 16, 64, 32, 4096, threads)
+    if st == 0: mean_into(<float *>(A + o[7]), SCR, 16)
+    if st != 0: status[0] = st; return 1
+    return -1
+
+
+cdef int f8(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
+    # used by F tasks
+    cdef int st = 0
+    # rms_norm[eps=1e-06] float32[2, 8, 32] float32[2, 8] float32[2, 8, 32] float32[32]
+    st = rmsnorm_fwd_f32(<float *>(A + o[0]), <float *>(A + o[1]), <float *>(A + o[2]), <float *>(A + o[3]), 16, 32, 1e-06, threads)
+    if st != 0: status[0] = st; return 0
+    # matmul float32[2, 8, 32] float32[2, 8, 32] float32[32, 32]
+    st = gemm_fwd_f32(<float *>(A + o[4]), RT_F32, <float *>(A + o[0]), <float *>(A + o[5]), NULL, 16, 32, 32, RT_TRANS_B, threads)
+    if st != 0: status[0] = st; return 1
+    # matmul float32[2, 8, 16] float32[2, 8, 32] float32[16, 32]
+    st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[0]), <float *>(A + o[7]), NULL, 16, 16, 32, RT_TRANS_B, threads)
+    if st != 0: status[0] = st; return 2
+    # matmul float32[2, 8, 16] float32[2, 8, 32] float32[16, 32]
+    st = gemm_fwd_f32(<float *>(A + o[8]), RT_F32, <float *>(A + o[0]), <float *>(A + o[9]), NULL, 16, 16, 32, RT_TRANS_B, threads)
+    if st != 0: status[0] = st; return 3
+    # reshape[new_sizes=(2, 8, 4, 8)] float32[2, 8, 4, 8] float32[2, 8, 32]
+    memmove(<float *>(A + o[10]), <float *>(A + o[4]), 2048)
+    if st != 0: status[0] = st; return 4
+    # reshape[new_sizes=(2, 8, 2, 8)] float32[2, 8, 2, 8] float32[2, 8, 16]
+    memmove(<float *>(A + o[4]), <float *>(A + o[6]), 1024)
+    if st != 0: status[0] = st; return 5
+    # reshape[new_sizes=(2, 8, 2, 8)] float32[2, 8, 2, 8] float32[2, 8, 16]
+    memmove(<float *>(A + o[11]), <float *>(A + o[8]), 1024)
+    if st != 0: status[0] = st; return 6
+    # rope[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
+    st = rope_fwd_f32(<float *>(A + o[12]), <float *>(A + o[10]), 2, 8, 4, 8, 10000.0, threads)
+    if st != 0: status[0] = st; return 7
+    # rope[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
+    st = rope_fwd_f32(<float *>(A + o[13]), <float *>(A + o[4]), 2, 8, 2, 8, 10000.0, threads)
+    if st != 0: status[0] = st; return 8
+    # attention[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
+    st = attention_fwd_f32(<float *>(A + o[14]), <float *>(A + o[15]), <float *>(A + o[12]), <float *>(A + o[13]), <float *>(A + o[11]), NULL, 2, 8, 4, 2, 8, 1, threads)
+    if st != 0: status[0] = st; return 9
+    # reshape[new_sizes=(2, 8, 32)] float32[2, 8, 32] float32[2, 8, 4, 8]
+    memmove(<float *>(A + o[16]), <float *>(A + o[14]), 2048)
+    if st != 0: status[0] = st; return 10
+    # matmul float32[2, 8, 32] float32[2, 8, 32] float32[32, 32]
+    st = gemm_fwd_f32(<float *>(A + o[4]), RT_F32, <float *>(A + o[16]), <float *>(A + o[17]), NULL, 16, 32, 32, RT_TRANS_B, threads)
+    if st != 0: status[0] = st; return 11
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[18]), <float *>(A + o[2]), <float *>(A + o[4]), 512)
+    if st != 0: status[0] = st; return 12
+    # rms_norm[eps=1e-06] float32[2, 8, 32] float32[2, 8] float32[2, 8, 32] float32[32]
+    st = rmsnorm_fwd_f32(<float *>(A + o[19]), <float *>(A + o[20]), <float *>(A + o[18]), <float *>(A + o[21]), 16, 32, 1e-06, threads)
+    if st != 0: status[0] = st; return 13
+    # matmul float32[2, 8, 48] float32[2, 8, 32] float32[48, 32]
+    st = gemm_fwd_f32(<float *>(A + o[22]), RT_F32, <float *>(A + o[19]), <float *>(A + o[23]), NULL, 16, 48, 32, RT_TRANS_B, threads)
+    if st != 0: status[0] = st; return 14
+    # matmul float32[2, 8, 48] float32[2, 8, 32] float32[48, 32]
+    st = gemm_fwd_f32(<float *>(A + o[24]), RT_F32, <float *>(A + o[19]), <float *>(A + o[25]), NULL, 16, 48, 32, RT_TRANS_B, threads)
+    if st != 0: status[0] = st; return 15
+    # swiglu float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48]
+    st = swiglu_fwd_f32(<float *>(A + o[26]), <float *>(A + o[22]), <float *>(A + o[24]), 768, threads)
+    if st != 0: status[0] = st; return 16
+    # matmul float32[2, 8, 32] float32[2, 8, 48] float32[32, 48]
+    st = gemm_fwd_f32(<float *>(A + o[4]), RT_F32, <float *>(A + o[26]), <float *>(A + o[27]), NULL, 16, 32, 48, RT_TRANS_B, threads)
+    if st != 0: status[0] = st; return 17
+    # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
+    st = add_f32(<float *>(A + o[28]), <float *>(A + o[18]), <float *>(A + o[4]), 512)
+    if st != 0: status[0] = st; return 18
+    return -1
+
+
+cdef function_t FUNCTIONS[9]
 FUNCTIONS[0] = f0
 FUNCTIONS[1] = f1
 FUNCTIONS[2] = f2
 FUNCTIONS[3] = f3
+FUNCTIONS[4] = f4
+FUNCTIONS[5] = f5
+FUNCTIONS[6] = f6
+FUNCTIONS[7] = f7
+FUNCTIONS[8] = f8
 
 
 def run_function(int function, size_t arena, size_t offsets, int threads):
     """Run generated function `function` on the arena at address `arena`, its pointers'
     int64 offsets at address `offsets`; (index of the failing call or -1, kernel status)."""
-    if function < 0 or function >= 4:
+    if function < 0 or function >= 9:
         raise IndexError("generated program: no such function")
     cdef int status = 0, failed
     cdef function_t run = FUNCTIONS[function]
