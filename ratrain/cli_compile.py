@@ -184,14 +184,16 @@ def check_output(out: Path, force: bool) -> None:
                       "refusing to overwrite it: choose another -o")
 
 
-def write_program_dir(out: Path, files: dict[str, str], manifest_of) -> dict:
+def write_program_dir(out: Path, files: dict[str, str], manifest_of, build=False) -> dict:
     """Write `files` and the manifest (`manifest_of(hashes)`) into a temporary sibling of
-    `out`, then rename it into place: readers see the old DIR or the whole new one."""
+    `out`, then rename it into place: readers see the old DIR or the whole new one. With
+    `build`, the generated modules are built in before."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         hashes = _write_files(staging, files)
-        _build_code(staging, {k: v for k, v in files.items() if k.endswith(".pyx")})
+        if build:
+            _build_code(staging, {k: v for k, v in files.items() if k.endswith(".pyx")})
         manifest = manifest_of(hashes)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
         _swap_into_place(staging, out)
@@ -332,7 +334,8 @@ def cmd_compile(args) -> None:
     graph = trace_for(config, name, options)
     program, records = compile_graph(graph, options)
     files = program_files(program, records)
-    write_program_dir(out, files, lambda hashes: build_manifest(program, records, profile, hashes))
+    write_program_dir(out, files, lambda hashes: build_manifest(program, records, profile, hashes),
+                      build=args.build)
     o = options
     print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}), schedule "
           f"{o.schedule}, recompute {o.recompute}, zero {o.zero}, {o.precision} on {o.hw}: "
@@ -428,7 +431,8 @@ def add_compile_parser(sub, model_help: str) -> None:
                        description="Trace MODEL, run the pass pipeline (partition, 1F1B, "
                        "recovery, gradient sync, update, prefetch, memory plan) and write a "
                        "program directory: program.json, passes/NN_<pass>.txt, rank<R>.txt, "
-                       f"memory.txt. Sizes: {SIZE_HELP}.")
+                       "memory.txt, and what the runtime runs: runtime.pkl and the generated "
+                       f"code/stage<N>.pyx with its task table. Sizes: {SIZE_HELP}.")
     p.add_argument("model", help=f"the model: {model_help}")
     _add_parallel_options(p)
     _add_policy_options(p)
@@ -436,6 +440,9 @@ def add_compile_parser(sub, model_help: str) -> None:
                    help="program directory to write (atomically; see --force)")
     p.add_argument("--force", action="store_true",
                    help="replace DIR if it already holds a compiled program")
+    p.add_argument("--build", action="store_true", help="also build the generated Cython "
+                   "modules now (default: the first run builds what is missing; builds are "
+                   "cached by content hash, so identical stages build once)")
     p.add_argument("--report", action="store_true", help="print pass times, per-stage peak "
                    "memory, a dry run on the --hw profile (bubble, exposed tail) and the "
                    "peaks of ratrain vs baseline scheduling")

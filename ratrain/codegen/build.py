@@ -6,6 +6,7 @@ generated code share.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import Cython
@@ -74,10 +76,10 @@ def _compile(source: str, name: str, into: Path) -> Path:
             raise BuildError(f"building generated module {name} failed:\n"
                              f"{done.stdout[-4000:]}{done.stderr[-4000:]}")
         into.mkdir(parents=True, exist_ok=True)
-        target = into / built.name
-        shutil.copy2(built, target.with_suffix(".tmp"))
-        os.replace(target.with_suffix(".tmp"), target)
-        return target
+        partial = into / f"{built.name}.{os.getpid()}.tmp"
+        shutil.copy2(built, partial)
+        os.replace(partial, into / built.name)
+        return into / built.name
 
 
 def build_module(source: str, directory: Path) -> Path:
@@ -88,12 +90,27 @@ def build_module(source: str, directory: Path) -> Path:
     found = _built(here, name)
     if found is not None:
         return found
-    cached = _built(user_cache() / key[:20], name)
-    if cached is None:
-        cached = _compile(source, name, user_cache() / key[:20])
+    with _locked(user_cache() / f"{key[:20]}.lock"):  # ranks of one job build it once
+        cached = _built(user_cache() / key[:20], name)
+        if cached is None:
+            cached = _compile(source, name, user_cache() / key[:20])
     here.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(cached, here / cached.name)
+    partial = here / f"{cached.name}.{os.getpid()}.tmp"
+    shutil.copy2(cached, partial)
+    os.replace(partial, here / cached.name)
     return here / cached.name
+
+
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock file (flock): other processes wait until the holder is done."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def load_module(path: Path):
