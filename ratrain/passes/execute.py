@@ -6,9 +6,11 @@ deadlocks or reads garbage, so agreement with the whole-model reference checks b
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from ratrain.optim import AdamW
+from ratrain.optim import AdamW, LossScaler, starting_scaler
 from ratrain.passes.lower import state_slots
 from ratrain.rt.calls import (RankState, init_layer, run_call, shard_bounds,  # noqa: F401
                               unflatten_layer)
@@ -21,22 +23,26 @@ class _Wait(Exception):
 class Executor:
     """Runs a lowered Program's steps for all ranks in this process."""
 
-    def __init__(self, program, params: dict, optimizer: AdamW):
+    def __init__(self, program, params: dict, optimizer: AdamW,
+                 scaler: LossScaler | None = None):
+        """`scaler`: the loss scale every rank starts from (fp16 programs; default
+        GradScaler's 2**16, growth after 2000 finite steps)."""
         if program.lowered is None or program.memory is None:
             raise ValueError("the program is not lowered: run the whole pipeline first")
         self.program, self.optimizer = program, optimizer
         self.options, self.graph = program.options, program.graph
         self.mailbox, self.pending, self.results = {}, {}, {}
         self.step = 0
-        self.ranks = [self._rank_state(r, params) for r in range(self.options.world_size)]
+        scaler = scaler or starting_scaler(self.options.precision)
+        self.ranks = [self._rank_state(r, params, scaler) for r in range(self.options.world_size)]
 
     # --- set-up: master params, optimizer state and views into the arena ----------------
 
-    def _rank_state(self, rank: int, params: dict) -> RankState:
+    def _rank_state(self, rank: int, params: dict, scaler: LossScaler) -> RankState:
         stage, replica = self.program.coords(rank)
         memory = self.program.memory.stages[stage]
         st = RankState(rank, stage, replica, np.zeros(memory.arena_bytes, np.uint8),
-                       memory.offsets)
+                       memory.offsets, scaler=dataclasses.replace(scaler))
         for layer in self.program.stages[stage]:
             init_layer(self.program, st, layer, params)
         return st

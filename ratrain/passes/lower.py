@@ -203,8 +203,8 @@ def _lower_backward(program, task: Task) -> list[Call]:
     if last_stage:
         loss = _kind(program, layers[-1]).bwd.inputs[-1]
         current = _slot(f"ws.{task}", 0, loss)
-        calls.append(Call("fill", (current,), (), (("value", 1.0 / program.options.micro_batches),),
-                          "loss cotangent"))
+        calls.append(Call("fill", (current,), (), _loss_scaled(
+            program, (("value", 1.0 / program.options.micro_batches),)), "loss cotangent"))
         turn = 1
     else:
         current = _slot(f"gin.mb{m}", 0, _kind(program, layers[-1]).fwd.outputs[0])
@@ -277,12 +277,22 @@ def _lower_prefetch(program, task: Task) -> list[Call]:
                  f"L{layer}")]
 
 
+def _loss_scaled(program, params: tuple) -> tuple:
+    """fp16 programs scale the loss cotangent by the dynamic loss scale, and their
+    global_norm unscales the gradients (in place) and checks them for overflow."""
+    if program.options.precision != "fp16":
+        return params
+    return tuple(sorted(params + (("loss_scale", True),)))
+
+
 def _lower_norm(program, task: Task) -> list[Call]:
     grads = tuple(_flat_slot(f"grad.L{l}", grad_layout(program, l)[1])
                   if program.options.zero < 2 else
                   _flat_slot(f"gshard.L{l}", state_slots(program, l)[4])
                   for l in program.stages[task.stage])
-    return [Call("global_norm", (), grads, (("clip", program.options.clip),), "step")]
+    unscaled = grads if program.options.precision == "fp16" else ()  # written in place
+    return [Call("global_norm", unscaled, grads,
+                 _loss_scaled(program, (("clip", program.options.clip),)), "step")]
 
 
 def _message(program, task: Task) -> Slot:

@@ -12,7 +12,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ratrain.ir.rules import lookup_rule
-from ratrain.optim import AdamW, adamw_step
+from ratrain.optim import AdamW, LossScaler, adamw_step
 from ratrain.passes.lower import state_slots, view_slots
 
 
@@ -32,6 +32,10 @@ class RankState:
     decay: dict = field(default_factory=dict)   # layer -> weight-decay mask of its shard
     losses: list = field(default_factory=list)  # per micro-batch loss of this step
     clip_coef: float = 1.0              # from the step's global norm
+    scaler: LossScaler = field(default_factory=LossScaler)  # the same on every rank
+    grad_norm: float | None = None      # the step's global norm (unscaled), if computed
+    overflow: bool = False              # the step found a non-finite gradient: no update
+    skipped_steps: int = 0              # steps skipped so far (AdamW does not count them)
 
     def view(self, slot) -> np.ndarray:
         base, nbytes = self.offsets[slot.buffer]
@@ -141,7 +145,10 @@ def _record_loss(t: Transport, st: RankState, call) -> None:
 
 
 def _fill(t: Transport, st: RankState, call) -> None:
-    st.view(call.outputs[0])[...] = _params(call)["value"]
+    """A constant; the loss cotangent of fp16 programs (loss_scale) times the loss scale."""
+    params = _params(call)
+    scale = st.scaler.scale if params.get("loss_scale") else 1.0
+    st.view(call.outputs[0])[...] = params["value"] * scale
 
 
 def _copy(t: Transport, st: RankState, call) -> None:
@@ -220,22 +227,65 @@ def _owned(options, st: RankState, slot) -> np.ndarray:
 
 
 def _global_norm(t: Transport, st: RankState, call) -> None:
-    squares = sum(float(np.sum(np.square(_owned(t.options, st, s), dtype=np.float64)))
-                  for s in call.inputs)
+    """The world's gradient norm, hence the clip coefficient; with loss_scale (fp16) the
+    norm is that of the unscaled gradients, which are then unscaled in place, and a
+    non-finite gradient anywhere skips the step on every rank (NOTE [overflow flag])."""
+    params = _params(call)
+    scaled = bool(params.get("loss_scale"))
+    inverse = st.scaler.inverse() if scaled else np.float32(1)
+    owned = [_owned(t.options, st, s) for s in call.inputs]
+    finite = all(bool(np.isfinite(g).all()) for g in owned) if scaled else True
+    squares = _sum_of_squares(owned, inverse) if finite else math.inf
+    # nothing is written before the world sum: the reference executor reruns the call
+    # until every rank has contributed
     total = math.sqrt(t.world_sum(st, call, squares))
-    clip = _params(call)["clip"]
+    st.grad_norm, clip = total, params["clip"]
     st.clip_coef = 1.0 if clip is None else min(1.0, clip / (total + 1e-6))
+    if scaled:
+        _unscale_or_skip(st, call.inputs, inverse, overflow=not math.isfinite(total))
+
+
+# NOTE [overflow flag]: each rank checks the (scaled) gradients it owns for inf/nan, as
+# GradScaler does before unscaling, and sends +inf instead of its sum of squares if it
+# found one. The world sum is then non-finite exactly when some rank found one: squares
+# of float32 values summed in float64 cannot overflow, and +inf or nan absorb every sum.
+# So one scalar all-reduce gives both the norm and the flag, identical on every rank.
+# (Below scale 1 a gradient that only unscaling makes infinite counts as an overflow too,
+# where GradScaler would step with it.)
+
+
+def _sum_of_squares(grads, inverse: np.float32) -> float:
+    """Of the unscaled gradients, in float64 (the float32 products unscale_ would store)."""
+    return sum(float(np.sum(np.square(g if inverse == 1 else g * inverse, dtype=np.float64)))
+               for g in grads)
+
+
+def _unscale_or_skip(st: RankState, grads, inverse: np.float32, overflow: bool) -> None:
+    """Unscale the gradients once (GradScaler.unscale_), or mark the step skipped; then
+    the scale backs off or grows."""
+    st.overflow = overflow
+    if overflow:
+        st.skipped_steps += 1
+    elif inverse != 1:
+        for s in grads:
+            st.view(s)[...] *= inverse
+    st.scaler.update(overflow)
 
 
 def _adamw(t: Transport, st: RankState, call) -> None:
+    """AdamW on the layer's (shard of) master params, unless the step overflowed: then
+    nothing changes and AdamW's own step count (bias correction) does not advance, as
+    when GradScaler skips optimizer.step()."""
+    if st.overflow:
+        return
     master, m, v = (st.view(s) for s in call.outputs)
     grad = st.view(call.inputs[0])
     if _params(call)["zero"] == 1:
         lo, hi = shard_bounds(grad.size, t.options.dp, st.replica)
         grad = np.concatenate([grad[lo:hi], np.zeros(master.size - (hi - lo), np.float32)])
     layer = int(call.outputs[0].buffer.split(".L")[1])
-    adamw_step(t.optimizer, t.step, master, grad * np.float32(st.clip_coef), m, v,
-               st.decay[layer])
+    adamw_step(t.optimizer, t.step - st.skipped_steps, master,
+               grad * np.float32(st.clip_coef), m, v, st.decay[layer])
 
 
 def _prefetch_view(t: Transport, st: RankState, call) -> None:
