@@ -1,8 +1,9 @@
 """Checkpoints of a run: the model as a Hugging Face directory (config.json +
 model.safetensors, loadable by --init-from and by transformers), AdamW moments in
-optimizer.safetensors and the step and data order in trainer_state.json. Ranks send their
-(shards of) master params and moments to rank 0, which writes a temporary directory and
-renames it into place: a crash never leaves a half-written checkpoint under its name.
+optimizer.safetensors, and the step, data order, loss scale and skipped-step count (which
+AdamW's bias correction needs) in trainer_state.json. Ranks send their (shards of) master
+params and moments to rank 0, which writes a temporary directory and renames it into
+place: a crash never leaves a half-written checkpoint under its name.
 """
 from __future__ import annotations
 

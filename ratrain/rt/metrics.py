@@ -1,6 +1,6 @@
 """Per-step metrics on rank 0: one JSON line per step (step, loss, tokens/s, step seconds,
-lr, planned arena bytes and resident memory of every rank), the progress line and the
-run's summary.
+lr, gradient norm, loss scale and skipped steps, planned arena bytes and resident memory of
+every rank), the progress line and the run's summary.
 """
 from __future__ import annotations
 
@@ -28,10 +28,20 @@ class StepMetrics:
     lr: float                           # learning rate of the step
     arena_bytes: list                   # planned (and allocated) arena per rank
     rss_bytes: list                     # resident memory per rank after the step
+    grad_norm: float | None = None      # global norm before clipping; None: not computed
+                                        # (no --clip, fp32) or not finite (skipped step)
+    loss_scale: float | None = None     # the scale of this step's gradients; None: fp32
+    skipped: bool = False               # a gradient overflowed: no update this step
+    skipped_steps: int = 0              # skipped so far in the run, this step included
 
     def progress_line(self, steps: int) -> str:
-        return (f"step {self.step}/{steps}  loss {self.loss:.4f}  "
+        line = (f"step {self.step}/{steps}  loss {self.loss:.4f}  "
                 f"{self.tokens_per_s:,.0f} tokens/s  lr {self.lr:.3g}")
+        if self.grad_norm is not None:
+            line += f"  grad norm {self.grad_norm:.3g}"
+        if self.loss_scale is not None:
+            line += f"  loss scale {self.loss_scale:g}"
+        return line + ("  skipped (gradient overflow)" if self.skipped else "")
 
 
 class MetricsLog:
@@ -53,6 +63,10 @@ class MetricsLog:
             return "no steps run"
         timed = self.steps[1:] or self.steps  # the first step pays for warm-up
         rate = sum(s.tokens_per_s for s in timed) / len(timed)
-        return (f"done: {len(self.steps)} steps, final loss {self.steps[-1].loss:.4f} "
-                f"(first {self.steps[0].loss:.4f}), {rate:,.0f} tokens/s, arena "
-                f"{max(self.steps[-1].arena_bytes) / 2 ** 20:.1f} MiB per rank (max)")
+        last = self.steps[-1]
+        scaling = "" if last.loss_scale is None else (
+            f", {last.skipped_steps} skipped steps (gradient overflow), loss scale "
+            f"{last.loss_scale:g}")
+        return (f"done: {len(self.steps)} steps, final loss {last.loss:.4f} "
+                f"(first {self.steps[0].loss:.4f}), {rate:,.0f} tokens/s{scaling}, arena "
+                f"{max(last.arena_bytes) / 2 ** 20:.1f} MiB per rank (max)")

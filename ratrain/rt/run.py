@@ -13,12 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ratrain.optim import LossScaler, starting_scaler
 from ratrain.rt.checkpoint import checkpoint_name, load_checkpoint
 from ratrain.rt.data import Batches, DataError, training_rows
 from ratrain.rt.load import SetupError, open_program
 from ratrain.rt.metrics import MetricsLog, StepMetrics, rss_bytes
 from ratrain.rt.trace import TaskTrace
 from ratrain.rt.train_options import add_training_options, learning_rate, optimizer_at
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the loss scale is a float32 (GradScaler)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,9 +60,6 @@ def prepare(args, world_size: int) -> dict:
     except UserError as e:
         raise SetupError(str(e).splitlines()[0]) from None
     o, config = program.options, program.graph.config
-    if o.precision != "fp32":
-        raise SetupError(f"{args.program} is an {o.precision} program; the runtime runs fp32 "
-                         "programs only for now: recompile with --precision fp32")
     params, moments, state = initial_state(args, config)
     try:
         rows = training_rows(args.data, o.seq_len, int(config["vocab_size"]))
@@ -68,7 +68,23 @@ def prepare(args, world_size: int) -> dict:
     shuffle, seed = state.get("shuffle", not args.no_shuffle), state.get("seed", args.seed)
     batches = Batches(rows, o.dp * o.micro_batches * o.micro_batch_size, shuffle, seed)
     return {"program": program, "params": params, "moments": moments, "batches": batches,
-            "step": state.get("step", 0), "data_order": {"shuffle": shuffle, "seed": seed}}
+            "step": state.get("step", 0), "data_order": {"shuffle": shuffle, "seed": seed},
+            "scaler": loss_scaler(args, o.precision, state),
+            "skipped_steps": state.get("skipped_steps", 0)}
+
+
+def loss_scaler(args, precision: str, state: dict) -> LossScaler:
+    """The loss scale the run starts from: a resumed fp16 run's, else the flags'."""
+    if not 0 < args.initial_loss_scale <= FLOAT32_MAX:
+        raise SetupError(f"--initial-loss-scale must be positive and at most 3.4e38 (a "
+                         f"float32), got {args.initial_loss_scale:g}")
+    if args.loss_scale_window < 1:
+        raise SetupError(f"--loss-scale-window must be at least 1, got {args.loss_scale_window}")
+    scaler = starting_scaler(precision, args.initial_loss_scale, args.loss_scale_window)
+    saved = state.get("loss_scale")
+    if precision == "fp16" and saved is not None:
+        scaler.scale, scaler.growth_tracker = saved["scale"], saved["growth_tracker"]
+    return scaler
 
 
 def check_writable(path: str | None, flag: str) -> None:
@@ -113,18 +129,22 @@ def train(args, comms, job: dict) -> None:
     except Exception as e:
         comm.abort_job(f"ratrain: rank {comms.rank} failed at set-up (arena and initial "
                        f"state): {type(e).__name__}: {e}")
+    st = executor.state
+    st.scaler, st.skipped_steps = job["scaler"], job["skipped_steps"]
+    if program.options.precision == "fp16":  # overflow is expected: the scaler skips the step
+        np.seterr(over="ignore", invalid="ignore")
     if args.trace:
-        executor.trace = TaskTrace(comms.rank, executor.state.stage)
+        executor.trace = TaskTrace(comms.rank, st.stage)
     log = MetricsLog(args.metrics if comms.rank == 0 else None)
     tokens_per_step = batches.global_batch * program.options.seq_len
     for k in range(job["step"], args.steps):
-        start = time.perf_counter()
+        start, scale = time.perf_counter(), st.scaler.scale
         losses = _run_step(executor, batches.step(k), optimizer_at(args, k + 1))
         gathered = comms.gather_to_root((losses, executor.arena_bytes, rss_bytes()))
         if comms.rank == 0:
             try:
                 _log_step(args, log, k + 1, gathered, tokens_per_step,
-                          time.perf_counter() - start)
+                          time.perf_counter() - start, _gradient_metrics(program, st, scale))
             except OSError as e:
                 comm.abort_job(f"ratrain: rank 0 failed writing metrics: {e}")
         if args.save_dir and (k + 1 == args.steps or args.save_every and
@@ -161,7 +181,8 @@ def _save(args, comms, executor, data_order: dict) -> None:
     try:
         params, moments = assemble(executor.program, gathered)
         save_checkpoint(path, executor.program.graph.config, params, moments,
-                        {"step": executor.step, **data_order, "data": args.data})
+                        {"step": executor.step, **data_order, "data": args.data,
+                         **_scaler_state(executor)})
     except Exception as e:
         comm.abort_job(f"ratrain: rank 0 failed writing checkpoint {path}: "
                        f"{type(e).__name__}: {e}")
@@ -169,11 +190,28 @@ def _save(args, comms, executor, data_order: dict) -> None:
         print(f"saved {path}", flush=True)
 
 
-def _log_step(args, log: MetricsLog, step: int, gathered, tokens: int, seconds: float):
+def _scaler_state(executor) -> dict:
+    """What a resumed run needs to scale and count steps exactly as this one would."""
+    st, fp16 = executor.state, executor.program.options.precision == "fp16"
+    scaler = {"scale": st.scaler.scale, "growth_tracker": st.scaler.growth_tracker}
+    return {"loss_scale": scaler if fp16 else None, "skipped_steps": st.skipped_steps}
+
+
+def _gradient_metrics(program, st, scale: float) -> dict:
+    """Norm, loss scale (of fp16 programs) and skips of the step just run; every rank
+    has the same (the norm and the overflow flag come from one world all-reduce)."""
+    finite = st.grad_norm is not None and np.isfinite(st.grad_norm)
+    return {"grad_norm": st.grad_norm if finite else None, "skipped": st.overflow,
+            "loss_scale": scale if program.options.precision == "fp16" else None,
+            "skipped_steps": st.skipped_steps}
+
+
+def _log_step(args, log: MetricsLog, step: int, gathered, tokens: int, seconds: float,
+              gradients: dict):
     losses = [loss for rank_losses, _, _ in gathered for loss in rank_losses]
     metrics = StepMetrics(step, float(np.mean(losses)), tokens / seconds, seconds,
                           learning_rate(args, step), [g[1] for g in gathered],
-                          [g[2] for g in gathered])
+                          [g[2] for g in gathered], **gradients)
     log.write(metrics)
     if not args.quiet:
         print(metrics.progress_line(args.steps), flush=True)

@@ -1,13 +1,13 @@
-"""The training options a run takes (steps, data, optimizer, learning-rate schedule,
-metrics), defined once: `python -m ratrain.rt`, `ratrain run` and `ratrain train` add them
-from this table, and `forward_argv` turns parsed values back into flags for mpiexec.
+"""The training options a run takes (steps, data, optimizer, learning-rate schedule, loss
+scale, metrics), defined once: `python -m ratrain.rt`, `ratrain run` and `ratrain train`
+add them from this table, and `forward_argv` turns parsed values back into flags for mpiexec.
 Imports neither mpi4py nor jax, so the command line stays fast.
 """
 from __future__ import annotations
 
 import math
 
-from ratrain.optim import AdamW
+from ratrain.optim import INITIAL_LOSS_SCALE, LOSS_SCALE_WINDOW, AdamW
 
 # flag, type (None = switch), default, help
 TRAINING_OPTIONS = (
@@ -28,21 +28,28 @@ TRAINING_OPTIONS = (
     ("--beta1", float, 0.9, "AdamW first-moment decay (default: 0.9)"),
     ("--beta2", float, 0.95, "AdamW second-moment decay (default: 0.95)"),
     ("--eps", float, 1e-8, "AdamW epsilon added to sqrt(v) (default: 1e-8)"),
+    ("--initial-loss-scale", float, INITIAL_LOSS_SCALE, "fp16 programs: the dynamic loss "
+     "scale to start from; halved (and the step skipped) when a gradient overflows, doubled "
+     "after --loss-scale-window finite steps in a row (default: 65536)"),
+    ("--loss-scale-window", int, LOSS_SCALE_WINDOW, "fp16 programs: finite steps in a row "
+     "before the loss scale doubles (default: 2000)"),
     ("--save-dir", str, None, "write checkpoints (HF safetensors + AdamW state) under this "
      "directory as step-NNNNNN/ (default: none; `ratrain train` uses RUN/checkpoints)"),
     ("--save-every", int, 0, "checkpoint every N steps as well as after the last one "
      "(default: 0 = after the last step only; needs --save-dir)"),
     ("--resume", str, None, "continue from a checkpoint directory written by --save-dir: "
-     "weights, AdamW moments, step and data order; --steps is the total to reach"),
+     "weights, AdamW moments, step, loss scale and data order; --steps is the total to "
+     "reach"),
     ("--trace", str, None, "write every rank's measured task timeline to "
      "DIR/trace-rank<R>.json (Chrome trace format; open in Perfetto) (default: none)"),
-    ("--metrics", str, None, "append one JSON line per step (step, loss, tokens/s, arena "
-     "bytes and RSS per rank) to this file (default: none)"),
+    ("--metrics", str, None, "append one JSON line per step (step, loss, tokens/s, grad "
+     "norm, loss scale, skipped, arena bytes and RSS per rank) to this file (default: none)"),
 )
 
 METAVARS = {"--steps": "N", "--data": "FILE", "--seed": "S", "--init-from": "DIR",
             "--lr": "LR", "--warmup": "N", "--min-lr": "LR", "--weight-decay": "W",
             "--beta1": "B1", "--beta2": "B2", "--eps": "EPS", "--metrics": "FILE",
+            "--initial-loss-scale": "S", "--loss-scale-window": "N",
             "--save-dir": "DIR", "--save-every": "N", "--resume": "DIR", "--trace": "DIR"}
 
 
