@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from ratrain.cli_compile import add_compile_parser, add_program_inspect_options
+from ratrain.cli_sim import add_simulate_parser
 from ratrain.units import format_bytes
 from ratrain.cli_train import add_run_parser, add_train_parser
 
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inspect)
     add_run_parser(sub)
     add_train_parser(sub, MODEL_HELP)
+    add_simulate_parser(sub)
     return parser
 
 

@@ -22,7 +22,16 @@ and the simulator turn tasks into seconds with `task_cost_model`.
 | default_zero       | 0/1/2     | --zero when not given and --dp > 1                       |
 
 Optional: description, calibrated (false until `ratrain calibrate` measured the numbers),
-sm_bytes, sources (field -> where the number comes from).
+sm_bytes, sources (field -> where the number comes from), and for the simulator (ratrain/sim):
+
+| field                | unit           | meaning                                         |
+|----------------------|----------------|-------------------------------------------------|
+| gemm_shape_curve     | [[dim, x], ..] | factor x on gemm_efficiency for a GEMM or       |
+|                      |                | attention kernel whose smallest dimension is    |
+|                      |                | dim; linear in log2(dim) between points, flat   |
+|                      |                | outside them (default: 1 for every shape)       |
+| collective_algorithm | ring/tree/auto | how DP collectives are costed, see              |
+|                      |                | sim/collectives.py (default: ring)              |
 """
 from __future__ import annotations
 
@@ -37,6 +46,7 @@ PROFILE_DIR = Path(__file__).parent
 NUMBER_FIELDS = ("fp16_flops", "fp32_flops", "gemm_efficiency", "ddr_bandwidth",
                  "link_bandwidth", "link_latency", "usable_memory", "gsm_bytes", "am_bytes",
                  "cores")
+ALGORITHMS = ("ring", "tree", "auto")
 # Bytes the AdamW update moves per parameter: read grad (4), read+write master (8) and
 # the two moments (16).
 UPDATE_BYTES_PER_PARAM = 28
@@ -70,10 +80,24 @@ def _check_profile(profile: dict, path: Path) -> None:
     missing = [f for f in ("name",) + NUMBER_FIELDS if f not in profile]
     bad = [f for f in NUMBER_FIELDS if f in profile and not
            (isinstance(profile[f], (int, float)) and profile[f] > 0)]
-    if missing or bad:
-        raise ProfileError(f"hardware profile {path}: " + "; ".join(
-            ([f"missing {', '.join(missing)}"] if missing else [])
-            + ([f"{', '.join(bad)} must be positive numbers"] if bad else [])))
+    problems = ([f"missing {', '.join(missing)}"] if missing else []) \
+        + ([f"{', '.join(bad)} must be positive numbers"] if bad else []) \
+        + _simulator_problems(profile)
+    if problems:
+        raise ProfileError(f"hardware profile {path}: " + "; ".join(problems))
+
+
+def _simulator_problems(profile: dict) -> list[str]:
+    problems = []
+    curve = profile.get("gemm_shape_curve", [])
+    if not (isinstance(curve, list) and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(v, (int, float)) and v > 0
+                                                        for v in p) for p in curve)):
+        problems.append("gemm_shape_curve must be a list of [dimension, factor] pairs of "
+                        "positive numbers")
+    if profile.get("collective_algorithm", "ring") not in ALGORITHMS:
+        problems.append(f"collective_algorithm must be one of {', '.join(ALGORITHMS)}")
+    return problems
 
 
 # ---- task costs -------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""`ratrain simulate DIR`: one simulated training step of a compiled program directory.
+
+Rebuilds the Program from DIR's manifest (compiling is deterministic), replays one
+pipeline on a hardware profile (ratrain/sim) and prints step time, tokens/s, bubble,
+exposed tail and per-stage memory peaks; optionally a Chrome trace, the schedule picture
+and a JSON record.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ratrain.hw.profiles import ALGORITHMS
+
+
+def _user_error(message: str) -> Exception:
+    from ratrain.cli import UserError
+    return UserError(message)
+
+
+def _program_and_profile(args):
+    from ratrain.cli_compile import MANIFEST, is_program_dir, load_hw, read_manifest, recompile
+    directory = Path(args.program)
+    if not is_program_dir(directory):
+        raise _user_error(f"{directory} is not a program directory (no {MANIFEST}); write "
+                          "one with `ratrain compile MODEL -o DIR`")
+    manifest = read_manifest(directory)
+    profile = load_hw(args.hw) if args.hw else manifest["hw"]
+    return recompile(manifest), profile
+
+
+def cmd_simulate(args) -> None:
+    from ratrain.sim import simulate
+    from ratrain.sim.report import format_summary, summary, write_schedule_png, write_trace
+    program, profile = _program_and_profile(args)
+    sim = simulate(program, profile, overlap=not args.serialize, algorithm=args.algorithm)
+    print(json.dumps(summary(sim), indent=1) if args.json else format_summary(sim))
+    notes = []
+    if args.trace:
+        notes.append(f"wrote {args.trace} ({write_trace(sim, args.trace)} trace events; open "
+                     "in chrome://tracing or ui.perfetto.dev)")
+    if args.schedule_png:
+        notes.append(f"wrote {args.schedule_png} ({write_schedule_png(sim, args.schedule_png)} "
+                     "task bars, simulated seconds)")
+    for note in notes:  # on stderr under --json, so stdout stays one JSON document
+        print(note, file=sys.stderr if args.json else sys.stdout)
+
+
+def add_simulate_parser(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate one training step of a compiled program "
+                       "on a hardware profile",
+                       description="Replay one pipeline of the program in DIR (the ranks of "
+                       "DP replica 0) as discrete events: compute streams, ports shared by "
+                       "pipeline messages and DP collectives (costed from the DP degree), "
+                       "non-blocking overlap as the runtime does it. Prints step time, "
+                       "tokens/s, bubble, exposed tail and per-stage memory peaks.")
+    p.add_argument("program", metavar="DIR", help="program directory from `ratrain compile`")
+    p.add_argument("--hw", default=None, metavar="PROFILE", help="hardware profile: mt3000, "
+                   "cpu or a profile .json (default: the one DIR was compiled for)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="write a Chrome trace (JSON) of the simulated step to FILE")
+    p.add_argument("--schedule-png", default=None, metavar="FILE",
+                   help="draw the simulated schedule to FILE")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    p.add_argument("--algorithm", choices=ALGORITHMS, default=None, help="collective "
+                   "algorithm (default: the profile's collective_algorithm, else ring)")
+    p.add_argument("--serialize", action="store_true", help="wait for every DP collective "
+                   "right after starting it (what overlap saves, by difference)")
+    p.set_defaults(func=cmd_simulate)

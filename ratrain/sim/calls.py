@@ -1,0 +1,225 @@
+"""ProfileCosts: the steps of every task of a lowered Program on a hardware profile.
+
+Walks each task's lowered calls (passes/lower.py) as the runtime runs them (rt/calls.py,
+rt/executor.py): IR ops cost their node's roofline (kernels.py), runtime calls the DDR
+bytes they move, sends and DP collectives become transfers on the rank's port, and a call
+first waits for the in-flight collectives on the buffers it touches (the runtime's hazard
+rule), so the overlap is the runtime's, no more.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
+from ratrain.ir.rules import lookup_rule
+from ratrain.ir.tasks import Kind, counterpart
+from ratrain.sim.collectives import collective_cost
+from ratrain.sim.kernels import graph_seconds
+from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, Touch, WorldSum,
+                               posted_receive, send_channel)
+
+ASYNC_CALLS = ("grad_sync", "grad_scatter", "prefetch_view")
+
+
+def slot_bytes(slot) -> int:
+    return math.prod(slot.shape) * np.dtype(slot.dtype).itemsize
+
+
+def slot_elements(slot) -> int:
+    return math.prod(slot.shape)
+
+
+def _slots(values) -> list:
+    return [v for v in values if hasattr(v, "buffer")]
+
+
+def _moved_bytes(call) -> int:
+    """A memory-bound runtime call reads its inputs and writes its outputs once;
+    accumulating into a gradient (`first` false) also reads the target."""
+    reads = sum(slot_bytes(s) for s in _slots(call.inputs))
+    writes = sum(slot_bytes(s) for s in call.outputs)
+    if call.op == "accumulate_grad" and not dict(call.params)["first"]:
+        reads += writes
+    return reads + writes
+
+
+def _layer_of(call) -> int:
+    """The layer of an IR call from its note ("L3 matmul" -> 3)."""
+    return int(call.note.split()[0].removeprefix("L"))
+
+
+def _merged(steps):
+    """Adjacent Compute steps as one."""
+    pending = 0.0
+    for step in steps:
+        if isinstance(step, Compute):
+            pending += step.seconds
+            continue
+        if pending:
+            yield Compute(pending)
+            pending = 0.0
+        yield step
+    if pending:
+        yield Compute(pending)
+
+
+class ProfileCosts:
+    """Steps of each task of a lowered `program` on `profile` (see module docstring)."""
+
+    def __init__(self, program, profile: dict, algorithm: str | None = None):
+        if program.lowered is None:
+            raise ValueError("ProfileCosts needs a lowered program (the whole pass pipeline)")
+        o = program.options
+        self.program, self.profile, self.options = program, profile, o
+        self.algorithm = algorithm or profile.get("collective_algorithm", "ring")
+        self.speeds = o.stage_speeds or (1.0,) * o.pp
+        self.ddr = profile["ddr_bandwidth"]
+        self._calls = {s: {lt.task: lt.calls for lt in lowered}
+                       for s, lowered in program.lowered.items()}
+        self._async = {s.buffer for lowered in program.lowered.values() for lt in lowered
+                       for c in lt.calls if c.op in ASYNC_CALLS
+                       for s in _slots(c.inputs) + list(c.outputs)}
+        self._tables: dict = {}
+
+    def steps(self, task) -> tuple[Step, ...]:
+        return tuple(_merged(self._task_steps(task)))
+
+    def _task_steps(self, task):
+        speed, cursor, touched = self.speeds[task.stage], {}, set()
+        for call in self._calls[task.stage][task]:
+            hazards = {s.buffer for s in _slots(call.inputs) + list(call.outputs)} & self._async
+            if hazards - touched:
+                yield Touch(tuple(sorted(hazards - touched)))
+                touched |= hazards
+            for step in self._call_steps(task, call, cursor):
+                if isinstance(step, Compute):
+                    step = Compute(step.seconds / speed)
+                elif isinstance(step, Start):
+                    touched -= set(step.buffers)
+                yield step
+
+    def _call_steps(self, task, call, cursor) -> list[Step]:
+        handler = _RUNTIME_CALLS.get(call.op)
+        if handler is not None:
+            return handler(self, task, call)
+        if lookup_rule(call.op) is not None:
+            return [Compute(self._ir_seconds(task, call, cursor))]
+        return _memory_bound(self, task, call)
+
+    def _ir_seconds(self, task, call, cursor) -> float:
+        """The roofline of the graph node this call runs: the next node of the layer's
+        graph with the call's op (lower emits a layer's calls in node order)."""
+        layer = _layer_of(call)
+        kind = self.program.graph.layers[layer].kind
+        ops, seconds = self._table(kind, "bwd" if task.kind == Kind.B else "fwd")
+        i = cursor.get(layer, 0)
+        while i < len(ops) and ops[i] != call.op:
+            i += 1
+        if i == len(ops):
+            raise ValueError(f"{task}: call {call.op} ({call.note}) matches no node of the "
+                             f"{kind} graph in order")
+        cursor[layer] = i + 1
+        return seconds[i]
+
+    def _table(self, kind: str, direction: str):
+        key = (kind, direction)
+        if key not in self._tables:
+            layer_kind = self.program.graph.kinds[kind]
+            graph = layer_kind.fwd if direction == "fwd" else layer_kind.bwd
+            self._tables[key] = (tuple(n.op for n in graph.nodes),
+                                 graph_seconds(layer_kind, direction, self.profile,
+                                               self.options.precision))
+        return self._tables[key]
+
+    # ---- collectives --------------------------------------------------------------------
+
+    def collective(self, op: str, nbytes: float, members: int, buffers, finish_bytes: float,
+                   what: str) -> Start:
+        p = self.profile
+        cost = collective_cost(op, members, nbytes, p["link_latency"], p["link_bandwidth"],
+                               self.algorithm)
+        return Start(tuple(buffers), cost.latency, cost.nbytes, finish_bytes / self.ddr, what)
+
+    def world_sum_seconds(self) -> float:
+        p = self.profile
+        cost = collective_cost("allreduce", self.options.world_size, 8, p["link_latency"],
+                               p["link_bandwidth"], self.algorithm)
+        return cost.latency + cost.nbytes / p["link_bandwidth"]
+
+
+# ---- runtime calls (rt/calls.py), one handler each ------------------------------------------
+
+def _send(c: ProfileCosts, task, call) -> list[Step]:
+    nbytes = slot_bytes(call.inputs[0])
+    return [Compute(2 * nbytes / c.ddr),  # the runtime sends a copy of the arena slot
+            Send(counterpart(task), send_channel(task), c.profile["link_latency"], nbytes)]
+
+
+def _grad_sync(c: ProfileCosts, task, call) -> list[Step]:
+    op = dict(call.params)["op"]
+    if op == "wait":  # reduce-scattered inside every B: the UPD waits for the last one
+        return []
+    grad, out = call.inputs[0], call.outputs[0]
+    nbytes, out_bytes = slot_bytes(grad), slot_bytes(out)
+    # finish: the sum (or this rank's part of it) divided by dp, written to `out`
+    return [c.collective(op, nbytes, c.options.dp, {grad.buffer, out.buffer}, 2 * out_bytes,
+                         f"{op} L{task.layer}")]
+
+
+def _grad_scatter(c: ProfileCosts, task, call) -> list[Step]:
+    """Concatenate one micro-batch's gradients in fp32, reduce-scatter them, then add
+    this rank's part into its shard (NOTE [gradient accumulation])."""
+    elements = sum(slot_elements(s) for s in call.inputs)
+    shard = call.outputs[0]
+    concat = sum(slot_bytes(s) for s in call.inputs) + 4 * elements
+    return [Compute(concat / c.ddr),
+            c.collective("reduce_scatter", 4 * elements, c.options.dp, {shard.buffer},
+                         3 * slot_bytes(shard), f"reduce_scatter {call.note} mb{task.micro_batch}")]
+
+
+def _global_norm(c: ProfileCosts, task, call) -> list[Step]:
+    """Sum of squares of the gradient part this rank owns (its shard under ZeRO-2, 1/dp
+    of a full gradient otherwise), an overflow check and in-place unscaling in fp16,
+    then the world-wide scalar sum."""
+    owned = sum(slot_bytes(s) if s.buffer.startswith("gshard") else slot_bytes(s) / c.options.dp
+                for s in call.inputs)
+    unscale = 2 * sum(slot_bytes(s) for s in call.outputs)
+    checks = 2 if call.outputs else 1
+    return [Compute((checks * owned + unscale) / c.ddr), WorldSum(c.world_sum_seconds())]
+
+
+def _adamw(c: ProfileCosts, task, call) -> list[Step]:
+    return [Compute(UPDATE_BYTES_PER_PARAM * slot_elements(call.outputs[0]) / c.ddr)]
+
+
+def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
+    """Cast the fp32 master to the view's dtype; under ZeRO the runtime first all-gathers
+    the fp32 master shards and casts when the gather is waited for."""
+    master = call.inputs[0]
+    view = sum(slot_bytes(s) for s in call.outputs)
+    if not dict(call.params)["gather"]:
+        return [Compute((slot_bytes(master) + view) / c.ddr)]
+    full = slot_bytes(master) * c.options.dp
+    buffers = {master.buffer} | {s.buffer for s in call.outputs}
+    return [c.collective("allgather", full, c.options.dp, buffers, full + view,
+                         f"allgather L{task.layer}")]
+
+
+def _memory_bound(c: ProfileCosts, task, call) -> list[Step]:
+    return [Compute(_moved_bytes(call) / c.ddr)]
+
+
+_RUNTIME_CALLS = {
+    **dict.fromkeys(("copy", "fill", "load_ids", "load_targets", "record_loss",
+                     "accumulate_grad"), _memory_bound),
+    "send": _send,
+    "post_recv": lambda c, task, call: [Post(posted_receive(task))],
+    "wait_recv": lambda c, task, call: [Recv(task)],
+    "grad_sync": _grad_sync,
+    "grad_scatter": _grad_scatter,
+    "global_norm": _global_norm,
+    "adamw": _adamw,
+    "prefetch_view": _prefetch_view,
+}

@@ -1,0 +1,143 @@
+"""The discrete-event core of the simulator: a clock, signals, processes and shared links.
+
+Processes are generators that yield a delay in seconds or a Signal to wait for (as in
+SimPy). Ties are broken by scheduling order, so a replay is deterministic. A Link is one
+rank's outgoing network port: transfers queue first-in first-out per channel (MPI
+completes the collectives of one communicator, and the messages to one peer, in order)
+and the busy channels share the port's bandwidth equally (NOTE [link sharing]).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from typing import Callable, Generator
+
+Process = Generator[object, None, None]  # yields float (delay) or Signal (wait)
+
+
+class Engine:
+    """The clock and the event queue."""
+
+    def __init__(self):
+        self.now = 0.0
+        self._queue: list = []
+        self._order = itertools.count()
+
+    def at(self, time: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._queue, (time, next(self._order), action))
+
+    def spawn(self, process: Process) -> None:
+        """Run `process` from now on: resume it after each delay or signal it yields."""
+        def resume() -> None:
+            try:
+                item = next(process)
+            except StopIteration:
+                return
+            if isinstance(item, Signal):
+                item.on_fire(resume)
+            else:
+                self.at(self.now + item, resume)
+        self.at(self.now, resume)
+
+    def run(self) -> float:
+        """Process every event; the time of the last one."""
+        while self._queue:
+            self.now, _, action = heapq.heappop(self._queue)
+            action()
+        return self.now
+
+
+class Signal:
+    """Something that happens once (a message arrives, a collective ends); waiters resume
+    at that time."""
+
+    def __init__(self, engine: Engine):
+        self.engine, self.time, self._waiters = engine, None, []
+
+    @property
+    def fired(self) -> bool:
+        return self.time is not None
+
+    def fire(self) -> None:
+        self.time = self.engine.now
+        for waiter in self._waiters:
+            self.engine.at(self.time, waiter)
+        self._waiters = []
+
+    def fire_after(self, delay: float) -> None:
+        self.engine.at(self.engine.now + delay, self.fire)
+
+    def on_fire(self, action: Callable[[], None]) -> None:
+        if self.fired:
+            self.engine.at(self.engine.now, action)
+        else:
+            self._waiters.append(action)
+
+
+# NOTE [link sharing]: a rank's port serves one transfer per channel at a time (the head
+# of that channel's queue); the heads of all busy channels progress at bandwidth / (number
+# of busy channels) each (processor sharing). Pipeline sends use one channel per peer and
+# DP collectives one channel, so an activation is never stuck behind a whole gradient
+# reduction, but two gradient reductions run one after the other, as MPI progresses the
+# collectives of a communicator in order. A ring collective is modelled as its per-rank
+# traffic through this rank's port: by symmetry every member's port carries the same.
+
+
+class _Transfer:
+    def __init__(self, nbytes: float, done: Signal, record):
+        self.total, self.remaining, self.done, self.record = nbytes, nbytes, done, record
+        self.started: float | None = None
+
+
+class Link:
+    """One rank's outgoing port: per-channel FIFO queues sharing `bandwidth` (bytes/s)."""
+
+    def __init__(self, engine: Engine, bandwidth: float, on_transfer=None):
+        self.engine, self.bandwidth = engine, bandwidth
+        self.on_transfer = on_transfer  # called (channel, start, end, record) per transfer
+        self._queues: dict[str, deque] = {}
+        self._updated, self._version = 0.0, 0
+
+    def send(self, channel: str, nbytes: float, done: Signal, record=None) -> None:
+        """Queue `nbytes` on `channel`; fire `done` when its last byte has left."""
+        self._advance()
+        queue = self._queues.setdefault(channel, deque())
+        queue.append(_Transfer(nbytes, done, record))
+        self._reschedule()
+
+    def _heads(self) -> list[tuple[str, _Transfer]]:
+        return [(channel, queue[0]) for channel, queue in self._queues.items() if queue]
+
+    def _advance(self) -> None:
+        """Account the bytes each head has sent since the last update."""
+        now, heads = self.engine.now, self._heads()
+        for _, head in heads:
+            head.remaining -= (now - self._updated) * self.bandwidth / len(heads)
+        self._updated = now
+
+    def _reschedule(self) -> None:
+        self._version += 1
+        heads = self._heads()
+        for _, head in heads:
+            if head.started is None:
+                head.started = self.engine.now
+        if heads:
+            first = min(max(head.remaining, 0.0) for _, head in heads)
+            version = self._version
+            self.engine.at(self.engine.now + first * len(heads) / self.bandwidth,
+                           lambda: self._tick(version))
+
+    def _tick(self, version: int) -> None:
+        if version != self._version:  # superseded by a later send or tick
+            return
+        self._advance()
+        heads = self._heads()
+        for channel, head in heads:
+            left = head.remaining * len(heads) / self.bandwidth
+            if head.remaining <= 1e-9 * head.total or self.engine.now + left == self.engine.now:
+                self._queues[channel].popleft()
+                if self.on_transfer is not None:
+                    self.on_transfer(channel, head.started, self.engine.now, head.record)
+                head.done.fire()
+        self._reschedule()

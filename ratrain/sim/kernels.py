@@ -1,0 +1,111 @@
+"""Seconds of one IR node on a profile: a roofline over the node's FLOPs and DDR bytes.
+
+A node takes max(FLOPs / (peak x efficiency), bytes / DDR bandwidth): GEMM-class kernels
+(gemm, attention) reach `gemm_efficiency` of peak on large shapes and less on small ones
+(the profile's `gemm_shape_curve` over the kernel's smallest dimension); every other op
+is bound by the bytes it reads and writes. A `<op>_bwd` node takes its FLOPs and shape
+from the forward node it differentiates (NOTE [backward partners]) and its bytes from its
+own operands.
+"""
+from __future__ import annotations
+
+import math
+
+from ratrain.ir.costs import coarse_bwd_flops, node_flops
+from ratrain.ir.graph import LayerGraph, Literal, Node, Var
+from ratrain.ir.rules import lookup_rule
+
+GEMM_CLASS = ("gemm", "attention")
+
+
+def peak_flops(profile: dict, precision: str) -> float:
+    return profile["fp16_flops" if precision == "fp16" else "fp32_flops"]
+
+
+def shape_factor(profile: dict, min_dim: int) -> float:
+    """The profile's gemm_shape_curve at `min_dim`: linear in log2(dim) between its
+    points, flat beyond the first and the last; 1 without a curve."""
+    points = sorted(profile.get("gemm_shape_curve") or [])
+    if not points:
+        return 1.0
+    if min_dim <= points[0][0]:
+        return points[0][1]
+    for (d0, f0), (d1, f1) in zip(points, points[1:]):
+        if min_dim <= d1:
+            t = (math.log2(min_dim) - math.log2(d0)) / (math.log2(d1) - math.log2(d0))
+            return f0 + t * (f1 - f0)
+    return points[-1][1]
+
+
+def kernel_min_dim(node: Node) -> int | None:
+    """Smallest dimension of a GEMM-class forward node: rows, out, in of x @ w^T; the
+    sequence or head size of attention on q[B, T, H, D]; None for other ops."""
+    rule = lookup_rule(node.op)
+    kernel = rule.kernel if rule is not None else None
+    if kernel == "gemm":
+        x, w = node.inputs[0].shape, node.inputs[1].shape
+        return min(math.prod(x[:-1]), *w)
+    if kernel == "attention":
+        _, t, _, d = node.inputs[0].shape
+        return min(t, d)
+    return None
+
+
+def efficiency(profile: dict, node: Node) -> float:
+    dim = kernel_min_dim(node)
+    base = profile["gemm_efficiency"]
+    return base if dim is None else base * shape_factor(profile, dim)
+
+
+def node_bytes(node: Node) -> int:
+    """DDR bytes a node reads and writes: its operands and results (a reshape copies)."""
+    return (sum(x.nbytes for x in node.inputs if isinstance(x, Var))
+            + sum(o.nbytes for o in node.outputs))
+
+
+def node_seconds(node: Node, profile: dict, precision: str, forward: Node | None = None) -> float:
+    """Roofline seconds of `node`; `forward` is the partner of a `<op>_bwd` node."""
+    shaped = forward if forward is not None else node
+    flops = coarse_bwd_flops(forward) if forward is not None else node_flops(node)
+    compute = flops / (peak_flops(profile, precision) * efficiency(profile, shaped))
+    return max(compute, node_bytes(node) / profile["ddr_bandwidth"])
+
+
+# NOTE [backward partners]: autodiff feeds each `<op>_bwd` node the residuals its forward
+# rule saves, as the very same Vars, first among its inputs. A forward node is therefore
+# identified by (op, ids of its saved values), and a backward node by the same ids read
+# off its leading inputs. (Two forward nodes never save identical values: a matmul saves
+# its own weight.)
+
+def _identity(values) -> tuple:
+    return tuple(v.id if isinstance(v, Var) else ("literal", v.value) for v in values
+                 if isinstance(v, (Var, Literal)))
+
+
+def backward_partners(fwd: LayerGraph, bwd: LayerGraph) -> list[Node | None]:
+    """For each node of `bwd`: the forward node it differentiates, or None (lax ops)."""
+    saved: dict[tuple, Node] = {}
+    counts: dict[str, int] = {}
+    for node in fwd.nodes:
+        rule = lookup_rule(node.op)
+        if rule is not None and rule.vjp is None and rule.residuals is not None:
+            key = _identity(rule.residuals(node.inputs, node.outputs))
+            saved[(node.op, key)] = node
+            counts[node.op] = len(key)
+    partners = []
+    for node in bwd.nodes:
+        base = node.op.removesuffix("_bwd")
+        if node.op.endswith("_bwd") and base in counts:
+            partners.append(saved.get((base, _identity(node.inputs[:counts[base]]))))
+        else:
+            partners.append(None)
+    return partners
+
+
+def graph_seconds(kind, direction: str, profile: dict, precision: str) -> tuple[float, ...]:
+    """Seconds of every node of a layer kind's forward ("fwd") or backward graph."""
+    if direction == "fwd":
+        return tuple(node_seconds(n, profile, precision) for n in kind.fwd.nodes)
+    partners = backward_partners(kind.fwd, kind.bwd)
+    return tuple(node_seconds(n, profile, precision, forward=p)
+                 for n, p in zip(kind.bwd.nodes, partners))

@@ -1,0 +1,160 @@
+"""The simulator against the dry run, the 1F1B bubble formula, plan_memory's peaks, and
+overlap of DP collectives with compute."""
+from functools import lru_cache
+
+import pytest
+
+from ratrain import models
+from ratrain.cli_compile import compile_graph, trace_for
+from ratrain.hw import load_profile
+from ratrain.ir.tasks import Kind, parse_schedule
+from ratrain.passes.buffers import layer_param_count
+from ratrain.passes.dryrun import dry_run
+from ratrain.passes.plots import unit_cost
+from ratrain.passes.program import CompileOptions
+from ratrain.passes.schedule_1f1b import schedule_1f1b
+from ratrain.sim import UnitCosts, replay, simulate
+from ratrain.sim.steps import Compute, Start, Touch
+
+CONFIGS = {
+    "pp1": dict(pp=1),
+    "pp2": dict(pp=2),
+    "pp3-full": dict(pp=3, recompute="full"),
+    "pp4-selective": dict(pp=4, recompute="selective"),
+    "pp2-dp2-zero1-clip": dict(pp=2, dp=2, zero=1, clip=1.0),
+    "pp3-dp2-zero2-scatter-fp16": dict(pp=3, dp=2, zero=2, grad_accum="scatter",
+                                      precision="fp16", recompute="full"),
+    "pp2-dp2-zero2-baseline": dict(pp=2, dp=2, zero=2, schedule="baseline"),
+}
+
+
+@lru_cache(maxsize=None)
+def compiled(name: str, micro_batches: int = 5):
+    options = CompileOptions(micro_batches=micro_batches, micro_batch_size=2, seq_len=32,
+                             **CONFIGS[name])
+    graph = trace_for(models.get_config("tiny"), "tiny", options)
+    return compile_graph(graph, options)[0]
+
+
+def spans(result):
+    return {rank: [(str(s.task), s.start, s.end) for s in row]
+            for rank, row in result.spans.items()}
+
+
+def dry_spans(result):
+    return {rank: [(str(t.task), t.start, t.end) for t in row]
+            for rank, row in result.timeline.items()}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("cost", [None, unit_cost], ids=["one-unit", "plot-units"])
+def test_unit_costs_reproduce_the_dry_run_task_by_task(name, cost):
+    program = compiled(name)
+    expected = dry_run(program.tasks, cost)
+    result = replay(program.tasks, UnitCosts(cost) if cost else UnitCosts())
+    assert spans(result) == dry_spans(expected)
+    assert result.step_time == expected.makespan
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("micro_batches", [1, 2, 4, 7, 16])
+def test_1f1b_bubble_on_equal_stages(stages, micro_batches):
+    """F = 1, B = 2, messages free: (M + P - 1) (F + B) per step, 1F1B's bubble."""
+    fb = lambda t: {Kind.F: 1.0, Kind.B: 2.0}.get(t.kind, 0.0)
+    result = replay(schedule_1f1b(stages, micro_batches), UnitCosts(fb))
+    assert result.step_time == 3 * (micro_batches + stages - 1)
+    assert result.bubble_fraction == pytest.approx(
+        (stages - 1) / (micro_batches + stages - 1), rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_memory_peaks_are_plan_memorys(name):
+    program = compiled(name)
+    sim = simulate(program, load_profile("mt3000"))
+    assert sim.memory_peaks() == {program.rank(s, 0): m.peak_bytes
+                                  for s, m in program.memory.stages.items()}
+
+
+class _Table:
+    """Steps per task text: a hand-written cost model."""
+
+    def __init__(self, steps: dict):
+        self.table = steps
+
+    def steps(self, task):
+        return self.table.get(str(task), (Compute(1.0),))
+
+
+def _sync(layer, nbytes):
+    return (Start((f"grad.L{layer}",), 0.0, nbytes, 0.0, f"sync L{layer}"),)
+
+
+def _update(layer):
+    return (Touch((f"grad.L{layer}",)), Compute(1.0))
+
+
+OVERLAP = {"0SYNC[L1]": _sync(1, 2.0), "0SYNC[L0]": _sync(0, 2.0),
+           "0UPD[L1]": _update(1), "0UPD[L0]": _update(0)}
+
+
+@pytest.mark.parametrize("overlap, step", [(True, 6.0), (False, 7.0)])
+def test_update_overlaps_the_next_layers_sync(overlap, step):
+    """B 0-1; the syncs take 2 s each, one after the other on the DP channel (1-3, 3-5);
+    overlapped, UPD[L1] runs 3-4 during SYNC[L0] and UPD[L0] 5-6; serialized 5-6, 6-7."""
+    schedule = parse_schedule("rank 0: 0B0 0SYNC[L1] 0SYNC[L0] 0UPD[L1] 0UPD[L0]")
+    result = replay(schedule, _Table(OVERLAP), bandwidth=1.0, overlap=overlap)
+    assert result.step_time == step
+
+
+SLOW_LINK = {"link_bandwidth": 2e8}
+
+
+@pytest.mark.parametrize("name, at_most", [
+    ("pp2-dp2-zero1-clip", 0.99),            # only all-gathers overlap updates: NORM waits
+    ("pp2-dp2-zero2-baseline", 0.98),        # updates overlap the next layer's sync
+    ("pp3-dp2-zero2-scatter-fp16", 0.85)])   # each micro-batch's scatter overlaps later B's
+def test_overlapping_collectives_shortens_the_step(name, at_most):
+    program = compiled(name)
+    profile = load_profile("mt3000") | SLOW_LINK
+    overlapped = simulate(program, profile)
+    serialized = simulate(program, profile, overlap=False)
+    assert overlapped.step_time < at_most * serialized.step_time
+
+
+def expected_dp_bytes(program) -> float:
+    """Per step and rank of replica 0, summed over stages: ZeRO-2 reduce-scatters each
+    layer's fp32 gradient and all-gathers its fp32 master shards (padded to dp equal
+    shards), a ring sending (n-1)/n of either."""
+    n = program.options.dp
+    total = 0.0
+    for layers in program.stages:
+        for layer in layers:
+            params = layer_param_count(program, layer)
+            total += (n - 1) / n * 4 * (params + -(-params // n) * n)
+    return total
+
+
+@pytest.mark.parametrize("dp", [2, 1024])
+def test_dp_collectives_are_costed_from_the_dp_degree(dp):
+    """Only the two ranks of replica 0 are replayed, however many replicas there are."""
+    program = compiled_dp(dp)
+    sim = simulate(program, load_profile("mt3000") | {"collective_algorithm": "ring"})
+    assert set(sim.replay.spans) == {0, 1}
+    sent = sum(i.nbytes for row in sim.replay.intervals.values() for i in row
+               if i.lane == "port: dp")
+    assert sent == pytest.approx(expected_dp_bytes(program), rel=1e-12)
+    assert sim.tokens_per_step == dp * 2 * 2 * 32
+
+
+@lru_cache(maxsize=None)
+def compiled_dp(dp: int):
+    options = CompileOptions(pp=2, dp=dp, zero=2, micro_batches=2, micro_batch_size=2,
+                             seq_len=32)
+    graph = trace_for(models.get_config("tiny"), "tiny", options)
+    return compile_graph(graph, options)[0]
+
+
+def test_rejects_an_uncompiled_program():
+    from dataclasses import replace
+    with pytest.raises(ValueError, match="compiled program"):
+        simulate(replace(compiled("pp2"), lowered=None), load_profile("mt3000"))
