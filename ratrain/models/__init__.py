@@ -3,8 +3,18 @@ layer functions written with ratrain.ops (what the tracer compiles and jax.grad 
 """
 from ratrain.models.checkpoint import load_pretrained, save_pretrained
 from ratrain.models.config import ModelDims, fill_defaults, get_config, model_dims, preset_names
-from ratrain.models.layers import LayerSpec, layer_fn, layer_specs, loss_fn
 from ratrain.models.params import count_params, init_params, param_shapes
+
+_JAX_NAMES = ("LayerSpec", "layer_fn", "layer_specs", "loss_fn")
+
+
+def __getattr__(name):
+    """The layer functions import JAX; load them on first use, so the runtime (which
+    needs configs, parameters and checkpoints only) never imports JAX."""
+    if name in _JAX_NAMES:
+        from ratrain.models import layers
+        return getattr(layers, name)
+    raise AttributeError(f"module 'ratrain.models' has no attribute {name!r}")
 
 __all__ = ["LayerSpec", "ModelDims", "count_params", "fill_defaults", "get_config",
            "init_params", "layer_fn", "layer_specs", "load_pretrained", "loss_fn",

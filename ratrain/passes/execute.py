@@ -92,7 +92,7 @@ class Executor:
                 n = state_slots(self.program, layer)[3]
                 shards = [st.view(state_slots(self.program, layer)[0]) for st in members]
                 flat = (np.concatenate(shards) if self.options.zero else shards[0])[:n]
-                out |= unflatten_layer(self.graph, layer, flat)
+                out |= unflatten_layer(self.program, layer, flat)
         return out
 
     # --- the Transport of rt/calls.py: data rows, simulated messages and collectives ------

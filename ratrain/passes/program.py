@@ -48,6 +48,25 @@ class Program:
         """(stage, replica) of a rank."""
         return rank % self.options.pp, rank // self.options.pp
 
+    @property
+    def num_layers(self) -> int:
+        return len(self.graph.layers)
+
+    def state_slots(self, layer: int) -> tuple:
+        """master, m, v slots of a layer, its full and shard sizes (lower.state_slots)."""
+        from ratrain.passes.lower import state_slots
+        return state_slots(self, layer)
+
+    def view_slots(self, layer: int) -> tuple:
+        from ratrain.passes.lower import view_slots
+        return view_slots(self, layer)
+
+    def layer_params(self, layer: int) -> tuple:
+        """(HF name, shape) of a layer's parameters in flattening order."""
+        spec = self.graph.layers[layer]
+        return tuple((n, tuple(p.shape)) for n, p in
+                     zip(spec.param_names, self.graph.kinds[spec.kind].fwd.params))
+
     def __str__(self) -> str:
         from ratrain.passes.printer import format_program
         return format_program(self)

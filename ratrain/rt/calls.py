@@ -13,7 +13,6 @@ import numpy as np
 
 from ratrain.ir.rules import lookup_rule
 from ratrain.optim import AdamW, LossScaler, adamw_step
-from ratrain.passes.lower import state_slots, view_slots
 
 
 def shard_bounds(n: int, dp: int, replica: int) -> tuple[int, int]:
@@ -72,9 +71,9 @@ class Transport(Protocol):
 
 # --- set-up: master params, optimizer state and views into the arena --------------------
 
-def layer_arrays(graph, layer: int, params: dict):
+def layer_arrays(program, layer: int, params: dict):
     """A layer's parameters flattened in order, and the weight-decay mask (ndim >= 2)."""
-    names = graph.layers[layer].param_names
+    names = [name for name, _ in program.layer_params(layer)]
     flat = np.concatenate([np.asarray(params[n], np.float32).ravel() for n in names])
     decay = np.concatenate([np.full(np.size(params[n]), float(np.ndim(params[n]) >= 2),
                                     np.float32) for n in names])
@@ -88,33 +87,32 @@ def owned_shard(options, n: int, replica: int) -> tuple[int, int]:
 def init_layer(program, st: RankState, layer: int, params: dict, moments=None) -> None:
     """Master (shard), Adam moments (zero, or this rank's shard of `moments`: name ->
     (exp_avg, exp_avg_sq)), decay mask and the full view of one layer."""
-    graph = program.graph
-    flat, decay = layer_arrays(graph, layer, params)
-    master, m, v, _, shard = state_slots(program, layer)
+    flat, decay = layer_arrays(program, layer, params)
+    master, m, v, _, shard = program.state_slots(layer)
     lo, hi = owned_shard(program.options, flat.size, st.replica)
-    for slot, values in ((master, flat), (m, _layer_moment(graph, layer, moments, 0)),
-                         (v, _layer_moment(graph, layer, moments, 1))):
+    for slot, values in ((master, flat), (m, _layer_moment(program, layer, moments, 0)),
+                         (v, _layer_moment(program, layer, moments, 1))):
         st.view(slot)[:] = 0
         if values is not None:
             st.view(slot)[:hi - lo] = values[lo:hi]
     st.decay[layer] = np.zeros(shard, np.float32)
     st.decay[layer][:hi - lo] = decay[lo:hi]
-    write_view(st, view_slots(program, layer), flat)
+    write_view(st, program.view_slots(layer), flat)
 
 
-def _layer_moment(graph, layer: int, moments, which: int):
+def _layer_moment(program, layer: int, moments, which: int):
     if moments is None:
         return None
-    return layer_arrays(graph, layer, {n: pair[which] for n, pair in moments.items()})[0]
+    return layer_arrays(program, layer, {n: pair[which] for n, pair in moments.items()})[0]
 
 
-def unflatten_layer(graph, layer: int, flat) -> dict:
+def unflatten_layer(program, layer: int, flat) -> dict:
     """HF name -> array of one layer's parameters from their flat concatenation."""
     out, at = {}, 0
-    for name, var in zip(graph.layers[layer].param_names,
-                         graph.kinds[graph.layers[layer].kind].fwd.params):
-        out[name] = np.asarray(flat[at:at + var.size]).reshape(var.shape).copy()
-        at += var.size
+    for name, shape in program.layer_params(layer):
+        size = math.prod(shape)
+        out[name] = np.asarray(flat[at:at + size]).reshape(shape).copy()
+        at += size
     return out
 
 
@@ -163,11 +161,23 @@ def _accumulate_grad(t: Transport, st: RankState, call) -> None:
         target += value
 
 
+def _rule(op: str):
+    """The op's rule; the coarse ops register theirs when ratrain.ops is imported (JAX),
+    which only calls without a native template need."""
+    rule = lookup_rule(op)
+    if rule is None:
+        import ratrain.ops  # noqa: F401
+        rule = lookup_rule(op)
+    if rule is None:
+        raise NotImplementedError(f"no rule for op '{op}'")
+    return rule
+
+
 def _compute(t: Transport, st: RankState, call) -> None:
     """Any IR op: its rule's numpy reference, outputs written into their slots."""
     args = [st.view(x) if hasattr(x, "buffer") else np.asarray(x.value, x.dtype)
             for x in call.inputs]
-    out = lookup_rule(call.op).fwd(np, *args, **_params(call))
+    out = _rule(call.op).fwd(np, *args, **_params(call))
     for slot, value in zip(call.outputs, out if isinstance(out, (tuple, list)) else (out,)):
         st.view(slot)[...] = value
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from ratrain.passes.lower import state_slots
 from ratrain.rt.calls import unflatten_layer
 
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -30,26 +29,26 @@ def rank_state(executor) -> dict:
     st, program = executor.state, executor.program
     if program.options.zero == 0 and st.replica != 0:
         return {}
-    return {layer: tuple(st.view(slot).copy() for slot in state_slots(program, layer)[:3])
+    return {layer: tuple(st.view(slot).copy() for slot in program.state_slots(layer)[:3])
             for layer in program.stages[st.stage]}
 
 
 def assemble(program, gathered: list[dict]) -> tuple[dict, dict]:
     """(params, moments) by HF name from every rank's rank_state (rank order)."""
     params, moments = {}, {}
-    for layer in range(len(program.graph.layers)):
+    for layer in range(program.num_layers):
         shards = [g[layer] for g in gathered if layer in g]  # replica order
-        n = state_slots(program, layer)[3]
+        n = program.state_slots(layer)[3]
         master, m, v = (np.concatenate([s[i] for s in shards])[:n] for i in range(3))
-        params |= unflatten_layer(program.graph, layer, master)
-        exp_avg, exp_avg_sq = (unflatten_layer(program.graph, layer, x) for x in (m, v))
+        params |= unflatten_layer(program, layer, master)
+        exp_avg, exp_avg_sq = (unflatten_layer(program, layer, x) for x in (m, v))
         moments |= {name: (exp_avg[name], exp_avg_sq[name]) for name in exp_avg}
     return params, moments
 
 
 def save_checkpoint(path: Path, config: dict, params: dict, moments: dict, state: dict) -> Path:
     """Write the checkpoint directory `path` atomically (temporary sibling, rename)."""
-    from ratrain.models import save_pretrained
+    from ratrain.models.checkpoint import save_pretrained
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
@@ -69,7 +68,7 @@ def save_checkpoint(path: Path, config: dict, params: dict, moments: dict, state
 
 def load_checkpoint(path: str) -> tuple[dict, dict, dict]:
     """(params, moments, state) of a checkpoint written by save_checkpoint."""
-    from ratrain.models import load_pretrained
+    from ratrain.models.checkpoint import load_pretrained
     _, params = load_pretrained(path)
     tensors = load_file(str(Path(path) / OPTIMIZER_FILE))
     moments = {name: tuple(tensors[f"{name}.{key}"] for key in MOMENTS) for name in params}

@@ -71,6 +71,7 @@ class RankExecutor:
         table, self.module = program.stage_code(stage)
         self.threads, self.address = _threads(), self.state.arena.ctypes.data
         self.task_rows = tuple(self._row(*row) for row in table.rows)
+        self.planned_peak_bytes = plan.peak_bytes
         self.live = set(plan.persistent)   # buffers live now; their bytes, the peak so far
         self.peak_bytes = self.live_bytes = sum(plan.offsets[b][1] for b in self.live)
         for layer in program.stages[stage]:

@@ -64,27 +64,7 @@ def read_program(directory: Path):
     except (OSError, pickle.UnpicklingError, AttributeError, EOFError) as e:
         raise SetupError(f"{directory}/runtime.pkl cannot be read ({e}); recompile it") from None
     program.directory = directory
-    return _WithCompiled(program, directory)
-
-
-class _WithCompiled:
-    """Transitional: the compiler's Program (rebuilt) for rt/calls.py, the generated code
-    from the RuntimeProgram."""
-
-    def __init__(self, runtime, directory: Path):
-        from ratrain.cli_compile import recompile
-        self.runtime = runtime
-        self.compiled = recompile(json.loads((directory / MANIFEST).read_text()))
-
-    def stage_code(self, stage: int):
-        return self.runtime.stage_code(stage)
-
-    @property
-    def memory(self):
-        return self.runtime.memory
-
-    def __getattr__(self, name):
-        return getattr(self.compiled, name)
+    return program
 
 
 def open_program(directory: str, world_size: int):

@@ -1,6 +1,6 @@
 """Per-step metrics on rank 0: one JSON line per step (step, loss, tokens/s, step seconds,
-lr, gradient norm, loss scale and skipped steps, planned arena bytes and resident memory of
-every rank), the progress line and the run's summary.
+lr, gradient norm, loss scale and skipped steps; per rank the arena bytes, the measured and
+planned arena peaks and resident memory), the progress line and the run's summary.
 """
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ class StepMetrics:
     loss_scale: float | None = None     # the scale of this step's gradients; None: fp32
     skipped: bool = False               # a gradient overflowed: no update this step
     skipped_steps: int = 0              # skipped so far in the run, this step included
+    arena_peak_bytes: list = ()         # per rank: most bytes of live buffers, measured
+    planned_peak_bytes: list = ()       # per rank: plan_memory's peak
 
     def progress_line(self, steps: int) -> str:
         line = (f"step {self.step}/{steps}  loss {self.loss:.4f}  "

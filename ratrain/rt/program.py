@@ -72,6 +72,10 @@ class RuntimeProgram:
     def layer_params(self, layer: int) -> tuple:
         return self.layers[layer].params
 
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
     def stage_code(self, stage: int) -> tuple:
         """(StageTable, loaded generated module) of a stage, built if not cached yet."""
         if stage not in self._code:
@@ -92,14 +96,9 @@ class RuntimeProgram:
 
 def runtime_program(program) -> RuntimeProgram:
     """The RuntimeProgram of a compiled (lowered) Program."""
-    from ratrain.passes.lower import state_slots, view_slots
     graph = program.graph
-    layers = {}
-    for index, layer in enumerate(graph.layers):
-        params = graph.kinds[layer.kind].fwd.params
-        layers[index] = LayerState(
-            tuple((n, tuple(p.shape)) for n, p in zip(layer.param_names, params)),
-            state_slots(program, index), view_slots(program, index))
+    layers = {index: LayerState(program.layer_params(index), program.state_slots(index),
+                                program.view_slots(index)) for index in range(len(graph.layers))}
     memory = Memory({s: StagePlan(m.arena_bytes, m.peak_bytes, dict(m.offsets), m.persistent)
                      for s, m in program.memory.stages.items()})
     return RuntimeProgram(RuntimeGraph(graph.name, graph.config), program.options,

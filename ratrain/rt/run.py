@@ -140,7 +140,8 @@ def train(args, comms, job: dict) -> None:
     for k in range(job["step"], args.steps):
         start, scale = time.perf_counter(), st.scaler.scale
         losses = _run_step(executor, batches.step(k), optimizer_at(args, k + 1))
-        gathered = comms.gather_to_root((losses, executor.arena_bytes, rss_bytes()))
+        gathered = comms.gather_to_root((losses, executor.arena_bytes, rss_bytes(),
+                                         executor.peak_bytes, executor.planned_peak_bytes))
         if comms.rank == 0:
             try:
                 _log_step(args, log, k + 1, gathered, tokens_per_step,
@@ -208,10 +209,12 @@ def _gradient_metrics(program, st, scale: float) -> dict:
 
 def _log_step(args, log: MetricsLog, step: int, gathered, tokens: int, seconds: float,
               gradients: dict):
-    losses = [loss for rank_losses, _, _ in gathered for loss in rank_losses]
+    losses = [loss for rank in gathered for loss in rank[0]]
+    per_rank = list(zip(*gathered))
     metrics = StepMetrics(step, float(np.mean(losses)), tokens / seconds, seconds,
-                          learning_rate(args, step), [g[1] for g in gathered],
-                          [g[2] for g in gathered], **gradients)
+                          learning_rate(args, step), list(per_rank[1]), list(per_rank[2]),
+                          arena_peak_bytes=list(per_rank[3]),
+                          planned_peak_bytes=list(per_rank[4]), **gradients)
     log.write(metrics)
     if not args.quiet:
         print(metrics.progress_line(args.steps), flush=True)

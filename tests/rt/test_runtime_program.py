@@ -1,0 +1,79 @@
+"""What a rank runs from: the program directory alone (no JAX, no compiler imported, no
+recompile), version checks with a one-line error, and the arena peak measured while
+running equal to plan_memory's peak on every rank."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ratrain.cli import main as ratrain_main
+
+pytestmark = pytest.mark.mpi
+
+CONFIG = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
+          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "vocab_size": 256, "max_position_embeddings": 16}
+
+PROBE = """
+import runpy, sys
+sys.argv = ["ratrain.rt", *sys.argv[1:]]
+try:
+    runpy.run_module("ratrain.rt", run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+heavy = sorted(m for m in ("jax", "ratrain.passes.pipeline", "ratrain.ir.trace") if m in sys.modules)
+print("imported:", heavy)
+"""
+
+
+def compile_program(tmp_path, name, *flags):
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    out = tmp_path / name
+    assert ratrain_main(["compile", str(tmp_path / "config.json"), "--seq-len", "16",
+                         "--micro-batches", "4", "--micro-batch-size", "2", *flags,
+                         "-o", str(out)]) == 0
+    return out, json.loads((out / "program.json").read_text())["world_size"]
+
+
+def mpirun(ranks, *args):
+    return subprocess.run(["mpiexec", "-n", str(ranks), sys.executable, *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_rank_imports_neither_jax_nor_the_compiler(tmp_path):
+    program, ranks = compile_program(tmp_path, "p", "--pp", "2", "--precision", "fp32")
+    run = mpirun(ranks, "-c", PROBE, program, "--steps", "2", "--quiet")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("imported: []") == ranks, run.stdout
+
+
+def test_a_program_of_another_ratrain_version_is_one_line_error(tmp_path):
+    program, ranks = compile_program(tmp_path, "p", "--precision", "fp32")
+    manifest = json.loads((program / "program.json").read_text())
+    manifest["ratrain_version"] = "0.0.0-other"
+    (program / "program.json").write_text(json.dumps(manifest))
+    run = mpirun(ranks, "-m", "ratrain.rt", program, "--steps", "1")
+    assert run.returncode == 2
+    errors = [line for line in run.stderr.splitlines() if line.startswith("ratrain: error:")]
+    assert len(errors) == 1 and "0.0.0-other" in errors[0] and "recompile" in errors[0], \
+        run.stderr
+
+
+@pytest.mark.parametrize("flags", [
+    ("--pp", "2", "--dp", "2", "--zero", "2", "--recompute", "selective"),
+    ("--pp", "4", "--recompute", "full", "--schedule", "baseline"),
+    ("--pp", "2", "--precision", "fp16", "--recompute", "auto"),
+], ids=["pp2dp2-zero2-selective", "pp4-baseline-full", "pp2-fp16-auto"])
+def test_measured_arena_peak_equals_planned_peak(tmp_path, flags):
+    flags = flags if "--precision" in flags else (*flags, "--precision", "fp32")
+    program, ranks = compile_program(tmp_path, "p", *flags)
+    metrics = tmp_path / "m.jsonl"
+    run = mpirun(ranks, "-m", "ratrain.rt", program, "--steps", "2", "--quiet",
+                 "--metrics", metrics)
+    assert run.returncode == 0, run.stderr
+    last = json.loads(metrics.read_text().splitlines()[-1])
+    planned = [s["peak_bytes"] for s in json.loads((program / "program.json").read_text())
+               ["stages"]]
+    assert last["planned_peak_bytes"] == [planned[r % len(planned)] for r in range(ranks)]
+    assert last["arena_peak_bytes"] == last["planned_peak_bytes"]
