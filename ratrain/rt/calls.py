@@ -11,8 +11,9 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from ratrain import kernels
 from ratrain.ir.rules import lookup_rule
-from ratrain.optim import AdamW, LossScaler, adamw_step
+from ratrain.optim import AdamW, LossScaler
 
 
 def shard_bounds(n: int, dp: int, replica: int) -> tuple[int, int]:
@@ -294,8 +295,18 @@ def _adamw(t: Transport, st: RankState, call) -> None:
         lo, hi = shard_bounds(grad.size, t.options.dp, st.replica)
         grad = np.concatenate([grad[lo:hi], np.zeros(master.size - (hi - lo), np.float32)])
     layer = int(call.outputs[0].buffer.split(".L")[1])
-    adamw_step(t.optimizer, t.step - st.skipped_steps, master,
-               grad * np.float32(st.clip_coef), m, v, st.decay[layer])
+    step, opt = t.step - st.skipped_steps, t.optimizer
+    grad = grad * np.float32(st.clip_coef)
+    for lo, hi, decays in _decay_runs(st.decay[layer]):  # the native kernel's wd is scalar
+        kernels.adamw_step(master[lo:hi], m[lo:hi], v[lo:hi], grad[lo:hi], lr=opt.lr,
+                           beta1=opt.beta1, beta2=opt.beta2, eps=opt.eps,
+                           weight_decay=opt.weight_decay if decays else 0.0, step=step)
+
+
+def _decay_runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
+    """[lo, hi) runs of equal weight-decay mask values (parameters are contiguous)."""
+    edges = [0, *(np.flatnonzero(np.diff(mask)) + 1).tolist(), mask.size]
+    return [(lo, hi, bool(mask[lo])) for lo, hi in zip(edges, edges[1:]) if hi > lo]
 
 
 def _prefetch_view(t: Transport, st: RankState, call) -> None:
