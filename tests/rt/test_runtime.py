@@ -2,31 +2,23 @@
 curve of a single-process JAX reference (whole global batch, same AdamW), for pipeline
 and data parallelism; set-up errors are one line and a non-zero exit."""
 import json
+import shutil
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
 
 from ratrain import models
 from ratrain.cli import main as ratrain_main
-from ratrain.optim import AdamW, adamw_step
+from ratrain.optim import AdamW
+from rt_reference import CONFIG, mpirun, read_metrics, reference
 
 pytestmark = pytest.mark.mpi
 
-CONFIG = models.fill_defaults({
-    "model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1})
 T, M, B, STEPS, SEED = 16, 2, 2, 3, 3
 OPTIMIZER = AdamW(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-6, weight_decay=0.1)
 HYPER = ["--lr", "0.01", "--eps", "1e-6", "--weight-decay", "0.1", "--seed", str(SEED)]
-
-
-def mpirun(ranks: int, *args, timeout=120):
-    return subprocess.run(["mpiexec", "-n", str(ranks), sys.executable, "-m", "ratrain.rt",
-                           *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -48,34 +40,8 @@ def compile_program(workdir, pp, dp, *extra):
     return out
 
 
-def reference(rows, global_batch, clip=None):
-    """Whole global batch per step in one process: jax.value_and_grad + AdamW; the
-    losses of every step and the final parameters."""
-    params = {k: np.array(v) for k, v in models.init_params(CONFIG, SEED).items()}
-    moments = {k: (np.zeros(v.size, np.float32), np.zeros(v.size, np.float32))
-               for k, v in params.items()}
-    loss_and_grad = jax.jit(jax.value_and_grad(models.loss_fn(CONFIG)))
-    losses = []
-    for step in range(1, STEPS + 1):
-        at = ((step - 1) * global_batch + np.arange(global_batch)) % len(rows)
-        loss, grads = loss_and_grad(params, rows[at].astype(np.int32))
-        grads = {k: np.asarray(g, np.float32) for k, g in grads.items()}
-        norm = np.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
-        coef = 1.0 if clip is None else min(1.0, clip / (norm + 1e-6))
-        for k, p in params.items():
-            decay = np.full(p.size, float(p.ndim >= 2), np.float32)
-            adamw_step(OPTIMIZER, step, p.reshape(-1), grads[k].reshape(-1) * np.float32(coef),
-                       *moments[k], decay)
-        losses.append(float(loss))
-    return losses, params
-
-
 def _relative(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def read_metrics(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.mark.parametrize("pp,dp,extra", [
@@ -92,7 +58,8 @@ def test_loss_curve_matches_single_process_reference(workdir, pp, dp, extra):
     assert run.returncode == 0, run.stderr
     records = read_metrics(metrics)
     clip = float(extra[-1]) if "--clip" in extra else None
-    expected, params = reference(np.load(workdir / "tokens.npy"), dp * M * B, clip)
+    expected, params = reference(CONFIG, SEED, np.load(workdir / "tokens.npy"), dp * M * B,
+                                 STEPS, OPTIMIZER, clip)
     assert [r["loss"] for r in records] == pytest.approx(expected, rel=1e-4)
     _, trained = models.load_pretrained(saved / f"step-{STEPS:06d}")
     assert trained.keys() == params.keys()
@@ -125,7 +92,6 @@ def test_missing_data_file_is_one_line_error(workdir):
 
 
 def test_corrupted_program_is_one_line_error(workdir, tmp_path):
-    import shutil
     program = tmp_path / "corrupt"
     shutil.copytree(compile_program(workdir, 1, 1), program)
     (program / "rank0.txt").write_text("tampered\n")
@@ -172,19 +138,3 @@ def test_init_from_checkpoint_equals_seeded_start(workdir):
         assert run.returncode == 0, run.stderr
         runs[name] = read_metrics(metrics)[0]["loss"]
     assert runs["seed"] == runs["ckpt"]
-
-
-def test_resume_continues_the_same_run(workdir):
-    program, data = compile_program(workdir, 1, 2, "--zero", "1"), workdir / "tokens.npy"
-    saved, common = workdir / "resume", ["--data", data, "--save-dir", workdir / "resume"]
-    whole = mpirun(2, program, "--steps", 3, "--save-every", 2, "--metrics",
-                   workdir / "whole.jsonl", *common, *HYPER)
-    assert whole.returncode == 0, whole.stderr
-    state = json.loads((saved / "step-000002" / "trainer_state.json").read_text())
-    assert state["step"] == 2 and state["shuffle"] is True
-    resumed = mpirun(2, program, "--steps", 3, "--resume", saved / "step-000002",
-                     "--metrics", workdir / "resumed.jsonl", "--data", data, *HYPER)
-    assert resumed.returncode == 0, resumed.stderr
-    last = read_metrics(workdir / "resumed.jsonl")
-    assert [r["step"] for r in last] == [3]
-    assert last[0]["loss"] == read_metrics(workdir / "whole.jsonl")[2]["loss"]
