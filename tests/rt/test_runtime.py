@@ -1,6 +1,7 @@
 """End to end: `mpiexec -n W python -m ratrain.rt DIR` trains a tiny model with the loss
 curve of a single-process JAX reference (whole global batch, same AdamW), for pipeline
-and data parallelism; set-up errors are one line and a non-zero exit."""
+and data parallelism; set-up errors are one line and a non-zero exit, whether the job
+is started by mpiexec or by `ratrain run`."""
 import json
 import shutil
 import subprocess
@@ -74,31 +75,50 @@ def test_loss_curve_matches_single_process_reference(workdir, pp, dp, extra):
     assert "done: 3 steps" in run.stdout
 
 
-def test_wrong_world_size_is_one_line_error(workdir):
-    run = mpirun(1, compile_program(workdir, 2, 1), "--steps", 1,
-                 "--data", workdir / "tokens.npy")
+def launch(launcher: str, ranks: int, program, *args):
+    """The job started by mpiexec directly or by `ratrain run -n ranks`."""
+    if launcher == "mpiexec":
+        return mpirun(ranks, program, *args)
+    return subprocess.run([sys.executable, "-m", "ratrain.cli", "run", str(program),
+                           "-n", str(ranks), *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def one_error_line(run) -> str:
     assert run.returncode != 0
     lines = [l for l in run.stderr.splitlines() if l.startswith("ratrain:")]
-    assert len(lines) == 1 and "compiled for 2 ranks" in lines[0], run.stderr
-    assert "mpiexec -n 2" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("ratrain: error: "), run.stderr
+    return lines[0]
 
 
-def test_missing_data_file_is_one_line_error(workdir):
-    run = mpirun(2, compile_program(workdir, 2, 1), "--steps", 1,
-                 "--data", workdir / "no-such.npy")
-    assert run.returncode != 0
-    lines = [l for l in run.stderr.splitlines() if l.startswith("ratrain:")]
-    assert len(lines) == 1 and "no-such.npy" in lines[0], run.stderr
+LAUNCHERS = pytest.mark.parametrize("launcher", ["mpiexec", "ratrain run"])
 
 
-def test_corrupted_program_is_one_line_error(workdir, tmp_path):
+@LAUNCHERS
+def test_wrong_world_size_is_one_line_error(workdir, launcher):
+    line = one_error_line(launch(launcher, 1, compile_program(workdir, 2, 1), "--steps", 1,
+                                 "--data", workdir / "tokens.npy"))
+    assert "compiled for 2 ranks" in line and "but this job has 1" in line
+    assert "mpiexec -n 2" in line and "-n 2`" in line
+
+
+@LAUNCHERS
+def test_missing_data_file_is_one_line_error(workdir, launcher):
+    line = one_error_line(launch(launcher, 2, compile_program(workdir, 2, 1), "--steps", 1,
+                                 "--data", workdir / "no-such.npy"))
+    assert f"cannot read --data {workdir / 'no-such.npy'}" in line
+
+
+@LAUNCHERS
+@pytest.mark.parametrize("file, says", [("rank0.txt", "corrupted: rank0.txt does not match"),
+                                        ("program.json", "program.json is corrupted")])
+def test_corrupted_program_is_one_line_error(workdir, tmp_path, launcher, file, says):
     program = tmp_path / "corrupt"
     shutil.copytree(compile_program(workdir, 1, 1), program)
-    (program / "rank0.txt").write_text("tampered\n")
-    run = mpirun(1, program, "--steps", 1, "--data", workdir / "tokens.npy")
-    assert run.returncode != 0
-    lines = [l for l in run.stderr.splitlines() if l.startswith("ratrain:")]
-    assert len(lines) == 1 and "corrupted: rank0.txt" in lines[0], run.stderr
+    (program / file).write_text("tampered\n")
+    line = one_error_line(launch(launcher, 1, program, "--steps", 1,
+                                 "--data", workdir / "tokens.npy"))
+    assert says in line and line.endswith("recompile it")
 
 
 FAILING_RANK = """
