@@ -8,7 +8,7 @@ Step time is the median after warm-up steps (ratrain: step_seconds of the runtim
 JSONL; JAX: wall time to block_until_ready), best of --rounds rounds run in alternation so a
 burst of load from other processes does not land on one side only.
 Usage: python bench/e2e.py [--model tiny] [--seq-len 256] [--global-batch 4] [--steps 8]
-[--warmup 2] [--rounds 2] [--keep DIR]."""
+[--warmup 2] [--rounds 3] [--keep DIR]."""
 import argparse
 import json
 import os
@@ -233,7 +233,7 @@ def main():
     ap.add_argument("--micro-batches", type=int, default=4, help="micro-batches of the PP=2 runs")
     ap.add_argument("--steps", type=int, default=8, help="steps per run, warm-up included")
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the median")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (best is kept)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (best is kept)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="write the programs and "
                     "metrics here and keep them (default: a temporary directory)")
     ap.add_argument("--jax-child", action="store_true", help=argparse.SUPPRESS)
