@@ -9,12 +9,14 @@ rule), so the overlap is the runtime's, no more.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
 from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, counterpart
+from ratrain.passes.lower import Slot
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.kernels import graph_seconds
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, Touch, WorldSum,
@@ -32,7 +34,7 @@ def slot_elements(slot) -> int:
 
 
 def _slots(values) -> list:
-    return [v for v in values if hasattr(v, "buffer")]
+    return [v for v in values if isinstance(v, Slot)]
 
 
 def _moved_bytes(call) -> int:
@@ -97,6 +99,7 @@ class ProfileCosts:
                 if isinstance(step, Compute):
                     step = Compute(step.seconds / speed)
                 elif isinstance(step, Start):
+                    step = replace(step, finish=step.finish / speed)
                     touched -= set(step.buffers)
                 yield step
 

@@ -1,5 +1,6 @@
 """The simulator against the dry run, the 1F1B bubble formula, plan_memory's peaks, and
 overlap of DP collectives with compute."""
+from dataclasses import replace
 from functools import lru_cache
 
 import pytest
@@ -7,13 +8,14 @@ import pytest
 from ratrain import models
 from ratrain.cli_compile import compile_graph, trace_for
 from ratrain.hw import load_profile
-from ratrain.ir.tasks import Kind, parse_schedule
+from ratrain.ir.tasks import Kind, parse_schedule, parse_task
 from ratrain.passes.buffers import layer_param_count
 from ratrain.passes.dryrun import dry_run
 from ratrain.passes.plots import unit_cost
 from ratrain.passes.program import CompileOptions
 from ratrain.passes.schedule_1f1b import schedule_1f1b
 from ratrain.sim import UnitCosts, replay, simulate
+from ratrain.sim.calls import ProfileCosts
 from ratrain.sim.steps import Compute, Start, Touch
 
 CONFIGS = {
@@ -155,6 +157,16 @@ def compiled_dp(dp: int):
 
 
 def test_rejects_an_uncompiled_program():
-    from dataclasses import replace
     with pytest.raises(ValueError, match="compiled program"):
         simulate(replace(compiled("pp2"), lowered=None), load_profile("mt3000"))
+
+
+def test_stage_speeds_scale_compute():
+    """A stage twice as fast (heterogeneous ranks) spends half the compute seconds."""
+    program = compiled("pp2-dp2-zero2-baseline")
+    fast = replace(program, options=replace(program.options, stage_speeds=(2.0, 1.0)))
+    compute = lambda p, text: sum(s.seconds for s in ProfileCosts(p, load_profile("mt3000"))
+                                  .steps(parse_task(text)) if isinstance(s, Compute))
+    for text in ("0F1", "0B1", "0UPD[L1]"):
+        assert compute(fast, text) == pytest.approx(compute(program, text) / 2, rel=1e-12)
+    assert compute(fast, "1B1") == compute(program, "1B1") > 0
