@@ -37,9 +37,9 @@ def job(tmp_path):
                             "--metrics", tmp_path / "metrics.jsonl", *common),
             stdout=out, stderr=err)
     yield launcher, tmp_path, program, common
-    if launcher.poll() is None:  # the test failed before the job ended
-        launcher.kill()
-        launcher.wait()
+    if launcher.poll() is None:  # the test failed before the job ended: Ctrl-C stops it all
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(timeout=60)
 
 
 def ratrain_command(*args) -> list[str]:
