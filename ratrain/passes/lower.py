@@ -164,8 +164,25 @@ def _lower_recompute(program, task: Task) -> list[Call]:
     _bind_params(placement, program, layer, kind.fwd)
     inputs = {_input_index(kind, p) for p in range(len(kind.fwd.inputs))}
     kept = _is_kept(program, layer, m)
-    _bind_residuals(placement, program, layer, m, lambda i: i in inputs or not kept(i))
-    return placement.calls(layer)
+    _bind_residuals(placement, program, layer, m, lambda i: True)
+    rebuilt = {r.id for i, r in enumerate(kind.residuals) if i not in inputs and not kept(i)}
+    available = {r.id for i, r in enumerate(kind.residuals) if i in inputs or kept(i)}
+    needed = _nodes_rebuilding(kind.fwd, rebuilt, available)
+    return [c for c, n in zip(placement.calls(layer), kind.fwd.nodes) if id(n) in needed]
+
+
+def _nodes_rebuilding(graph, targets: set, available: set) -> set:
+    """NOTE [selective recovery]: the forward nodes a REC must run to rebuild the dropped
+    residuals `targets`: walking backwards, a node is needed if it makes a target or a
+    value a needed node reads that is not available (kept residuals stay in act.L.mb, so
+    a kept GEMM output is read, not recomputed)."""
+    wanted, needed = set(targets), set()
+    for node in reversed(graph.nodes):
+        if not any(o.id in wanted for o in node.outputs):
+            continue
+        needed.add(id(node))
+        wanted |= {x.id for x in node.inputs if hasattr(x, "id") and x.id not in available}
+    return needed
 
 
 def _cotangent_slots(program, task: Task, var) -> tuple[Slot, Slot]:
