@@ -57,13 +57,23 @@ def save_checkpoint(path: Path, config: dict, params: dict, moments: dict, state
                    moments.items() for i, key in enumerate(MOMENTS)}, str(staging / OPTIMIZER_FILE))
         (staging / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
         os.chmod(staging, 0o755)
-        if path.exists():
-            shutil.rmtree(path)
-        os.rename(staging, path)
+        _replace_dir(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return path
+
+
+def _replace_dir(new: Path, path: Path) -> None:
+    """Rename `new` to `path`; an old `path` is moved aside first and deleted last, so a
+    crash leaves the old or the new checkpoint under the name, never neither."""
+    if not path.exists():
+        os.rename(new, path)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+    os.rename(path, old / "checkpoint")
+    os.rename(new, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint(path: str) -> tuple[dict, dict, dict]:

@@ -53,7 +53,9 @@ def load_rows(path: str, row_len: int, vocab: int) -> np.ndarray:
     try:
         rows = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
-        raise DataError(f"cannot read --data {path}: {str(e).splitlines()[0]}") from None
+        raise DataError(f"cannot read --data {path}: {str(e).splitlines()[0]}; pass a .npy "
+                        "of integer token rows [N, seq-len + 1], or leave out --data for the "
+                        "built-in corpus") from None
     if rows.ndim != 2 or rows.shape[1] != row_len or not np.issubdtype(rows.dtype, np.integer):
         raise DataError(f"--data {path} holds {rows.dtype}{list(rows.shape)}; it must be "
                         f"integer token rows [N, {row_len}] (seq-len + 1)")

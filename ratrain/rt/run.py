@@ -61,6 +61,10 @@ def prepare(args, world_size: int) -> dict:
         raise SetupError(str(e).splitlines()[0]) from None
     o, config = program.options, program.graph.config
     params, moments, state = initial_state(args, config)
+    if args.resume and state.get("data", args.data) != args.data:
+        raise SetupError(f"--resume {args.resume} was trained on --data {state['data']} "
+                         f"(the built-in corpus if None), not {args.data}: pass the same "
+                         "--data to continue")
     try:
         rows = training_rows(args.data, o.seq_len, int(config["vocab_size"]))
     except DataError as e:
@@ -108,6 +112,8 @@ def main(argv=None) -> int:
             check_writable(args.metrics, "--metrics")
     except SetupError as e:
         error = str(e)
+    except KeyboardInterrupt:  # the other ranks would wait for this one forever
+        comm.abort_job(f"ratrain: rank {comms.rank} interrupted at set-up")
     except Exception as e:  # a bug, not a user error: say where and stop everyone
         comm.abort_job(f"ratrain: rank {comms.rank} failed at set-up: {type(e).__name__}: {e}")
     errors = comms.agree_on_errors(error)
@@ -163,6 +169,9 @@ def _run_step(executor, tokens, optimizer) -> list[float]:
     from ratrain.rt import comm
     try:
         return executor.run_step(tokens, optimizer)
+    except KeyboardInterrupt:
+        comm.abort_job(f"ratrain: rank {executor.comms.rank} interrupted at task "
+                       f"{executor.position[0]}")
     except Exception as e:
         task, call = executor.position
         where = f"{call.op}, {call.note}" if call is not None and call.note else \

@@ -77,3 +77,16 @@ def test_measured_arena_peak_equals_planned_peak(tmp_path, flags):
                ["stages"]]
     assert last["planned_peak_bytes"] == [planned[r % len(planned)] for r in range(ranks)]
     assert last["arena_peak_bytes"] == last["planned_peak_bytes"]
+
+
+def test_resume_with_other_data_is_one_line_error(tmp_path):
+    import numpy as np
+    program, ranks = compile_program(tmp_path, "p", "--precision", "fp32")
+    np.save(tmp_path / "rows.npy", np.random.default_rng(0).integers(0, 256, (40, 17)))
+    first = mpirun(ranks, "-m", "ratrain.rt", program, "--steps", "1", "--quiet",
+                   "--data", tmp_path / "rows.npy", "--save-dir", tmp_path / "ckpt")
+    assert first.returncode == 0, first.stderr
+    again = mpirun(ranks, "-m", "ratrain.rt", program, "--steps", "2", "--quiet",
+                   "--resume", tmp_path / "ckpt" / "step-000001")
+    errors = [line for line in again.stderr.splitlines() if line.startswith("ratrain: error:")]
+    assert again.returncode == 2 and len(errors) == 1 and "rows.npy" in errors[0], again.stderr
