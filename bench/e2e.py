@@ -7,8 +7,8 @@
 Step time is the median after warm-up steps (ratrain: step_seconds of the runtime's --metrics
 JSONL; JAX: wall time to block_until_ready), best of --rounds rounds run in alternation so a
 burst of load from other processes does not land on one side only.
-Usage: python bench/e2e.py [--model tiny] [--seq-len 256] [--global-batch 4] [--steps 8]
-[--warmup 2] [--rounds 3] [--keep DIR]."""
+Usage: python bench/e2e.py [--model tiny] [--seq-len 256] [--global-batch 4] [--steps 12]
+[--warmup 2] [--rounds 3] [--budget-at 0.5] [--keep DIR]; about 1.5 minutes on 2 idle cores."""
 import argparse
 import json
 import os
@@ -180,7 +180,7 @@ def compile_all(args, work):
     keep_all_program, _ = pp2("pp2", "--recompute", "none")
     full, _ = pp2("full", "--recompute", "full")
     keep_all, floor = max(stage_peaks(keep_all_program)), max(stage_peaks(full))
-    budget = (keep_all + floor) // 2       # halfway: some recompute needed, auto has a choice
+    budget = floor + int(args.budget_at * (keep_all - floor))
     if budget >= keep_all:
         fail(f"recompute saves nothing here (peak {mib(keep_all)} with every activation kept, "
              f"{mib(floor)} with full recompute): use a longer --seq-len")
@@ -231,9 +231,12 @@ def main():
     ap.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     ap.add_argument("--global-batch", type=int, default=4, help="sequences per step")
     ap.add_argument("--micro-batches", type=int, default=4, help="micro-batches of the PP=2 runs")
-    ap.add_argument("--steps", type=int, default=8, help="steps per run, warm-up included")
+    ap.add_argument("--steps", type=int, default=12, help="steps per run, warm-up included")
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the median")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (best is kept)")
+    ap.add_argument("--budget-at", type=float, default=0.5, metavar="F", help="budget of the "
+                    "schedule comparison: F of the way from the full-recompute peak to the "
+                    "keep-all peak (default: 0.5, some recompute needed and auto has a choice)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="write the programs and "
                     "metrics here and keep them (default: a temporary directory)")
     ap.add_argument("--jax-child", action="store_true", help=argparse.SUPPRESS)
@@ -242,6 +245,8 @@ def main():
         return run_jax_child(args)
     if args.global_batch % args.micro_batches or args.steps <= args.warmup:
         fail("--micro-batches must divide --global-batch and --steps exceed --warmup")
+    if not 0 <= args.budget_at < 1:
+        fail("--budget-at must be in [0, 1): at 1 every activation fits")
     cores = set(sorted(os.sched_getaffinity(0))[:CORES])
     if len(cores) < CORES:
         fail(f"needs {CORES} cores, this process may use {len(cores)}")
