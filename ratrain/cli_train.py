@@ -382,7 +382,8 @@ def _add_layout_options(p) -> None:
                    "(default: auto)")
     p.add_argument("--budget", type=_size, default=None, metavar="SIZE",
                    help="usable memory per rank, e.g. 2GB (default: the cpu profile's)")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="fp32 (the "
-                   "runtime runs fp32 programs only for now) or fp16 (default: fp32)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="fp32 exact "
+                   "mode, or fp16 mixed precision: fp16 activations and views, fp32 master "
+                   "weights, dynamic loss scaling (default: fp32)")
     p.add_argument("--clip", type=float, default=None, metavar="X",
                    help="clip gradients to global norm X (default: no clipping)")
