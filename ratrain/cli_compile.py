@@ -231,14 +231,9 @@ def _build_code(root: Path, sources: dict[str, str]) -> None:
 
 
 def _swap_into_place(staging: Path, out: Path) -> None:
+    from ratrain.atomic import replace_dir
     os.chmod(staging, 0o755)
-    if not out.exists():
-        os.rename(staging, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    os.rename(out, old / "program")
-    os.rename(staging, out)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(staging, out)
 
 
 # ---- --report --------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from ratrain.atomic import replace_dir
 from ratrain.rt.calls import unflatten_layer
 
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -57,23 +58,11 @@ def save_checkpoint(path: Path, config: dict, params: dict, moments: dict, state
                    moments.items() for i, key in enumerate(MOMENTS)}, str(staging / OPTIMIZER_FILE))
         (staging / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
         os.chmod(staging, 0o755)
-        _replace_dir(staging, path)
+        replace_dir(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return path
-
-
-def _replace_dir(new: Path, path: Path) -> None:
-    """Rename `new` to `path`; an old `path` is moved aside first and deleted last, so a
-    crash leaves the old or the new checkpoint under the name, never neither."""
-    if not path.exists():
-        os.rename(new, path)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-    os.rename(path, old / "checkpoint")
-    os.rename(new, path)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint(path: str) -> tuple[dict, dict, dict]:
