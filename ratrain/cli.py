@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ratrain.cli_calibrate import add_calibrate_parser
 from ratrain.cli_compile import add_compile_parser, add_program_inspect_options
 from ratrain.cli_sim import add_simulate_parser
 from ratrain.units import format_bytes
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_train_parser(sub, MODEL_HELP)
     add_simulate_parser(sub)
+    add_calibrate_parser(sub)
     return parser
 
 

@@ -18,7 +18,7 @@ from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, counterpart
 from ratrain.passes.lower import Slot
 from ratrain.sim.collectives import collective_cost
-from ratrain.sim.kernels import graph_seconds
+from ratrain.sim.kernels import fitted_seconds, graph_seconds, op_costs
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, Touch, WorldSum,
                                posted_receive, send_channel)
 
@@ -194,7 +194,11 @@ def _global_norm(c: ProfileCosts, task, call) -> list[Step]:
 
 
 def _adamw(c: ProfileCosts, task, call) -> list[Step]:
-    return [Compute(UPDATE_BYTES_PER_PARAM * slot_elements(call.outputs[0]) / c.ddr)]
+    """UPDATE_BYTES_PER_PARAM bytes per parameter, at DDR bandwidth or at the profile's
+    measured adamw cost."""
+    nbytes = UPDATE_BYTES_PER_PARAM * slot_elements(call.outputs[0])
+    measured = op_costs(c.profile, c.options.precision, "adamw")
+    return [Compute(nbytes / c.ddr if measured is None else fitted_seconds(measured, 0, nbytes))]
 
 
 def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:

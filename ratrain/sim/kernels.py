@@ -6,6 +6,11 @@ A node takes max(FLOPs / (peak x efficiency), bytes / DDR bandwidth): GEMM-class
 is bound by the bytes it reads and writes. A `<op>_bwd` node takes its FLOPs and shape
 from the forward node it differentiates (NOTE [backward partners]) and its bytes from its
 own operands.
+
+A measured profile (`ratrain calibrate`) replaces the roofline of the ops it timed by
+their fitted cost: its `op_costs[precision][op]` = {"seconds": s, "flop_rate": F,
+"byte_rate": B} charges s + FLOPs / F + bytes / B per call (a missing rate charges
+nothing for that term).
 """
 from __future__ import annotations
 
@@ -63,10 +68,26 @@ def node_bytes(node: Node) -> int:
             + sum(o.nbytes for o in node.outputs))
 
 
+def op_costs(profile: dict, precision: str, op: str) -> dict | None:
+    """The profile's measured cost entry of `op` at `precision`, if it has one."""
+    return profile.get("op_costs", {}).get(precision, {}).get(op)
+
+
+def fitted_seconds(costs: dict, flops: float, nbytes: float) -> float:
+    """What an op_costs entry charges a call of `flops` and `nbytes`."""
+    return (costs.get("seconds", 0.0)
+            + (flops / costs["flop_rate"] if "flop_rate" in costs else 0.0)
+            + (nbytes / costs["byte_rate"] if "byte_rate" in costs else 0.0))
+
+
 def node_seconds(node: Node, profile: dict, precision: str, forward: Node | None = None) -> float:
-    """Roofline seconds of `node`; `forward` is the partner of a `<op>_bwd` node."""
+    """Seconds of `node` (measured cost, else roofline); `forward` is the partner of a
+    `<op>_bwd` node."""
     shaped = forward if forward is not None else node
     flops = coarse_bwd_flops(forward) if forward is not None else node_flops(node)
+    measured = op_costs(profile, precision, node.op)
+    if measured is not None:
+        return fitted_seconds(measured, flops, node_bytes(node))
     compute = flops / (peak_flops(profile, precision) * efficiency(profile, shaped))
     return max(compute, node_bytes(node) / profile["ddr_bandwidth"])
 

@@ -4,7 +4,8 @@ Replays the ranks of DP replica 0, one per pipeline stage, with calls.ProfileCos
 other replicas run the same tasks at the same times, so their share of every DP
 collective is costed from the DP degree (collectives.py) and a job of thousands of ranks
 costs one pipeline to simulate. Memory comes from plan_memory's per-task timeline, laid
-on the simulated times.
+on the simulated times. A profile measured at several thread counts (`ratrain calibrate`)
+is first narrowed to the thread count each rank of the job runs (rank_profile).
 """
 from __future__ import annotations
 
@@ -56,6 +57,20 @@ class Simulation:
                 for rank in self.replay.spans}
 
 
+def rank_profile(profile: dict, world_size: int) -> dict:
+    """The profile of one rank of a `world_size`-rank job on one node of `node_cores`
+    cores: its `threads` entry for the threads the runtime gives each rank
+    (rt/__main__.share_cores: node cores // ranks, at least 1; the nearest measured count
+    below, else the smallest) over the profile's own fields. Without `threads`, as is."""
+    table = profile.get("threads")
+    if not table:
+        return profile
+    wanted = max(1, int(profile.get("node_cores", profile["cores"])) // max(1, world_size))
+    counts = sorted(int(k) for k in table)
+    chosen = max((c for c in counts if c <= wanted), default=counts[0])
+    return {**profile, **table[str(chosen)], "rank_threads": chosen}
+
+
 def simulate(program, profile: dict, *, overlap: bool = True,
              algorithm: str | None = None) -> Simulation:
     """One step of `program` (lowered, with a memory plan) on `profile`.
@@ -65,6 +80,7 @@ def simulate(program, profile: dict, *, overlap: bool = True,
     """
     if program.memory is None or program.lowered is None:
         raise ValueError("simulate needs a compiled program (memory plan and lowered calls)")
+    profile = rank_profile(profile, program.options.world_size)
     costs = ProfileCosts(program, profile, algorithm)
     pipeline = {program.rank(stage, 0): tasks for stage, tasks in program.tasks.items()}
     result = replay(pipeline, costs, bandwidth=profile["link_bandwidth"], overlap=overlap)

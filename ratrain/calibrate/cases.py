@@ -1,0 +1,213 @@
+"""The kernel runs `ratrain calibrate` times: every natively run IR op on model-sized shapes.
+
+Each case calls a native kernel through the `ratrain.kernels` bindings the way the
+generated code does (same layouts, fp32 outputs, memset before accumulating kernels) and
+carries the FLOPs and bytes the simulator charges the IR node of that op
+(sim/kernels.py: node_flops or coarse_bwd_flops of the forward node, node_bytes), so a fit
+of seconds over (FLOPs, bytes) is in the simulator's own units.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ratrain.ir.costs import coarse_bwd_flops, node_flops
+from ratrain.ir.graph import Node, Var
+from ratrain.sim.kernels import node_bytes
+
+# Rows (tokens of a micro-batch) and widths of the tiny presets and of a small model
+# twice as wide: the shapes `ratrain train` and the bench run on this machine.
+ROWS = (256, 1024)
+WIDTHS = ((256, 688), (512, 1376))          # hidden, intermediate
+ATTENTION = ((2, 128, 4, 64), (4, 256, 4, 64), (2, 256, 8, 32), (1, 512, 4, 64))  # B,T,H,D
+VOCAB = (256, 1024)
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str                             # IR op the simulator costs (matmul_bwd, rope, ...)
+    shape: str                          # for progress lines and the profile's sources
+    flops: int                          # what the simulator charges the node
+    nbytes: int
+    run: Callable[[int], object]        # run(threads): one call, as the generated code
+
+
+def _node(op: str, inputs, outputs, **params) -> Node:
+    var = lambda a: Var(str(a.dtype), tuple(a.shape))
+    return Node(op, tuple(map(var, inputs)), tuple(map(var, outputs)),
+                tuple(sorted(params.items())))
+
+
+def _pair(op: str, shape: str, fwd_io, bwd_io, run_fwd, run_bwd, **params) -> list[Case]:
+    """The forward case of `op` and its `<op>_bwd` case (FLOPs of the forward node)."""
+    fwd = _node(op, *fwd_io, **params)
+    bwd = _node(f"{op}_bwd", *bwd_io)
+    return [Case(op, shape, node_flops(fwd), node_bytes(fwd), run_fwd),
+            Case(f"{op}_bwd", shape, coarse_bwd_flops(fwd), node_bytes(bwd), run_bwd)]
+
+
+def _random(rng, *shape):
+    return rng.random(shape, np.float32) - 0.5
+
+
+def matmul_cases(kernels, rng) -> list[Case]:
+    """y = x w^T (NT); backward dx = dy w (NN) and dw = dy^T x (TN), as codegen emits."""
+    cases = []
+    for m in ROWS:
+        for hidden, inter in WIDTHS:
+            for n, k in ((hidden, hidden), (inter, hidden), (hidden, inter)):
+                x, w, dy = _random(rng, m, k), _random(rng, n, k), _random(rng, m, n)
+                y, dx, dw = np.empty((m, n), np.float32), np.empty_like(x), np.empty_like(w)
+
+                def fwd(t, x=x, w=w, y=y):
+                    kernels.gemm(x, w, trans_b=True, out=y, threads=t)
+
+                def bwd(t, x=x, w=w, dy=dy, dx=dx, dw=dw):
+                    kernels.gemm(dy, w, out=dx, threads=t)
+                    kernels.gemm(dy, x, trans_a=True, out=dw, threads=t)
+                cases += _pair("matmul", f"M={m} N={n} K={k}", ((x, w), (y,)),
+                               ((x, w, dy), (dx, dw)), fwd, bwd)
+    return cases
+
+
+def attention_cases(kernels, rng) -> list[Case]:
+    cases = []
+    for b, t, h, d in ATTENTION:
+        q, k, v, do = (_random(rng, b, t, h, d) for _ in range(4))
+        o, lse = kernels.attention_fwd(q, k, v)
+        grads = [np.empty_like(q) for _ in range(3)]
+
+        def fwd(threads, q=q, k=k, v=v):
+            kernels.attention_fwd(q, k, v, threads=threads)
+
+        def bwd(threads, q=q, k=k, v=v, o=o, lse=lse, do=do):
+            kernels.attention_bwd(q, k, v, o, lse, do, threads=threads)
+        cases += _pair("attention", f"B={b} T={t} H={h} D={d}", ((q, k, v), (o, lse)),
+                       ((q, k, v, o, lse, do), tuple(grads)), fwd, bwd, causal=True,
+                       alibi=False)
+    return cases
+
+
+def rows_by_width():
+    return [(n, c) for n in ROWS + (4096,) for c, _ in WIDTHS]
+
+
+def norm_cases(kernels, rng) -> list[Case]:
+    cases = []
+    for n, c in rows_by_width():
+        x, w, dy = _random(rng, n, c), _random(rng, c), _random(rng, n, c)
+        y, rstd = kernels.rmsnorm_fwd(x, w)
+        dw = np.zeros(c, np.float32)
+
+        def fwd(t, x=x, w=w):
+            kernels.rmsnorm_fwd(x, w, threads=t)
+
+        def bwd(t, x=x, w=w, dy=dy, rstd=rstd, dw=dw):
+            dw.fill(0)
+            kernels.rmsnorm_bwd(dy, x, w, rstd, dw=dw, threads=t)
+        cases += _pair("rms_norm", f"N={n} C={c}", ((x, w), (y, rstd)),
+                       ((x, w, rstd, dy), (y, dw)), fwd, bwd, eps=1e-5)
+    return cases
+
+
+def rope_cases(kernels, rng) -> list[Case]:
+    cases = []
+    for b, t, h, d in ATTENTION:
+        x = _random(rng, b, t, h, d)
+        cases += _pair("rope", f"B={b} T={t} H={h} D={d}", ((x,), (x,)), ((x,), (x,)),
+                       lambda th, x=x: kernels.rope_fwd(x, threads=th),
+                       lambda th, x=x: kernels.rope_bwd(x, threads=th), theta=10000.0)
+    return cases
+
+
+def swiglu_cases(kernels, rng) -> list[Case]:
+    cases = []
+    for n in ROWS + (4096,):
+        for _, inter in WIDTHS:
+            gate, up, dy = (_random(rng, n, inter) for _ in range(3))
+            cases += _pair("swiglu", f"N={n} F={inter}", ((gate, up), (gate,)),
+                           ((gate, up, dy), (gate, up)),
+                           lambda t, g=gate, u=up: kernels.swiglu_fwd(g, u, threads=t),
+                           lambda t, g=gate, u=up, d=dy: kernels.swiglu_bwd(d, g, u, threads=t))
+    return cases
+
+
+def embedding_cases(kernels, rng) -> list[Case]:
+    cases = []
+    for n in ROWS + (4096,):
+        for vocab in VOCAB:
+            for c, _ in WIDTHS:
+                table, ids = _random(rng, vocab, c), rng.integers(0, vocab, n).astype(np.int32)
+                y, dtable = kernels.embedding_fwd(ids, table), np.zeros((vocab, c), np.float32)
+
+                def bwd(t, y=y, ids=ids, vocab=vocab, dtable=dtable):
+                    dtable.fill(0)
+                    kernels.embedding_bwd(y, ids, vocab, dtable=dtable, threads=t)
+                cases += _pair("embedding", f"N={n} V={vocab} C={c}", ((table, ids), (y,)),
+                               ((ids, y), (dtable,)),
+                               lambda t, ids=ids, table=table: kernels.embedding_fwd(
+                                   ids, table, threads=t), bwd)
+    return cases
+
+
+def cross_entropy_cases(kernels, rng) -> list[Case]:
+    cases = []
+    for n in ROWS:
+        for vocab in VOCAB:
+            for c, _ in WIDTHS:
+                h, w = _random(rng, n, c), _random(rng, vocab, c)
+                targets = rng.integers(0, vocab, n).astype(np.int32)
+                losses, lse = kernels.cross_entropy_fwd(h, w, targets)
+                dlosses, dw = np.full(n, 1.0 / n, np.float32), np.zeros((vocab, c), np.float32)
+                loss = np.zeros((), np.float32)
+
+                def bwd(t, h=h, w=w, targets=targets, lse=lse, dlosses=dlosses, dw=dw):
+                    dw.fill(0)
+                    kernels.cross_entropy_bwd(h, w, targets, lse, dlosses, dw=dw, threads=t)
+                cases += _pair("cross_entropy", f"N={n} V={vocab} C={c}",
+                               ((h, w, targets), (loss, lse)), ((h, w, targets, lse, loss),
+                                                                (h, dw)),
+                               lambda t, h=h, w=w, targets=targets: kernels.cross_entropy_fwd(
+                                   h, w, targets, threads=t), bwd)
+    return cases
+
+
+def memory_cases(kernels, rng) -> list[Case]:
+    """Streaming adds (out = a + b) from cache-sized to DDR-sized arrays: the bandwidth of
+    the memory-bound calls (add, copies, gradient accumulation, casts)."""
+    cases = []
+    for n in (1 << 16, 1 << 18, 1 << 20, 1 << 22):
+        a, b, out = _random(rng, n), _random(rng, n), np.empty(n, np.float32)
+        cases.append(Case("add", f"n={n}", n, 12 * n,
+                          lambda t, a=a, b=b, out=out: np.add(a, b, out=out)))
+    return cases
+
+
+def adamw_cases(kernels, rng) -> list[Case]:
+    """The optimizer step over n parameters: the simulator charges 28 bytes per parameter."""
+    from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
+    cases = []
+    for n in (1 << 16, 1 << 18, 1 << 20):
+        master, grad = _random(rng, n), _random(rng, n)
+        m, v = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        cases.append(Case("adamw", f"n={n}", 0, UPDATE_BYTES_PER_PARAM * n,
+                          lambda t, a=(master, m, v, grad): kernels.adamw_step(
+                              *a, lr=1e-3, weight_decay=0.1, step=1)))
+    return cases
+
+
+GROUPS = {"matmul": matmul_cases, "attention": attention_cases, "rms_norm": norm_cases,
+          "rope": rope_cases, "swiglu": swiglu_cases, "embedding": embedding_cases,
+          "cross_entropy": cross_entropy_cases, "add": memory_cases, "adamw": adamw_cases}
+
+
+def all_cases(ops=None, seed: int = 0) -> list[Case]:
+    """Every case, or those of the ops in `ops` (names as in Case.op)."""
+    from ratrain import kernels
+    import ratrain.ops  # noqa: F401  (registers the op rules the FLOP counts come from)
+    rng = np.random.default_rng(seed)
+    wanted = lambda group: ops is None or {group, f"{group}_bwd"} & set(ops)
+    cases = [c for group, make in GROUPS.items() if wanted(group) for c in make(kernels, rng)]
+    return [c for c in cases if ops is None or c.op in ops]

@@ -1,0 +1,169 @@
+"""Run the probes and turn their times into a hardware profile (ratrain/hw/profiles.py).
+
+`build_profile(runs, machine)` is pure (the tests feed it made-up times);
+`calibrate(progress)` launches the probes and measures the machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+from ratrain.calibrate.fit import fit_link, fit_op
+from ratrain.sim.kernels import fitted_seconds
+
+PRECISION = "fp32"                      # what the cases run (the cpu profile's default)
+ALIASES = {"matmul_bias": "matmul", "matmul_bias_bwd": "matmul_bwd"}  # same GEMMs + a bias
+
+
+def _fits(kernels: list[dict]) -> tuple[dict, dict]:
+    """op -> fitted cost, and op -> largest relative error of the fit over its shapes."""
+    by_op = defaultdict(list)
+    for row in kernels:
+        by_op[row["op"]].append(row)
+    costs, errors = {}, {}
+    for op, rows in by_op.items():
+        costs[op] = fit_op(*([r[k] for r in rows] for k in ("flops", "bytes", "seconds")))
+        errors[op] = round(max(abs(fitted_seconds(costs[op], r["flops"], r["bytes"])
+                                   / r["seconds"] - 1) for r in rows), 3)
+    costs.update({alias: costs[op] for alias, op in ALIASES.items() if op in costs})
+    return costs, errors
+
+
+def _gemm_rate(kernels: list[dict]) -> float:
+    """The best FLOP rate of any measured forward GEMM."""
+    return max(r["flops"] / r["seconds"] for r in kernels if r["op"] == "matmul")
+
+
+def _ddr_bandwidth(kernels: list[dict]) -> float:
+    """Bytes per second of the streaming adds, a fixed call time aside."""
+    adds = [r for r in kernels if r["op"] == "add"]
+    fitted = fit_op([0] * len(adds), [r["bytes"] for r in adds], [r["seconds"] for r in adds])
+    return fitted.get("byte_rate") or sum(r["bytes"] for r in adds) / sum(r["seconds"] for r in adds)
+
+
+def _per_threads(run: dict) -> tuple[dict, dict]:
+    costs, errors = _fits(run["kernels"])
+    fields = {"fp32_flops": _gemm_rate(run["kernels"]),
+              "ddr_bandwidth": _ddr_bandwidth(run["kernels"]), "op_costs": {PRECISION: costs}}
+    return fields, errors
+
+
+def _rounded(value):
+    """Floats to 4 significant digits (the times do not carry more), through containers."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+def build_profile(runs: list[dict], machine: dict) -> dict:
+    """The profile of probe results `runs` (one per thread count; the one with several
+    ranks carries the ping-pong) on `machine` (node_cores, memory and cache sizes)."""
+    threads, errors = {}, {}
+    for run in sorted(runs, key=lambda r: r["threads"]):
+        threads[str(run["threads"])], errors[str(run["threads"])] = _per_threads(run)
+    pings = next((r["ping_pong"] for r in runs if r.get("ping_pong")), None)
+    if not pings:
+        raise ValueError("no ping-pong between two ranks among the probe results")
+    latency, bandwidth = fit_link(tuple(pings[0]), tuple(pings[-1]))
+    cores = machine["node_cores"]
+    whole = threads[str(max(map(int, threads)))]
+    return _rounded({
+        "name": "cpu", "description": f"this machine: {cores} cores, one MPI rank per core "
+        "or one rank on all of them, measured by `ratrain calibrate`",
+        "calibrated": True, "fp16_flops": whole["fp32_flops"] / 2,
+        "fp32_flops": whole["fp32_flops"], "gemm_efficiency": 1.0,
+        "ddr_bandwidth": whole["ddr_bandwidth"], "link_bandwidth": bandwidth,
+        "link_latency": latency, "usable_memory": machine["memory_bytes"] // cores,
+        "gsm_bytes": machine["last_level_cache"], "am_bytes": machine["l1_data_cache"],
+        "sm_bytes": machine["l1_data_cache"], "cores": cores, "node_cores": cores,
+        "default_precision": "fp32", "default_zero": 0, "threads": threads,
+        "sources": _sources(runs, pings, errors),
+    })
+
+
+def _sources(runs: list[dict], pings, errors: dict) -> dict:
+    stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime())
+    return {
+        "all": f"measured by `ratrain calibrate` on {stamp} (1-minute load average "
+               f"{os.getloadavg()[0]:.2f} at the end); the top-level rates are those of one "
+               "rank running all node_cores threads",
+        "threads": "per threads of a rank (the simulator picks node_cores // ranks, as the "
+                   "runtime sizes OMP_NUM_THREADS): op_costs, fp32_flops, ddr_bandwidth",
+        "op_costs": "per op: seconds + FLOPs / flop_rate + bytes / byte_rate per call, "
+                    "non-negative least squares on relative error over the native kernel "
+                    "on model-sized shapes (ratrain/calibrate/cases.py), all ranks running "
+                    "at once; FLOPs and bytes as the simulator counts them",
+        "fit_error": errors,
+        "fp32_flops": "best measured forward GEMM rate (so gemm_efficiency is 1)",
+        "fp16_flops": "not measured: half the FP32 rate (x86 converts FP16 operands)",
+        "ddr_bandwidth": "byte rate fitted to out = a + b over 256 KiB to 16 MiB arrays",
+        "link_latency": f"one-way ping-pong time of {pings[0][0]} B between two ranks "
+                        "(mpi4py Send/Recv through mpiexec), less its bytes at bandwidth",
+        "link_bandwidth": f"from the one-way times of {pings[0][0]} and {pings[-1][0]} B "
+                          f"messages; measured {[[n, round(t * 1e6, 2)] for n, t in pings]} "
+                          "[bytes, us]",
+        "usable_memory": "total memory / node_cores", "gsm_bytes": "last-level cache",
+        "am_bytes": "L1 data cache of a core", "sm_bytes": "L1 data cache of a core",
+    }
+
+
+# ---- measuring -------------------------------------------------------------------------
+
+def cache_bytes(level: int, kind: str = "Data") -> int | None:
+    """Size of a cache level of cpu0 from sysfs (kind: Data, Unified), None if unknown."""
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if int((index / "level").read_text()) == level and \
+                    (index / "type").read_text().strip() in (kind, "Unified"):
+                return _size((index / "size").read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def machine_facts() -> dict:
+    return {"node_cores": os.cpu_count() or 1,
+            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "last_level_cache": cache_bytes(3) or cache_bytes(2) or 1 << 20,
+            "l1_data_cache": cache_bytes(1) or 32 << 10}
+
+
+def run_probe(ranks: int, threads: int, ops: str | None = None) -> dict:
+    """`mpiexec -n ranks python -m ratrain.calibrate.probe` with `threads` per rank."""
+    from ratrain.cli_train import find_mpiexec
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS="1",
+               MKL_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "probe.json"
+        command = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m",
+                   "ratrain.calibrate.probe", str(out), "--threads", str(threads)]
+        done = subprocess.run(command + (["--ops", ops] if ops else []), env=env)
+        if done.returncode or not out.is_file():
+            raise RuntimeError(f"the calibration probe ({ranks} ranks x {threads} threads) "
+                               f"failed with exit code {done.returncode}")
+        return json.loads(out.read_text())
+
+
+def calibrate(progress: Callable[[str], None] = print) -> dict:
+    """Measure this machine (well under 2 minutes on 2 cores) and return its profile."""
+    machine = machine_facts()
+    cores, runs = machine["node_cores"], []
+    for ranks, threads in sorted({(max(cores, 2), 1), (1, cores)}):
+        progress(f"measuring {ranks} rank{'s' * (ranks > 1)} x {threads} "
+                 f"thread{'s' * (threads > 1)}:")
+        runs.append(run_probe(ranks, threads))
+    return build_profile(runs, machine)

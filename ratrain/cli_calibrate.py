@@ -1,0 +1,73 @@
+"""`ratrain calibrate [-o FILE]`: measure this machine into a hardware profile (DESIGN 7).
+
+Times the native kernels, DDR bandwidth and MPI messages at the thread counts the runtime
+uses (ratrain/calibrate) and writes a profile that `ratrain compile --hw FILE` and
+`ratrain simulate --hw FILE` read; by default the built-in `cpu` profile.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from ratrain.hw.profiles import PROFILE_DIR
+
+BUSY_LOAD = 0.5                         # 1-minute load average above which times are noisy
+
+
+def _user_error(message: str) -> Exception:
+    from ratrain.cli import UserError
+    return UserError(message)
+
+
+def write_profile(profile: dict, path: Path) -> None:
+    """Atomically, so a `--hw` reader never sees half a profile."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(profile, indent=1) + "\n")
+    os.replace(partial, path)
+
+
+def cmd_calibrate(args) -> None:
+    from ratrain.calibrate import calibrate
+    from ratrain.hw import load_profile
+    out = Path(args.output)
+    if out.suffix != ".json":
+        raise _user_error(f"-o {out}: a profile is a .json file")
+    load = os.getloadavg()[0]
+    print(f"calibrating this machine (1-minute load average {load:.2f}"
+          + (f": other processes make the times slower and noisier)" if load > BUSY_LOAD
+             else ")"), flush=True)
+    started = time.perf_counter()
+    try:
+        profile = calibrate(lambda line: print(line, flush=True))
+    except (RuntimeError, ValueError) as e:
+        raise _user_error(str(e)) from None
+    write_profile(profile, out)
+    load_profile(out)
+    print(summary(profile, out, time.perf_counter() - started))
+
+
+def summary(profile: dict, path: Path, seconds: float) -> str:
+    lines = [f"wrote {path} in {seconds:.0f} s: link {profile['link_latency'] * 1e6:.2f} us + "
+             f"{profile['link_bandwidth'] / 1e9:.2f} GB/s"]
+    for threads, fields in sorted(profile["threads"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"  {threads} thread{'s' * (threads != '1')} per rank: GEMM up to "
+                     f"{fields['fp32_flops'] / 1e9:.1f} GFLOP/s, DDR "
+                     f"{fields['ddr_bandwidth'] / 1e9:.1f} GB/s")
+    return "\n".join(lines)
+
+
+def add_calibrate_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure this machine into a hardware profile",
+                       description="Time the native kernels (GEMM in its three layouts, "
+                       "attention, norms, RoPE, SwiGLU, embedding, cross-entropy, AdamW) on "
+                       "model-sized shapes, DDR bandwidth and MPI latency and bandwidth "
+                       "between two ranks, at the threads per rank the runtime uses, and "
+                       "write a profile for `--hw`. Takes about a minute; run it on an idle "
+                       "machine.")
+    p.add_argument("-o", "--output", default=str(PROFILE_DIR / "cpu.json"), metavar="FILE",
+                   help="profile to write (default: the built-in `cpu` profile, "
+                   f"{PROFILE_DIR / 'cpu.json'})")
+    p.set_defaults(func=cmd_calibrate)

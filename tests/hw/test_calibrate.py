@@ -1,0 +1,135 @@
+"""`ratrain calibrate`: the fits, the kernel cases, the profile it writes (loaded, compiled
+for and simulated on), the MPI probe and the command. No timing is asserted: the times
+fed to the fits are made up, the probe's are only checked to be there."""
+import json
+import math
+
+import pytest
+
+from ratrain.calibrate import build_profile
+from ratrain.calibrate.cases import all_cases
+from ratrain.calibrate.fit import fit_link, fit_op
+from ratrain.calibrate.profile import run_probe
+from ratrain.cli import main
+from ratrain.cli_calibrate import write_profile
+from ratrain.codegen.emit import EMITTERS
+from ratrain.hw import load_profile
+from ratrain.sim.kernels import fitted_seconds
+
+MACHINE = {"node_cores": 2, "memory_bytes": 16 << 30, "last_level_cache": 32 << 20,
+           "l1_data_cache": 48 << 10}
+RUNTIME_MEMORY_OPS = {"reshape", "copy", "accumulate_grad", "matmul_bias", "matmul_bias_bwd"}
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return all_cases()
+
+
+def made_up_run(cases, threads: int, ping_pong=()) -> dict:
+    """Probe output whose times follow 5 us + FLOPs at 20 GFLOP/s x threads + bytes at
+    10 GB/s."""
+    seconds = lambda c: 5e-6 + c.flops / (2e10 * threads) + c.nbytes / 1e10
+    return {"ranks": 2 if ping_pong else 1, "threads": threads, "ping_pong": list(ping_pong),
+            "kernels": [{"op": c.op, "shape": c.shape, "flops": c.flops, "bytes": c.nbytes,
+                         "seconds": seconds(c)} for c in cases]}
+
+
+PINGS = [[8, 2e-6 + 8 / 4e9], [1 << 16, 2e-6 + (1 << 16) / 4e9],
+         [1 << 20, 2e-6 + (1 << 20) / 4e9]]
+
+
+def test_fit_op_recovers_call_time_and_rates():
+    flops, nbytes = [1e8, 4e8, 1e9, 2e9, 3e7], [1e6, 8e6, 2e6, 3e7, 5e5]
+    seconds = [1e-5 + f / 5e10 + b / 1e10 for f, b in zip(flops, nbytes)]
+    costs = fit_op(flops, nbytes, seconds)
+    assert costs == pytest.approx({"seconds": 1e-5, "flop_rate": 5e10, "byte_rate": 1e10},
+                                  rel=1e-6)
+
+
+def test_fit_op_keeps_every_term_non_negative():
+    """Times growing faster than the FLOPs: unconstrained least squares would take a
+    negative call time; the fit drops that term instead."""
+    flops = [1e8, 1e9, 1e10]
+    costs = fit_op(flops, [0, 0, 0], [(f / 1e9) ** 1.2 for f in flops])
+    assert set(costs) == {"seconds", "flop_rate"} and costs["seconds"] == 0.0
+    assert costs["flop_rate"] > 0
+
+
+def test_fit_link_from_two_message_sizes():
+    latency, bandwidth = fit_link(tuple(PINGS[0]), tuple(PINGS[-1]))
+    assert (latency, bandwidth) == pytest.approx((2e-6, 4e9), rel=1e-9)
+
+
+def test_fit_link_rejects_times_that_do_not_grow():
+    with pytest.raises(ValueError, match="do not grow"):
+        fit_link((8, 3e-6), (1 << 20, 2e-6))
+
+
+def test_cases_cover_every_native_op_and_count_as_the_simulator(cases):
+    ops = {c.op for c in cases}
+    assert set(EMITTERS) - RUNTIME_MEMORY_OPS <= ops
+    gemm = {c.op: c for c in cases if c.shape == "M=256 N=688 K=256"}
+    assert gemm["matmul"].flops == 2 * 256 * 688 * 256
+    assert gemm["matmul_bwd"].flops == 4 * 256 * 688 * 256
+    assert gemm["matmul"].nbytes == 4 * (256 * 256 + 688 * 256 + 256 * 688)
+    assert gemm["matmul_bwd"].nbytes == 4 * (2 * 256 * 256 + 2 * 688 * 256 + 256 * 688)
+    attention = next(c for c in cases if c.op == "attention" and c.shape == "B=2 T=128 H=4 D=64")
+    assert attention.flops == 4 * 2 * 4 * 64 * (128 * 129 // 2)
+
+
+def test_every_case_runs(cases):
+    for op in {c.op for c in cases}:
+        next(c for c in cases if c.op == op).run(1)
+
+
+def test_profile_loads_compiles_and_simulates(cases, tmp_path, capsys):
+    profile = build_profile([made_up_run(cases, 1, PINGS), made_up_run(cases, 2)], MACHINE)
+    path = tmp_path / "cpu-here.json"
+    write_profile(profile, path)
+    loaded = load_profile(path)
+    assert loaded["calibrated"] is True and set(loaded["threads"]) == {"1", "2"}
+    assert (loaded["link_latency"], loaded["link_bandwidth"]) == pytest.approx((2e-6, 4e9))
+    for threads in (1, 2):
+        matmul = loaded["threads"][str(threads)]["op_costs"]["fp32"]["matmul"]
+        assert matmul == pytest.approx({"seconds": 5e-6, "flop_rate": 2e10 * threads,
+                                        "byte_rate": 1e10}, rel=1e-3)
+    assert loaded["threads"]["1"]["op_costs"]["fp32"]["matmul_bias"] == \
+        loaded["threads"]["1"]["op_costs"]["fp32"]["matmul"]
+    assert max(v for per_op in loaded["sources"]["fit_error"].values()
+               for v in per_op.values()) < 1e-3
+    program = tmp_path / "prog"
+    assert main(["compile", "tiny", "--seq-len", "32", "--pp", "2", "--hw", str(path),
+                 "-o", str(program)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(program), "--hw", str(path), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["hw"] == "cpu" and record["step_time_s"] > 0
+
+
+def test_probe_times_kernels_and_ping_pongs_under_mpiexec(capfd):
+    run = run_probe(2, 1, ops="add,adamw")
+    assert (run["ranks"], run["threads"]) == (2, 1)
+    assert {r["op"] for r in run["kernels"]} == {"add", "adamw"}
+    assert all(r["seconds"] > 0 and r["bytes"] > 0 for r in run["kernels"])
+    assert [n for n, _ in run["ping_pong"]] == [8, 1 << 16, 1 << 20]
+    assert all(t > 0 for _, t in run["ping_pong"])
+    assert "ping-pong between ranks 0 and 1" in capfd.readouterr().out
+
+
+def test_command_writes_a_loadable_profile(cases, tmp_path, capsys, monkeypatch):
+    profile = build_profile([made_up_run(cases, 1, PINGS), made_up_run(cases, 2)], MACHINE)
+    monkeypatch.setattr("ratrain.calibrate.calibrate", lambda progress: profile)
+    out = tmp_path / "sub" / "mine.json"
+    assert main(["calibrate", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed and "link 2.00 us + 4.00 GB/s" in printed
+    assert "2 threads per rank: GEMM up to" in printed
+    assert load_profile(out)["threads"] == profile["threads"]
+    assert not math.isnan(load_profile(out)["ddr_bandwidth"])
+
+
+def test_command_refuses_a_file_that_is_not_json(tmp_path, capsys):
+    assert main(["calibrate", "-o", str(tmp_path / "cpu.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "a profile is a .json file" in err and err.count("\n") == 1

@@ -1,0 +1,92 @@
+"""Measured profiles in the simulator: op_costs replace the roofline of the ops they
+cover, and a profile measured per thread count is narrowed to the job's threads per rank."""
+import math
+from functools import lru_cache
+
+import pytest
+
+from ratrain import models
+from ratrain.cli_compile import compile_graph, trace_for
+from ratrain.hw import load_profile
+from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
+from ratrain.ir.costs import node_flops
+from ratrain.ir.tasks import parse_task
+from ratrain.passes.program import CompileOptions
+from ratrain.sim import simulate
+from ratrain.sim.calls import ProfileCosts
+from ratrain.sim.kernels import fitted_seconds, node_bytes, node_seconds
+from ratrain.sim.simulate import rank_profile
+from ratrain.sim.steps import Compute
+
+MATMUL = {"seconds": 1e-4, "flop_rate": 2e10, "byte_rate": 5e9}
+
+
+@lru_cache(maxsize=None)
+def compiled(pp: int):
+    options = CompileOptions(pp=pp, micro_batches=2, micro_batch_size=1, seq_len=32)
+    return compile_graph(trace_for(models.get_config("tiny"), "tiny", options), options)[0]
+
+
+def first_node(program, op):
+    kind = program.graph.kinds["decoder"]
+    return next(n for n in kind.fwd.nodes if n.op == op)
+
+
+def test_fitted_seconds_adds_call_time_flops_and_bytes():
+    assert fitted_seconds(MATMUL, 4e10, 1e9) == pytest.approx(1e-4 + 2 + 0.2)
+    assert fitted_seconds({"seconds": 3e-6}, 4e10, 1e9) == 3e-6
+
+
+def test_op_costs_replace_the_roofline_of_their_ops_only():
+    cpu = load_profile("cpu")
+    measured = cpu | {"op_costs": {"fp32": {"matmul": MATMUL}}}
+    program = compiled(1)
+    matmul, norm = first_node(program, "matmul"), first_node(program, "rms_norm")
+    assert node_seconds(matmul, measured, "fp32") == pytest.approx(
+        1e-4 + node_flops(matmul) / 2e10 + node_bytes(matmul) / 5e9, rel=1e-12)
+    assert node_seconds(matmul, measured, "fp16") == node_seconds(matmul, cpu, "fp16")
+    assert node_seconds(norm, measured, "fp32") == node_seconds(norm, cpu, "fp32")
+
+
+def test_adamw_uses_its_measured_cost():
+    """0.5 s per adamw call instead of 28 bytes per parameter at DDR bandwidth."""
+    program, task = compiled(1), parse_task("0UPD[L1]")
+    update = lambda p: sum(s.seconds for s in ProfileCosts(program, p).steps(task)
+                           if isinstance(s, Compute))
+    calls = [c for lt in program.lowered[0] if lt.task == task for c in lt.calls
+             if c.op == "adamw"]
+    cpu = load_profile("cpu")
+    roofline = sum(UPDATE_BYTES_PER_PARAM * math.prod(c.outputs[0].shape) for c in calls) \
+        / cpu["ddr_bandwidth"]
+    slow = cpu | {"op_costs": {"fp32": {"adamw": {"seconds": 0.5}}}}
+    assert len(calls) >= 1 and roofline > 0
+    assert update(slow) == pytest.approx(update(cpu) - roofline + 0.5 * len(calls), rel=1e-12)
+
+
+PER_THREADS = {"node_cores": 4, "threads": {"1": {"ddr_bandwidth": 1e9},
+                                            "2": {"ddr_bandwidth": 2e9},
+                                            "4": {"ddr_bandwidth": 4e9}}}
+
+
+@pytest.mark.parametrize("world_size, threads", [(1, 4), (2, 2), (3, 1), (4, 1), (8, 1)])
+def test_rank_profile_takes_the_runtimes_threads_per_rank(world_size, threads):
+    profile = rank_profile(load_profile("cpu") | PER_THREADS, world_size)
+    assert (profile["rank_threads"], profile["ddr_bandwidth"]) == (threads, threads * 1e9)
+
+
+def test_rank_profile_takes_the_nearest_count_below():
+    profile = load_profile("cpu") | {"node_cores": 8, "threads": {"1": {}, "2": {}, "8": {}}}
+    assert rank_profile(profile, 2)["rank_threads"] == 2      # 4 threads wanted
+    assert rank_profile(profile, 1)["rank_threads"] == 8
+    assert rank_profile(load_profile("cpu"), 2) == load_profile("cpu")
+
+
+def test_simulate_uses_each_jobs_threads():
+    """Half the DDR bandwidth at 1 thread per rank: PP=2's memory-bound update slows,
+    the 1-rank program (all cores, 2 threads) runs on the fast entry."""
+    cpu = load_profile("cpu")
+    split = cpu | {"node_cores": 2, "threads": {"1": {"ddr_bandwidth": cpu["ddr_bandwidth"] / 2},
+                                                "2": {}}}
+    assert simulate(compiled(1), split).step_time == simulate(compiled(1), cpu).step_time
+    assert simulate(compiled(2), split).step_time > simulate(compiled(2), cpu).step_time
+    assert simulate(compiled(2), split).profile["rank_threads"] == 1
