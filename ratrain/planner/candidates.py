@@ -1,0 +1,89 @@
+"""The planner's search space: one Candidate per way to run a global batch on N ranks.
+
+pp x dp = N ranks, dp x micro_batches x micro_batch_size = the global batch, any ZeRO
+stage (0 without data parallelism), every recompute policy and the requested
+schedules. pp may be any divisor of N up to the number of layers (partition_stages
+balances uneven splits). Traced graphs depend only on the micro-batch size, so
+GraphCache traces each size once for all candidates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ratrain.passes.options import RECOMPUTE_POLICIES, CompileOptions
+
+# least memory first: insert_recovery's auto needs no more than full, which needs no
+# more than selective, which needs no more than none (NOTE [dominance] in screen.py)
+POLICIES_BY_MEMORY = ("auto", "full", "selective", "none")
+assert sorted(POLICIES_BY_MEMORY) == sorted(RECOMPUTE_POLICIES)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    pp: int                             # pipeline stages
+    dp: int                             # data-parallel replicas
+    zero: int                           # ZeRO stage over the DP group
+    micro_batch_size: int               # sequences per micro-batch
+    micro_batches: int                  # micro-batches per step
+    recompute: str                      # recompute policy
+    schedule: str                       # "ratrain" or "baseline"
+
+    def options(self, search) -> CompileOptions:
+        """The CompileOptions of this candidate in `search` (search.Search)."""
+        return CompileOptions(
+            pp=self.pp, dp=self.dp, micro_batches=self.micro_batches,
+            micro_batch_size=self.micro_batch_size, seq_len=search.seq_len,
+            schedule=self.schedule, recompute=self.recompute, zero=self.zero,
+            budget=search.budget, hw=search.profile["name"], precision=search.precision)
+
+    def __str__(self) -> str:
+        batches = "micro-batch" if self.micro_batches == 1 else "micro-batches"
+        return (f"pp {self.pp} x dp {self.dp}, zero {self.zero}, {self.micro_batches} "
+                f"{batches} of {self.micro_batch_size}, recompute {self.recompute}, "
+                f"{self.schedule} schedule")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(clusters: int, global_batch: int, num_layers: int) -> list[tuple[int, int]]:
+    """(pp, dp) pairs with pp x dp = clusters, pp <= layers and dp dividing the batch."""
+    return [(pp, clusters // pp) for pp in divisors(clusters)
+            if pp <= num_layers and global_batch % (clusters // pp) == 0]
+
+
+def candidates(clusters: int, global_batch: int, num_layers: int,
+               schedules: tuple[str, ...]) -> list[Candidate]:
+    """Every candidate, grouped so that each one's memory dominators come before it."""
+    out = []
+    for pp, dp in layouts(clusters, global_batch, num_layers):
+        for size in divisors(global_batch // dp):
+            for zero in (2, 1, 0) if dp > 1 else (0,):
+                out += [Candidate(pp, dp, zero, size, global_batch // dp // size, policy,
+                                  schedule)
+                        for policy in POLICIES_BY_MEMORY for schedule in schedules]
+    return out
+
+
+def cluster_counts(global_batch: int, num_layers: int, limit: int) -> list[int]:
+    """Every N <= limit that some (pp, dp) can use, ascending."""
+    return sorted({pp * dp for pp in range(1, num_layers + 1) for dp in divisors(global_batch)
+                   if pp * dp <= limit})
+
+
+class GraphCache:
+    """TrainGraphs of one model and sequence length, traced once per micro-batch size."""
+
+    def __init__(self, config: dict, name: str, seq_len: int, precision: str):
+        self.config, self.name, self.seq_len = config, name, seq_len
+        self.dtype = "float16" if precision == "fp16" else "float32"
+        self._graphs: dict[int, object] = {}
+
+    def get(self, micro_batch_size: int):
+        from ratrain.ir.train_graph import trace_model
+        if micro_batch_size not in self._graphs:
+            self._graphs[micro_batch_size] = trace_model(
+                self.config, micro_batch_size=micro_batch_size, seq_len=self.seq_len,
+                dtype=self.dtype, name=self.name)
+        return self._graphs[micro_batch_size]

@@ -1,0 +1,264 @@
+"""plan: search configurations of a model on N ranks and rank them by simulated step time.
+
+Every candidate (candidates.py) goes through the memory screen (screen.py); those that
+may fit get a closed-form step-time estimate (estimate.py); the best few by estimate
+are compiled (the pass pipeline) and replayed by the simulator (ratrain/sim). Rows come
+out simulated first (by simulated step time), then the other candidates that may fit
+(by estimate), then the infeasible ones (closest to fitting first).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+
+from ratrain.passes.partition_stages import PartitionError
+from ratrain.passes.plan_memory import MemoryBudgetError
+from ratrain.planner.candidates import (Candidate, GraphCache, candidates, cluster_counts,
+                                        divisors)
+from ratrain.planner.estimate import Estimator
+from ratrain.planner.screen import Screen, compile_reason
+
+# NOTE [simulation margin]: the estimate has been within about 10% of the simulator on
+# LLaMA-2 7B to 70B (it is exact for neither recompute placement nor port sharing), so
+# a candidate estimated more than this much slower than the best simulated one so far
+# is not worth a compile; nor is one whose compute alone (Estimator.compute_bound)
+# cannot beat it.
+SIMULATION_MARGIN = 0.15
+
+
+@dataclass(frozen=True)
+class Row:
+    """One candidate's outcome: the JSON record of `ratrain plan --json`."""
+    pp: int
+    dp: int
+    zero: int
+    micro_batch_size: int
+    micro_batches: int
+    recompute: str
+    schedule: str
+    feasible: bool                      # fits the budget (compiled, or estimated)
+    reason: str | None                  # why not, or why it was not simulated
+    peak_bytes: int                     # compiled peak, else estimated (a dominated
+                                        # candidate's: its dominator's, a lower bound)
+    step_time_s: float | None           # simulated step time
+    tokens_per_s: float | None          # simulated tokens/s
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate(self.pp, self.dp, self.zero, self.micro_batch_size,
+                         self.micro_batches, self.recompute, self.schedule)
+
+    @property
+    def simulated(self) -> bool:
+        return self.step_time_s is not None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str                          # model name
+    clusters: int                       # ranks planned for
+    global_batch: int                   # sequences per step
+    seq_len: int                        # tokens per sequence
+    budget: int                         # usable bytes per rank
+    hw: str                             # hardware profile name
+    rows: tuple[Row, ...]               # simulated, estimated, infeasible (see module doc)
+    best: Row | None                    # the best compiled row that fits
+    notes: dict = field(default_factory=dict)  # compiled candidate -> what auto chose
+    seconds: float = 0.0                # wall time of the search
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A candidate that compiled within the budget."""
+    peak_bytes: int                     # plan_memory's peak
+    note: str                           # what auto recompute chose (recompute_note)
+    step_time_s: float | None = None    # simulated step; None if only its memory was checked
+    tokens_per_s: float | None = None
+    checked_with: int | None = None     # micro-batches of a memory-only check
+
+
+@dataclass(frozen=True)
+class Search:
+    """What to plan for (the command's arguments, resolved)."""
+    config: dict                        # HF config of the model
+    name: str                           # model name
+    global_batch: int                   # sequences per step
+    seq_len: int                        # tokens per sequence
+    profile: dict                       # hardware profile
+    budget: int                         # usable bytes per rank
+    schedules: tuple[str, ...] = ("ratrain",)
+    precision: str = "fp32"             # fp32 or fp16 (the profile's default_precision)
+    simulate: int = 3                   # most candidates compiled and simulated
+
+    @property
+    def num_layers(self) -> int:
+        from ratrain import models
+        return len(models.layer_specs(self.config))
+
+
+class Planner:
+    """Plans of one model at any cluster count, sharing traced graphs and verdicts."""
+
+    def __init__(self, search: Search):
+        self.search = search
+        self.graphs = GraphCache(search.config, search.name, search.seq_len, search.precision)
+        self.estimator = Estimator(search.profile)
+        self.screen = Screen(self.estimator, self.graphs, search)
+
+    def candidates(self, clusters: int) -> list[Candidate]:
+        s = self.search
+        return candidates(clusters, s.global_batch, s.num_layers, s.schedules)
+
+    def may_fit(self, clusters: int) -> bool:
+        """Does any candidate on `clusters` ranks pass the memory screen?"""
+        return any(self._verdict(c).fits for c in self.candidates(clusters)
+                   if c.recompute == "auto")
+
+    def plan(self, clusters: int, simulate: bool = True) -> Plan:
+        """Every candidate's row on `clusters` ranks. simulate=False only checks the
+        memory of the best candidate by estimate (NOTE [memory check])."""
+        start, s = time.perf_counter(), self.search
+        judged = [(c, self._verdict(c)) for c in self.candidates(clusters)]
+        estimates = {c: self.estimator.step_seconds(v.program, list(v.plans))
+                     for c, v in judged if v.fits}
+        queue = sorted((c for c, v in judged if v.fits and c.recompute == "auto"),
+                       key=lambda c: (estimates[c], _order(c)))
+        compiled, failed = (self._simulate(queue, dict(judged), estimates) if simulate
+                            else self._check(queue))
+        rows = _rows(judged, estimates, compiled, failed)
+        best = rows[0] if rows and rows[0].candidate in compiled else None
+        return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget, s.profile["name"],
+                    rows, best, {c: r.note for c, r in compiled.items()},
+                    time.perf_counter() - start)
+
+    def smallest(self, limit: int) -> Plan | None:
+        """The plan (memory checked, not simulated) at the smallest cluster count up to
+        `limit` where a candidate compiles within the budget."""
+        s = self.search
+        for clusters in cluster_counts(s.global_batch, s.num_layers, limit):
+            if self.may_fit(clusters):
+                plan = self.plan(clusters, simulate=False)
+                if plan.best is not None:
+                    return plan
+        return None
+
+    def _verdict(self, c: Candidate):
+        sizes = divisors(self.search.global_batch // c.dp)
+        return self.screen.judge(c, sizes)
+
+    def _simulate(self, queue, verdicts, estimates):
+        """Compile and simulate the best `auto` candidates by estimate (NOTE [simulation
+        margin]); other policies of a configuration never beat its auto, which
+        recomputes the least that fits. Returns the compiled and the failed ones."""
+        compiled, failed, best = {}, {}, float("inf")
+        for c in queue:
+            if len(compiled) == self.search.simulate or \
+                    estimates[c] > best * (1 + SIMULATION_MARGIN):
+                break
+            if self.estimator.compute_bound(verdicts[c].program) >= best:
+                continue
+            outcome = self._compile(c, c.micro_batches)
+            if isinstance(outcome, str):
+                failed[c] = outcome
+                continue
+            compiled[c] = outcome
+            best = min(best, outcome.step_time_s)
+        return compiled, failed
+
+    # NOTE [memory check]: in 1F1B stage s holds at most min(P - s, M) micro-batches in
+    # flight, so for M >= P the live buffers of every stage repeat those of M = P, and a
+    # program under a fixed recompute policy has the same peaks with min(M, P)
+    # micro-batches as with M. Under auto it fits exactly when its all-full program
+    # does, so the smaller program answers "does it fit" for a fraction of the compile
+    # time (the smallest cluster counts have the fewest replicas, so the most micro-batches).
+    def _check(self, queue):
+        """Compile the best candidates by estimate through plan_memory with min(M, pp)
+        micro-batches until one fits (at most `search.simulate` tries)."""
+        failed = {}
+        for c in queue[:self.search.simulate]:
+            outcome = self._compile(c, min(c.micro_batches, c.pp), simulate=False)
+            if not isinstance(outcome, str):
+                return {c: outcome}, failed
+            failed[c] = outcome
+        return {}, failed
+
+    def _compile(self, c: Candidate, micro_batches: int, simulate: bool = True):
+        """Compiled (and simulated, or memory-checked), or why it does not fit."""
+        from ratrain.passes.pipeline import PIPELINE, run_pipeline
+        from ratrain.passes.plan_memory import plan_memory
+        from ratrain.passes.program import Program
+        from ratrain.sim import simulate as simulate_step
+        s = self.search
+        options = replace(c.options(s), micro_batches=micro_batches)
+        program = Program(self.graphs.get(c.micro_batch_size), options)
+        try:
+            program = run_pipeline(program, None if simulate else PIPELINE + [plan_memory],
+                                   verify=False)[0]
+        except (PartitionError, MemoryBudgetError) as e:
+            return compile_reason(e)
+        if not simulate:
+            return Compiled(program.memory.peak_bytes, recompute_note(program),
+                            checked_with=micro_batches)
+        sim = simulate_step(program, s.profile)
+        return Compiled(program.memory.peak_bytes, recompute_note(program), sim.step_time,
+                        sim.tokens_per_s)
+
+
+def recompute_note(program) -> str:
+    """What auto recompute chose: `4473 of 5120 (layer, micro-batch) pairs recomputed
+    (full 3355, selective 1118)`."""
+    pairs = sum(program.graph.layers[l].kind == "decoder" for l in range(program.num_layers))
+    pairs *= program.options.micro_batches
+    modes = Counter(program.recompute.values())
+    detail = ", ".join(f"{m} {n}" for m, n in sorted(modes.items()))
+    return (f"{len(program.recompute)} of {pairs} (layer, micro-batch) pairs recomputed"
+            + (f" ({detail})" if detail else ""))
+
+
+def _order(c: Candidate) -> tuple:
+    return (c.pp, c.dp, -c.zero, c.micro_batch_size, c.recompute, c.schedule)
+
+
+def _rows(judged, estimates, compiled, failed) -> tuple[Row, ...]:
+    best = min((r.step_time_s for r in compiled.values() if r.step_time_s), default=None)
+    rows = [_row(c, v, estimates, compiled, failed, best) for c, v in judged]
+    key = lambda r: ((0, r.step_time_s or 0.0) if r.candidate in compiled else
+                     (1, estimates[r.candidate]) if r.feasible else (2, r.peak_bytes),
+                     _order(r.candidate))
+    return tuple(sorted(rows, key=key))
+
+
+def _row(c: Candidate, verdict, estimates, compiled, failed, best) -> Row:
+    base = dict(pp=c.pp, dp=c.dp, zero=c.zero, micro_batch_size=c.micro_batch_size,
+                micro_batches=c.micro_batches, recompute=c.recompute, schedule=c.schedule)
+    auto = replace(c, recompute="auto")
+    if c in compiled:
+        r = compiled[c]
+        reason = None if r.checked_with is None else (
+            f"not simulated: memory checked with {r.checked_with} micro-batches; 1F1B holds "
+            f"at most pp in flight, so {c.micro_batches} fit alike")
+        return Row(**base, feasible=True, reason=reason, peak_bytes=r.peak_bytes,
+                   step_time_s=r.step_time_s, tokens_per_s=r.tokens_per_s)
+    if not verdict.fits:
+        return Row(**base, feasible=False, reason=verdict.reason, peak_bytes=verdict.peak,
+                   step_time_s=None, tokens_per_s=None)
+    if auto in failed:
+        reason = failed[auto] if c == auto else \
+            f"needs more than with recompute auto, which does not fit: {failed[auto]}"
+        return Row(**base, feasible=False, reason=reason, peak_bytes=verdict.peak,
+                   step_time_s=None, tokens_per_s=None)
+    return Row(**base, feasible=True, reason=_not_simulated(c, estimates, best),
+               peak_bytes=verdict.peak, step_time_s=None, tokens_per_s=None)
+
+
+def _not_simulated(c: Candidate, estimates, best) -> str:
+    estimate = f"estimated step {estimates[c]:.4g} s"
+    if c.recompute != "auto":
+        return f"not simulated: recompute auto recomputes no more here ({estimate})"
+    if best is not None and estimates[c] > best:
+        return f"not simulated: {estimate}, slower than the best simulated {best:.4g} s"
+    return f"not simulated: {estimate}"
