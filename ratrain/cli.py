@@ -10,6 +10,7 @@ import sys
 
 from ratrain.cli_calibrate import add_calibrate_parser
 from ratrain.cli_compile import add_compile_parser, add_program_inspect_options
+from ratrain.cli_plan import add_plan_parser
 from ratrain.cli_sim import add_simulate_parser
 from ratrain.units import format_bytes
 from ratrain.cli_train import add_run_parser, add_train_parser
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(sub, MODEL_HELP)
     add_simulate_parser(sub)
     add_calibrate_parser(sub)
+    add_plan_parser(sub, MODEL_HELP)
     return parser
 
 

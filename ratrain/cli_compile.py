@@ -19,6 +19,7 @@ from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ratrain.cli_plan import add_search_options, apply_plan
 from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.options import GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
 from ratrain.passes.plan_memory import format_bytes
@@ -323,9 +324,10 @@ def format_report(program, records, profile: dict, graph) -> str:
 def cmd_compile(args) -> None:
     config, name = load_model(args.model)
     profile = load_hw(args.hw)
-    options = resolve_options(args, config, profile)
     out = Path(args.output)
     check_output(out, args.force)
+    apply_plan(args)
+    options = resolve_options(args, config, profile)
     graph = trace_for(config, name, options)
     program, records = compile_graph(graph, options)
     files = program_files(program, records)
@@ -441,6 +443,11 @@ def add_compile_parser(sub, model_help: str) -> None:
     p.add_argument("--report", action="store_true", help="print pass times, per-stage peak "
                    "memory, a dry run on the --hw profile (bubble, exposed tail) and the "
                    "peaks of ratrain vs baseline scheduling")
+    p.add_argument("--plan", action="store_true", help="let the planner choose --pp, --dp, "
+                   "--micro-batches, --micro-batch-size, --zero and --recompute: the best row "
+                   "of `ratrain plan` for --clusters and --global-batch (--seq-len then "
+                   "defaults to the model's context, at most 2048, as in `ratrain plan`)")
+    add_search_options(p, required=False)
     p.set_defaults(func=cmd_compile)
 
 

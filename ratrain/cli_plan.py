@@ -1,0 +1,245 @@
+"""`ratrain plan` and `ratrain compile --plan`: choose a configuration for N ranks.
+
+plan runs the planner (ratrain/planner) and prints the candidates ranked by simulated
+step time, the ones only estimated, and why the infeasible ones do not fit; --json gives
+every row as a record. --min-clusters finds the smallest cluster count that fits first.
+compile --plan takes the best row's options and compiles them.
+"""
+from __future__ import annotations
+
+import json
+
+from ratrain.passes.options import SCHEDULES
+from ratrain.units import format_bytes
+
+DEFAULT_SEQ_LEN = 2048
+DEFAULT_SIMULATE = 3
+
+
+def _user_error(message: str) -> Exception:
+    from ratrain.cli import UserError
+    return UserError(message)
+
+
+def _positive(text: str) -> int:
+    import argparse
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+# ---- running the planner ------------------------------------------------------------------
+
+def search_for(args, schedules: tuple[str, ...]):
+    """The planner's Search from the command's model, hardware and batch flags."""
+    from ratrain.cli_compile import load_hw, load_model
+    from ratrain.planner import Search
+    config, name = load_model(args.model)
+    profile = load_hw(args.hw)
+    context = int(config.get("max_position_embeddings", DEFAULT_SEQ_LEN))
+    return Search(config, name, args.global_batch, args.seq_len or min(DEFAULT_SEQ_LEN, context),
+                  profile, args.budget or int(profile["usable_memory"]), schedules,
+                  args.precision or profile.get("default_precision", "fp32"),
+                  args.simulate or DEFAULT_SIMULATE)
+
+
+def run_plan(search, clusters: int | None, smallest: bool):
+    """The plan at `clusters`, or (smallest) at the least count up to `clusters` that fits."""
+    from ratrain.planner import Planner
+    planner = Planner(search)
+    if not smallest:
+        return planner.plan(clusters)
+    limit = clusters or search.global_batch * search.num_layers
+    plan = planner.smallest(limit)
+    if plan is None:
+        raise _user_error(f"{search.name} fits on no cluster count up to {limit} with a "
+                          f"global batch of {search.global_batch} under "
+                          f"{format_bytes(search.budget)} per rank")
+    return plan
+
+
+def _check_search_flags(args) -> None:
+    if args.clusters is None and not args.min_clusters:
+        raise _user_error("give --clusters N, or --min-clusters to find the smallest count")
+    if args.global_batch is None:
+        raise _user_error("give --global-batch G (sequences per step)")
+
+
+# ---- output -------------------------------------------------------------------------------
+
+def plan_json(plan, top: int, smallest: bool) -> dict:
+    """The --json record: the search, then every row (feasible rows: the best `top`)."""
+    feasible = [r for r in plan.rows if r.feasible][:top]
+    record = {"model": plan.model, "clusters": plan.clusters, "global_batch": plan.global_batch,
+              "seq_len": plan.seq_len, "hw": plan.hw, "budget": plan.budget}
+    if smallest:
+        record["smallest_clusters"] = plan.clusters
+    return record | {"rows": [r.to_json() for r in feasible + [r for r in plan.rows
+                                                               if not r.feasible]]}
+
+
+def _row_line(index: int, row) -> str:
+    step = f"{row.step_time_s:.4g}" if row.simulated else "-"
+    tokens = f"{row.tokens_per_s:,.0f}" if row.simulated else "-"
+    status = "simulated" if row.simulated else row.reason.removeprefix("not simulated: ")
+    return (f"{index:>3} {row.pp:>4} {row.dp:>5} {row.zero:>4} {row.micro_batch_size:>4} "
+            f"{row.micro_batches:>5} {row.recompute:<9} {row.schedule:<8} "
+            f"{format_bytes(row.peak_bytes):>10} {step:>9} {tokens:>11}  {status}")
+
+
+def format_plan(plan, top: int, smallest: bool) -> str:
+    from ratrain.cli_compile import format_budget
+    feasible = [r for r in plan.rows if r.feasible]
+    infeasible = [r for r in plan.rows if not r.feasible]
+    simulated = sum(r.simulated for r in plan.rows)
+    checked = len(plan.notes) - simulated
+    lines = [f"plan {plan.model} on {plan.clusters} {plan.hw} ranks: global batch "
+             f"{plan.global_batch} x {plan.seq_len} tokens, budget {format_budget(plan.budget)} "
+             f"per rank",
+             f"{len(plan.rows)} candidates in {plan.seconds:.1f} s: {len(feasible)} fit, "
+             f"{len(infeasible)} do not"
+             + (f"; {simulated} compiled and simulated" if feasible else "")
+             + (f", {checked} compiled to check memory" if checked else "")
+             + (", the others estimated" if len(feasible) > simulated + checked else "")]
+    if smallest:
+        lines.insert(0, f"smallest cluster count that fits: {plan.clusters}")
+    shown = [r for r in feasible if r.recompute == "auto" or r.candidate in plan.notes]
+    if feasible:
+        lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'zero':>4} {'mbs':>4} {'M':>5} "
+                     f"{'recompute':<9} {'schedule':<8} {'peak':>10} {'step s':>9} "
+                     f"{'tokens/s':>11}")
+        lines += [_row_line(i, r) for i, r in enumerate(shown[:top], 1)]
+        if len(shown) > top:
+            lines.append(f"    ({len(shown) - top} more: --top)")
+        if len(shown) < len(feasible):
+            lines.append(f"    (and {len(feasible) - len(shown)} with recompute none, selective "
+                         "or full, never faster than auto in the same configuration: --json "
+                         "lists them)")
+    lines += _best_lines(plan)
+    if infeasible:
+        lines.append(f"do not fit ({len(infeasible)}; per pp x dp the one closest to fitting, "
+                     "--json lists all):")
+        lines += _infeasible_lines(infeasible)
+    return "\n".join(lines)
+
+
+def _infeasible_lines(rows) -> list[str]:
+    """The first (closest to fitting) row of each (pp, dp), with how many it stands for."""
+    layouts: dict = {}
+    for row in rows:
+        layouts.setdefault((row.pp, row.dp), []).append(row)
+    return [f"  {group[0].candidate}: {group[0].reason}"
+            + (f" (and {len(group) - 1} more with pp {pp} x dp {dp})" if len(group) > 1 else "")
+            for (pp, dp), group in layouts.items()]
+
+
+def _timing(row) -> str:
+    if row.simulated:
+        return f"simulated step {row.step_time_s:.4g} s, {row.tokens_per_s:,.0f} tokens/s"
+    return row.reason.removeprefix("not simulated: ")
+
+
+def _best_lines(plan) -> list[str]:
+    best = plan.best
+    if best is None:
+        return ["no candidate compiled within the budget"]
+    return [f"best: {best.candidate}: peak {format_bytes(best.peak_bytes)}, {_timing(best)}",
+            f"  {plan.notes[best.candidate]}"]
+
+
+def cmd_plan(args) -> None:
+    _check_search_flags(args)
+    schedules = SCHEDULES if args.schedule == "all" else (args.schedule,)
+    plan = run_plan(search_for(args, schedules), args.clusters, args.min_clusters)
+    if args.json:
+        print(json.dumps(plan_json(plan, args.top, args.min_clusters), indent=1))
+    else:
+        print(format_plan(plan, args.top, args.min_clusters))
+
+
+# ---- compile --plan --------------------------------------------------------------------------
+
+PLANNED = (("pp", 1), ("dp", 1), ("micro_batches", 1), ("micro_batch_size", 1),
+           ("zero", None), ("recompute", "auto"))
+UNPLANNED = (("clip", None), ("grad_accum", "auto"))  # the planner assumes these defaults
+
+
+def apply_plan(args) -> None:
+    """compile --plan: set the parallel and policy options from the best row; without
+    --plan, refuse the planner's flags rather than ignore them."""
+    if not args.plan:
+        search_flags = [f for f, v in (("--clusters", args.clusters), ("--global-batch",
+                        args.global_batch), ("--min-clusters", args.min_clusters),
+                        ("--simulate", args.simulate)) if v]
+        if search_flags:
+            raise _user_error(f"{', '.join(search_flags)} need --plan")
+        return
+    given = [f"--{dest.replace('_', '-')}" for dest, default in PLANNED + UNPLANNED
+             if getattr(args, dest) != default]
+    if given:
+        raise _user_error(f"--plan chooses the configuration without {', '.join(given)}: "
+                          "give either those or --plan")
+    _check_search_flags(args)
+    plan = run_plan(search_for(args, (args.schedule,)), args.clusters, args.min_clusters)
+    if plan.best is None:
+        raise _user_error(f"no configuration of {plan.model} on {plan.clusters} rank(s) fits "
+                          f"--budget {format_bytes(plan.budget)}; see `ratrain plan`")
+    best = plan.best
+    for dest, _ in PLANNED:
+        setattr(args, dest, getattr(best, dest))
+    args.seq_len = plan.seq_len
+    print(f"planned for {plan.clusters} ranks: {best.candidate} ({_timing(best)})")
+
+
+# ---- argument parsers -------------------------------------------------------------------------
+
+def add_search_options(p, *, required: bool) -> None:
+    """--clusters, --min-clusters, --global-batch, --simulate: shared by plan and compile."""
+    p.add_argument("--clusters", type=_positive, default=None, metavar="N",
+                   help="ranks (MT-3000 clusters) to plan for: pp x dp = N")
+    p.add_argument("--min-clusters", action="store_true", help="find the smallest cluster "
+                   "count (up to --clusters, if given) at which a configuration fits, and "
+                   "plan there")
+    p.add_argument("--global-batch", type=_positive, required=required,
+                   default=None, metavar="G", help="sequences per step: dp x micro-batches x "
+                   "micro-batch size = G")
+    p.add_argument("--simulate", type=_positive, default=None, metavar="S", help="compile and "
+                   "simulate at most the S best candidates by the analytic estimate, skipping "
+                   "those estimated over 15%% slower than the best simulated (default: "
+                   f"{DEFAULT_SIMULATE})")
+
+
+def add_plan_parser(sub, model_help: str) -> None:
+    from ratrain.cli_compile import SIZE_HELP, _size_arg
+    from ratrain.passes.options import PRECISIONS
+    p = sub.add_parser("plan", help="search configurations for N ranks under a memory budget "
+                       "and rank them by simulated step time",
+                       description="Search pipeline and DP degrees (pp x dp = N), ZeRO stage, "
+                       "micro-batch size and count (dp x M x B = G), recompute policy and "
+                       "schedule. Candidates that cannot fit are dropped with the stage and "
+                       "memory categories over budget; the rest are ordered by an analytic "
+                       "estimate and the best few compiled and simulated. Sizes: "
+                       f"{SIZE_HELP}.")
+    p.add_argument("model", help=f"the model: {model_help}")
+    add_search_options(p, required=True)
+    p.add_argument("--seq-len", type=_positive, default=None, metavar="T", help="tokens per "
+                   f"sequence (default: the model's context, at most {DEFAULT_SEQ_LEN})")
+    p.add_argument("--hw", default="cpu", metavar="PROFILE", help="hardware profile: mt3000, "
+                   "cpu or a path to a profile .json (default: cpu)")
+    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="usable "
+                   "memory per rank, e.g. 20GB (default: the profile's usable_memory)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="fp32 or fp16 (default: the profile's)")
+    p.add_argument("--schedule", choices=SCHEDULES + ("all",), default="ratrain",
+                   help="which schedules to search (default: ratrain)")
+    p.add_argument("--top", type=_positive, default=10, metavar="K",
+                   help="show the K best rows that fit (default: 10)")
+    p.add_argument("--json", action="store_true", help="print the search and its rows as "
+                   "one JSON object (rows: pp, dp, zero, micro_batch_size, micro_batches, "
+                   "recompute, schedule, feasible, reason, peak_bytes, step_time_s, "
+                   "tokens_per_s)")
+    p.set_defaults(func=cmd_plan)

@@ -1,0 +1,101 @@
+"""`ratrain plan` (text, JSON, --min-clusters) and `ratrain compile --plan`."""
+import json
+
+import pytest
+
+from ratrain.cli import main
+
+PLAN = ["plan", "tiny", "--clusters", "4", "--global-batch", "8", "--seq-len", "32",
+        "--budget", "30MB"]
+ROW_KEYS = {"pp", "dp", "zero", "micro_batch_size", "micro_batches", "recompute", "schedule",
+            "feasible", "reason", "peak_bytes", "step_time_s", "tokens_per_s"}
+
+
+def run_json(argv, capsys) -> dict:
+    capsys.readouterr()
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def record():
+    import io
+    from contextlib import redirect_stdout
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(PLAN + ["--json", "--top", "4"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_json_rows_carry_exactly_the_documented_fields(record):
+    assert (record["model"], record["clusters"], record["global_batch"], record["seq_len"],
+            record["hw"], record["budget"]) == ("tiny", 4, 8, 32, "cpu", 30 * 10**6)
+    rows = record["rows"]
+    assert all(set(r) == ROW_KEYS for r in rows)
+    feasible = [r for r in rows if r["feasible"]]
+    assert len(feasible) == 4 and rows[:4] == feasible  # --top 4, best first
+    assert rows[0]["reason"] is None and rows[0]["step_time_s"] > 0
+    assert rows[0]["tokens_per_s"] == pytest.approx(8 * 32 / rows[0]["step_time_s"])
+    for row in rows:
+        assert row["pp"] * row["dp"] == 4
+        assert row["dp"] * row["micro_batches"] * row["micro_batch_size"] == 8
+        assert isinstance(row["peak_bytes"], int) and row["peak_bytes"] > 0
+        assert (row["step_time_s"] is None) == (row["reason"] is not None)
+    infeasible = [r for r in rows if not r["feasible"]]
+    assert infeasible and all(r["reason"] for r in infeasible)
+
+
+def test_text_table_best_row_and_reasons(capsys):
+    assert main(PLAN + ["--schedule", "all"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan tiny on 4 cpu ranks: global batch 8 x 32 tokens, budget 30 MB")
+    assert "\n  1    2     2    2    1     4 auto      ratrain " in out
+    assert "\nbest: pp 2 x dp 2, zero 2, 4 micro-batches of 1, recompute auto, ratrain " \
+           "schedule: peak" in out
+    assert "do not fit" in out and "pp 1 x dp 4, zero 2" in out
+
+
+def test_min_clusters_reports_the_smallest_count(capsys):
+    record = run_json(["plan", "tiny", "--min-clusters", "--global-batch", "8",
+                       "--seq-len", "32", "--budget", "21MB"], capsys)
+    assert record["smallest_clusters"] == record["clusters"] == 6
+    best = record["rows"][0]
+    assert (best["pp"], best["dp"], best["feasible"]) == (6, 1, True)
+    assert best["reason"].startswith("not simulated: memory checked with 6 micro-batches")
+
+
+def test_compile_plan_uses_the_best_row(record, tmp_path, capsys):
+    out = tmp_path / "prog"
+    assert main(["compile", "tiny", "--plan", "--clusters", "4", "--global-batch", "8",
+                 "--seq-len", "32", "--budget", "30MB", "-o", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("planned for 4 ranks: pp 2 x dp 2, zero 2")
+    options = json.loads((out / "program.json").read_text())["options"]
+    best = record["rows"][0]
+    for key in ("pp", "dp", "zero", "micro_batch_size", "micro_batches", "recompute",
+                "schedule"):
+        assert options[key] == best[key], key
+    assert (options["seq_len"], options["budget"]) == (32, 30 * 10**6)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "tiny", "--global-batch", "8"], "give --clusters N, or --min-clusters"),
+    (["plan", "tiny", "--min-clusters", "--clusters", "2", "--global-batch", "8",
+      "--seq-len", "32", "--budget", "5MB"], "tiny fits on no cluster count up to 2"),
+    (["compile", "tiny", "--clusters", "4", "-o", "{tmp}/a"], "--clusters need --plan"),
+    (["compile", "tiny", "--plan", "--pp", "2", "--clusters", "4", "--global-batch", "8",
+      "-o", "{tmp}/b"], "--plan chooses the configuration without --pp"),
+    (["compile", "tiny", "--plan", "--clusters", "1", "--global-batch", "8",
+      "--seq-len", "32", "--budget", "5MB", "-o", "{tmp}/c"],
+     "no configuration of tiny on 1 rank(s) fits --budget 4.77 MiB")])
+def test_errors_are_one_line(argv, message, tmp_path, capsys):
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_nothing_fits_is_said(capsys):
+    assert main(["plan", "tiny", "--clusters", "1", "--global-batch", "8", "--seq-len", "32",
+                 "--budget", "5MB"]) == 0
+    out = capsys.readouterr().out
+    assert "16 candidates" in out and ": 0 fit, 16 do not\n" in out
+    assert "no candidate compiled within the budget" in out
