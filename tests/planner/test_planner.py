@@ -128,7 +128,7 @@ def test_a_candidate_that_fails_to_compile_is_infeasible_with_plan_memorys_reaso
 def test_rows_rank_by_simulated_step_time():
     plan = planned(30 * MB, schedules=("ratrain", "baseline"))
     simulated = [r for r in plan.rows if r.simulated]
-    assert len(simulated) == 3 and plan.rows[:3] == tuple(simulated)
+    assert len(simulated) >= 2 and plan.rows[:len(simulated)] == tuple(simulated)
     assert [r.step_time_s for r in simulated] == sorted(r.step_time_s for r in simulated)
     assert plan.best == simulated[0]
     for row in simulated:
@@ -137,7 +137,7 @@ def test_rows_rank_by_simulated_step_time():
         step = simulate(program, CPU)
         assert (row.step_time_s, row.tokens_per_s, row.peak_bytes) == \
             (step.step_time, step.tokens_per_s, program.memory.peak_bytes)
-    rest = plan.rows[3:]
+    rest = plan.rows[len(simulated):]
     assert [r.feasible for r in rest] == sorted((r.feasible for r in rest), reverse=True)
 
 
