@@ -46,16 +46,20 @@ def graph(micro_batch_size: int = 1):
 @pytest.mark.parametrize("level", ["none", "selective", "full"])
 @pytest.mark.parametrize("layout", [dict(pp=1, micro_batches=4),
                                     dict(pp=2, dp=2, zero=2, micro_batches=4),
+                                    dict(pp=2, dp=2, zero=2, micro_batches=4,
+                                         grad_accum="scatter"),
                                     dict(pp=3, dp=2, zero=1, micro_batches=6),
                                     dict(pp=4, micro_batches=8, micro_batch_size=2)])
 def test_stage_estimate_is_plan_memorys_peak(layout, level):
     """The screen drops candidates on this estimate, so it must not exceed the real peak."""
-    options = CompileOptions(seq_len=32, recompute=level, grad_accum="local", **layout)
+    layout = {"grad_accum": "local", **layout}
+    options = CompileOptions(seq_len=32, recompute=level, **layout)
     program = partition_stages(Program(graph(options.micro_batch_size), options))
     compiled = run_pipeline(program, PIPELINE[1:] + [plan_memory], verify=False)[0]
     estimator = Estimator(CPU)
+    local = options.grad_accum == "local"
     for stage, memory in compiled.memory.stages.items():
-        assert total(stage_bytes(estimator, program, stage, level, True)) == memory.peak_bytes
+        assert total(stage_bytes(estimator, program, stage, level, local)) == memory.peak_bytes
 
 
 def test_fewer_micro_batches_have_the_same_peaks():
