@@ -401,10 +401,18 @@ def smallest(runs: Runs) -> list[str]:
     return lines
 
 
+def revision() -> str:
+    """The commit this report ran, and whether ratrain/ had uncommitted changes (other
+    engineers edit the shared tree; figures follow the lowering and the cost model)."""
+    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent).stdout.strip()
+    rev = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "--", "../ratrain")
+    return (rev or "unknown revision") + (" + uncommitted changes in ratrain/" if dirty else "")
+
+
 def header() -> list[str]:
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True, cwd=Path(__file__).parent).stdout.strip()
-    return [f"RATrain paper report (ratrain {rev or 'unknown revision'}): mt3000 profile "
+    return [f"RATrain paper report (ratrain {revision()}): mt3000 profile "
             f"(uncalibrated), sequence {SEQ_LEN}, global batch {GLOBAL_BATCH} sequences, "
             f"budget {format_budget(BUDGET)} per cluster, fp16",
             "paper figures: abstract of arXiv 2606.10415 (112,790.55 tokens/s and 97.0% "
