@@ -43,11 +43,19 @@ def _k(call) -> str:
     return SUFFIX[next(x.dtype for x in call.inputs if x.dtype in SUFFIX)]
 
 
-def _f32_target(arg: Arg, slot, n: int, lines: list[str], at: int = 0) -> tuple[str, int]:
+def _adds_into(call, index: int) -> bool:
+    """Output `index` is fused gradient accumulation in "add" mode (+= into grad.L)."""
+    return dict(call.params).get("grad_into") == (index, "add")
+
+
+def _f32_target(arg: Arg, slot, n: int, lines: list[str], at: int = 0,
+                adds: bool = False) -> tuple[str, int]:
     """Where a kernel that accumulates (+=) in fp32 should write `slot`: the slot itself
-    (zeroed) when it is fp32, else zeroed scratch at SCR + at, cast into it afterwards."""
+    (zeroed unless the call adds into it) when it is fp32, else zeroed scratch at SCR + at,
+    cast into it afterwards."""
     if slot.dtype == "float32":
-        lines.append(f"memset({arg(slot)}, 0, {4 * n})")
+        if not adds:
+            lines.append(f"memset({arg(slot)}, 0, {4 * n})")
         return arg(slot), 0
     lines.append(f"memset(SCR + {at}, 0, {4 * n})")
     return f"SCR + {at}", n
@@ -84,7 +92,8 @@ def _matmul_grads(call, arg: Arg) -> list[str]:
     return [f"st = gemm_fwd_{sfx}({arg(dx)}, {RT_DTYPE[dx.dtype]}, {arg(dy)}, {arg(w)}, NULL, "
             f"{m}, {k}, {n}, 0, threads)",
             f"if st == 0: st = gemm_fwd_{sfx}({arg(dw)}, {RT_DTYPE[dw.dtype]}, {arg(dy)}, "
-            f"{arg(x)}, NULL, {n}, {k}, {m}, RT_TRANS_A, threads)"]
+            f"{arg(x)}, NULL, {n}, {k}, {m}, RT_TRANS_A"
+            f"{' | RT_ACCUMULATE' if _adds_into(call, 1) else ''}, threads)"]
 
 
 def matmul_bwd(call, arg: Arg) -> Emitted:
@@ -134,7 +143,7 @@ def rms_norm(call, arg: Arg) -> Emitted:
 def rms_norm_bwd(call, arg: Arg) -> Emitted:
     (x, w, rstd, dy), (dx, dw) = call.inputs, call.outputs
     lines: list[str] = []
-    target, scratch = _f32_target(arg, dw, _size(dw), lines)
+    target, scratch = _f32_target(arg, dw, _size(dw), lines, adds=_adds_into(call, 1))
     lines.append(f"st = rmsnorm_bwd_{_k(call)}({arg(dx)}, {target}, {arg(dy)}, {arg(x)}, "
                  f"{arg(w)}, {arg(rstd)}, {_rows(x.shape)}, {x.shape[-1]}, threads)")
     return Emitted(lines + _cast_back(arg, dw, _size(dw)), scratch)
@@ -175,7 +184,7 @@ def embedding(call, arg: Arg) -> Emitted:
 def embedding_bwd(call, arg: Arg) -> Emitted:
     (ids, dy), (dtable,) = call.inputs, call.outputs
     lines: list[str] = []
-    target, scratch = _f32_target(arg, dtable, _size(dtable), lines)
+    target, scratch = _f32_target(arg, dtable, _size(dtable), lines, adds=_adds_into(call, 0))
     lines.append(f"st = embedding_bwd_{_k(call)}({target}, {arg(dy)}, {arg(ids)}, "
                  f"{_size(ids)}, {dtable.shape[0]}, {dtable.shape[1]}, threads)")
     return Emitted(lines + _cast_back(arg, dtable, _size(dtable)), scratch)
@@ -195,7 +204,7 @@ def cross_entropy_bwd(call, arg: Arg) -> Emitted:
     (h, w, targets, lse, dloss), (dh, dw) = call.inputs, call.outputs
     n = _size(targets)
     lines = [f"spread({arg(dloss)}, SCR, {n})"]
-    target, scratch = _f32_target(arg, dw, _size(dw), lines, at=n)
+    target, scratch = _f32_target(arg, dw, _size(dw), lines, at=n, adds=_adds_into(call, 1))
     lines.append(f"st = crossentropy_bwd_{_k(call)}({arg(dh)}, {target}, {arg(h)}, {arg(w)}, "
                  f"{arg(targets)}, {arg(lse)}, SCR, {n}, {w.shape[0]}, {w.shape[1]}, "
                  f"{CE_CHUNK}, threads)")

@@ -107,13 +107,30 @@ def residual_ids(kind, mode: str, kept: bool) -> set[int]:
     return {r.id for r, k in zip(kind.residuals, kept_mask(kind, mode)) if k == kept}
 
 
-def pinned_values(kind, use: str, mode: str = "none") -> frozenset:
+# Output index of the parameter gradient of ops whose kernels can write it straight into
+# the fp32 gradient buffer (GEMM with RT_ACCUMULATE; the others accumulate in fp32 anyway).
+GRAD_OUTPUT = {"matmul_bwd": 1, "matmul_bias_bwd": 1, "rms_norm_bwd": 1,
+               "embedding_bwd": 0, "cross_entropy_bwd": 1}
+
+
+def fused_grad_ids(kind) -> frozenset:
+    """NOTE [fused gradient accumulation]: parameter gradients that a GRAD_OUTPUT op makes
+    directly are written (first micro-batch) or added (later ones) by that op straight
+    into grad.L in fp32, so they take no workspace. Layers whose gradients are
+    reduce-scattered per micro-batch (ZeRO-2 "scatter") keep them in the workspace."""
+    grads = {v.id for v, n in zip(kind.bwd.outputs, kind.bwd.output_names)
+             if n.startswith("grad:")}
+    return frozenset(node.outputs[GRAD_OUTPUT[node.op]].id for node in kind.bwd.nodes
+                     if node.op in GRAD_OUTPUT and node.outputs[GRAD_OUTPUT[node.op]].id in grads)
+
+
+def pinned_values(kind, use: str, mode: str = "none", fused: bool = False) -> frozenset:
     """Values of a layer graph that live in buffers of their own, not in the workspace.
 
     "F": inputs, kept residuals (act) and the output passed on (the head's loss stays in
     the workspace); "REC": inputs and the dropped residuals it rebuilds (rec); "B": its
-    inputs and the cotangent passed on (parameter gradients stay in the workspace until
-    they are accumulated).
+    inputs, the cotangent passed on and, with `fused`, the parameter gradients written
+    straight into grad.L (the others stay in the workspace until accumulated).
     """
     ids = {v.id for v in kind.fwd.inputs}
     if use == "F":
@@ -125,6 +142,8 @@ def pinned_values(kind, use: str, mode: str = "none") -> frozenset:
         ids = {v.id for v in kind.bwd.inputs}
         ids |= {v.id for v, n in zip(kind.bwd.outputs, kind.bwd.output_names)
                 if n.startswith("ct:") and not isinstance(v, Literal)}
+        if fused:
+            ids |= fused_grad_ids(kind)
     return frozenset(ids)
 
 
@@ -139,22 +158,37 @@ RECOVERY_MODES = ("none", "full", "selective")
 
 
 def workspace_bytes(program, stage: int, direction: str) -> int:
-    return _workspace_bytes(program.graph, program.stages[stage], direction,
-                            cotangent_bytes(program))
+    layers = program.stages[stage]
+    return _workspace_bytes(program.graph, layers, direction, cotangent_bytes(program),
+                            tuple(l not in program.scatter_grads for l in layers),
+                            stage == len(program.stages) - 1)
 
 
 @lru_cache(maxsize=4096)
-def _workspace_bytes(graph, layers: tuple, direction: str, cotangent: int) -> int:
+def _workspace_bytes(graph, layers: tuple, direction: str, cotangent: int,
+                     fused: tuple, last_stage: bool) -> int:
     """Workspace of the stage's F and REC (direction "fwd") or B ("bwd"): the largest
-    layer's intermediates under any recovery mode; B also holds two cotangent slots
-    passed from layer to layer (the first also takes the loss cotangent)."""
+    layer's intermediates under any recovery mode (REC: decoders only, the layers
+    insert_recovery may recompute); B also holds the cotangent slots passed from layer
+    to layer (cotangent_slots) and, per layer, the gradients that are not fused
+    (`fused[i]`: layer i's are)."""
     kinds = [graph.kinds[graph.layers[l].kind] for l in layers]
     if direction == "bwd":
-        peaks = [graph_workspace(k.bwd, pinned_values(k, "B"))[1] for k in kinds]
-        return 2 * cotangent + max(peaks, default=0)
+        peaks = [graph_workspace(k.bwd, pinned_values(k, "B", fused=f))[1]
+                 for k, f in zip(kinds, fused)]
+        return cotangent_slots(kinds, last_stage) * cotangent + max(peaks, default=0)
     peaks = [graph_workspace(k.fwd, pinned_values(k, use, mode))[1]
-             for k in kinds for use in ("F", "REC") for mode in RECOVERY_MODES]
+             for k in kinds for use in ("F", "REC") for mode in RECOVERY_MODES
+             if use == "F" or k.kind == "decoder"]
     return max(peaks, default=0)
+
+
+def cotangent_slots(kinds: list, last_stage: bool) -> int:
+    """How many of B's two ping-pong cotangent slots (lower._lower_backward) are used:
+    one per value passed inside the stage (the loss cotangent on the last stage, and the
+    input cotangent of every layer but the stage's first), at most two."""
+    passed = int(last_stage) + sum("ct:h" in k.bwd.output_names for k in kinds[1:])
+    return min(2, passed)
 
 
 def _message_bytes(program, stage: int) -> int:

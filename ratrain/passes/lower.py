@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from ratrain.ir.graph import DTYPE_SHORT, Literal
 from ratrain.ir.printer import format_param
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.buffers import (cotangent_bytes, grad_layout, pinned_values,
+from ratrain.passes.buffers import (GRAD_OUTPUT, cotangent_bytes, cotangent_slots,
+                                    fused_grad_ids, grad_layout, pinned_values,
                                     residual_layout, shard_elements, view_layout)
 from ratrain.passes.layout import align_up, graph_workspace
 from ratrain.passes.lower_comms import message_tag
@@ -199,14 +200,25 @@ def _accumulate_grads(program, task: Task, layer: int, placement: _Placement) ->
         return [Call("grad_scatter", (_flat_slot(f"gshard.L{layer}", shard),), grads,
                      (("first", task.micro_batch == first_b), ("micro_batch", task.micro_batch)),
                      f"L{layer}")]
-    offsets, _ = grad_layout(program, layer)
-    calls = []
-    for name, var, offset in zip(kind.fwd.param_names, kind.fwd.params, offsets):
-        grad = kind.bwd.output("grad:" + name)
-        target = Slot(arena_name(f"grad.L{layer}"), 4 * offset, "float32", tuple(var.shape))
-        calls.append(Call("accumulate_grad", (target,), (placement.slots[grad.id],),
-                          (("first", task.micro_batch == first_b),), f"L{layer} {name}"))
-    return calls
+    targets = _grad_slots(program, layer)
+    return [Call("accumulate_grad", (targets[grad.id],), (placement.slots[grad.id],),
+                 (("first", task.micro_batch == first_b),), f"L{layer} {name}")
+            for name in kind.fwd.param_names for grad in [kind.bwd.output("grad:" + name)]]
+
+
+def _grad_slots(program, layer: int) -> dict:
+    """Var id of each parameter gradient -> its fp32 slot in grad.L."""
+    kind, (offsets, _) = _kind(program, layer), grad_layout(program, layer)
+    return {kind.bwd.output("grad:" + name).id:
+            Slot(arena_name(f"grad.L{layer}"), 4 * offset, "float32", tuple(var.shape))
+            for name, var, offset in zip(kind.fwd.param_names, kind.fwd.params, offsets)}
+
+
+def _bind_fused_grads(placement: _Placement, program, layer: int) -> None:
+    kind, targets = _kind(program, layer), _grad_slots(program, layer)
+    for var in kind.bwd.outputs:
+        if var.id in fused_grad_ids(kind):
+            placement.bind(var, targets[var.id])
 
 
 def _lower_backward(program, task: Task) -> list[Call]:
@@ -216,6 +228,8 @@ def _lower_backward(program, task: Task) -> list[Call]:
     hidden = _kind(program, layers[0]).fwd.outputs[0] if _kind(program, layers[0]).kind != "head" \
         else _kind(program, layers[0]).fwd.inputs[0]
     ping_pong = _cotangent_slots(program, task, hidden)
+    base = cotangent_slots([_kind(program, l) for l in layers], last_stage) * \
+        cotangent_bytes(program)  # the layers' workspace starts after the slots used
     turn = 0
     if last_stage:
         loss = _kind(program, layers[-1]).bwd.inputs[-1]
@@ -227,9 +241,12 @@ def _lower_backward(program, task: Task) -> list[Call]:
         current = _slot(f"gin.mb{m}", 0, _kind(program, layers[-1]).fwd.outputs[0])
     for j, layer in enumerate(reversed(layers)):
         kind = _kind(program, layer)
-        placement = _Placement(kind.bwd, pinned_values(kind, "B"), f"ws.{task}",
-                               base=2 * cotangent_bytes(program))
+        fused = layer not in program.scatter_grads
+        placement = _Placement(kind.bwd, pinned_values(kind, "B", fused=fused), f"ws.{task}",
+                               base=base)
         _bind_params(placement, program, layer, kind.bwd)
+        if fused:
+            _bind_fused_grads(placement, program, layer)
         n_res = len(kind.residuals)
         for i, var in enumerate(kind.bwd.inputs[:n_res]):
             placement.bind(var, residual_slot(program, layer, m, i))
@@ -242,8 +259,31 @@ def _lower_backward(program, task: Task) -> list[Call]:
                 replace(ping_pong[turn % 2], dtype=out.dtype, shape=tuple(out.shape))
             placement.bind(out, current)
             turn += 1
-        calls += placement.calls(layer) + _accumulate_grads(program, task, layer, placement)
+        calls += fuse_grad_accumulation(
+            placement.calls(layer) + _accumulate_grads(program, task, layer, placement))
     return calls
+
+
+
+def fuse_grad_accumulation(calls: list[Call]) -> list[Call]:
+    """NOTE [fused gradient accumulation] (buffers.py): `accumulate_grad` of a gradient a
+    GRAD_OUTPUT op wrote into its grad.L slot is folded into that op, param
+    grad_into=(output index, "set"|"add"). That saves a write and a read of every weight
+    gradient per micro-batch through DDR, and fp16 weight gradients are no longer rounded
+    to half before they are summed."""
+    producer = {c.outputs[GRAD_OUTPUT[c.op]]: i for i, c in enumerate(calls) if c.op in GRAD_OUTPUT}
+    out, fused = list(calls), set()
+    for i, call in enumerate(calls):
+        if call.op != "accumulate_grad" or call.inputs[0] not in producer:
+            continue
+        p = producer[call.inputs[0]]
+        index = GRAD_OUTPUT[calls[p].op]
+        mode = "set" if dict(call.params)["first"] else "add"
+        outputs = tuple(call.outputs[0] if k == index else o for k, o in enumerate(out[p].outputs))
+        out[p] = replace(out[p], outputs=outputs,
+                         params=tuple(sorted(out[p].params + (("grad_into", (index, mode)),))))
+        fused.add(i)
+    return [c for i, c in enumerate(out) if i not in fused]
 
 
 def _flat_slot(buffer: str, elements: int, offset: int = 0) -> Slot:

@@ -10,7 +10,7 @@ on a 1F1B timeline. Reported step times are the simulator's; this orders the sea
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -122,7 +122,8 @@ def stage_bytes(est: Estimator, program, stage: int, level: str, local: bool) ->
     # at the peak: the message received, the one sent, and a cotangent posted or sent back
     neighbours = _neighbours(program, stage)
     need["comm"] = (1 + neighbours) * _message_bytes(program, stage) if neighbours else 0
-    need["workspace"] = workspace_bytes(program, stage, "bwd")
+    scatter = frozenset() if local else frozenset(layers)  # scattered grads stay in ws
+    need["workspace"] = workspace_bytes(replace(program, scatter_grads=scatter), stage, "bwd")
     return need
 
 

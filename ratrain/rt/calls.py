@@ -178,9 +178,15 @@ def _compute(t: Transport, st: RankState, call) -> None:
     """Any IR op: its rule's numpy reference, outputs written into their slots."""
     args = [st.view(x) if hasattr(x, "buffer") else np.asarray(x.value, x.dtype)
             for x in call.inputs]
-    out = _rule(call.op).fwd(np, *args, **_params(call))
-    for slot, value in zip(call.outputs, out if isinstance(out, (tuple, list)) else (out,)):
-        st.view(slot)[...] = value
+    params = _params(call)
+    into, mode = params.pop("grad_into", (None, None))  # NOTE [fused gradient accumulation]
+    out = _rule(call.op).fwd(np, *args, **params)
+    for k, (slot, value) in enumerate(zip(call.outputs, out if isinstance(out, (tuple, list))
+                                          else (out,))):
+        if k == into and mode == "add":
+            st.view(slot)[...] += value
+        else:
+            st.view(slot)[...] = value
 
 
 # --- pipeline messages ---------------------------------------------------------------------

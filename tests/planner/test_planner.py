@@ -7,6 +7,7 @@ from functools import lru_cache
 
 import pytest
 
+
 from ratrain import models
 from ratrain.cli_compile import compile_graph, trace_for
 from ratrain.hw import load_profile
@@ -50,8 +51,9 @@ def graph(micro_batch_size: int = 1):
                                          grad_accum="scatter"),
                                     dict(pp=3, dp=2, zero=1, micro_batches=6),
                                     dict(pp=4, micro_batches=8, micro_batch_size=2)])
-def test_stage_estimate_is_plan_memorys_peak(layout, level):
-    """The screen drops candidates on this estimate, so it must not exceed the real peak."""
+def test_stage_estimate_bounds_plan_memorys_peak(layout, level):
+    """The screen drops candidates on this estimate, so it must not exceed the real peak,
+    and it must stay close to it to be of use."""
     layout = {"grad_accum": "local", **layout}
     options = CompileOptions(seq_len=32, recompute=level, **layout)
     program = partition_stages(Program(graph(options.micro_batch_size), options))
@@ -59,7 +61,12 @@ def test_stage_estimate_is_plan_memorys_peak(layout, level):
     estimator = Estimator(CPU)
     local = options.grad_accum == "local"
     for stage, memory in compiled.memory.stages.items():
-        assert total(stage_bytes(estimator, program, stage, level, local)) == memory.peak_bytes
+        estimate = total(stage_bytes(estimator, program, stage, level, local))
+        # the estimate is the peak at a backward; since NOTE [fused gradient accumulation]
+        # shrank B's workspace, the real peak can be at a forward or a SYNC instead (a
+        # message or a gradient shard more): still a lower bound (the screen never drops
+        # a candidate that fits), within 1%
+        assert 0.99 * memory.peak_bytes <= estimate <= memory.peak_bytes
 
 
 def test_fewer_micro_batches_have_the_same_peaks():

@@ -59,7 +59,7 @@ def test_text_table_best_row_and_reasons(record, capsys):
 
 def test_min_clusters_reports_the_smallest_count(capsys):
     record = run_json(["plan", "tiny", "--min-clusters", "--global-batch", "8",
-                       "--seq-len", "32", "--budget", "21MB"], capsys)
+                       "--seq-len", "32", "--budget", "18MB"], capsys)
     assert record["smallest_clusters"] == record["clusters"] == 6
     best = record["rows"][0]
     assert best["pp"] * best["dp"] == 6 and best["feasible"]

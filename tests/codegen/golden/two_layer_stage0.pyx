@@ -114,42 +114,28 @@ cdef void spread(const float *total, float *out, size_t n) noexcept nogil:
 cdef int f0(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     # used by B tasks
     cdef int st = 0
-    # cross_entropy_bwd float32[2, 8, 32] float32[64, 32] float32[2, 8, 32] float32[64, 32] int32[2, 8] float32[2, 8] float32[]
+    # cross_entropy_bwd[grad_into=(1, 'add')] float32[2, 8, 32] float32[64, 32] float32[2, 8, 32] float32[64, 32] int32[2, 8] float32[2, 8] float32[]
     spread(<float *>(A + o[0]), SCR, 16)
-    memset(<float *>(A + o[1]), 0, 8192)
     st = crossentropy_bwd_f32(<float *>(A + o[2]), <float *>(A + o[1]), <float *>(A + o[3]), <float *>(A + o[4]), <int32_t *>(A + o[5]), <float *>(A + o[6]), SCR, 16, 64, 32, 4096, threads)
     if st != 0: status[0] = st; return 0
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[7]), 0, 128)
+    # rms_norm_bwd[eps=1e-06 grad_into=(1, 'add')] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
     st = rmsnorm_bwd_f32(<float *>(A + o[8]), <float *>(A + o[7]), <float *>(A + o[2]), <float *>(A + o[9]), <float *>(A + o[10]), <float *>(A + o[11]), 16, 32, threads)
     if st != 0: status[0] = st; return 1
-    # accumulate_grad[first=False] float32[32] float32[32]
-    st = accumulate_add_f32(<float *>(A + o[12]), <float *>(A + o[7]), 32)
-    if st != 0: status[0] = st; return 2
-    # accumulate_grad[first=False] float32[64, 32] float32[64, 32]
-    st = accumulate_add_f32(<float *>(A + o[13]), <float *>(A + o[1]), 2048)
-    if st != 0: status[0] = st; return 3
     return -1
 
 
 cdef int f1(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     # used by B tasks
     cdef int st = 0
-    # cross_entropy_bwd float32[2, 8, 32] float32[64, 32] float32[2, 8, 32] float32[64, 32] int32[2, 8] float32[2, 8] float32[]
+    # cross_entropy_bwd[grad_into=(1, 'set')] float32[2, 8, 32] float32[64, 32] float32[2, 8, 32] float32[64, 32] int32[2, 8] float32[2, 8] float32[]
     spread(<float *>(A + o[0]), SCR, 16)
     memset(<float *>(A + o[1]), 0, 8192)
     st = crossentropy_bwd_f32(<float *>(A + o[2]), <float *>(A + o[1]), <float *>(A + o[3]), <float *>(A + o[4]), <int32_t *>(A + o[5]), <float *>(A + o[6]), SCR, 16, 64, 32, 4096, threads)
     if st != 0: status[0] = st; return 0
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
+    # rms_norm_bwd[eps=1e-06 grad_into=(1, 'set')] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
     memset(<float *>(A + o[7]), 0, 128)
     st = rmsnorm_bwd_f32(<float *>(A + o[8]), <float *>(A + o[7]), <float *>(A + o[2]), <float *>(A + o[9]), <float *>(A + o[10]), <float *>(A + o[11]), 16, 32, threads)
     if st != 0: status[0] = st; return 1
-    # accumulate_grad[first=True] float32[32] float32[32]
-    st = accumulate_set_f32(<float *>(A + o[12]), <float *>(A + o[7]), 32)
-    if st != 0: status[0] = st; return 2
-    # accumulate_grad[first=True] float32[64, 32] float32[64, 32]
-    st = accumulate_set_f32(<float *>(A + o[13]), <float *>(A + o[1]), 2048)
-    if st != 0: status[0] = st; return 3
     return -1
 
 
@@ -165,242 +151,179 @@ cdef int f2(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
 cdef int f3(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     # used by B tasks
     cdef int st = 0
-    # embedding_bwd[vocab=64] float32[64, 32] int32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[0]), 0, 8192)
+    # embedding_bwd[grad_into=(0, 'add') vocab=64] float32[64, 32] int32[2, 8] float32[2, 8, 32]
     st = embedding_bwd_f32(<float *>(A + o[0]), <float *>(A + o[1]), <int32_t *>(A + o[2]), 16, 64, 32, threads)
     if st != 0: status[0] = st; return 0
-    # accumulate_grad[first=False] float32[64, 32] float32[64, 32]
-    st = accumulate_add_f32(<float *>(A + o[3]), <float *>(A + o[0]), 2048)
-    if st != 0: status[0] = st; return 1
     return -1
 
 
 cdef int f4(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     # used by B tasks
     cdef int st = 0
-    # embedding_bwd[vocab=64] float32[64, 32] int32[2, 8] float32[2, 8, 32]
+    # embedding_bwd[grad_into=(0, 'set') vocab=64] float32[64, 32] int32[2, 8] float32[2, 8, 32]
     memset(<float *>(A + o[0]), 0, 8192)
     st = embedding_bwd_f32(<float *>(A + o[0]), <float *>(A + o[1]), <int32_t *>(A + o[2]), 16, 64, 32, threads)
     if st != 0: status[0] = st; return 0
-    # accumulate_grad[first=True] float32[64, 32] float32[64, 32]
-    st = accumulate_set_f32(<float *>(A + o[3]), <float *>(A + o[0]), 2048)
-    if st != 0: status[0] = st; return 1
     return -1
 
 
 cdef int f5(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     # used by B tasks
     cdef int st = 0
-    # matmul_bwd float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
+    # matmul_bwd[grad_into=(1, 'add')] float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
     st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[1]), <float *>(A + o[2]), NULL, 16, 48, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[3]), RT_F32, <float *>(A + o[1]), <float *>(A + o[4]), NULL, 32, 48, 16, RT_TRANS_A, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[3]), RT_F32, <float *>(A + o[1]), <float *>(A + o[4]), NULL, 32, 48, 16, RT_TRANS_A | RT_ACCUMULATE, threads)
     if st != 0: status[0] = st; return 0
     # swiglu_bwd float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48]
     st = swiglu_bwd_f32(<float *>(A + o[5]), <float *>(A + o[6]), <float *>(A + o[0]), <float *>(A + o[7]), <float *>(A + o[8]), 768, threads)
     if st != 0: status[0] = st; return 1
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[9]), RT_F32, <float *>(A + o[6]), <float *>(A + o[10]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[6]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'add')] float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
+    st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[6]), <float *>(A + o[9]), NULL, 16, 32, 48, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[10]), RT_F32, <float *>(A + o[6]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A | RT_ACCUMULATE, threads)
     if st != 0: status[0] = st; return 2
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[12]), RT_F32, <float *>(A + o[5]), <float *>(A + o[13]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[5]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'add')] float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
+    st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[5]), <float *>(A + o[12]), NULL, 16, 32, 48, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[13]), RT_F32, <float *>(A + o[5]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A | RT_ACCUMULATE, threads)
     if st != 0: status[0] = st; return 3
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[5]), <float *>(A + o[9]), <float *>(A + o[12]), 512)
+    st = add_f32(<float *>(A + o[14]), <float *>(A + o[0]), <float *>(A + o[6]), 512)
     if st != 0: status[0] = st; return 4
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[14]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[15]), <float *>(A + o[14]), <float *>(A + o[5]), <float *>(A + o[16]), <float *>(A + o[17]), <float *>(A + o[18]), 16, 32, threads)
+    # rms_norm_bwd[eps=1e-06 grad_into=(1, 'add')] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
+    st = rmsnorm_bwd_f32(<float *>(A + o[0]), <float *>(A + o[15]), <float *>(A + o[14]), <float *>(A + o[16]), <float *>(A + o[17]), <float *>(A + o[18]), 16, 32, threads)
     if st != 0: status[0] = st; return 5
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[19]), <float *>(A + o[1]), <float *>(A + o[15]), 512)
+    st = add_f32(<float *>(A + o[14]), <float *>(A + o[1]), <float *>(A + o[0]), 512)
     if st != 0: status[0] = st; return 6
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[19]), <float *>(A + o[21]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[5]), RT_F32, <float *>(A + o[19]), <float *>(A + o[22]), NULL, 32, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'add')] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
+    st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[14]), <float *>(A + o[19]), NULL, 16, 32, 32, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[14]), <float *>(A + o[21]), NULL, 32, 32, 16, RT_TRANS_A | RT_ACCUMULATE, threads)
     if st != 0: status[0] = st; return 7
     # reshape[new_sizes=(2, 8, 4, 8)] float32[2, 8, 4, 8] float32[2, 8, 32]
-    memmove(<float *>(A + o[23]), <float *>(A + o[20]), 2048)
+    memmove(<float *>(A + o[22]), <float *>(A + o[0]), 2048)
     if st != 0: status[0] = st; return 8
     # attention_bwd[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8]
-    st = attention_bwd_f32(<float *>(A + o[20]), <float *>(A + o[24]), <float *>(A + o[25]), <float *>(A + o[26]), <float *>(A + o[27]), <float *>(A + o[28]), <float *>(A + o[29]), <float *>(A + o[30]), <float *>(A + o[23]), NULL, 2, 8, 4, 2, 8, 1, threads)
+    st = attention_bwd_f32(<float *>(A + o[0]), <float *>(A + o[6]), <float *>(A + o[23]), <float *>(A + o[24]), <float *>(A + o[25]), <float *>(A + o[26]), <float *>(A + o[27]), <float *>(A + o[28]), <float *>(A + o[22]), NULL, 2, 8, 4, 2, 8, 1, threads)
     if st != 0: status[0] = st; return 9
     # rope_bwd[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = rope_bwd_f32(<float *>(A + o[31]), <float *>(A + o[24]), 2, 8, 2, 8, 10000.0, threads)
+    st = rope_bwd_f32(<float *>(A + o[29]), <float *>(A + o[6]), 2, 8, 2, 8, 10000.0, threads)
     if st != 0: status[0] = st; return 10
     # rope_bwd[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
-    st = rope_bwd_f32(<float *>(A + o[23]), <float *>(A + o[20]), 2, 8, 4, 8, 10000.0, threads)
+    st = rope_bwd_f32(<float *>(A + o[22]), <float *>(A + o[0]), 2, 8, 4, 8, 10000.0, threads)
     if st != 0: status[0] = st; return 11
     # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[32]), <float *>(A + o[25]), 1024)
+    memmove(<float *>(A + o[6]), <float *>(A + o[23]), 1024)
     if st != 0: status[0] = st; return 12
     # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[33]), <float *>(A + o[31]), 1024)
+    memmove(<float *>(A + o[30]), <float *>(A + o[29]), 1024)
     if st != 0: status[0] = st; return 13
     # reshape[new_sizes=(2, 8, 32)] float32[2, 8, 32] float32[2, 8, 4, 8]
-    memmove(<float *>(A + o[24]), <float *>(A + o[23]), 2048)
+    memmove(<float *>(A + o[0]), <float *>(A + o[22]), 2048)
     if st != 0: status[0] = st; return 14
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[32]), <float *>(A + o[34]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[31]), RT_F32, <float *>(A + o[32]), <float *>(A + o[35]), NULL, 16, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'add')] float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
+    st = gemm_fwd_f32(<float *>(A + o[22]), RT_F32, <float *>(A + o[6]), <float *>(A + o[31]), NULL, 16, 32, 16, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[6]), <float *>(A + o[33]), NULL, 16, 32, 16, RT_TRANS_A | RT_ACCUMULATE, threads)
     if st != 0: status[0] = st; return 15
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[23]), RT_F32, <float *>(A + o[33]), <float *>(A + o[36]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[33]), <float *>(A + o[35]), NULL, 16, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'add')] float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
+    st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[30]), <float *>(A + o[34]), NULL, 16, 32, 16, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[35]), RT_F32, <float *>(A + o[30]), <float *>(A + o[33]), NULL, 16, 32, 16, RT_TRANS_A | RT_ACCUMULATE, threads)
     if st != 0: status[0] = st; return 16
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[33]), <float *>(A + o[20]), <float *>(A + o[23]), 512)
+    st = add_f32(<float *>(A + o[29]), <float *>(A + o[22]), <float *>(A + o[6]), 512)
     if st != 0: status[0] = st; return 17
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[37]), RT_F32, <float *>(A + o[24]), <float *>(A + o[38]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[24]), <float *>(A + o[35]), NULL, 32, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'add')] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
+    st = gemm_fwd_f32(<float *>(A + o[22]), RT_F32, <float *>(A + o[0]), <float *>(A + o[36]), NULL, 16, 32, 32, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[37]), RT_F32, <float *>(A + o[0]), <float *>(A + o[33]), NULL, 32, 32, 16, RT_TRANS_A | RT_ACCUMULATE, threads)
     if st != 0: status[0] = st; return 18
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[24]), <float *>(A + o[33]), <float *>(A + o[37]), 512)
+    st = add_f32(<float *>(A + o[0]), <float *>(A + o[29]), <float *>(A + o[22]), 512)
     if st != 0: status[0] = st; return 19
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[37]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[33]), <float *>(A + o[37]), <float *>(A + o[24]), <float *>(A + o[39]), <float *>(A + o[40]), <float *>(A + o[41]), 16, 32, threads)
+    # rms_norm_bwd[eps=1e-06 grad_into=(1, 'add')] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
+    st = rmsnorm_bwd_f32(<float *>(A + o[22]), <float *>(A + o[38]), <float *>(A + o[0]), <float *>(A + o[39]), <float *>(A + o[40]), <float *>(A + o[41]), 16, 32, threads)
     if st != 0: status[0] = st; return 20
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[42]), <float *>(A + o[19]), <float *>(A + o[33]), 512)
+    st = add_f32(<float *>(A + o[42]), <float *>(A + o[14]), <float *>(A + o[22]), 512)
     if st != 0: status[0] = st; return 21
-    # accumulate_grad[first=False] float32[32] float32[32]
-    st = accumulate_add_f32(<float *>(A + o[43]), <float *>(A + o[37]), 32)
-    if st != 0: status[0] = st; return 22
-    # accumulate_grad[first=False] float32[32, 32] float32[32, 32]
-    st = accumulate_add_f32(<float *>(A + o[44]), <float *>(A + o[20]), 1024)
-    if st != 0: status[0] = st; return 23
-    # accumulate_grad[first=False] float32[16, 32] float32[16, 32]
-    st = accumulate_add_f32(<float *>(A + o[45]), <float *>(A + o[32]), 512)
-    if st != 0: status[0] = st; return 24
-    # accumulate_grad[first=False] float32[16, 32] float32[16, 32]
-    st = accumulate_add_f32(<float *>(A + o[46]), <float *>(A + o[31]), 512)
-    if st != 0: status[0] = st; return 25
-    # accumulate_grad[first=False] float32[32, 32] float32[32, 32]
-    st = accumulate_add_f32(<float *>(A + o[47]), <float *>(A + o[5]), 1024)
-    if st != 0: status[0] = st; return 26
-    # accumulate_grad[first=False] float32[32] float32[32]
-    st = accumulate_add_f32(<float *>(A + o[48]), <float *>(A + o[14]), 32)
-    if st != 0: status[0] = st; return 27
-    # accumulate_grad[first=False] float32[48, 32] float32[48, 32]
-    st = accumulate_add_f32(<float *>(A + o[49]), <float *>(A + o[6]), 1536)
-    if st != 0: status[0] = st; return 28
-    # accumulate_grad[first=False] float32[48, 32] float32[48, 32]
-    st = accumulate_add_f32(<float *>(A + o[50]), <float *>(A + o[0]), 1536)
-    if st != 0: status[0] = st; return 29
-    # accumulate_grad[first=False] float32[32, 48] float32[32, 48]
-    st = accumulate_add_f32(<float *>(A + o[51]), <float *>(A + o[3]), 1536)
-    if st != 0: status[0] = st; return 30
     return -1
 
 
 cdef int f6(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     # used by B tasks
     cdef int st = 0
-    # matmul_bwd float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
+    # matmul_bwd[grad_into=(1, 'set')] float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
     st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[1]), <float *>(A + o[2]), NULL, 16, 48, 32, 0, threads)
     if st == 0: st = gemm_fwd_f32(<float *>(A + o[3]), RT_F32, <float *>(A + o[1]), <float *>(A + o[4]), NULL, 32, 48, 16, RT_TRANS_A, threads)
     if st != 0: status[0] = st; return 0
     # swiglu_bwd float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48] float32[2, 8, 48]
     st = swiglu_bwd_f32(<float *>(A + o[5]), <float *>(A + o[6]), <float *>(A + o[0]), <float *>(A + o[7]), <float *>(A + o[8]), 768, threads)
     if st != 0: status[0] = st; return 1
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[9]), RT_F32, <float *>(A + o[6]), <float *>(A + o[10]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[6]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'set')] float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
+    st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[6]), <float *>(A + o[9]), NULL, 16, 32, 48, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[10]), RT_F32, <float *>(A + o[6]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A, threads)
     if st != 0: status[0] = st; return 2
-    # matmul_bwd float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
-    st = gemm_fwd_f32(<float *>(A + o[12]), RT_F32, <float *>(A + o[5]), <float *>(A + o[13]), NULL, 16, 32, 48, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[5]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'set')] float32[2, 8, 32] float32[48, 32] float32[2, 8, 32] float32[48, 32] float32[2, 8, 48]
+    st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[5]), <float *>(A + o[12]), NULL, 16, 32, 48, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[13]), RT_F32, <float *>(A + o[5]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A, threads)
     if st != 0: status[0] = st; return 3
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[5]), <float *>(A + o[9]), <float *>(A + o[12]), 512)
+    st = add_f32(<float *>(A + o[14]), <float *>(A + o[0]), <float *>(A + o[6]), 512)
     if st != 0: status[0] = st; return 4
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[14]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[15]), <float *>(A + o[14]), <float *>(A + o[5]), <float *>(A + o[16]), <float *>(A + o[17]), <float *>(A + o[18]), 16, 32, threads)
+    # rms_norm_bwd[eps=1e-06 grad_into=(1, 'set')] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
+    memset(<float *>(A + o[15]), 0, 128)
+    st = rmsnorm_bwd_f32(<float *>(A + o[0]), <float *>(A + o[15]), <float *>(A + o[14]), <float *>(A + o[16]), <float *>(A + o[17]), <float *>(A + o[18]), 16, 32, threads)
     if st != 0: status[0] = st; return 5
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[19]), <float *>(A + o[1]), <float *>(A + o[15]), 512)
+    st = add_f32(<float *>(A + o[14]), <float *>(A + o[1]), <float *>(A + o[0]), 512)
     if st != 0: status[0] = st; return 6
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[19]), <float *>(A + o[21]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[5]), RT_F32, <float *>(A + o[19]), <float *>(A + o[22]), NULL, 32, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'set')] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
+    st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[14]), <float *>(A + o[19]), NULL, 16, 32, 32, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[14]), <float *>(A + o[21]), NULL, 32, 32, 16, RT_TRANS_A, threads)
     if st != 0: status[0] = st; return 7
     # reshape[new_sizes=(2, 8, 4, 8)] float32[2, 8, 4, 8] float32[2, 8, 32]
-    memmove(<float *>(A + o[23]), <float *>(A + o[20]), 2048)
+    memmove(<float *>(A + o[22]), <float *>(A + o[0]), 2048)
     if st != 0: status[0] = st; return 8
     # attention_bwd[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8]
-    st = attention_bwd_f32(<float *>(A + o[20]), <float *>(A + o[24]), <float *>(A + o[25]), <float *>(A + o[26]), <float *>(A + o[27]), <float *>(A + o[28]), <float *>(A + o[29]), <float *>(A + o[30]), <float *>(A + o[23]), NULL, 2, 8, 4, 2, 8, 1, threads)
+    st = attention_bwd_f32(<float *>(A + o[0]), <float *>(A + o[6]), <float *>(A + o[23]), <float *>(A + o[24]), <float *>(A + o[25]), <float *>(A + o[26]), <float *>(A + o[27]), <float *>(A + o[28]), <float *>(A + o[22]), NULL, 2, 8, 4, 2, 8, 1, threads)
     if st != 0: status[0] = st; return 9
     # rope_bwd[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = rope_bwd_f32(<float *>(A + o[31]), <float *>(A + o[24]), 2, 8, 2, 8, 10000.0, threads)
+    st = rope_bwd_f32(<float *>(A + o[29]), <float *>(A + o[6]), 2, 8, 2, 8, 10000.0, threads)
     if st != 0: status[0] = st; return 10
     # rope_bwd[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
-    st = rope_bwd_f32(<float *>(A + o[23]), <float *>(A + o[20]), 2, 8, 4, 8, 10000.0, threads)
+    st = rope_bwd_f32(<float *>(A + o[22]), <float *>(A + o[0]), 2, 8, 4, 8, 10000.0, threads)
     if st != 0: status[0] = st; return 11
     # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[32]), <float *>(A + o[25]), 1024)
+    memmove(<float *>(A + o[6]), <float *>(A + o[23]), 1024)
     if st != 0: status[0] = st; return 12
     # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
-    memmove(<float *>(A + o[33]), <float *>(A + o[31]), 1024)
+    memmove(<float *>(A + o[30]), <float *>(A + o[29]), 1024)
     if st != 0: status[0] = st; return 13
     # reshape[new_sizes=(2, 8, 32)] float32[2, 8, 32] float32[2, 8, 4, 8]
-    memmove(<float *>(A + o[24]), <float *>(A + o[23]), 2048)
+    memmove(<float *>(A + o[0]), <float *>(A + o[22]), 2048)
     if st != 0: status[0] = st; return 14
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[32]), <float *>(A + o[34]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[31]), RT_F32, <float *>(A + o[32]), <float *>(A + o[35]), NULL, 16, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'set')] float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
+    st = gemm_fwd_f32(<float *>(A + o[22]), RT_F32, <float *>(A + o[6]), <float *>(A + o[31]), NULL, 16, 32, 16, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[6]), <float *>(A + o[33]), NULL, 16, 32, 16, RT_TRANS_A, threads)
     if st != 0: status[0] = st; return 15
-    # matmul_bwd float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
-    st = gemm_fwd_f32(<float *>(A + o[23]), RT_F32, <float *>(A + o[33]), <float *>(A + o[36]), NULL, 16, 32, 16, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[32]), RT_F32, <float *>(A + o[33]), <float *>(A + o[35]), NULL, 16, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'set')] float32[2, 8, 32] float32[16, 32] float32[2, 8, 32] float32[16, 32] float32[2, 8, 16]
+    st = gemm_fwd_f32(<float *>(A + o[6]), RT_F32, <float *>(A + o[30]), <float *>(A + o[34]), NULL, 16, 32, 16, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[35]), RT_F32, <float *>(A + o[30]), <float *>(A + o[33]), NULL, 16, 32, 16, RT_TRANS_A, threads)
     if st != 0: status[0] = st; return 16
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[33]), <float *>(A + o[20]), <float *>(A + o[23]), 512)
+    st = add_f32(<float *>(A + o[29]), <float *>(A + o[22]), <float *>(A + o[6]), 512)
     if st != 0: status[0] = st; return 17
-    # matmul_bwd float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
-    st = gemm_fwd_f32(<float *>(A + o[37]), RT_F32, <float *>(A + o[24]), <float *>(A + o[38]), NULL, 16, 32, 32, 0, threads)
-    if st == 0: st = gemm_fwd_f32(<float *>(A + o[20]), RT_F32, <float *>(A + o[24]), <float *>(A + o[35]), NULL, 32, 32, 16, RT_TRANS_A, threads)
+    # matmul_bwd[grad_into=(1, 'set')] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
+    st = gemm_fwd_f32(<float *>(A + o[22]), RT_F32, <float *>(A + o[0]), <float *>(A + o[36]), NULL, 16, 32, 32, 0, threads)
+    if st == 0: st = gemm_fwd_f32(<float *>(A + o[37]), RT_F32, <float *>(A + o[0]), <float *>(A + o[33]), NULL, 32, 32, 16, RT_TRANS_A, threads)
     if st != 0: status[0] = st; return 18
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[24]), <float *>(A + o[33]), <float *>(A + o[37]), 512)
+    st = add_f32(<float *>(A + o[0]), <float *>(A + o[29]), <float *>(A + o[22]), 512)
     if st != 0: status[0] = st; return 19
-    # rms_norm_bwd[eps=1e-06] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
-    memset(<float *>(A + o[37]), 0, 128)
-    st = rmsnorm_bwd_f32(<float *>(A + o[33]), <float *>(A + o[37]), <float *>(A + o[24]), <float *>(A + o[39]), <float *>(A + o[40]), <float *>(A + o[41]), 16, 32, threads)
+    # rms_norm_bwd[eps=1e-06 grad_into=(1, 'set')] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
+    memset(<float *>(A + o[38]), 0, 128)
+    st = rmsnorm_bwd_f32(<float *>(A + o[22]), <float *>(A + o[38]), <float *>(A + o[0]), <float *>(A + o[39]), <float *>(A + o[40]), <float *>(A + o[41]), 16, 32, threads)
     if st != 0: status[0] = st; return 20
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[42]), <float *>(A + o[19]), <float *>(A + o[33]), 512)
+    st = add_f32(<float *>(A + o[42]), <float *>(A + o[14]), <float *>(A + o[22]), 512)
     if st != 0: status[0] = st; return 21
-    # accumulate_grad[first=True] float32[32] float32[32]
-    st = accumulate_set_f32(<float *>(A + o[43]), <float *>(A + o[37]), 32)
-    if st != 0: status[0] = st; return 22
-    # accumulate_grad[first=True] float32[32, 32] float32[32, 32]
-    st = accumulate_set_f32(<float *>(A + o[44]), <float *>(A + o[20]), 1024)
-    if st != 0: status[0] = st; return 23
-    # accumulate_grad[first=True] float32[16, 32] float32[16, 32]
-    st = accumulate_set_f32(<float *>(A + o[45]), <float *>(A + o[32]), 512)
-    if st != 0: status[0] = st; return 24
-    # accumulate_grad[first=True] float32[16, 32] float32[16, 32]
-    st = accumulate_set_f32(<float *>(A + o[46]), <float *>(A + o[31]), 512)
-    if st != 0: status[0] = st; return 25
-    # accumulate_grad[first=True] float32[32, 32] float32[32, 32]
-    st = accumulate_set_f32(<float *>(A + o[47]), <float *>(A + o[5]), 1024)
-    if st != 0: status[0] = st; return 26
-    # accumulate_grad[first=True] float32[32] float32[32]
-    st = accumulate_set_f32(<float *>(A + o[48]), <float *>(A + o[14]), 32)
-    if st != 0: status[0] = st; return 27
-    # accumulate_grad[first=True] float32[48, 32] float32[48, 32]
-    st = accumulate_set_f32(<float *>(A + o[49]), <float *>(A + o[6]), 1536)
-    if st != 0: status[0] = st; return 28
-    # accumulate_grad[first=True] float32[48, 32] float32[48, 32]
-    st = accumulate_set_f32(<float *>(A + o[50]), <float *>(A + o[0]), 1536)
-    if st != 0: status[0] = st; return 29
-    # accumulate_grad[first=True] float32[32, 48] float32[32, 48]
-    st = accumulate_set_f32(<float *>(A + o[51]), <float *>(A + o[3]), 1536)
-    if st != 0: status[0] = st; return 30
     return -1
 
 
