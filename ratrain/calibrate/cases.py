@@ -19,9 +19,11 @@ from ratrain.sim.kernels import node_bytes
 
 # Rows (tokens of a micro-batch) and widths of the tiny presets and of a small model
 # twice as wide: the shapes `ratrain train` and the bench run on this machine.
-ROWS = (256, 1024)
+ROWS = (256, 512, 1024)
 WIDTHS = ((256, 688), (512, 1376))          # hidden, intermediate
-ATTENTION = ((2, 128, 4, 64), (4, 256, 4, 64), (2, 256, 8, 32), (1, 512, 4, 64))  # B,T,H,D
+# attention and RoPE: B, T, H, D of micro-batches of up to 1024 tokens
+ATTENTION = tuple((b, t, h, d) for t in (128, 256, 512) for b in (1, 2, 4) if b * t <= 1024
+                  for h, d in ((4, 64), (8, 32)))
 VOCAB = (256, 1024)
 
 
@@ -176,7 +178,7 @@ def cross_entropy_cases(kernels, rng) -> list[Case]:
 
 def memory_cases(kernels, rng) -> list[Case]:
     """Streaming adds (out = a + b) from cache-sized to DDR-sized arrays: the bandwidth of
-    the memory-bound calls (add, copies, gradient accumulation, casts)."""
+    the memory-bound calls (add, copies, gradient accumulation, messages' copies)."""
     cases = []
     for n in (1 << 16, 1 << 18, 1 << 20, 1 << 22):
         a, b, out = _random(rng, n), _random(rng, n), np.empty(n, np.float32)
@@ -185,22 +187,14 @@ def memory_cases(kernels, rng) -> list[Case]:
     return cases
 
 
-def adamw_cases(kernels, rng) -> list[Case]:
-    """The optimizer step over n parameters: the simulator charges 28 bytes per parameter."""
-    from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
-    cases = []
-    for n in (1 << 16, 1 << 18, 1 << 20):
-        master, grad = _random(rng, n), _random(rng, n)
-        m, v = np.zeros(n, np.float32), np.zeros(n, np.float32)
-        cases.append(Case("adamw", f"n={n}", 0, UPDATE_BYTES_PER_PARAM * n,
-                          lambda t, a=(master, m, v, grad): kernels.adamw_step(
-                              *a, lr=1e-3, weight_decay=0.1, step=1)))
-    return cases
-
-
-GROUPS = {"matmul": matmul_cases, "attention": attention_cases, "rms_norm": norm_cases,
-          "rope": rope_cases, "swiglu": swiglu_cases, "embedding": embedding_cases,
-          "cross_entropy": cross_entropy_cases, "add": memory_cases, "adamw": adamw_cases}
+def _groups() -> dict:
+    """op names -> the function making their cases."""
+    from ratrain.calibrate.rt_cases import runtime_cases
+    return {("matmul", "matmul_bwd"): matmul_cases, ("attention", "attention_bwd"): attention_cases,
+            ("rms_norm", "rms_norm_bwd"): norm_cases, ("rope", "rope_bwd"): rope_cases,
+            ("swiglu", "swiglu_bwd"): swiglu_cases, ("embedding", "embedding_bwd"): embedding_cases,
+            ("cross_entropy", "cross_entropy_bwd"): cross_entropy_cases, ("add",): memory_cases,
+            ("adamw", "prefetch_view", "grad_sync"): runtime_cases}
 
 
 def all_cases(ops=None, seed: int = 0) -> list[Case]:
@@ -208,6 +202,6 @@ def all_cases(ops=None, seed: int = 0) -> list[Case]:
     from ratrain import kernels
     import ratrain.ops  # noqa: F401  (registers the op rules the FLOP counts come from)
     rng = np.random.default_rng(seed)
-    wanted = lambda group: ops is None or {group, f"{group}_bwd"} & set(ops)
-    cases = [c for group, make in GROUPS.items() if wanted(group) for c in make(kernels, rng)]
+    cases = [c for names, make in _groups().items() if ops is None or set(names) & set(ops)
+             for c in make(kernels, rng)]
     return [c for c in cases if ops is None or c.op in ops]

@@ -32,6 +32,7 @@ def _fits(kernels: list[dict]) -> tuple[dict, dict]:
         costs[op] = fit_op(*([r[k] for r in rows] for k in ("flops", "bytes", "seconds")))
         errors[op] = round(max(abs(fitted_seconds(costs[op], r["flops"], r["bytes"])
                                    / r["seconds"] - 1) for r in rows), 3)
+        costs[op]["measured"] = [[r["flops"], r["bytes"], r["seconds"]] for r in rows]
     costs.update({alias: costs[op] for alias, op in ALIASES.items() if op in costs})
     return costs, errors
 
@@ -61,6 +62,8 @@ def _rounded(value):
         return float(f"{value:.4g}")
     if isinstance(value, dict):
         return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
     return value
 
 
@@ -98,10 +101,14 @@ def _sources(runs: list[dict], pings, errors: dict) -> dict:
                "rank running all node_cores threads",
         "threads": "per threads of a rank (the simulator picks node_cores // ranks, as the "
                    "runtime sizes OMP_NUM_THREADS): op_costs, fp32_flops, ddr_bandwidth",
-        "op_costs": "per op: seconds + FLOPs / flop_rate + bytes / byte_rate per call, "
-                    "non-negative least squares on relative error over the native kernel "
-                    "on model-sized shapes (ratrain/calibrate/cases.py), all ranks running "
-                    "at once; FLOPs and bytes as the simulator counts them",
+        "op_costs": "per op: the median seconds `measured` for each case [FLOPs, bytes, s] "
+                    "(native kernels on the shapes of the tiny and small models, "
+                    "ratrain/calibrate/cases.py, and the runtime's own AdamW, prefetch and "
+                    "all-reduce finish, all ranks running at once, each call after streaming "
+                    "last-level-cache bytes through the caches, so operands come from DDR as "
+                    "in a training step; FLOPs and bytes as the simulator counts them), and for other shapes the fit seconds + FLOPs / "
+                    "flop_rate + bytes / byte_rate (non-negative least squares on relative "
+                    "error)",
         "fit_error": errors,
         "fp32_flops": "best measured forward GEMM rate (so gemm_efficiency is 1)",
         "fp16_flops": "not measured: half the FP32 rate (x86 converts FP16 operands)",
@@ -142,7 +149,7 @@ def machine_facts() -> dict:
             "l1_data_cache": cache_bytes(1) or 32 << 10}
 
 
-def run_probe(ranks: int, threads: int, ops: str | None = None) -> dict:
+def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0) -> dict:
     """`mpiexec -n ranks python -m ratrain.calibrate.probe` with `threads` per rank."""
     from ratrain.cli_train import find_mpiexec
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS="1",
@@ -150,7 +157,8 @@ def run_probe(ranks: int, threads: int, ops: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "probe.json"
         command = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m",
-                   "ratrain.calibrate.probe", str(out), "--threads", str(threads)]
+                   "ratrain.calibrate.probe", str(out), "--threads", str(threads),
+                   "--evict", str(evict)]
         done = subprocess.run(command + (["--ops", ops] if ops else []), env=env)
         if done.returncode or not out.is_file():
             raise RuntimeError(f"the calibration probe ({ranks} ranks x {threads} threads) "
@@ -165,5 +173,5 @@ def calibrate(progress: Callable[[str], None] = print) -> dict:
     for ranks, threads in sorted({(max(cores, 2), 1), (1, cores)}):
         progress(f"measuring {ranks} rank{'s' * (ranks > 1)} x {threads} "
                  f"thread{'s' * (threads > 1)}:")
-        runs.append(run_probe(ranks, threads))
+        runs.append(run_probe(ranks, threads, evict=machine["last_level_cache"]))
     return build_profile(runs, machine)

@@ -138,12 +138,19 @@ class ProfileCosts:
 
     # ---- collectives --------------------------------------------------------------------
 
-    def collective(self, op: str, nbytes: float, members: int, buffers, finish_bytes: float,
+    def memory_seconds(self, op: str, nbytes: float) -> float:
+        """A memory-bound runtime call moving `nbytes`: the profile's measured cost of `op`
+        (`ratrain calibrate` times the runtime's own calls), else DDR bandwidth."""
+        measured = op_costs(self.profile, self.options.precision, op)
+        return nbytes / self.ddr if measured is None else fitted_seconds(measured, 0, nbytes)
+
+    def collective(self, op: str, nbytes: float, members: int, buffers, finish: float,
                    what: str) -> Start:
+        """`finish`: compute seconds when it is waited for."""
         p = self.profile
         cost = collective_cost(op, members, nbytes, p["link_latency"], p["link_bandwidth"],
                                self.algorithm)
-        return Start(tuple(buffers), cost.latency, cost.nbytes, finish_bytes / self.ddr, what)
+        return Start(tuple(buffers), cost.latency, cost.nbytes, finish, what)
 
     def world_sum_seconds(self) -> float:
         p = self.profile
@@ -167,8 +174,8 @@ def _grad_sync(c: ProfileCosts, task, call) -> list[Step]:
     grad, out = call.inputs[0], call.outputs[0]
     nbytes, out_bytes = slot_bytes(grad), slot_bytes(out)
     # finish: the sum (or this rank's part of it) divided by dp, written to `out`
-    return [c.collective(op, nbytes, c.options.dp, {grad.buffer, out.buffer}, 2 * out_bytes,
-                         f"{op} L{task.layer}")]
+    return [c.collective(op, nbytes, c.options.dp, {grad.buffer, out.buffer},
+                         c.memory_seconds("grad_sync", 2 * out_bytes), f"{op} L{task.layer}")]
 
 
 def _grad_scatter(c: ProfileCosts, task, call) -> list[Step]:
@@ -179,7 +186,8 @@ def _grad_scatter(c: ProfileCosts, task, call) -> list[Step]:
     concat = sum(slot_bytes(s) for s in call.inputs) + 4 * elements
     return [Compute(concat / c.ddr),
             c.collective("reduce_scatter", 4 * elements, c.options.dp, {shard.buffer},
-                         3 * slot_bytes(shard), f"reduce_scatter {call.note} mb{task.micro_batch}")]
+                         3 * slot_bytes(shard) / c.ddr,
+                         f"reduce_scatter {call.note} mb{task.micro_batch}")]
 
 
 def _global_norm(c: ProfileCosts, task, call) -> list[Step]:
@@ -194,11 +202,8 @@ def _global_norm(c: ProfileCosts, task, call) -> list[Step]:
 
 
 def _adamw(c: ProfileCosts, task, call) -> list[Step]:
-    """UPDATE_BYTES_PER_PARAM bytes per parameter, at DDR bandwidth or at the profile's
-    measured adamw cost."""
-    nbytes = UPDATE_BYTES_PER_PARAM * slot_elements(call.outputs[0])
-    measured = op_costs(c.profile, c.options.precision, "adamw")
-    return [Compute(nbytes / c.ddr if measured is None else fitted_seconds(measured, 0, nbytes))]
+    return [Compute(c.memory_seconds("adamw",
+                                     UPDATE_BYTES_PER_PARAM * slot_elements(call.outputs[0])))]
 
 
 def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
@@ -207,10 +212,10 @@ def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
     master = call.inputs[0]
     view = sum(slot_bytes(s) for s in call.outputs)
     if not dict(call.params)["gather"]:
-        return [Compute((slot_bytes(master) + view) / c.ddr)]
+        return [Compute(c.memory_seconds("prefetch_view", slot_bytes(master) + view))]
     full = slot_bytes(master) * c.options.dp
     buffers = {master.buffer} | {s.buffer for s in call.outputs}
-    return [c.collective("allgather", full, c.options.dp, buffers, full + view,
+    return [c.collective("allgather", full, c.options.dp, buffers, (full + view) / c.ddr,
                          f"allgather L{task.layer}")]
 
 

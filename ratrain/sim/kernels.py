@@ -8,9 +8,10 @@ from the forward node it differentiates (NOTE [backward partners]) and its bytes
 own operands.
 
 A measured profile (`ratrain calibrate`) replaces the roofline of the ops it timed by
-their fitted cost: its `op_costs[precision][op]` = {"seconds": s, "flop_rate": F,
-"byte_rate": B} charges s + FLOPs / F + bytes / B per call (a missing rate charges
-nothing for that term).
+their measured cost: its `op_costs[precision][op]` = {"seconds": s, "flop_rate": F,
+"byte_rate": B, "measured": [[FLOPs, bytes, seconds], ...]} charges a call the time
+measured for its very FLOPs and bytes (a shape the calibration ran), else the fit
+s + FLOPs / F + bytes / B (a missing rate charges nothing for that term).
 """
 from __future__ import annotations
 
@@ -74,7 +75,12 @@ def op_costs(profile: dict, precision: str, op: str) -> dict | None:
 
 
 def fitted_seconds(costs: dict, flops: float, nbytes: float) -> float:
-    """What an op_costs entry charges a call of `flops` and `nbytes`."""
+    """What an op_costs entry charges a call of `flops` and `nbytes`: the time measured
+    for a case of exactly these FLOPs and bytes (its `measured` [[FLOPs, bytes, s], ...]),
+    else the fit."""
+    for case_flops, case_bytes, seconds in costs.get("measured", ()):
+        if case_flops == flops and case_bytes == nbytes:
+            return seconds
     return (costs.get("seconds", 0.0)
             + (flops / costs["flop_rate"] if "flop_rate" in costs else 0.0)
             + (nbytes / costs["byte_rate"] if "byte_rate" in costs else 0.0))

@@ -91,9 +91,14 @@ def test_profile_loads_compiles_and_simulates(cases, tmp_path, capsys):
     assert loaded["calibrated"] is True and set(loaded["threads"]) == {"1", "2"}
     assert (loaded["link_latency"], loaded["link_bandwidth"]) == pytest.approx((2e-6, 4e9))
     for threads in (1, 2):
-        matmul = loaded["threads"][str(threads)]["op_costs"]["fp32"]["matmul"]
+        matmul = dict(loaded["threads"][str(threads)]["op_costs"]["fp32"]["matmul"])
+        measured = matmul.pop("measured")
         assert matmul == pytest.approx({"seconds": 5e-6, "flop_rate": 2e10 * threads,
                                         "byte_rate": 1e10}, rel=1e-3)
+        gemms = [c for c in cases if c.op == "matmul"]
+        assert [m[:2] for m in measured] == [[c.flops, c.nbytes] for c in gemms]
+        assert measured[0][2] == pytest.approx(5e-6 + gemms[0].flops / (2e10 * threads)
+                                               + gemms[0].nbytes / 1e10, rel=1e-3)
     assert loaded["threads"]["1"]["op_costs"]["fp32"]["matmul_bias"] == \
         loaded["threads"]["1"]["op_costs"]["fp32"]["matmul"]
     assert max(v for per_op in loaded["sources"]["fit_error"].values()

@@ -48,19 +48,33 @@ def test_op_costs_replace_the_roofline_of_their_ops_only():
     assert node_seconds(norm, measured, "fp32") == node_seconds(norm, cpu, "fp32")
 
 
-def test_adamw_uses_its_measured_cost():
-    """0.5 s per adamw call instead of 28 bytes per parameter at DDR bandwidth."""
-    program, task = compiled(1), parse_task("0UPD[L1]")
-    update = lambda p: sum(s.seconds for s in ProfileCosts(program, p).steps(task)
-                           if isinstance(s, Compute))
-    calls = [c for lt in program.lowered[0] if lt.task == task for c in lt.calls
-             if c.op == "adamw"]
+@pytest.mark.parametrize("task, op, per_element", [
+    ("0UPD[L1]", "adamw", UPDATE_BYTES_PER_PARAM),    # master, m, v read and written, grad read
+    ("0PREF[L1]", "prefetch_view", 8)])              # fp32 master read, fp32 view written
+def test_runtime_calls_use_their_measured_cost(task, op, per_element):
+    """0.5 s per call instead of their bytes at DDR bandwidth."""
+    program, task = compiled(1), parse_task(task)
+    seconds = lambda p: sum(s.seconds for s in ProfileCosts(program, p).steps(task)
+                            if isinstance(s, Compute))
+    calls = [c for lt in program.lowered[0] if lt.task == task for c in lt.calls if c.op == op]
+    elements = sum(math.prod((c.inputs if op == "prefetch_view" else c.outputs)[0].shape)
+                   for c in calls)
     cpu = load_profile("cpu")
-    roofline = sum(UPDATE_BYTES_PER_PARAM * math.prod(c.outputs[0].shape) for c in calls) \
-        / cpu["ddr_bandwidth"]
-    slow = cpu | {"op_costs": {"fp32": {"adamw": {"seconds": 0.5}}}}
+    slow = cpu | {"op_costs": {"fp32": {op: {"seconds": 0.5}}}}
+    roofline = per_element * elements / cpu["ddr_bandwidth"]
     assert len(calls) >= 1 and roofline > 0
-    assert update(slow) == pytest.approx(update(cpu) - roofline + 0.5 * len(calls), rel=1e-12)
+    assert seconds(slow) == pytest.approx(seconds(cpu) - roofline + 0.5 * len(calls), rel=1e-12)
+
+
+def test_all_reduce_finishing_work_uses_its_measured_cost():
+    """The mean written back when a gradient all-reduce is waited for."""
+    options = CompileOptions(dp=2, micro_batches=2, micro_batch_size=1, seq_len=32)
+    program = compile_graph(trace_for(models.get_config("tiny"), "tiny", options), options)[0]
+    sync = parse_task("0SYNC[L1]")
+    start = lambda p: next(s for s in ProfileCosts(program, p).steps(sync) if hasattr(s, "finish"))
+    cpu = load_profile("cpu")
+    assert start(cpu).finish > 0
+    assert start(cpu | {"op_costs": {"fp32": {"grad_sync": {"seconds": 0.25}}}}).finish == 0.25
 
 
 PER_THREADS = {"node_cores": 4, "threads": {"1": {"ddr_bandwidth": 1e9},
@@ -78,7 +92,7 @@ def test_rank_profile_takes_the_nearest_count_below():
     profile = load_profile("cpu") | {"node_cores": 8, "threads": {"1": {}, "2": {}, "8": {}}}
     assert rank_profile(profile, 2)["rank_threads"] == 2      # 4 threads wanted
     assert rank_profile(profile, 1)["rank_threads"] == 8
-    assert rank_profile(load_profile("cpu"), 2) == load_profile("cpu")
+    assert rank_profile(load_profile("mt3000"), 2) == load_profile("mt3000")
 
 
 def test_simulate_uses_each_jobs_threads():

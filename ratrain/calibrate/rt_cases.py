@@ -1,0 +1,67 @@
+"""The runtime's own Python-run calls as calibration cases: AdamW, view prefetch and the
+finishing work of a gradient all-reduce, run through rt/calls.run_call on a small arena,
+so their cost includes what the runtime does around the kernel (gradient scaling, decay
+runs, the mean written back) and not only the kernel. Bytes are those the simulator
+charges (sim/calls.py).
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from ratrain.calibrate.cases import Case
+from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
+from ratrain.optim import AdamW
+from ratrain.passes.lower import Call, Slot
+from ratrain.passes.program import CompileOptions
+
+SIZES = (1 << 16, 1 << 18, 1 << 20)     # parameters of a layer, tiny to small models
+WEIGHT_SHARE = 0.99                     # of a decoder layer's parameters, in matrices
+
+
+class OneMemberGroup:
+    """The Transport of a rank alone in its DP group: collectives finish at once."""
+
+    def __init__(self):
+        self.options, self.step, self.optimizer = CompileOptions(), 1, AdamW(weight_decay=0.1)
+
+    def dp_sum(self, st, call, value, scatter, finish):
+        finish(value)
+
+
+def _state(n: int, buffers: dict):
+    """A RankState over a fresh arena holding `buffers` (name -> fp32 elements)."""
+    from ratrain.rt.calls import RankState
+    offsets, at = {}, 0
+    for name, count in buffers.items():
+        offsets[name], at = (at, 4 * count), at + 4 * count
+    st = RankState(0, 0, 0, np.zeros(at, np.uint8), offsets)
+    st.decay[1] = (np.arange(n) < WEIGHT_SHARE * n).astype(np.float32)  # 2 runs, as layers
+    return st
+
+
+def _slot(name: str, n: int) -> Slot:
+    return Slot(name, 0, "float32", (n,))
+
+
+def _case(op: str, n: int, nbytes: int, call: Call, st) -> Case:
+    from ratrain.rt.calls import run_call
+    transport = OneMemberGroup()
+    return Case(op, f"n={n}", 0, nbytes, lambda threads: run_call(transport, st, call))
+
+
+def runtime_cases(kernels=None, rng=None) -> list[Case]:
+    cases = []
+    for n in SIZES:
+        names = ("master.L1", "m.L1", "v.L1", "grad.L1", "view.L1")
+        st = _state(n, dict.fromkeys(names, n))
+        master, m, v, grad, view = (_slot(name, n) for name in names)
+        cases += [
+            _case("adamw", n, UPDATE_BYTES_PER_PARAM * n,
+                  Call("adamw", (master, m, v), (grad,), (("zero", 0),)), st),
+            _case("prefetch_view", n, 8 * n,
+                  Call("prefetch_view", (view,), (master,), (("gather", False),)), st),
+            _case("grad_sync", n, 8 * n,
+                  Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),)), st)]
+    return cases
