@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -21,11 +22,18 @@ def _user_error(message: str) -> Exception:
     return UserError(message)
 
 
+def profile_text(profile: dict) -> str:
+    """Indented JSON with every list of numbers on one line (a measured case per line)."""
+    text = json.dumps(profile, indent=1)
+    return re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: f"[{' '.join(m.group(1).split())}]",
+                  text) + "\n"
+
+
 def write_profile(profile: dict, path: Path) -> None:
     """Atomically, so a `--hw` reader never sees half a profile."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(profile, indent=1) + "\n")
+    partial.write_text(profile_text(profile))
     os.replace(partial, path)
 
 

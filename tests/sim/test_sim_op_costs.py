@@ -98,9 +98,9 @@ def test_rank_profile_takes_the_nearest_count_below():
 def test_simulate_uses_each_jobs_threads():
     """Half the DDR bandwidth at 1 thread per rank: PP=2's memory-bound update slows,
     the 1-rank program (all cores, 2 threads) runs on the fast entry."""
-    cpu = load_profile("cpu")
-    split = cpu | {"node_cores": 2, "threads": {"1": {"ddr_bandwidth": cpu["ddr_bandwidth"] / 2},
-                                                "2": {}}}
-    assert simulate(compiled(1), split).step_time == simulate(compiled(1), cpu).step_time
-    assert simulate(compiled(2), split).step_time > simulate(compiled(2), cpu).step_time
+    plain = load_profile("mt3000") | {"cores": 2}          # one rate for any thread count
+    split = plain | {"node_cores": 2, "threads": {
+        "1": {"ddr_bandwidth": plain["ddr_bandwidth"] / 2}, "2": {}}}
+    assert simulate(compiled(1), split).step_time == simulate(compiled(1), plain).step_time
+    assert simulate(compiled(2), split).step_time > simulate(compiled(2), plain).step_time
     assert simulate(compiled(2), split).profile["rank_threads"] == 1
