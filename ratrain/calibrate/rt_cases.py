@@ -6,7 +6,6 @@ charges (sim/calls.py).
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -32,12 +31,12 @@ class OneMemberGroup:
 
 def _state(n: int, buffers: dict):
     """A RankState over a fresh arena holding `buffers` (name -> fp32 elements)."""
-    from ratrain.rt.calls import RankState
+    from ratrain.rt.calls import RankState, decay_runs
     offsets, at = {}, 0
     for name, count in buffers.items():
         offsets[name], at = (at, 4 * count), at + 4 * count
     st = RankState(0, 0, 0, np.zeros(at, np.uint8), offsets)
-    st.decay[1] = (np.arange(n) < WEIGHT_SHARE * n).astype(np.float32)  # 2 runs, as layers
+    st.decay[1] = decay_runs((np.arange(n) < WEIGHT_SHARE * n).astype(np.float32))  # 2 runs, as layers
     return st
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from ratrain.codegen.emit import emit_call
+from ratrain.codegen.emit import C_TYPES, emit_call
 
 ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4}
 
@@ -82,7 +82,6 @@ class _Pointers:
         del self.order[size:], self.nbytes[size:]
 
     def __call__(self, slot) -> str:
-        from ratrain.codegen.emit import C_TYPES
         key = (slot.buffer, slot.offset)
         if key not in self.index:
             self.index[key] = len(self.order)

@@ -29,7 +29,7 @@ class RankState:
     replica: int
     arena: np.ndarray                   # uint8, exactly the planned arena
     offsets: dict                       # buffer name -> (arena offset, nbytes)
-    decay: dict = field(default_factory=dict)   # layer -> weight-decay mask of its shard
+    decay: dict = field(default_factory=dict)   # layer -> [lo, hi, decays] runs of its shard
     losses: list = field(default_factory=list)  # per micro-batch loss of this step
     clip_coef: float = 1.0              # from the step's global norm
     scaler: LossScaler = field(default_factory=LossScaler)  # the same on every rank
@@ -96,8 +96,9 @@ def init_layer(program, st: RankState, layer: int, params: dict, moments=None) -
         st.view(slot)[:] = 0
         if values is not None:
             st.view(slot)[:hi - lo] = values[lo:hi]
-    st.decay[layer] = np.zeros(shard, np.float32)
-    st.decay[layer][:hi - lo] = decay[lo:hi]
+    mask = np.zeros(shard, np.float32)
+    mask[:hi - lo] = decay[lo:hi]
+    st.decay[layer] = decay_runs(mask)  # once: AdamW runs every step
     write_view(st, program.view_slots(layer), flat)
 
 
@@ -302,14 +303,15 @@ def _adamw(t: Transport, st: RankState, call) -> None:
         grad = np.concatenate([grad[lo:hi], np.zeros(master.size - (hi - lo), np.float32)])
     layer = int(call.outputs[0].buffer.split(".L")[1])
     step, opt = t.step - st.skipped_steps, t.optimizer
-    grad = grad * np.float32(st.clip_coef)
-    for lo, hi, decays in _decay_runs(st.decay[layer]):  # the native kernel's wd is scalar
+    if st.clip_coef != 1.0:
+        grad = grad * np.float32(st.clip_coef)
+    for lo, hi, decays in st.decay[layer]:  # the native kernel's weight decay is a scalar
         kernels.adamw_step(master[lo:hi], m[lo:hi], v[lo:hi], grad[lo:hi], lr=opt.lr,
                            beta1=opt.beta1, beta2=opt.beta2, eps=opt.eps,
                            weight_decay=opt.weight_decay if decays else 0.0, step=step)
 
 
-def _decay_runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
+def decay_runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
     """[lo, hi) runs of equal weight-decay mask values (parameters are contiguous)."""
     edges = [0, *(np.flatnonzero(np.diff(mask)) + 1).tolist(), mask.size]
     return [(lo, hi, bool(mask[lo])) for lo, hi in zip(edges, edges[1:]) if hi > lo]
