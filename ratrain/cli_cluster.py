@@ -1,0 +1,93 @@
+"""`ratrain cluster up|down|status`: the bandwidth-constrained test cluster (ratrain/cluster).
+
+up makes one network namespace per rank on a shaped link (default: the scaled MT-3000
+link, NOTE [link scaling]); down removes everything up made and is safe to repeat; status
+shows the links and the bytes their qdiscs have counted. `ratrain run --cluster NAME`
+runs a program on it.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def _user_error(message: str) -> Exception:
+    from ratrain.cli import UserError
+    return UserError(message)
+
+
+def link_type(parse):
+    def convert(text: str) -> float:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
+def cmd_up(args) -> None:
+    from ratrain.cluster.harness import bring_up, describe
+    from ratrain.cluster.scaling import scaled_link
+    bandwidth, latency = scaled_link()
+    cluster = bring_up(args.name, args.ranks, args.link_bandwidth or bandwidth,
+                       latency if args.link_latency is None else args.link_latency)
+    print(f"cluster {cluster.name} up: {describe(cluster)}; `ratrain run DIR -n "
+          f"{cluster.ranks} --cluster {cluster.name}` runs on it")
+
+
+def cmd_down(args) -> None:
+    from ratrain.cluster.harness import bring_down
+    gone = bring_down(args.name)
+    print(f"cluster {args.name} down: removed {', '.join(gone)}" if gone else
+          f"cluster {args.name} down: nothing of it was left")
+
+
+def cmd_status(args) -> None:
+    from ratrain.cluster.harness import describe, link_counters, read_cluster
+    cluster = read_cluster(args.name)
+    if cluster is None:
+        raise _user_error(f"no cluster {args.name} is up: `ratrain cluster up {args.name} "
+                          "-n N` makes one")
+    print(f"cluster {cluster.name}: {describe(cluster)}")
+    print(f"{'rank':>4} {'namespace':<18} {'address':<12} {'sent bytes':>14} "
+          f"{'received bytes':>14}")
+    for rank, (sent, received) in link_counters(cluster).items():
+        print(f"{rank:>4} {cluster.rank_namespace(rank):<18} {cluster.address(rank):<12} "
+              f"{sent:>14,} {received:>14,}")
+
+
+def run_cluster_command(args) -> None:
+    from ratrain.cluster import ClusterError
+    from ratrain.cluster.netns import NetnsError
+    try:
+        args.action(args)
+    except (ClusterError, NetnsError) as e:
+        raise _user_error(str(e)) from None
+
+
+def add_cluster_parser(sub) -> None:
+    from ratrain.cluster.scaling import parse_bandwidth, parse_latency
+    p = sub.add_parser("cluster", help="a bandwidth-constrained test cluster on this machine "
+                       "(network namespaces on shaped links; needs root)",
+                       description="One network namespace per MPI rank, joined through a "
+                       "bridge by veth links that tc shapes to a chosen bandwidth (and delay, "
+                       "where the kernel has netem); MPI runs over TCP on them.")
+    actions = p.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
+    up = actions.add_parser("up", help="make a cluster of N rank namespaces")
+    up.add_argument("name", metavar="NAME", help="1-12 lowercase letters or digits")
+    up.add_argument("-n", "--ranks", type=int, required=True, metavar="N",
+                    help="rank namespaces (one per MPI rank)")
+    up.add_argument("--link-bandwidth", type=link_type(parse_bandwidth), default=None,
+                    metavar="B", help="bytes/s of each link and direction, e.g. 62MB/s or "
+                    "500Mbit (default: the MT-3000's 3.7 GB/s scaled to this machine's "
+                    "rank compute rate)")
+    up.add_argument("--link-latency", type=link_type(parse_latency), default=None,
+                    metavar="S", help="one-way latency, e.g. 5us (default: the mt3000 "
+                    "profile's link_latency)")
+    up.set_defaults(action=cmd_up)
+    down = actions.add_parser("down", help="remove every namespace, link and qdisc of NAME")
+    down.add_argument("name", metavar="NAME")
+    down.set_defaults(action=cmd_down)
+    status = actions.add_parser("status", help="links, addresses and qdisc byte counters")
+    status.add_argument("name", metavar="NAME")
+    status.set_defaults(action=cmd_status)
+    p.set_defaults(func=run_cluster_command)

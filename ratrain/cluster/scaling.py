@@ -1,0 +1,70 @@
+"""The link of the test cluster, scaled from the MT-3000 to this machine, and link
+overrides of a hardware profile for `ratrain simulate` and `ratrain cluster up`.
+"""
+from __future__ import annotations
+
+MT3000_LINK_BANDWIDTH = 3.7e9           # B/s between clusters (DESIGN section 7)
+MT3000_SUSTAINED_FLOPS = 0.70 * 8.1e12  # hand-written FP16 GEMM: ~70% of the peak
+RANK_THREADS = 1                        # one rank per core on the cluster
+
+# NOTE [link scaling]: the paper's regime is set by how long a rank computes against how
+# long its link needs for the same step's bytes. Keeping bytes/FLOP of the link equal to
+# the MT-3000's, link = 3.7e9 B/s x (sustained FLOP/s of one rank here) / (0.70 x 8.1e12
+# FLOP/s), makes every communication/compute ratio of a program match the MT-3000's. The
+# rank's sustained rate is the `cpu` profile's measured rate at one thread per rank, in the
+# profile's default precision; latency is the mt3000 profile's (5 us per message).
+
+
+def rank_compute_rate(profile: dict, threads: int = RANK_THREADS) -> float:
+    """Sustained FLOP/s of one rank running `threads` threads (the profile's measured
+    entry for that count, if any)."""
+    from ratrain.hw.profiles import compute_rate
+    narrowed = {**profile, **profile.get("threads", {}).get(str(threads), {})}
+    return compute_rate(narrowed, profile.get("default_precision", "fp32"))
+
+
+def scaled_link(cpu: str = "cpu", reference: str = "mt3000") -> tuple[float, float]:
+    """(bandwidth B/s, latency s) of the cluster's links (NOTE [link scaling])."""
+    from ratrain.hw.profiles import load_profile
+    rate = rank_compute_rate(load_profile(cpu))
+    return (MT3000_LINK_BANDWIDTH * rate / MT3000_SUSTAINED_FLOPS,
+            float(load_profile(reference)["link_latency"]))
+
+
+def with_link(profile: dict, bandwidth: float | None = None,
+              latency: float | None = None) -> dict:
+    """A copy of `profile` whose link_bandwidth / link_latency are replaced where given."""
+    override = {"link_bandwidth": bandwidth, "link_latency": latency}
+    return {**profile, **{k: float(v) for k, v in override.items() if v is not None}}
+
+
+RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(text: str) -> float:
+    """B/s from '61.7e6', '62MB/s', '500Mbit' or '0.5Gbit/s' (decimal prefixes)."""
+    import re
+    match = re.fullmatch(r"([0-9.eE+-]+)\s*([kKmMgGtT]?)(B|bit|b)?(/s|ps)?", text.strip())
+    try:
+        value = float(match.group(1)) if match else -1.0
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"bandwidth {text!r}: give bytes per second, e.g. 61.7e6, 62MB/s "
+                         "or 500Mbit")
+    scale = RATE_UNITS[match.group(2).lower()]
+    return value * scale / (8 if match.group(3) in ("bit", "b") else 1)
+
+
+def parse_latency(text: str) -> float:
+    """Seconds from '5e-6', '5us', '0.1ms' or '1s'."""
+    import re
+    units = {"": 1, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+    match = re.fullmatch(r"([0-9.eE+-]+)\s*(s|ms|us|ns)?", text.strip())
+    try:
+        value = float(match.group(1)) if match else -1.0
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"latency {text!r}: give seconds, e.g. 5e-6, 5us or 0.1ms")
+    return value * units[match.group(2) or ""]

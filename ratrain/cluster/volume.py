@@ -1,0 +1,65 @@
+"""Planned communication volume: the bytes each rank of a compiled program puts on its
+link per training step, read from the per-stage task tables the runtime walks (code/
+stage<N>.pkl): pipeline SENDs and the DP collectives with the algorithm's bytes per member.
+The cluster's traffic test compares it with what the link's qdisc counted.
+"""
+from __future__ import annotations
+
+import math
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+# NOTE [collective bytes]: what one member of an n-member group sends, for S bytes of
+# input (reduce-scatter, all-reduce) or output (all-gather): ring all-reduce 2(n-1)/n S,
+# reduce-scatter and all-gather (n-1)/n S each. For n = 2 every algorithm MPICH picks
+# (ring, recursive doubling or halving, Rabenseifner) sends exactly these bytes: the
+# two members swap either the whole buffer or its halves. Larger groups need the
+# library's choice per size; the cluster tests and bench use two ranks.
+PHASES = {"allreduce": 2, "reduce_scatter": 1, "allgather": 1}
+
+
+def collective_bytes(op: str, members: int, nbytes: float) -> float:
+    """Bytes one member sends (NOTE [collective bytes])."""
+    return 0.0 if members <= 1 else PHASES[op] * (members - 1) / members * nbytes
+
+
+def slot_bytes(slot) -> int:
+    return math.prod(slot.shape) * np.dtype(slot.dtype).itemsize
+
+
+def _call_bytes(call, options) -> float:
+    """Bytes a lowered runtime call sends from this rank (0 for local calls)."""
+    params, dp = dict(call.params), options.dp
+    if call.op == "send":
+        return slot_bytes(call.inputs[0])
+    if call.op == "grad_sync" and params["op"] != "wait":
+        return collective_bytes(params["op"], dp, slot_bytes(call.inputs[0]))
+    if call.op == "grad_scatter":  # fp32 concatenation of the micro-batch's gradients
+        return collective_bytes("reduce_scatter", dp,
+                                4 * sum(math.prod(s.shape) for s in call.inputs))
+    if call.op == "prefetch_view" and params["gather"]:
+        return collective_bytes("allgather", dp, dp * slot_bytes(call.inputs[0]))
+    if call.op == "global_norm":  # one float64 summed over the world
+        return collective_bytes("allreduce", options.pp * dp, 8)
+    return 0.0
+
+
+def stage_bytes(table, options) -> float:
+    """Bytes a rank of the table's stage sends in one step."""
+    from ratrain.codegen.table import PythonStep
+    return sum(_call_bytes(step.call, options) for _, steps, _ in table.rows
+               for step in steps if isinstance(step, PythonStep))
+
+
+def planned_volume(program_dir) -> dict[int, float]:
+    """rank -> bytes it sends per step, for a program directory of `ratrain compile`."""
+    directory = Path(program_dir)
+    runtime = pickle.loads((directory / "runtime.pkl").read_bytes())
+    options = runtime.options
+    per_stage = {stage: stage_bytes(pickle.loads((directory / "code" / f"stage{stage}.pkl")
+                                                 .read_bytes()), options)
+                 for stage in range(options.pp)}
+    return {runtime.rank(stage, replica): per_stage[stage]
+            for stage in range(options.pp) for replica in range(options.dp)}
