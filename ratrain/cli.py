@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from ratrain.cli_calibrate import add_calibrate_parser
+from ratrain.cli_cluster import add_cluster_parser
 from ratrain.cli_compile import add_compile_parser, add_program_inspect_options
 from ratrain.cli_plan import add_plan_parser
 from ratrain.cli_sim import add_simulate_parser
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_parser(sub)
     add_calibrate_parser(sub)
     add_plan_parser(sub, MODEL_HELP)
+    add_cluster_parser(sub)
     return parser
 
 

@@ -40,11 +40,14 @@ def find_mpiexec() -> str:
     return found
 
 
-def launch(program_dir: Path, ranks: int, args, extra: list[str] = ()) -> int:
+def launch(program_dir: Path, ranks: int, args, extra: list[str] = (), cluster=None) -> int:
     """mpiexec -n ranks python -m ratrain.rt DIR <training options>; its exit code. If a
-    rank dies, the last line printed names it (NOTE [naming the lost rank])."""
-    command = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "ratrain.rt",
-               str(program_dir), *forward_argv(args), *extra]
+    rank dies, the last line printed names it (NOTE [naming the lost rank]). With a
+    `cluster` (ratrain.cluster), each rank runs in its namespace and talks over its link."""
+    rank_command = [sys.executable, "-m", "ratrain.rt", str(program_dir), *forward_argv(args),
+                    *extra]
+    options, rank_command = cluster.placement(rank_command) if cluster else ([], rank_command)
+    command = [find_mpiexec(), *options, "-n", str(ranks), *rank_command]
     job = subprocess.Popen(command, stdout=subprocess.PIPE)
     relay = StdoutRelay(job.stdout)
     watch = RankWatch(job.pid, ranks)
@@ -238,7 +241,14 @@ def cmd_run(args) -> int:
         check_world_size(program, manifest, ranks)
     except SetupError as e:
         raise _user_error(str(e)) from None
-    return launch(program, ranks, args)
+    if args.cluster is None:
+        return launch(program, ranks, args)
+    from ratrain.cluster import ClusterError, cluster_for_run
+    try:
+        with cluster_for_run(args.cluster, ranks) as cluster:
+            return launch(program, ranks, args, cluster=cluster)
+    except ClusterError as e:
+        raise _user_error(str(e)) from None
 
 
 def add_run_parser(sub) -> None:
@@ -248,6 +258,10 @@ def add_run_parser(sub) -> None:
     p.add_argument("program", metavar="DIR", help="program directory from `ratrain compile`")
     p.add_argument("-n", "--ranks", type=int, default=None, metavar="N", help="MPI ranks to "
                    "start; must equal the program's pp x dp (default: the program's)")
+    p.add_argument("--cluster", default=None, metavar="NAME", help="run each rank in its "
+                   "own network namespace of the test cluster NAME, over its shaped link "
+                   "(`ratrain cluster up`; made for this run and removed after it if not up; "
+                   "needs root)")
     add_training_options(p)
     p.set_defaults(func=cmd_run)
 
