@@ -27,7 +27,8 @@ def _program_and_profile(args):
                           "one with `ratrain compile MODEL -o DIR`")
     manifest = read_manifest(directory)
     profile = load_hw(args.hw) if args.hw else manifest["hw"]
-    return recompile(manifest), profile
+    from ratrain.cluster.scaling import with_link
+    return recompile(manifest), with_link(profile, args.link_bandwidth, args.link_latency)
 
 
 def cmd_simulate(args) -> None:
@@ -65,6 +66,14 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--algorithm", choices=ALGORITHMS, default=None, help="collective "
                    "algorithm (default: the profile's collective_algorithm, else ring)")
+    from ratrain.cli_cluster import link_type
+    from ratrain.cluster.scaling import parse_bandwidth, parse_latency
+    p.add_argument("--link-bandwidth", type=link_type(parse_bandwidth), default=None,
+                   metavar="B", help="bytes/s of every link, replacing the profile's "
+                   "link_bandwidth, e.g. 61.7MB/s (as `ratrain cluster up` takes it)")
+    p.add_argument("--link-latency", type=link_type(parse_latency), default=None,
+                   metavar="S", help="seconds per message, replacing the profile's "
+                   "link_latency, e.g. 5us")
     p.add_argument("--serialize", action="store_true", help="wait for every DP collective "
                    "right after starting it (what overlap saves, by difference)")
     p.set_defaults(func=cmd_simulate)
