@@ -63,3 +63,18 @@ def planned_volume(program_dir) -> dict[int, float]:
                  for stage in range(options.pp)}
     return {runtime.rank(stage, replica): per_stage[stage]
             for stage in range(options.pp) for replica in range(options.dp)}
+
+
+def message_bytes(program_dir) -> dict[str, int]:
+    """Task text of every pipeline SEND ("0SEND_F3") -> bytes of its message."""
+    from ratrain.codegen.table import PythonStep
+    directory = Path(program_dir)
+    options = pickle.loads((directory / "runtime.pkl").read_bytes()).options
+    sizes = {}
+    for stage in range(options.pp):
+        table = pickle.loads((directory / "code" / f"stage{stage}.pkl").read_bytes())
+        for task, steps, _ in table.rows:
+            for step in steps:
+                if isinstance(step, PythonStep) and step.call.op == "send":
+                    sizes[str(task)] = slot_bytes(step.call.inputs[0])
+    return sizes

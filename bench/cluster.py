@@ -1,0 +1,248 @@
+"""ratrain vs baseline on the bandwidth-constrained test cluster (issue 7): two ranks, one per
+core and one thread each, each in its own network namespace on a link shaped to the scaled
+MT-3000 bandwidth (ratrain/cluster, NOTE [link scaling]); configurations (PP=2, DP=1) and
+(PP=1, DP=2) of one model and global batch; for each, tokens/s of the `ratrain` and
+`baseline` schedules measured in the same run (alternating rounds), the step-time breakdown
+from the runtime's traces, and `ratrain simulate` with the same link parameters.
+
+Measured step time: median of the runtime's step_seconds (--metrics) after --warmup steps,
+pooled over --rounds. Breakdown per rank and step, from the trace (these four add up to
+the rank's step span): compute = F, B and REC tasks; exposed communication = the part of
+each pipeline receive wait up to its message's transfer time (bytes / bandwidth + latency);
+bubble = the rest of the time before the rank's last B (waiting on the other stage's
+compute, sends, bookkeeping); exposed tail = after the last B (gradient syncs, updates and
+prefetches not overlapped). Averaged over ranks and measured steps.
+The PP=2 programs are compiled under a budget --budget-at of the way from the full-recompute
+peak to the keep-all peak (0 = only full recompute fits), so the schedules differ in where
+recovery runs; PP=1 x DP=2 keeps every activation.
+Timings wait for the 1-minute load average to fall below --idle and print the load.
+Needs root and iproute2. Usage: python bench/cluster.py [--model tiny] [--seq-len 256]
+[--global-batch 4] [--budget-at 0] [--steps 10] [--warmup 3] [--rounds 2] [--keep DIR]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RATIO_TARGET, BOTH_TARGET, SIM_TARGET = 1.3, 1.0, 0.05
+SCHEDULES = ("ratrain", "baseline")
+COMPUTE = re.compile(r"\d+(F\d+|B\d+|REC\[L\d+\]\d+)")
+BACKWARD = re.compile(r"\d+B\d+")
+RECEIVE = re.compile(r"(\d+)RECV_([FB])(\d+)")
+
+
+def fail(message):
+    sys.exit(f"bench/cluster: {message}")
+
+
+def ratrain(*argv):
+    """`ratrain ARGV` with the runtime's own thread sizing; its stdout."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-m", "ratrain.cli", *map(str, argv)], env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        lines = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()
+        fail(f"`ratrain {' '.join(map(str, argv[:3]))} ...` exited {done.returncode}: "
+             f"{lines[-1]}")
+    return done.stdout
+
+
+def load():
+    return os.getloadavg()[0]
+
+
+def wait_for_idle(idle, longest):
+    waited = 0
+    while load() >= idle and waited < longest:
+        print(f"# load average {load():.2f} >= {idle}: waiting ({waited} s so far)", flush=True)
+        time.sleep(15)
+        waited += 15
+    return load()
+
+
+# ---- compiling -------------------------------------------------------------------------------
+
+def compile_program(out, args, *flags):
+    ratrain("compile", args.model, "--seq-len", args.seq_len, "--precision", "fp32", *flags,
+            "-o", out, "--force", "--build")
+    return out
+
+
+def peak(program):
+    return max(s["peak_bytes"] for s in json.loads((program / "program.json").read_text())["stages"])
+
+
+def compile_configs(args, work):
+    """{config: {schedule: program dir}}, and the PP=2 budget's description."""
+    g = args.global_batch
+    pp2 = ["--pp", 2, "--micro-batches", g]
+    keep = compile_program(work / "pp2-keep", args, *pp2, "--recompute", "none")
+    full = compile_program(work / "pp2-full", args, *pp2, "--recompute", "full")
+    budget = peak(full) + int(args.budget_at * (peak(keep) - peak(full)))
+    programs = {"PP=2 x DP=1": {}, "PP=1 x DP=2": {}}
+    for schedule in SCHEDULES:
+        programs["PP=2 x DP=1"][schedule] = compile_program(
+            work / f"pp2-{schedule}", args, *pp2, "--schedule", schedule, "--recompute",
+            "auto", "--budget", budget)
+        programs["PP=1 x DP=2"][schedule] = compile_program(
+            work / f"dp2-{schedule}", args, "--dp", 2, "--micro-batches", g // 2,
+            "--schedule", schedule, "--recompute", "none")
+    note = (f"PP=2 budget {budget / 2**20:.2f} MiB per rank (keep-all peak "
+            f"{peak(keep) / 2**20:.2f} MiB, full recompute {peak(full) / 2**20:.2f} MiB)")
+    return programs, note
+
+
+# ---- measuring -------------------------------------------------------------------------------
+
+def run_once(program, cluster, args, out):
+    """Step seconds after warm-up and the per-step breakdown of one run on the cluster."""
+    metrics, traces = out / "metrics.jsonl", out / "trace"
+    metrics.unlink(missing_ok=True)
+    ratrain("run", program, "--cluster", cluster.name, "--steps", args.warmup + args.steps,
+            "--metrics", metrics, "--trace", traces)
+    seconds = [json.loads(l)["step_seconds"] for l in metrics.read_text().splitlines() if l]
+    return seconds[args.warmup:], breakdown(program, traces, cluster, args.warmup)
+
+
+def breakdown(program, traces, cluster, warmup):
+    """Mean seconds of compute, exposed communication, bubble and exposed tail per rank and
+    step (see the module's docstring)."""
+    from ratrain.cluster.volume import message_bytes
+    sizes = message_bytes(program)
+    rows = []
+    for path in sorted(traces.glob("trace-rank*.json")):
+        events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+        for step in sorted({e["args"]["step"] for e in events}):
+            if step > warmup:
+                rows.append(step_parts([e for e in events if e["args"]["step"] == step],
+                                       sizes, cluster))
+    return {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
+
+
+def step_parts(events, sizes, cluster):
+    start = min(e["ts"] for e in events) / 1e6
+    end = max(e["ts"] + e["dur"] for e in events) / 1e6
+    last_b = max(((e["ts"] + e["dur"]) / 1e6 for e in events if BACKWARD.fullmatch(e["name"])),
+                 default=end)
+    compute = sum(e["dur"] for e in events if COMPUTE.fullmatch(e["name"])) / 1e6
+    exposed = sum(min(e["dur"] / 1e6, transfer_seconds(e["name"], sizes, cluster))
+                  for e in events if RECEIVE.fullmatch(e["name"]))
+    return {"compute": compute, "exposed comm": exposed,
+            "bubble": max(0.0, last_b - start - compute - exposed), "exposed tail": end - last_b}
+
+
+def transfer_seconds(receive, sizes, cluster):
+    """How long the message a RECV waits for needs on the link."""
+    stage, direction, mb = RECEIVE.fullmatch(receive).groups()
+    sender = int(stage) - 1 if direction == "F" else int(stage) + 1
+    nbytes = sizes.get(f"{sender}SEND_{direction}{mb}", 0)
+    return cluster.latency + nbytes / cluster.bandwidth
+
+
+def simulated(program, cluster):
+    record = json.loads(ratrain("simulate", program, "--json", "--link-bandwidth",
+                                cluster.bandwidth, "--link-latency", cluster.latency))
+    return record
+
+
+# ---- the benchmark ---------------------------------------------------------------------------
+
+def measure(args, programs, cluster, work):
+    """{config: {schedule: (step seconds, breakdown)}}: rounds alternate the schedules."""
+    steps = {c: {s: [] for s in SCHEDULES} for c in programs}
+    parts = {c: {s: [] for s in SCHEDULES} for c in programs}
+    for r in range(args.rounds):
+        for config, by_schedule in programs.items():
+            for schedule in (SCHEDULES if r % 2 == 0 else SCHEDULES[::-1]):
+                at = wait_for_idle(args.idle, args.wait)
+                out = work / f"run-{by_schedule[schedule].name}-{r + 1}"
+                out.mkdir(exist_ok=True)
+                seconds, split = run_once(by_schedule[schedule], cluster, args, out)
+                steps[config][schedule] += seconds
+                parts[config][schedule].append(split)
+                print(f"# round {r + 1} {config} {schedule}: median step "
+                      f"{statistics.median(seconds):.4f} s (load {at:.2f} before, "
+                      f"{load():.2f} after)", flush=True)
+    return {c: {s: (statistics.median(steps[c][s]),
+                    {k: statistics.mean(p[k] for p in parts[c][s]) for k in parts[c][s][0]})
+                for s in SCHEDULES} for c in programs}
+
+
+def report(args, programs, results, cluster, note):
+    from ratrain.cluster.harness import describe
+    tokens = args.global_batch * args.seq_len
+    print(f"# {args.model}, global batch {args.global_batch} x {args.seq_len} tokens, fp32, "
+          f"2 ranks x 1 thread; link {describe(cluster)}; {note}")
+    print(f"{'configuration':<13} {'schedule':<9} {'tokens/s':>9} {'step s':>7} "
+          f"{'compute':>8} {'exp.comm':>8} {'bubble':>7} {'tail':>7} {'sim s':>7} "
+          f"{'sim/meas':>8}")
+    ratios, errors = {}, []
+    for config, by_schedule in programs.items():
+        for schedule, program in by_schedule.items():
+            step, parts = results[config][schedule]
+            sim = simulated(program, cluster)["step_time_s"]
+            errors.append(sim / step - 1)
+            print(f"{config:<13} {schedule:<9} {tokens / step:>9,.0f} {step:>7.4f} "
+                  f"{parts['compute']:>8.4f} {parts['exposed comm']:>8.4f} "
+                  f"{parts['bubble']:>7.4f} {parts['exposed tail']:>7.4f} {sim:>7.4f} "
+                  f"{sim / step:>8.3f}", flush=True)
+        ratios[config] = results[config]["baseline"][0] / results[config]["ratrain"][0]
+    best = max(ratios.values())
+    for config, ratio in ratios.items():
+        print(f"{config}: ratrain / baseline tokens/s = {ratio:.3f}x")
+    print(f"ratrain >= {RATIO_TARGET}x baseline in one configuration: "
+          f"{'ok' if best >= RATIO_TARGET else 'MISS'} (best {best:.3f}x); no slower in the "
+          f"other: {'ok' if min(ratios.values()) >= BOTH_TARGET else 'MISS'} "
+          f"(worst {min(ratios.values()):.3f}x)")
+    worst = max(errors, key=abs)
+    print(f"simulator within {100 * SIM_TARGET:.0f}% of every measured step: "
+          f"{'ok' if abs(worst) <= SIM_TARGET else 'MISS'} (worst {100 * worst:+.1f}%)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny", help="model preset or config.json")
+    ap.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
+    ap.add_argument("--global-batch", type=int, default=4, help="sequences per step (PP=2: "
+                    "that many micro-batches of 1; DP=2: half per replica)")
+    ap.add_argument("--budget-at", type=float, default=0.0, metavar="F", help="PP=2 budget "
+                    "from the full-recompute peak (0) to the keep-all peak (1)")
+    ap.add_argument("--steps", type=int, default=10, help="measured steps per run")
+    ap.add_argument("--warmup", type=int, default=3, help="steps left out per run")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds")
+    ap.add_argument("--link-bandwidth", default=None, help="override the scaled link (B/s)")
+    ap.add_argument("--link-latency", default=None, help="override the link latency")
+    ap.add_argument("--idle", type=float, default=0.6, help="1-minute load to wait for")
+    ap.add_argument("--wait", type=int, default=900, help="longest wait for it, seconds")
+    ap.add_argument("--name", default="bench", help="cluster name (made and removed here)")
+    ap.add_argument("--keep", default=None, metavar="DIR", help="keep programs and traces")
+    args = ap.parse_args()
+    from ratrain.cluster import harness
+    from ratrain.cluster.scaling import parse_bandwidth, parse_latency, scaled_link
+    bandwidth, latency = scaled_link()
+    bandwidth = parse_bandwidth(args.link_bandwidth) if args.link_bandwidth else bandwidth
+    latency = parse_latency(args.link_latency) if args.link_latency else latency
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(args.keep or scratch)
+        work.mkdir(parents=True, exist_ok=True)
+        programs, note = compile_configs(args, work)
+        try:
+            cluster = harness.bring_up(args.name, 2, bandwidth, latency)
+        except harness.ClusterError as e:
+            fail(str(e))
+        try:
+            results = measure(args, programs, cluster, work)
+            report(args, programs, results, cluster, note)
+        finally:
+            harness.bring_down(args.name)
+
+
+if __name__ == "__main__":
+    main()
