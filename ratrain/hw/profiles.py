@@ -130,7 +130,8 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
     shard = lambda n: n / o.dp if o.zero >= 1 else n
     table: dict[Kind, Callable[[Task], float]] = {
         Kind.F: lambda t: sum(cost(l).fwd_flops for l in program.stages[t.stage]) / rate,
-        Kind.B: lambda t: sum(cost(l).bwd_flops for l in program.stages[t.stage]) / rate,
+        Kind.B: lambda t: sum(cost(l).bwd_flops + _recomputed_in_backward(program, t, l)
+                              for l in program.stages[t.stage]) / rate,
         Kind.REC: lambda t: recompute_flops(program, t.layer, t.micro_batch) / rate,
         Kind.SEND_F: lambda t: message_seconds(profile, cost(program.stages[t.stage][-1]).output_bytes),
         Kind.SEND_B: lambda t: message_seconds(profile, cost(program.stages[t.stage - 1][-1]).output_bytes),
@@ -140,6 +141,15 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
         Kind.NORM: lambda t: ring_seconds(profile, 8, o.dp * o.pp, 2),
     }
     return lambda task: table[task.kind](task) if task.kind in table else 0.0
+
+
+def _recomputed_in_backward(program, task: Task, layer: int) -> int:
+    """FLOPs B spends rebuilding the layer (NOTE [backward-time recovery])."""
+    from ratrain.passes.buffers import recovers_in_backward
+    if (layer, task.micro_batch) not in program.recompute or \
+            not recovers_in_backward(program, task.stage):
+        return 0
+    return recompute_flops(program, layer, task.micro_batch)
 
 
 def recompute_flops(program, layer: int, micro_batch: int) -> int:

@@ -3,7 +3,7 @@
 plan_memory, the memory checker, the simulator and the runtime all derive lifetimes from
 `task_effects`: a buffer lives from the task that creates it to the last task that reads
 it. Persistent buffers (master params, optimizer state, parameter views) live all step.
-Names: master.L7 opt.L7 view.L7 grad.L7 gshard.L7 act.L5.mb3 ckpt.L5.mb3 in.mb3 out.mb3
+Names: master.L7 opt.L7 view.L7 grad.L7 gshard.L7 act.L5.mb3 rec.L5.mb3 in.mb3 out.mb3
 gin.mb3 gout.mb3 ws.<task>.
 """
 from __future__ import annotations
@@ -183,6 +183,41 @@ def _workspace_bytes(graph, layers: tuple, direction: str, cotangent: int,
     return max(peaks, default=0)
 
 
+def recovers_in_backward(program, stage: int) -> bool:
+    """NOTE [backward-time recovery]: does the stage's B rebuild its dropped residuals
+    itself, layer by layer, instead of REC tasks? A REC on the forward side (ratrain
+    mode, every stage but the last) runs in the wait for the gradient, so it must rebuild
+    all of the micro-batch's layers before B starts and they stay alive through B. Where
+    recovery runs at backward time anyway (baseline mode, and the last stage, which
+    never waits for a gradient) nothing is gained by that: B recomputes layer l right
+    before l's backward into its own workspace, so one layer's rebuilt residuals are
+    alive at a time, as in the per-layer activation checkpointing of GPU trainers."""
+    return program.options.schedule != "ratrain" or stage == len(program.stages) - 1
+
+
+def backward_workspace(program, stage: int, micro_batch: int,
+                       modes: dict | None = None) -> tuple[int, int]:
+    """(offset of the rebuilt residuals, bytes) of a B's workspace on the stage: the
+    cotangent slots and the largest layer's backward intermediates (workspace_bytes),
+    and under backward-time recovery the REC intermediates (sharing the layers' region:
+    a layer's backward starts after its recompute ends) and then the largest rebuilt
+    residuals of the micro-batch's recomputed layers. `modes` (layer -> recovery mode)
+    stands in for the program's choices (the planner's estimate)."""
+    plain = workspace_bytes(program, stage, "bwd")
+    if modes is None:
+        modes = {l: program.recompute[(l, micro_batch)] for l in program.stages[stage]
+                 if (l, micro_batch) in program.recompute}
+    if not modes or not recovers_in_backward(program, stage):
+        return plain, plain
+    kinds = [(_kind(program, l), mode) for l, mode in modes.items()]
+    layers = program.stages[stage]
+    slots = cotangent_slots([_kind(program, l) for l in layers],
+                            stage == len(program.stages) - 1) * cotangent_bytes(program)
+    scratch = max(graph_workspace(k.fwd, pinned_values(k, "REC", mode))[1] for k, mode in kinds)
+    base = max(plain, slots + align_up(scratch))
+    return base, base + max(_residual_layout(k, mode, False)[1] for k, mode in kinds)
+
+
 def cotangent_slots(kinds: list, last_stage: bool) -> int:
     """How many of B's two ping-pong cotangent slots (lower._lower_backward) are used:
     one per value passed inside the stage (the loss cotangent on the last stage, and the
@@ -224,9 +259,10 @@ def _backward(program, task: Task) -> Effects:
     creates = [grad_buffer(program, l) for l in layers] if m == 0 else []
     if s > 0:
         creates.append(Buffer(f"gout.mb{m}", "comm", _message_bytes(program, s - 1)))
-    creates.append(Buffer(f"ws.{task}", "workspace", workspace_bytes(program, s, "bwd")))
+    creates.append(Buffer(f"ws.{task}", "workspace", backward_workspace(program, s, m)[1]))
     reads = [f"view.L{l}" for l in layers] + [f"act.L{l}.mb{m}" for l in layers]
-    reads += [f"rec.L{l}.mb{m}" for l in layers if (l, m) in program.recompute]
+    if not recovers_in_backward(program, s):
+        reads += [f"rec.L{l}.mb{m}" for l in layers if (l, m) in program.recompute]
     reads += [grad_buffer(program, l).name for l in layers] if m != 0 else []
     reads += [f"gin.mb{m}"] if s < len(program.stages) - 1 else []
     return Effects(tuple(creates), tuple(reads))

@@ -1,9 +1,10 @@
 """insert_recovery: keep or drop-and-recompute each (layer, micro-batch)'s activations.
 
 Runs after schedule_1f1b (it needs the F/B order) and before the lifecycle passes, which
-only append tasks at the step end. Policies decide which residuals a layer keeps; a REC
-task rebuilds the rest. In `ratrain` mode a REC goes on the forward side, before the
-RECV_B its backward waits for (forward-side recovery); in `baseline` right before the B.
+only append tasks at the step end. Policies decide which residuals a layer keeps; the
+rest is rebuilt. In `ratrain` mode a REC task does it on the forward side, before the
+RECV_B its backward waits for (forward-side recovery); in `baseline` mode and on the last
+stage the backward recomputes each layer right before differentiating it.
 """
 from __future__ import annotations
 
@@ -12,21 +13,47 @@ from functools import lru_cache
 
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, Task
+from ratrain.passes.buffers import recovers_in_backward
 
 
 @lru_cache(maxsize=1024)
 def kept_mask(kind, mode: str) -> tuple[bool, ...]:
     """Which of a layer kind's residuals survive from F to B under `mode`.
 
-    none: all; full: only the layer's inputs; selective: inputs and GEMM outputs (the
-    expensive values), recomputing norms, RoPE, attention and SwiGLU from them.
+    none: all; full: only the layer's inputs; selective: NOTE [selective keeps what a
+    GEMM made]: the inputs and every residual whose rebuild would run a GEMM, so a REC
+    recomputes only norms, RoPE, attention, SwiGLU and the like. A value computed from a
+    GEMM output through cheap ops (reshape, RoPE, the residual add) counts as made by
+    that GEMM: the GEMM output itself is often not a residual, so dropping the value
+    would mean running the GEMM again.
     """
     inputs = {v.id for v in kind.fwd.inputs}
-    gemm_outputs = {o.id for n in kind.fwd.nodes
-                    if (lookup_rule(n.op).kernel or "") == "gemm" for o in n.outputs}
-    keep = {"none": lambda r: True, "full": lambda r: r.id in inputs,
-            "selective": lambda r: r.id in inputs or r.id in gemm_outputs}[mode]
-    return tuple(keep(r) for r in kind.residuals)
+    if mode != "selective":
+        return tuple(mode == "none" or r.id in inputs for r in kind.residuals)
+    available = set(inputs)
+    for r in kind.residuals:  # forward order: later values may rebuild from earlier kept ones
+        if r.id not in available and any(_is_gemm(n) for n in
+                                          nodes_rebuilding(kind.fwd, {r.id}, available)):
+            available.add(r.id)
+    return tuple(r.id in available for r in kind.residuals)
+
+
+def _is_gemm(node) -> bool:
+    return (lookup_rule(node.op).kernel or "") == "gemm"
+
+
+def nodes_rebuilding(graph, targets: set, available: set) -> list:
+    """NOTE [selective recovery]: the forward nodes that rebuild the values `targets`
+    from the `available` ones, in graph order: walking backwards, a node is needed if it
+    makes a target or a value a needed node reads that is not available (a kept
+    residual is read, never recomputed)."""
+    wanted, needed = set(targets), []
+    for node in reversed(graph.nodes):
+        if not any(o.id in wanted for o in node.outputs):
+            continue
+        needed.append(node)
+        wanted |= {x.id for x in node.inputs if hasattr(x, "id") and x.id not in available}
+    return needed[::-1]
 
 
 def _recomputable(program) -> set[int]:
@@ -96,12 +123,13 @@ def _auto(program) -> dict:
 
 def _place(program, choices: dict, stage: int, tasks) -> tuple[Task, ...]:
     """REC tasks of micro-batch m go before RECV_B m (ratrain: forward side, in the wait
-    for the gradient) or right before B m (baseline, and the last stage)."""
-    forward_side = program.options.schedule == "ratrain" and stage < len(program.stages) - 1
-    anchor = Kind.RECV_B if forward_side else Kind.B
+    for the gradient). In baseline mode and on the last stage there are none: B rebuilds
+    each layer right before its backward (NOTE [backward-time recovery], buffers.py)."""
+    if recovers_in_backward(program, stage):
+        return tuple(tasks)
     out: list[Task] = []
     for task in tasks:
-        if task.kind == anchor:
+        if task.kind == Kind.RECV_B:
             out += [Task(stage, Kind.REC, micro_batch=task.micro_batch, layer=l)
                     for l in program.stages[stage] if (l, task.micro_batch) in choices]
         out.append(task)
@@ -112,8 +140,9 @@ def insert_recovery(program):
     """Choose keep / recompute per (layer, micro-batch) and place REC tasks.
 
     Requires: stages and the 1F1B tasks. Guarantees: `program.recompute` maps every
-    dropped (layer, mb) to its mode; each has one REC before its B (before the RECV_B
-    in ratrain mode); only decoder layers are recomputed.
+    dropped (layer, mb) to its mode; on stages that recover on the forward side each has
+    one REC before its RECV_B, elsewhere none (B recomputes); only decoder layers are
+    recomputed.
     """
     policy = program.options.recompute
     if policy == "auto":

@@ -2,8 +2,8 @@
 
 Runs last, after plan_memory fixed each buffer's arena offset. Compute tasks (F, REC, B)
 become one call per IR node, with every value addressed: parameters in view.L, kept
-residuals in act.L.mb, rebuilt ones in rec.L.mb, intermediates in the task's workspace
-(layout.py), messages in in/out/gin/gout. Other tasks become one runtime call. This is
+residuals in act.L.mb, rebuilt ones in rec.L.mb (or in B's workspace when B recomputes
+them), intermediates in the task's workspace (layout.py), messages in in/out/gin/gout. Other tasks become one runtime call. This is
 the input of codegen and of the reference executor.
 """
 from __future__ import annotations
@@ -13,9 +13,11 @@ from dataclasses import dataclass, replace
 from ratrain.ir.graph import DTYPE_SHORT, Literal
 from ratrain.ir.printer import format_param
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.buffers import (GRAD_OUTPUT, cotangent_bytes, cotangent_slots,
-                                    fused_grad_ids, grad_layout, pinned_values,
-                                    residual_layout, shard_elements, view_layout)
+from ratrain.passes.buffers import (GRAD_OUTPUT, backward_workspace, cotangent_bytes,
+                                    cotangent_slots, fused_grad_ids, grad_layout,
+                                    pinned_values, recovers_in_backward, residual_layout,
+                                    shard_elements, view_layout)
+from ratrain.passes.insert_recovery import nodes_rebuilding
 from ratrain.passes.layout import align_up, graph_workspace
 from ratrain.passes.lower_comms import message_tag
 from ratrain.passes.plan_memory import arena_name
@@ -74,11 +76,16 @@ class _Placement:
     def bind(self, var, slot: Slot) -> None:
         self.slots[var.id] = slot
 
-    def calls(self, layer: int) -> list[Call]:
+    def calls(self, layer: int, tag: str = "") -> list[Call]:
         read = lambda x: x if isinstance(x, Literal) else self.slots[x.id]
         return [Call(n.op, tuple(self.slots[o.id] for o in n.outputs),
-                     tuple(read(x) for x in n.inputs), n.params, f"L{layer} {n.op}")
+                     tuple(read(x) for x in n.inputs), n.params, f"L{layer} {n.op}{tag}")
                 for n in self.graph.nodes]
+
+
+# Note suffix of the forward calls a B runs to rebuild a layer (NOTE [backward-time
+# recovery]): the simulator costs them as forward graph nodes.
+RECOMPUTE_TAG = " (recompute)"
 
 
 def _kind(program, layer: int):
@@ -91,14 +98,18 @@ def _bind_params(placement: _Placement, program, layer: int, graph) -> None:
         placement.bind(var, _slot(f"view.L{layer}", offset, var))
 
 
-def residual_slot(program, layer: int, micro_batch: int, index: int) -> Slot:
-    """Where residual `index` of (layer, micro_batch) lives: act.L.mb if kept, else rec."""
+def residual_slot(program, layer: int, micro_batch: int, index: int,
+                  rebuilt: tuple[str, int] | None = None) -> Slot:
+    """Where residual `index` of (layer, micro_batch) lives: act.L.mb if kept, else
+    rec.L.mb, or (buffer, offset) `rebuilt` when its B recomputes it (NOTE
+    [backward-time recovery])."""
     var = _kind(program, layer).residuals[index]
     kept, _ = residual_layout(program, layer, micro_batch, True)
     if index in kept:
         return _slot(f"act.L{layer}.mb{micro_batch}", kept[index], var)
     dropped, _ = residual_layout(program, layer, micro_batch, False)
-    return _slot(f"rec.L{layer}.mb{micro_batch}", dropped[index], var)
+    buffer, base = rebuilt or (f"rec.L{layer}.mb{micro_batch}", 0)
+    return _slot(buffer, base + dropped[index], var)
 
 
 def _input_index(kind, position: int) -> int:
@@ -110,10 +121,11 @@ def _input_index(kind, position: int) -> int:
                               "read by the backward, so it has no buffer; lowering needs it")
 
 
-def _bind_residuals(placement: _Placement, program, layer: int, m: int, keep) -> None:
+def _bind_residuals(placement: _Placement, program, layer: int, m: int, keep,
+                    rebuilt: tuple[str, int] | None = None) -> None:
     for i, var in enumerate(_kind(program, layer).residuals):
         if keep(i):
-            placement.bind(var, residual_slot(program, layer, m, i))
+            placement.bind(var, residual_slot(program, layer, m, i, rebuilt))
 
 
 def _is_kept(program, layer: int, m: int):
@@ -158,32 +170,25 @@ def _lower_forward(program, task: Task) -> list[Call]:
 
 
 def _lower_recompute(program, task: Task) -> list[Call]:
-    layer, m = task.layer, task.micro_batch
+    return _recompute_calls(program, task.layer, task.micro_batch, f"ws.{task}")
+
+
+def _recompute_calls(program, layer: int, m: int, workspace: str, base: int = 0,
+                     rebuilt_in: tuple[str, int] | None = None) -> list[Call]:
+    """The forward calls that rebuild (layer, m)'s dropped residuals (into rec.L.mb, or
+    at (buffer, offset) `rebuilt_in`), with intermediates in `workspace` from `base` on."""
     kind = _kind(program, layer)
     mode = program.recompute[(layer, m)]
-    placement = _Placement(kind.fwd, pinned_values(kind, "REC", mode), f"ws.{task}")
+    placement = _Placement(kind.fwd, pinned_values(kind, "REC", mode), workspace, base)
     _bind_params(placement, program, layer, kind.fwd)
     inputs = {_input_index(kind, p) for p in range(len(kind.fwd.inputs))}
     kept = _is_kept(program, layer, m)
-    _bind_residuals(placement, program, layer, m, lambda i: True)
+    _bind_residuals(placement, program, layer, m, lambda i: True, rebuilt_in)
     rebuilt = {r.id for i, r in enumerate(kind.residuals) if i not in inputs and not kept(i)}
     available = {r.id for i, r in enumerate(kind.residuals) if i in inputs or kept(i)}
-    needed = _nodes_rebuilding(kind.fwd, rebuilt, available)
-    return [c for c, n in zip(placement.calls(layer), kind.fwd.nodes) if id(n) in needed]
-
-
-def _nodes_rebuilding(graph, targets: set, available: set) -> set:
-    """NOTE [selective recovery]: the forward nodes a REC must run to rebuild the dropped
-    residuals `targets`: walking backwards, a node is needed if it makes a target or a
-    value a needed node reads that is not available (kept residuals stay in act.L.mb, so
-    a kept GEMM output is read, not recomputed)."""
-    wanted, needed = set(targets), set()
-    for node in reversed(graph.nodes):
-        if not any(o.id in wanted for o in node.outputs):
-            continue
-        needed.add(id(node))
-        wanted |= {x.id for x in node.inputs if hasattr(x, "id") and x.id not in available}
-    return needed
+    needed = {id(n) for n in nodes_rebuilding(kind.fwd, rebuilt, available)}
+    calls = placement.calls(layer, RECOMPUTE_TAG if rebuilt_in else "")
+    return [c for c, n in zip(calls, kind.fwd.nodes) if id(n) in needed]
 
 
 def _cotangent_slots(program, task: Task, var) -> tuple[Slot, Slot]:
@@ -239,8 +244,12 @@ def _lower_backward(program, task: Task) -> list[Call]:
         turn = 1
     else:
         current = _slot(f"gin.mb{m}", 0, _kind(program, layers[-1]).fwd.outputs[0])
+    rebuilt = (f"ws.{task}", backward_workspace(program, stage, m)[0]) \
+        if recovers_in_backward(program, stage) else None
     for j, layer in enumerate(reversed(layers)):
         kind = _kind(program, layer)
+        if rebuilt and (layer, m) in program.recompute:  # NOTE [backward-time recovery]
+            calls += _recompute_calls(program, layer, m, f"ws.{task}", base, rebuilt)
         fused = layer not in program.scatter_grads
         placement = _Placement(kind.bwd, pinned_values(kind, "B", fused=fused), f"ws.{task}",
                                base=base)
@@ -249,7 +258,7 @@ def _lower_backward(program, task: Task) -> list[Call]:
             _bind_fused_grads(placement, program, layer)
         n_res = len(kind.residuals)
         for i, var in enumerate(kind.bwd.inputs[:n_res]):
-            placement.bind(var, residual_slot(program, layer, m, i))
+            placement.bind(var, residual_slot(program, layer, m, i, rebuilt))
         for var in kind.bwd.inputs[n_res:]:
             placement.bind(var, replace(current, dtype=var.dtype, shape=tuple(var.shape)))
         if "ct:h" in kind.bwd.output_names:

@@ -16,9 +16,9 @@ import numpy as np
 
 from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.graph import Var
-from ratrain.passes.buffers import (CATEGORIES, layer_param_count, persistent_buffers,
-                                    workspace_bytes)
-from ratrain.passes.insert_recovery import kept_mask
+from ratrain.passes.buffers import (CATEGORIES, backward_workspace, layer_param_count,
+                                    persistent_buffers, recovers_in_backward)
+from ratrain.passes.insert_recovery import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
 from ratrain.sim.collectives import collective_cost
@@ -48,17 +48,11 @@ def kind_times(kind, profile: dict, precision: str) -> KindTimes:
 
 
 def _nodes_rebuilding(kind, mask) -> set:
-    """ids of the forward nodes a REC runs to rebuild the residuals `mask` drops: a node
-    is needed if it makes a dropped residual or a value a needed node reads that is
-    not kept (as lower.py's REC lowering walks the graph)."""
-    wanted = {r.id for r, k in zip(kind.residuals, mask) if not k}
+    """ids of the forward nodes a REC runs to rebuild the residuals `mask` drops (as
+    lower.py's REC lowering does)."""
+    dropped = {r.id for r, k in zip(kind.residuals, mask) if not k}
     kept = {r.id for r, k in zip(kind.residuals, mask) if k}
-    needed = set()
-    for node in reversed(kind.fwd.nodes):
-        if any(o.id in wanted for o in node.outputs):
-            needed.add(id(node))
-            wanted |= {x.id for x in node.inputs if isinstance(x, Var) and x.id not in kept}
-    return needed
+    return {id(n) for n in nodes_rebuilding(kind.fwd, dropped, kept)}
 
 
 @dataclass(frozen=True)
@@ -117,14 +111,32 @@ def stage_bytes(est: Estimator, program, stage: int, level: str, local: bool) ->
     decoder = [program.graph.layers[l].kind == "decoder" for l in layers]
     times = [est.times(program, l) for l in layers]
     kept = sum(t.kept[level if d else "none"] for t, d in zip(times, decoder))
-    rebuilt = sum(t.kept["none"] - t.kept[level] for t, d in zip(times, decoder) if d)
+    in_backward = recovers_in_backward(program, stage)  # NOTE [backward-time recovery]
+    rebuilt = 0 if in_backward else \
+        sum(t.kept["none"] - t.kept[level] for t, d in zip(times, decoder) if d)
     need["activations"] = in_flight_micro_batches(program, stage) * kept + rebuilt
     # at the peak: the message received, the one sent, and a cotangent posted or sent back
     neighbours = _neighbours(program, stage)
     need["comm"] = (1 + neighbours) * _message_bytes(program, stage) if neighbours else 0
     scatter = frozenset() if local else frozenset(layers)  # scattered grads stay in ws
-    need["workspace"] = workspace_bytes(replace(program, scatter_grads=scatter), stage, "bwd")
-    return need
+    modes = {l: level for l, d in zip(layers, decoder) if d and level != "none"}
+    need["workspace"] = backward_workspace(replace(program, scatter_grads=scatter), stage, 0,
+                                           modes if in_backward else {})[1]
+    return max(need, _sync_need(program, stage, need, local), key=total)
+
+
+def _sync_need(program, stage: int, need: dict, local: bool) -> dict:
+    """The bytes while ZeRO-2 SYNCs reduce-scatter full gradients (activations and
+    workspaces are gone by then, and the B workspace can be the smaller peak): during
+    the k-th SYNC (reverse layer order) the gradients of the layers not yet synced and
+    the shards of those synced, not yet consumed by their UPD, are alive."""
+    if program.options.zero != 2 or not local:
+        return need
+    full = [4 * layer_param_count(program, l) for l in reversed(program.stages[stage])]
+    shard = [4 * -(-(n // 4) // program.options.dp) for n in full]
+    grads = max(sum(full[k:]) + sum(shard[:k + 1]) for k in range(len(full)))
+    persistent = {c: b for c, b in need.items() if c in ("params", "optimizer", "views")}
+    return {**dict.fromkeys(CATEGORIES, 0), **persistent, "grads": grads}
 
 
 def _neighbours(program, stage: int) -> int:
@@ -208,7 +220,7 @@ class _StageModel:
                      sum(_port_seconds(p, op, o.dp, 4 * n) for n in params))
         shard = lambda n: n / o.dp if o.zero >= 1 else n
         self.update = sum(UPDATE_BYTES_PER_PARAM * shard(n) for n in params) / ddr
-        self.prefetch = sum(_port_seconds(p, "allgather", o.dp, 4 * n) if o.zero >= 1 else
+        self.prefetch = sum(_port_seconds(p, "allgather", o.dp, itemsize * n) if o.zero >= 1 else
                             (4 + itemsize) * n / ddr for n in params)
 
 

@@ -320,7 +320,10 @@ def decay_runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
 def _prefetch_view(t: Transport, st: RankState, call) -> None:
     master = st.view(call.inputs[0])
     if _params(call)["gather"]:
-        t.dp_gather(st, call, master, lambda flat: write_view(st, call.outputs, flat))
+        # cast the shard first: the gather then moves view-dtype bytes (half of fp32 in
+        # fp16 programs), and rounding per element commutes with concatenation
+        shard = master.astype(call.outputs[0].dtype)
+        t.dp_gather(st, call, shard, lambda flat: write_view(st, call.outputs, flat))
     else:
         write_view(st, call.outputs, master)
 

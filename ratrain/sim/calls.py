@@ -16,7 +16,7 @@ import numpy as np
 from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, counterpart
-from ratrain.passes.lower import Slot
+from ratrain.passes.lower import RECOMPUTE_TAG, Slot
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.kernels import fitted_seconds, graph_seconds, op_costs
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, Touch, WorldSum,
@@ -116,14 +116,16 @@ class ProfileCosts:
         graph with the call's op (lower emits a layer's calls in node order)."""
         layer = _layer_of(call)
         kind = self.program.graph.layers[layer].kind
-        ops, seconds = self._table(kind, "bwd" if task.kind == Kind.B else "fwd")
-        i = cursor.get(layer, 0)
+        backward = task.kind == Kind.B and not call.note.endswith(RECOMPUTE_TAG)
+        ops, seconds = self._table(kind, "bwd" if backward else "fwd")
+        key = (layer, backward)
+        i = cursor.get(key, 0)
         while i < len(ops) and ops[i] != call.op:
             i += 1
         if i == len(ops):
             raise ValueError(f"{task}: call {call.op} ({call.note}) matches no node of the "
                              f"{kind} graph in order")
-        cursor[layer] = i + 1
+        cursor[key] = i + 1
         return seconds[i]
 
     def _table(self, kind: str, direction: str):
@@ -207,15 +209,19 @@ def _adamw(c: ProfileCosts, task, call) -> list[Step]:
 
 
 def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
-    """Cast the fp32 master to the view's dtype; under ZeRO the runtime first all-gathers
-    the fp32 master shards and casts when the gather is waited for."""
+    """Cast the fp32 master to the view's dtype; under ZeRO the runtime casts its master
+    shard, all-gathers the cast shards and copies them into the view when the gather is
+    waited for."""
     master = call.inputs[0]
     view = sum(slot_bytes(s) for s in call.outputs)
     if not dict(call.params)["gather"]:
         return [Compute(c.memory_seconds("prefetch_view", slot_bytes(master) + view))]
-    full = slot_bytes(master) * c.options.dp
-    buffers = {master.buffer} | {s.buffer for s in call.outputs}
-    return [c.collective("allgather", full, c.options.dp, buffers, (full + view) / c.ddr,
+    itemsize = np.dtype(call.outputs[0].dtype).itemsize
+    shard = slot_elements(master) * itemsize
+    full = shard * c.options.dp
+    buffers = {s.buffer for s in call.outputs}
+    return [Compute((slot_bytes(master) + shard) / c.ddr),
+            c.collective("allgather", full, c.options.dp, buffers, (full + view) / c.ddr,
                          f"allgather L{task.layer}")]
 
 
