@@ -9,7 +9,7 @@ costs and free messages (steps.UnitCosts).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ratrain.ir.tasks import Kind, Schedule, Task
 from ratrain.sim.engine import Engine, Link, Signal
@@ -38,10 +38,13 @@ class Replay:
     spans: dict[int, tuple[TaskSpan, ...]]      # rank -> its tasks, program order
     intervals: dict[int, tuple[Interval, ...]]  # rank -> busy/wait/transfer intervals
     ends: dict[int, float]                      # rank -> all its work and transfers done
+    period: float | None = None                 # steady-state step time, if measured
 
     @property
     def step_time(self) -> float:
-        return max(self.ends.values(), default=0.0)
+        """The steady-state period when measured (NOTE [steady state]), else the time
+        until every rank has finished the step and everything it started."""
+        return self.period if self.period is not None else max(self.ends.values(), default=0.0)
 
     def busy(self, rank: int) -> float:
         return sum(i.end - i.start for i in self.intervals[rank] if i.lane == "compute")
@@ -60,7 +63,7 @@ class Replay:
     def exposed_tail(self) -> float:
         """From the end of the pipeline's last backward to the end of the step."""
         ends = [e for e in map(self.last_backward_end, self.ends) if e is not None]
-        return self.step_time - max(ends) if ends else 0.0
+        return max(0.0, self.step_time - max(ends)) if ends else 0.0
 
 
 @dataclass
@@ -83,8 +86,9 @@ class _RankState:
 
 
 class _Replayer:
-    def __init__(self, schedule: Schedule, costs, bandwidth: float, overlap: bool):
-        self.schedule, self.costs, self.overlap = schedule, costs, overlap
+    def __init__(self, schedule: Schedule, costs, bandwidth: float, overlap: bool,
+                 steps: int = 1):
+        self.schedule, self.costs, self.overlap, self.steps = schedule, costs, overlap, steps
         self.engine = Engine()
         self.ranks = {rank: _RankState() for rank in schedule}
         self.links = {rank: Link(self.engine, bandwidth, self._on_transfer(rank))
@@ -121,18 +125,22 @@ class _Replayer:
 
     def _rank(self, rank: int, tasks):
         state = self.ranks[rank]
-        for task in tasks:
-            reached, first = self.engine.now, None
-            for step in self.costs.steps(task):
-                if isinstance(step, Compute) and first is None:
-                    first = self.engine.now
-                yield from self._step(rank, task, step)
-            state.spans.append(TaskSpan(task, reached, self.engine.now if first is None
-                                        else first, self.engine.now))
+        for epoch in range(self.steps):
+            for task in tasks:
+                reached, first = self.engine.now, None
+                for step in self.costs.steps(task):
+                    if isinstance(step, Compute) and first is None:
+                        first = self.engine.now
+                    yield from self._step(rank, task, step, epoch)
+                if epoch == 0:
+                    state.spans.append(TaskSpan(task, reached, self.engine.now if first is None
+                                                else first, self.engine.now))
+            if epoch + 1 < self.steps:  # as rt/executor.run_step: sends done, the rest not
+                yield from self._wait_sends(rank)
         yield from self._drain(rank)
         self.ends[rank] = self.engine.now
 
-    def _step(self, rank: int, task: Task, step):
+    def _step(self, rank: int, task: Task, step, epoch: int = 0):
         if isinstance(step, Compute):
             yield from self._compute(rank, str(task), step.seconds)
         elif isinstance(step, Touch):
@@ -143,12 +151,13 @@ class _Replayer:
         elif isinstance(step, Start):
             yield from self._start(rank, task, step)
         elif isinstance(step, Post):
-            self._post(step.message)
+            self._post((epoch, step.message))
         elif isinstance(step, Send):
-            self._send(rank, step)
+            self._send(rank, step, (epoch, step.message))
         elif isinstance(step, Recv):
-            self._post(step.message)  # a receive not posted earlier is posted now
-            yield from self._wait(rank, self._signal(self.arrived, step.message), str(task))
+            self._post((epoch, step.message))  # a receive not posted earlier is posted now
+            yield from self._wait(rank, self._signal(self.arrived, (epoch, step.message)),
+                                  str(task))
         elif isinstance(step, WorldSum):
             yield from self._world_sum(rank, step, str(task))
         else:
@@ -168,17 +177,17 @@ class _Replayer:
 
     # ---- messages ---------------------------------------------------------------------
 
-    def _post(self, message: Task) -> None:
-        posted = self._signal(self.posted, message)
+    def _post(self, key: tuple) -> None:
+        posted = self._signal(self.posted, key)
         if not posted.fired:
             posted.fire()
 
-    def _send(self, rank: int, step: Send) -> None:
+    def _send(self, rank: int, step: Send, key: tuple) -> None:
         """The transfer starts once the receive is posted (rendezvous), after the
-        message latency, on the sender's port."""
-        arrived = self._signal(self.arrived, step.message)
+        message latency, on the sender's port. `key`: (step number, the RECV task)."""
+        arrived = self._signal(self.arrived, key)
         self.ranks[rank].sends.append(arrived)
-        self._signal(self.posted, step.message).on_fire(
+        self._signal(self.posted, key).on_fire(
             lambda: self._transmit(rank, step.channel, step.latency, step.nbytes, arrived,
                                    str(step.message)))
 
@@ -230,14 +239,32 @@ class _Replayer:
         state = self.ranks[rank]
         for op in state.ops:
             yield from self._complete(rank, op, f"{op.task} (step end)")
+        yield from self._wait_sends(rank)
+
+    def _wait_sends(self, rank: int):
+        state = self.ranks[rank]
         for arrived in state.sends:
             yield from self._wait(rank, arrived, "sends (step end)")
+        state.sends = []
 
 
-def replay(schedule: Schedule, costs, *, bandwidth: float = 1.0, overlap: bool = True) -> Replay:
+# NOTE [steady state]: the runtime ends a step once its sends are done; collectives still
+# in flight (the view all-gathers of the step's tail, NOTE [update order after NORM])
+# complete when the next step first touches their buffers, so they overlap that step's
+# forwards. One replayed step that drains everything therefore overstates the step time
+# of a run. Replaying two steps back to back and subtracting one drained step gives the
+# steady-state period: both runs end with the same drained tail.
+def replay(schedule: Schedule, costs, *, bandwidth: float = 1.0, overlap: bool = True,
+           steady: bool = False) -> Replay:
     """Time `schedule` (rank -> tasks) with `costs` (an object with `steps(task)`).
 
     `bandwidth` is every rank's port rate in bytes/s; overlap=False waits for each DP
-    collective right after starting it (the serialized reference).
+    collective right after starting it (the serialized reference); steady=True also
+    measures the steady-state period (NOTE [steady state]) as the step time.
     """
-    return _Replayer(schedule, costs, bandwidth, overlap).run()
+    one = _Replayer(schedule, costs, bandwidth, overlap).run()
+    if not steady:
+        return one
+    two = _Replayer(schedule, costs, bandwidth, overlap, steps=2).run()
+    period = max(two.ends.values()) - max(one.ends.values())
+    return replace(one, period=period)

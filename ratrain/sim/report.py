@@ -25,7 +25,18 @@ def summary(sim) -> dict:
             "schedule": o.schedule, "precision": o.precision,
             "step_time_s": sim.step_time, "tokens_per_step": sim.tokens_per_step,
             "tokens_per_s": sim.tokens_per_s, "bubble_fraction": sim.bubble_fraction,
-            "exposed_tail_s": sim.exposed_tail, "ranks": stage_rows(sim)}
+            "exposed_tail_s": sim.exposed_tail,
+            "step_alone_s": max(sim.replay.ends.values(), default=0.0), "ranks": stage_rows(sim)}
+
+
+def _alone(sim) -> str:
+    """NOTE [steady state]: the step time is that of a step of a run; say what one step
+    timed alone (everything it started drained, the `end s` column) takes."""
+    alone = max(sim.replay.ends.values(), default=0.0)
+    if sim.replay.period is None or abs(alone - sim.step_time) < 1e-9 * alone:
+        return ""
+    return f"\n(a step of a run, in steady state: collectives still in flight at its end " \
+           f"overlap the next step; one step alone takes {alone:.4g} s)"
 
 
 def format_summary(sim) -> str:
@@ -39,7 +50,7 @@ def format_summary(sim) -> str:
         f"{o.precision}",
         f"step {sim.step_time:.4g} s, {sim.tokens_per_s:,.0f} tokens/s "
         f"({sim.tokens_per_step:,} tokens per step), bubble {sim.bubble_fraction:.1%}, "
-        f"exposed tail {sim.exposed_tail:.4g} s",
+        f"exposed tail {sim.exposed_tail:.4g} s" + _alone(sim),
         f"  {'stage':>5} {'busy s':>10} {'last B s':>10} {'end s':>10} {'peak':>10}  (budget {budget})"]
     for row in stage_rows(sim):
         last_b = row["last_backward_end_s"]

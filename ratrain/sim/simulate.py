@@ -72,16 +72,19 @@ def rank_profile(profile: dict, world_size: int) -> dict:
 
 
 def simulate(program, profile: dict, *, overlap: bool = True,
-             algorithm: str | None = None) -> Simulation:
+             algorithm: str | None = None, steady: bool = True) -> Simulation:
     """One step of `program` (lowered, with a memory plan) on `profile`.
 
     overlap=False waits for every DP collective as soon as it starts (the serialized
-    reference); `algorithm` (ring, tree, auto) overrides the profile's collective_algorithm.
+    reference); `algorithm` (ring, tree, auto) overrides the profile's collective_algorithm;
+    steady=False times one step alone instead of a step of a run (NOTE [steady state],
+    sim/replay.py).
     """
     if program.memory is None or program.lowered is None:
         raise ValueError("simulate needs a compiled program (memory plan and lowered calls)")
     profile = rank_profile(profile, program.options.world_size)
     costs = ProfileCosts(program, profile, algorithm)
     pipeline = {program.rank(stage, 0): tasks for stage, tasks in program.tasks.items()}
-    result = replay(pipeline, costs, bandwidth=profile["link_bandwidth"], overlap=overlap)
+    result = replay(pipeline, costs, bandwidth=profile["link_bandwidth"], overlap=overlap,
+                    steady=steady)
     return Simulation(program, profile, result)
