@@ -6,7 +6,8 @@ MT-3000 bandwidth (ratrain/cluster, NOTE [link scaling]); configurations (PP=2, 
 from the runtime's traces, and `ratrain simulate` with the same link parameters.
 
 Measured step time: median of the runtime's step_seconds (--metrics) after --warmup steps,
-pooled over --rounds. Breakdown per rank and step, from the trace (these four add up to
+the best (smallest) over --rounds rounds: other work on the shared machine only ever slows
+a run, and it may start in the middle of one whatever the load was before. Breakdown per rank and step, from the trace (these four add up to
 the rank's step span): compute = F, B and REC tasks; exposed communication = the part of
 each pipeline receive wait up to its message's transfer time (bytes / bandwidth + latency);
 bubble = the rest of the time before the rank's last B (waiting on the other stage's
@@ -17,7 +18,7 @@ peak to the keep-all peak (0 = only full recompute fits), so the schedules diffe
 recovery runs; PP=1 x DP=2 keeps every activation.
 Timings wait for the 1-minute load average to fall below --idle and print the load.
 Needs root and iproute2. Usage: python bench/cluster.py [--model tiny] [--seq-len 256]
-[--global-batch 4] [--budget-at 0] [--steps 10] [--warmup 3] [--rounds 2] [--keep DIR]
+[--global-batch 4] [--budget-at 0] [--steps 10] [--warmup 3] [--rounds 3] [--keep DIR]
 """
 import argparse
 import json
@@ -155,9 +156,9 @@ def simulated(program, cluster):
 # ---- the benchmark ---------------------------------------------------------------------------
 
 def measure(args, programs, cluster, work):
-    """{config: {schedule: (step seconds, breakdown)}}: rounds alternate the schedules."""
-    steps = {c: {s: [] for s in SCHEDULES} for c in programs}
-    parts = {c: {s: [] for s in SCHEDULES} for c in programs}
+    """{config: {schedule: (step seconds, breakdown)}} of each run's best round (the
+rounds alternate the schedules)."""
+    rounds = {c: {s: [] for s in SCHEDULES} for c in programs}
     for r in range(args.rounds):
         for config, by_schedule in programs.items():
             for schedule in (SCHEDULES if r % 2 == 0 else SCHEDULES[::-1]):
@@ -165,14 +166,11 @@ def measure(args, programs, cluster, work):
                 out = work / f"run-{by_schedule[schedule].name}-{r + 1}"
                 out.mkdir(exist_ok=True)
                 seconds, split = run_once(by_schedule[schedule], cluster, args, out)
-                steps[config][schedule] += seconds
-                parts[config][schedule].append(split)
+                rounds[config][schedule].append((statistics.median(seconds), split))
                 print(f"# round {r + 1} {config} {schedule}: median step "
                       f"{statistics.median(seconds):.4f} s (load {at:.2f} before, "
                       f"{load():.2f} after)", flush=True)
-    return {c: {s: (statistics.median(steps[c][s]),
-                    {k: statistics.mean(p[k] for p in parts[c][s]) for k in parts[c][s][0]})
-                for s in SCHEDULES} for c in programs}
+    return {c: {s: min(rounds[c][s], key=lambda r: r[0]) for s in SCHEDULES} for c in programs}
 
 
 def report(args, programs, results, cluster, note):
@@ -216,7 +214,7 @@ def main():
                     "from the full-recompute peak (0) to the keep-all peak (1)")
     ap.add_argument("--steps", type=int, default=10, help="measured steps per run")
     ap.add_argument("--warmup", type=int, default=3, help="steps left out per run")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     ap.add_argument("--link-bandwidth", default=None, help="override the scaled link (B/s)")
     ap.add_argument("--link-latency", default=None, help="override the link latency")
     ap.add_argument("--idle", type=float, default=0.6, help="1-minute load to wait for")
