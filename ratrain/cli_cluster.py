@@ -71,7 +71,8 @@ def add_cluster_parser(sub) -> None:
                        description="One network namespace per MPI rank, joined through a "
                        "bridge by veth links that tc shapes to a chosen bandwidth (and delay, "
                        "where the kernel has netem); MPI runs over TCP on them.")
-    actions = p.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
+    actions = p.add_subparsers(dest="cluster_command", metavar="ACTION", required=True,
+                               help="up, down or status; `ratrain cluster ACTION --help`")
     up = actions.add_parser("up", help="make a cluster of N rank namespaces")
     up.add_argument("name", metavar="NAME", help="1-12 lowercase letters or digits")
     up.add_argument("-n", "--ranks", type=int, required=True, metavar="N",
@@ -85,9 +86,9 @@ def add_cluster_parser(sub) -> None:
                     "profile's link_latency)")
     up.set_defaults(action=cmd_up)
     down = actions.add_parser("down", help="remove every namespace, link and qdisc of NAME")
-    down.add_argument("name", metavar="NAME")
+    down.add_argument("name", metavar="NAME", help="the cluster's name, as given to up")
     down.set_defaults(action=cmd_down)
     status = actions.add_parser("status", help="links, addresses and qdisc byte counters")
-    status.add_argument("name", metavar="NAME")
+    status.add_argument("name", metavar="NAME", help="the cluster's name, as given to up")
     status.set_defaults(action=cmd_status)
     p.set_defaults(func=run_cluster_command)
