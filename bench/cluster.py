@@ -15,7 +15,9 @@ compute, sends, bookkeeping); exposed tail = after the last B (gradient syncs, u
 prefetches not overlapped). Averaged over ranks and measured steps.
 The PP=2 programs are compiled under a budget --budget-at of the way from the full-recompute
 peak to the keep-all peak (0 = only full recompute fits), so the schedules differ in where
-recovery runs; PP=1 x DP=2 keeps every activation.
+recovery runs; PP=1 x DP=2 keeps every activation. (A stage's backward of a micro-batch is
+one task, and both schedules start the SYNCs after the step's last one, so at PP=1 they
+differ only in the order of updates and prefetches: expect parity there.)
 Timings wait for the 1-minute load average to fall below --idle and print the load.
 Needs root and iproute2. Usage: python bench/cluster.py [--model tiny] [--seq-len 256]
 [--global-batch 4] [--budget-at 0] [--steps 10] [--warmup 3] [--rounds 3] [--keep DIR]
