@@ -257,6 +257,8 @@ def _backward(program, task: Task) -> Effects:
     layers = program.stages[s]
     # The step's first B is micro-batch 0's (verify_schedule checks B's run in order).
     creates = [grad_buffer(program, l) for l in layers] if m == 0 else []
+    if _syncs_inside_backward(program) and m == program.options.micro_batches - 1:
+        creates += [_shard_of(program, l) for l in layers if l not in program.scatter_grads]
     if s > 0:
         creates.append(Buffer(f"gout.mb{m}", "comm", _message_bytes(program, s - 1)))
     creates.append(Buffer(f"ws.{task}", "workspace", backward_workspace(program, s, m)[1]))
@@ -276,13 +278,26 @@ def _recompute(program, task: Task) -> Effects:
                    (f"act.L{l}.mb{m}", f"view.L{l}"))
 
 
+def _syncs_inside_backward(program) -> bool:
+    """NOTE [sync issue point] (insert_grad_sync.py): in ratrain mode the runtime starts
+    SYNC[L] inside the step's last B, as soon as L's backward is done, so the shard a
+    ZeRO-2 reduce-scatter writes is that B's buffer: nothing B uses may share its bytes."""
+    return program.options.schedule == "ratrain" and program.options.zero == 2
+
+
+def _shard_of(program, layer: int) -> Buffer:
+    shard = shard_elements(grad_layout(program, layer)[1], program, True)
+    return Buffer(f"gshard.L{layer}", "grads", 4 * shard)
+
+
 def _grad_sync(program, task: Task) -> Effects:
     l = task.layer
     if l in program.scatter_grads:
         return Effects((), (f"gshard.L{l}",))
+    if program.options.zero == 2 and not _syncs_inside_backward(program):
+        return Effects((_shard_of(program, l),), (f"grad.L{l}",))
     if program.options.zero == 2:
-        shard = shard_elements(grad_layout(program, l)[1], program, True)
-        return Effects((Buffer(f"gshard.L{l}", "grads", 4 * shard),), (f"grad.L{l}",))
+        return Effects((), (f"grad.L{l}", f"gshard.L{l}"))
     return Effects((), (f"grad.L{l}",))
 
 

@@ -12,9 +12,10 @@ from dataclasses import replace
 from ratrain.ir.tasks import Kind, Task
 
 # NOTE [sync issue point]: a stage's B runs its layers last to first, so in the task list
-# the SYNCs follow the step's last B in reverse layer order. The runtime and simulator
-# issue SYNC[L] when layer L's backward inside that B has finished, so communication of
-# later layers overlaps the backward of earlier ones. The baseline starts them only
+# the SYNCs follow the step's last B in reverse layer order. The runtime
+# (rt/executor.early_syncs) and the simulator issue SYNC[L] when layer L's backward
+# inside that B has finished, so communication of later layers overlaps the backward of
+# earlier ones; plan_memory therefore gives a ZeRO-2 shard its bytes from that B on. The baseline starts them only
 # after every task of the stage is done, and waits for each.
 
 

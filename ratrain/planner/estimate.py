@@ -122,20 +122,26 @@ def stage_bytes(est: Estimator, program, stage: int, level: str, local: bool) ->
     modes = {l: level for l, d in zip(layers, decoder) if d and level != "none"}
     need["workspace"] = backward_workspace(replace(program, scatter_grads=scatter), stage, 0,
                                            modes if in_backward else {})[1]
-    return max(need, _sync_need(program, stage, need, local), key=total)
+    return max(need, _sync_need(program, stage, need, local, kept + rebuilt), key=total)
 
 
-def _sync_need(program, stage: int, need: dict, local: bool) -> dict:
+def _sync_need(program, stage: int, need: dict, local: bool, one_micro_batch: int) -> dict:
     """The bytes while ZeRO-2 SYNCs reduce-scatter full gradients (activations and
     workspaces are gone by then, and the B workspace can be the smaller peak): during
     the k-th SYNC (reverse layer order) the gradients of the layers not yet synced and
-    the shards of those synced, not yet consumed by their UPD, are alive."""
+    the shards of those synced, not yet consumed by their UPD, are alive. In ratrain
+    mode every shard exists from the step's last B on (buffers._syncs_inside_backward),
+    with that B's activations (`one_micro_batch`), messages and workspace."""
     if program.options.zero != 2 or not local:
         return need
     full = [4 * layer_param_count(program, l) for l in reversed(program.stages[stage])]
     shard = [4 * -(-(n // 4) // program.options.dp) for n in full]
     grads = max(sum(full[k:]) + sum(shard[:k + 1]) for k in range(len(full)))
     persistent = {c: b for c, b in need.items() if c in ("params", "optimizer", "views")}
+    if program.options.schedule == "ratrain":
+        return {**dict.fromkeys(CATEGORIES, 0), **persistent, "grads": sum(full) + sum(shard),
+                "activations": one_micro_batch, "workspace": need["workspace"],
+                "comm": _neighbours(program, stage) * _message_bytes(program, stage)}
     return {**dict.fromkeys(CATEGORIES, 0), **persistent, "grads": grads}
 
 

@@ -53,6 +53,39 @@ def _native(step: NativeStep) -> _Native:
                    tuple((lo, lo + n) for lo, n in zip(step.offsets, step.nbytes)))
 
 
+def early_syncs(rows) -> dict[tuple[int, int], tuple[int, ...]]:
+    """NOTE [sync issue point] (passes/insert_grad_sync.py): (row of the step's last B,
+    index of the step that ends layer L's backward in it) -> the rows of the SYNCs of L
+    to start right there, so the gradient of L crosses the link while the backward of
+    the layers before it runs. A SYNC that only waits for reduce-scatters issued inside
+    every B stays where it is (waiting early would stall the backward)."""
+    backs = [r for r, row in enumerate(rows) if row.task.kind == "B"]
+    if not backs:
+        return {}
+    last, out = backs[-1], {}
+    ends = {}  # layer -> index of its last step in the last B
+    for i, step in enumerate(rows[last].steps):
+        for label in (step.calls if isinstance(step, _Native) else (step,)):
+            ends[_layer_of(label.note)] = i
+    for r in range(last + 1, len(rows)):
+        task = rows[r].task
+        if task.kind not in ("SYNC", "SEND_B", "FREE"):
+            break
+        if task.kind == "SYNC" and task.layer in ends and not _waits_only(rows[r]):
+            out.setdefault((last, ends[task.layer]), []).append(r)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _layer_of(note: str) -> int | None:
+    head = note.split(" ", 1)[0]
+    return int(head[1:]) if head[:1] == "L" and head[1:].isdigit() else None
+
+
+def _waits_only(row: _Row) -> bool:
+    return all(not isinstance(s, _Native) and dict(s.params).get("op") == "wait"
+               for s in row.steps)
+
+
 def _threads() -> int:
     return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
 
@@ -71,6 +104,8 @@ class RankExecutor:
         table, self.module = program.stage_code(stage)
         self.threads, self.address = _threads(), self.state.arena.ctypes.data
         self.task_rows = tuple(self._row(*row) for row in table.rows)
+        self.early_syncs = early_syncs(self.task_rows) if self.options.schedule == "ratrain" \
+            else {}
         self.planned_peak_bytes = plan.peak_bytes
         self.live = set(plan.persistent)   # buffers live now; their bytes, the peak so far
         self.peak_bytes = self.live_bytes = sum(plan.offsets[b][1] for b in self.live)
@@ -114,22 +149,29 @@ class RankExecutor:
         st = self.state
         self.step, self.tokens, self.optimizer = self.step + 1, tokens, optimizer
         st.losses, st.clip_coef = [], 1.0
-        for row in self.task_rows:
-            start = time.perf_counter()
-            self._count_live(row)
-            for step in row.steps:
-                if isinstance(step, _Native):
-                    self._run_native(row.task, step)
-                else:
-                    self.position = (row.task, step)
-                    self._clear_hazards(step, self._ranges(step.inputs + step.outputs))
-                    run_call(self, st, step)
-                comm.drive_progress(self.in_flight + self.sends)
-            if self.trace is not None:
-                self.trace.record(row.task, self.step, start, time.perf_counter())
+        issued = {i for rows in self.early_syncs.values() for i in rows}
+        for r, row in enumerate(self.task_rows):
+            if r not in issued:
+                self._run_row(r, row)
         self._complete(self.sends)
         self.sends = []
         return list(st.losses)
+
+    def _run_row(self, r: int, row: _Row) -> None:
+        start = time.perf_counter()
+        self._count_live(row)
+        for i, step in enumerate(row.steps):
+            if isinstance(step, _Native):
+                self._run_native(row.task, step)
+            else:
+                self.position = (row.task, step)
+                self._clear_hazards(step, self._ranges(step.inputs + step.outputs))
+                run_call(self, self.state, step)
+            comm.drive_progress(self.in_flight + self.sends)
+            for s in self.early_syncs.get((r, i), ()):  # NOTE [sync issue point]
+                self._run_row(s, self.task_rows[s])
+        if self.trace is not None:
+            self.trace.record(row.task, self.step, start, time.perf_counter())
 
     def finish(self) -> None:
         """Complete everything still in flight (the last step's view all-gathers)."""
