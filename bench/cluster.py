@@ -15,9 +15,9 @@ compute, sends, bookkeeping); exposed tail = after the last B (gradient syncs, u
 prefetches not overlapped). Averaged over ranks and measured steps.
 The PP=2 programs are compiled under a budget --budget-at of the way from the full-recompute
 peak to the keep-all peak (0 = only full recompute fits), so the schedules differ in where
-recovery runs; PP=1 x DP=2 keeps every activation. (A stage's backward of a micro-batch is
-one task, and both schedules start the SYNCs after the step's last one, so at PP=1 they
-differ only in the order of updates and prefetches: expect parity there.)
+recovery runs. PP=1 x DP=2 keeps every activation and runs each replica's G/2 sequences
+as one micro-batch: ratrain starts each layer's gradient sync inside that (last) backward as
+soon as the layer's part is done, the baseline after the step's last task.
 Timings wait for the 1-minute load average to fall below --idle and print the load.
 Needs root and iproute2. Usage: python bench/cluster.py [--model tiny] [--seq-len 256]
 [--global-batch 4] [--budget-at 0] [--steps 10] [--warmup 3] [--rounds 3] [--keep DIR]
@@ -95,8 +95,8 @@ def compile_configs(args, work):
             work / f"pp2-{schedule}", args, *pp2, "--schedule", schedule, "--recompute",
             "auto", "--budget", budget)
         programs["PP=1 x DP=2"][schedule] = compile_program(
-            work / f"dp2-{schedule}", args, "--dp", 2, "--micro-batches", g // 2,
-            "--schedule", schedule, "--recompute", "none")
+            work / f"dp2-{schedule}", args, "--dp", 2, "--micro-batches", 1,
+            "--micro-batch-size", g // 2, "--schedule", schedule, "--recompute", "none")
     note = (f"PP=2 budget {budget / 2**20:.2f} MiB per rank (keep-all peak "
             f"{peak(keep) / 2**20:.2f} MiB, full recompute {peak(full) / 2**20:.2f} MiB)")
     return programs, note
@@ -211,7 +211,7 @@ def main():
     ap.add_argument("--model", default="tiny", help="model preset or config.json")
     ap.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     ap.add_argument("--global-batch", type=int, default=4, help="sequences per step (PP=2: "
-                    "that many micro-batches of 1; DP=2: half per replica)")
+                    "that many micro-batches of 1; DP=2: one micro-batch of half per replica)")
     ap.add_argument("--budget-at", type=float, default=0.0, metavar="F", help="PP=2 budget "
                     "from the full-recompute peak (0) to the keep-all peak (1)")
     ap.add_argument("--steps", type=int, default=10, help="measured steps per run")
