@@ -52,6 +52,42 @@ def _layer_of(call) -> int:
     return int(call.note.split()[0].removeprefix("L"))
 
 
+def early_syncs(program) -> dict:
+    """NOTE [sync issue point] (as rt/executor.early_syncs): the step's last B of each
+    stage -> {index of the call after layer L's last one: the SYNC tasks of L}, which
+    start there instead of after the B; a SYNC that only waits for per-micro-batch
+    reduce-scatters stays in place."""
+    out = {}
+    for stage, tasks in program.tasks.items():
+        backs = [i for i, t in enumerate(tasks) if t.kind == Kind.B]
+        if not backs:
+            continue
+        last = tasks[backs[-1]]
+        calls = [lt for lt in program.lowered[stage] if lt.task == last][0].calls
+        ends = {}
+        for i, call in enumerate(calls):
+            layer = _note_layer(call.note)
+            if layer is not None:
+                ends[layer] = i + 1
+        at = {}
+        for task in tasks[backs[-1] + 1:]:
+            if task.kind not in (Kind.SYNC, Kind.SEND_B, Kind.FREE):
+                break
+            sync_calls = [lt for lt in program.lowered[stage] if lt.task == task]
+            waits = sync_calls and all(dict(c.params).get("op") == "wait"
+                                       for c in sync_calls[0].calls)
+            if task.kind == Kind.SYNC and task.layer in ends and not waits:
+                at.setdefault(ends[task.layer], []).append(task)
+        # a sync after the B's last call starts with the task after it, as before
+        out[last] = {i: tuple(ts) for i, ts in at.items() if i < len(calls)}
+    return out
+
+
+def _note_layer(note: str) -> int | None:
+    head = note.split(" ", 1)[0]
+    return int(head[1:]) if head[:1] == "L" and head[1:].isdigit() else None
+
+
 def _merged(steps):
     """Adjacent Compute steps as one."""
     pending = 0.0
@@ -84,13 +120,21 @@ class ProfileCosts:
                        for c in lt.calls if c.op in ASYNC_CALLS
                        for s in _slots(c.inputs) + list(c.outputs)}
         self._tables: dict = {}
+        self._early = early_syncs(program) if o.schedule == "ratrain" else {}
+        self._started_in_backward = {t for calls in self._early.values()
+                                     for ts in calls.values() for t in ts}
 
     def steps(self, task) -> tuple[Step, ...]:
+        if task in self._started_in_backward:
+            return ()
         return tuple(_merged(self._task_steps(task)))
 
     def _task_steps(self, task):
         speed, cursor, touched = self.speeds[task.stage], {}, set()
-        for call in self._calls[task.stage][task]:
+        early = self._early.get(task, {})
+        for i, call in enumerate(self._calls[task.stage][task]):
+            for sync in early.get(i, ()):  # NOTE [sync issue point]: before call i
+                yield from self._task_steps(sync)
             hazards = {s.buffer for s in _slots(call.inputs) + list(call.outputs)} & self._async
             if hazards - touched:
                 yield Touch(tuple(sorted(hazards - touched)))

@@ -28,6 +28,7 @@ CONFIGS = {
                                       precision="fp16", recompute="full"),
     "pp2-dp2-zero2-baseline": dict(pp=2, dp=2, zero=2, schedule="baseline"),
     "pp1-dp2-zero2-fp16": dict(pp=1, dp=2, zero=2, precision="fp16"),
+    "pp1-dp2": dict(pp=1, dp=2),
 }
 
 
@@ -184,3 +185,22 @@ def test_stage_speeds_scale_compute():
     for text in ("0F1", "0B1", "0UPD[L1]"):
         assert compute(fast, text) == pytest.approx(compute(program, text) / 2, rel=1e-12)
     assert compute(fast, "1B1") == compute(program, "1B1") > 0
+
+
+@pytest.mark.parametrize("schedule", ["ratrain", "baseline"])
+def test_ratrain_starts_each_sync_inside_the_last_backward(schedule):
+    """NOTE [sync issue point]: as the runtime does, SYNC[L] starts when layer L's part of
+    the step's last B is done (ratrain), not after the whole B (baseline)."""
+    options = dict(CONFIGS["pp1-dp2"], schedule=schedule)
+    program = compile_graph(trace_for(models.get_config("tiny"), "tiny",
+                                      CompileOptions(micro_batches=1, micro_batch_size=2,
+                                                     seq_len=32, **options)),
+                            CompileOptions(micro_batches=1, micro_batch_size=2, seq_len=32,
+                                           **options))[0]
+    replay = simulate(program, load_profile("mt3000") | SLOW_LINK).replay
+    last_b = max(s.end for s in replay.spans[0] if s.task.kind == Kind.B)
+    starts = [i.start for i in replay.intervals[0] if i.lane.startswith("port")
+              and i.label.startswith("allreduce")]
+    assert len(starts) == program.num_layers
+    # the link carries one transfer at a time, so later ones queue behind the first
+    assert (min(starts) < last_b) == (schedule == "ratrain")
