@@ -24,14 +24,13 @@ Needs root and iproute2. Usage: python bench/cluster.py [--model tiny] [--seq-le
 """
 import argparse
 import json
-import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from bench_common import load, run_ratrain, wait_for_idle
 
 RATIO_TARGET, BOTH_TARGET, SIM_TARGET = 1.3, 1.0, 0.05
 SCHEDULES = ("ratrain", "baseline")
@@ -45,29 +44,7 @@ def fail(message):
 
 
 def ratrain(*argv):
-    """`ratrain ARGV` with the runtime's own thread sizing; its stdout."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    done = subprocess.run([sys.executable, "-m", "ratrain.cli", *map(str, argv)], env=env,
-                          capture_output=True, text=True)
-    if done.returncode:
-        lines = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()
-        fail(f"`ratrain {' '.join(map(str, argv[:3]))} ...` exited {done.returncode}: "
-             f"{lines[-1]}")
-    return done.stdout
-
-
-def load():
-    return os.getloadavg()[0]
-
-
-def wait_for_idle(idle, longest):
-    waited = 0
-    while load() >= idle and waited < longest:
-        print(f"# load average {load():.2f} >= {idle}: waiting ({waited} s so far)", flush=True)
-        time.sleep(15)
-        waited += 15
-    return load()
+    return run_ratrain("cluster", argv)
 
 
 # ---- compiling -------------------------------------------------------------------------------
@@ -164,7 +141,7 @@ rounds alternate the schedules)."""
     for r in range(args.rounds):
         for config, by_schedule in programs.items():
             for schedule in (SCHEDULES if r % 2 == 0 else SCHEDULES[::-1]):
-                at = wait_for_idle(args.idle, args.wait)
+                at = wait_for_idle(args.idle, args.wait, poll=15)
                 out = work / f"run-{by_schedule[schedule].name}-{r + 1}"
                 out.mkdir(exist_ok=True)
                 seconds, split = run_once(by_schedule[schedule], cluster, args, out)

@@ -13,13 +13,13 @@ Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--r
 [--seq-len 256] [--warmup 3] [--measure 5] [--keep DIR]."""
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_common import load, run_ratrain, wait_for_idle
 
 TARGET = 0.03
 # name -> (ranks, compile flags): the same model and global batch of 4 sequences
@@ -37,29 +37,7 @@ def fail(message):
 
 
 def ratrain(*argv, capture=True):
-    """`ratrain ARGV` with the runtime's own thread sizing (no inherited OMP_NUM_THREADS)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    done = subprocess.run([sys.executable, "-m", "ratrain.cli", *map(str, argv)], env=env,
-                          capture_output=capture, text=True)
-    if done.returncode:
-        lines = ((done.stderr or "") + (done.stdout or "")).strip().splitlines() or ["no output"]
-        fail(f"`ratrain {' '.join(map(str, argv[:3]))} ...` exited {done.returncode}: {lines[-1]}")
-    return done.stdout
-
-
-def load():
-    return os.getloadavg()[0]
-
-
-def wait_for_idle(idle, longest):
-    """Poll the 1-minute load every 30 s until it is below `idle` or `longest` s passed."""
-    waited = 0
-    while load() >= idle and waited < longest:
-        print(f"# load average {load():.2f} >= {idle}: waiting ({waited} s so far)", flush=True)
-        time.sleep(30)
-        waited += 30
-    return load()
+    return run_ratrain("predict", argv, capture)
 
 
 def predicted_seconds(program, hw):
