@@ -23,6 +23,21 @@ def last_backward_index(tasks) -> int:
     return max(i for i, t in enumerate(tasks) if t.kind == Kind.B)
 
 
+def syncs_started_in_backward(tasks, waits_only) -> tuple[int | None, list[int]]:
+    """NOTE [sync issue point]: (index of the step's last B, indices of the SYNCs right
+    after it that start inside it). `waits_only(i)`: SYNC i only waits for the
+    per-micro-batch reduce-scatters; it stays in place (waiting early would stall B)."""
+    if not any(t.kind == Kind.B for t in tasks):
+        return None, []
+    last, syncs = last_backward_index(tasks), []
+    for i in range(last + 1, len(tasks)):
+        if tasks[i].kind not in (Kind.SYNC, Kind.SEND_B, Kind.FREE):
+            break
+        if tasks[i].kind == Kind.SYNC and not waits_only(i):
+            syncs.append(i)
+    return last, syncs
+
+
 def _with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
     syncs = [Task(stage, Kind.SYNC, layer=l) for l in reversed(program.stages[stage])]
     if program.options.schedule == "baseline":

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ratrain.codegen.table import NativeStep
+from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.rt import comm
 from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds
 
@@ -57,22 +58,19 @@ def early_syncs(rows) -> dict[tuple[int, int], tuple[int, ...]]:
     """NOTE [sync issue point] (passes/insert_grad_sync.py): (row of the step's last B,
     index of the step that ends layer L's backward in it) -> the rows of the SYNCs of L
     to start right there, so the gradient of L crosses the link while the backward of
-    the layers before it runs. A SYNC that only waits for reduce-scatters issued inside
-    every B stays where it is (waiting early would stall the backward)."""
-    backs = [r for r, row in enumerate(rows) if row.task.kind == "B"]
-    if not backs:
+    the layers before it runs."""
+    last, syncs = syncs_started_in_backward([row.task for row in rows],
+                                            lambda r: _waits_only(rows[r]))
+    if last is None:
         return {}
-    last, out = backs[-1], {}
     ends = {}  # layer -> index of its last step in the last B
     for i, step in enumerate(rows[last].steps):
         for label in (step.calls if isinstance(step, _Native) else (step,)):
             ends[_layer_of(label.note)] = i
-    for r in range(last + 1, len(rows)):
-        task = rows[r].task
-        if task.kind not in ("SYNC", "SEND_B", "FREE"):
-            break
-        if task.kind == "SYNC" and task.layer in ends and not _waits_only(rows[r]):
-            out.setdefault((last, ends[task.layer]), []).append(r)
+    out = {}
+    for r in syncs:
+        if rows[r].task.layer in ends:
+            out.setdefault((last, ends[rows[r].task.layer]), []).append(r)
     return {k: tuple(v) for k, v in out.items()}
 
 

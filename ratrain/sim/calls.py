@@ -16,6 +16,7 @@ import numpy as np
 from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, counterpart
+from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.passes.lower import RECOMPUTE_TAG, Slot
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.kernels import fitted_seconds, graph_seconds, op_costs
@@ -55,31 +56,26 @@ def _layer_of(call) -> int:
 def early_syncs(program) -> dict:
     """NOTE [sync issue point] (as rt/executor.early_syncs): the step's last B of each
     stage -> {index of the call after layer L's last one: the SYNC tasks of L}, which
-    start there instead of after the B; a SYNC that only waits for per-micro-batch
-    reduce-scatters stays in place."""
+    start there instead of after the B."""
     out = {}
     for stage, tasks in program.tasks.items():
-        backs = [i for i, t in enumerate(tasks) if t.kind == Kind.B]
-        if not backs:
+        calls = dict((lt.task, lt.calls) for lt in program.lowered[stage])
+        waits = lambda i: all(dict(c.params).get("op") == "wait" for c in calls[tasks[i]])
+        last, syncs = syncs_started_in_backward(tasks, waits)
+        if last is None:
             continue
-        last = tasks[backs[-1]]
-        calls = [lt for lt in program.lowered[stage] if lt.task == last][0].calls
         ends = {}
-        for i, call in enumerate(calls):
+        for i, call in enumerate(calls[tasks[last]]):
             layer = _note_layer(call.note)
             if layer is not None:
                 ends[layer] = i + 1
         at = {}
-        for task in tasks[backs[-1] + 1:]:
-            if task.kind not in (Kind.SYNC, Kind.SEND_B, Kind.FREE):
-                break
-            sync_calls = [lt for lt in program.lowered[stage] if lt.task == task]
-            waits = sync_calls and all(dict(c.params).get("op") == "wait"
-                                       for c in sync_calls[0].calls)
-            if task.kind == Kind.SYNC and task.layer in ends and not waits:
-                at.setdefault(ends[task.layer], []).append(task)
+        for i in syncs:
+            if tasks[i].layer in ends:
+                at.setdefault(ends[tasks[i].layer], []).append(tasks[i])
         # a sync after the B's last call starts with the task after it, as before
-        out[last] = {i: tuple(ts) for i, ts in at.items() if i < len(calls)}
+        n = len(calls[tasks[last]])
+        out[tasks[last]] = {i: tuple(ts) for i, ts in at.items() if i < n}
     return out
 
 
