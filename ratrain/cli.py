@@ -6,6 +6,7 @@ raised as `UserError` and printed as one line, never as a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ratrain.cli_calibrate import add_calibrate_parser
@@ -132,6 +133,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("ratrain: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`ratrain plan ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return code or 0
 
 
