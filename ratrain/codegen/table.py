@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ratrain.codegen.emit import C_TYPES, emit_call
+from ratrain.passes.lower import note_layer
 
 ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4}
 
@@ -115,8 +116,8 @@ def _flush(table: StageTable, task, run: list, pointers: _Pointers, steps: list)
 
 def _layer(call) -> str:
     """The layer a call belongs to ("L3" of note "L3 rms_norm"), "" if none."""
-    head = call.note.split(" ", 1)[0]
-    return head if head[:1] == "L" and head[1:].isdigit() else ""
+    layer = note_layer(call.note)
+    return "" if layer is None else f"L{layer}"
 
 
 def build_stage_table(program, stage: int) -> StageTable:

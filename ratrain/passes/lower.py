@@ -3,8 +3,9 @@
 Runs last, after plan_memory fixed each buffer's arena offset. Compute tasks (F, REC, B)
 become one call per IR node, with every value addressed: parameters in view.L, kept
 residuals in act.L.mb, rebuilt ones in rec.L.mb (or in B's workspace when B recomputes
-them), intermediates in the task's workspace (layout.py), messages in in/out/gin/gout. Other tasks become one runtime call. This is
-the input of codegen and of the reference executor.
+them), intermediates in the task's workspace (layout.py), messages in in/out/gin/gout.
+Other tasks become one runtime call. This is the input of codegen and of the reference
+executor.
 """
 from __future__ import annotations
 
@@ -86,6 +87,12 @@ class _Placement:
 # Note suffix of the forward calls a B runs to rebuild a layer (NOTE [backward-time
 # recovery]): the simulator costs them as forward graph nodes.
 RECOMPUTE_TAG = " (recompute)"
+
+
+def note_layer(note: str) -> int | None:
+    """The layer a call's note names ("L3 rms_norm" -> 3), None for a step-wide call."""
+    head = note.split(" ", 1)[0]
+    return int(head[1:]) if head[:1] == "L" and head[1:].isdigit() else None
 
 
 def _kind(program, layer: int):

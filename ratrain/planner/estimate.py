@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
-from ratrain.ir.graph import Var
 from ratrain.passes.buffers import (CATEGORIES, backward_workspace, layer_param_count,
                                     persistent_buffers, recovers_in_backward)
 from ratrain.passes.insert_recovery import kept_mask, nodes_rebuilding
@@ -121,7 +120,7 @@ def stage_bytes(est: Estimator, program, stage: int, level: str, local: bool) ->
     scatter = frozenset() if local else frozenset(layers)  # scattered grads stay in ws
     modes = {l: level for l, d in zip(layers, decoder) if d and level != "none"}
     need["workspace"] = backward_workspace(replace(program, scatter_grads=scatter), stage, 0,
-                                           modes if in_backward else {})[1]
+                                           modes)[1]  # the modes count only in backward
     return max(need, _sync_need(program, stage, need, local, kept + rebuilt), key=total)
 
 
@@ -136,12 +135,12 @@ def _sync_need(program, stage: int, need: dict, local: bool, one_micro_batch: in
         return need
     full = [4 * layer_param_count(program, l) for l in reversed(program.stages[stage])]
     shard = [4 * -(-(n // 4) // program.options.dp) for n in full]
-    grads = max(sum(full[k:]) + sum(shard[:k + 1]) for k in range(len(full)))
     persistent = {c: b for c, b in need.items() if c in ("params", "optimizer", "views")}
     if program.options.schedule == "ratrain":
         return {**dict.fromkeys(CATEGORIES, 0), **persistent, "grads": sum(full) + sum(shard),
                 "activations": one_micro_batch, "workspace": need["workspace"],
                 "comm": _neighbours(program, stage) * _message_bytes(program, stage)}
+    grads = max(sum(full[k:]) + sum(shard[:k + 1]) for k in range(len(full)))
     return {**dict.fromkeys(CATEGORIES, 0), **persistent, "grads": grads}
 
 

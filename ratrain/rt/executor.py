@@ -16,6 +16,7 @@ import numpy as np
 
 from ratrain.codegen.table import NativeStep
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
+from ratrain.passes.lower import note_layer
 from ratrain.rt import comm
 from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds
 
@@ -66,17 +67,12 @@ def early_syncs(rows) -> dict[tuple[int, int], tuple[int, ...]]:
     ends = {}  # layer -> index of its last step in the last B
     for i, step in enumerate(rows[last].steps):
         for label in (step.calls if isinstance(step, _Native) else (step,)):
-            ends[_layer_of(label.note)] = i
+            ends[note_layer(label.note)] = i
     out = {}
     for r in syncs:
         if rows[r].task.layer in ends:
             out.setdefault((last, ends[rows[r].task.layer]), []).append(r)
     return {k: tuple(v) for k, v in out.items()}
-
-
-def _layer_of(note: str) -> int | None:
-    head = note.split(" ", 1)[0]
-    return int(head[1:]) if head[:1] == "L" and head[1:].isdigit() else None
 
 
 def _waits_only(row: _Row) -> bool:

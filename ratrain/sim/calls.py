@@ -17,7 +17,7 @@ from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, counterpart
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
-from ratrain.passes.lower import RECOMPUTE_TAG, Slot
+from ratrain.passes.lower import RECOMPUTE_TAG, Slot, note_layer
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.kernels import fitted_seconds, graph_seconds, op_costs
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, Touch, WorldSum,
@@ -48,25 +48,20 @@ def _moved_bytes(call) -> int:
     return reads + writes
 
 
-def _layer_of(call) -> int:
-    """The layer of an IR call from its note ("L3 matmul" -> 3)."""
-    return int(call.note.split()[0].removeprefix("L"))
-
-
-def early_syncs(program) -> dict:
+def early_syncs(program, calls_of: dict) -> dict:
     """NOTE [sync issue point] (as rt/executor.early_syncs): the step's last B of each
     stage -> {index of the call after layer L's last one: the SYNC tasks of L}, which
-    start there instead of after the B."""
+    start there instead of after the B. `calls_of`: stage -> {task: its calls}."""
     out = {}
     for stage, tasks in program.tasks.items():
-        calls = dict((lt.task, lt.calls) for lt in program.lowered[stage])
+        calls = calls_of[stage]
         waits = lambda i: all(dict(c.params).get("op") == "wait" for c in calls[tasks[i]])
         last, syncs = syncs_started_in_backward(tasks, waits)
         if last is None:
             continue
         ends = {}
         for i, call in enumerate(calls[tasks[last]]):
-            layer = _note_layer(call.note)
+            layer = note_layer(call.note)
             if layer is not None:
                 ends[layer] = i + 1
         at = {}
@@ -77,11 +72,6 @@ def early_syncs(program) -> dict:
         n = len(calls[tasks[last]])
         out[tasks[last]] = {i: tuple(ts) for i, ts in at.items() if i < n}
     return out
-
-
-def _note_layer(note: str) -> int | None:
-    head = note.split(" ", 1)[0]
-    return int(head[1:]) if head[:1] == "L" and head[1:].isdigit() else None
 
 
 def _merged(steps):
@@ -116,7 +106,7 @@ class ProfileCosts:
                        for c in lt.calls if c.op in ASYNC_CALLS
                        for s in _slots(c.inputs) + list(c.outputs)}
         self._tables: dict = {}
-        self._early = early_syncs(program) if o.schedule == "ratrain" else {}
+        self._early = early_syncs(program, self._calls) if o.schedule == "ratrain" else {}
         self._started_in_backward = {t for calls in self._early.values()
                                      for ts in calls.values() for t in ts}
 
@@ -154,7 +144,7 @@ class ProfileCosts:
     def _ir_seconds(self, task, call, cursor) -> float:
         """The roofline of the graph node this call runs: the next node of the layer's
         graph with the call's op (lower emits a layer's calls in node order)."""
-        layer = _layer_of(call)
+        layer = note_layer(call.note)
         kind = self.program.graph.layers[layer].kind
         backward = task.kind == Kind.B and not call.note.endswith(RECOMPUTE_TAG)
         ops, seconds = self._table(kind, "bwd" if backward else "fwd")
