@@ -88,8 +88,10 @@ class RankExecutor:
     """This rank's arena, its in-flight operations and the Transport of rt/calls.py."""
 
     def __init__(self, program, comms: comm.Communicators, params: dict, moments=None,
-                 step: int = 0):
-        """`program`: a RuntimeProgram (rt/load.py) of the job."""
+                 step: int = 0, progress_interval: float = 0.0):
+        """`program`: a RuntimeProgram (rt/load.py) of the job; `progress_interval`: seconds
+        between MPI progress probes while a kernel runs with transfers pending (NOTE
+        [progress while kernels run], rt/comm.py), 0 for none."""
         self.program, self.options, self.comms = program, program.options, comms
         stage, replica = program.coords(comms.rank)
         plan = program.memory.stages[stage]
@@ -112,6 +114,9 @@ class RankExecutor:
         self.step, self.optimizer, self.tokens = step, None, None  # steps done so far
         self.position = ("set-up", None)  # (task, call) being run, for error messages
         self.trace = None               # a TaskTrace to record task times into, if any
+        self.pending = False            # a transfer was still moving after the last step
+        self.progress = comm.ProgressAgent(comms, progress_interval) \
+            if comm.ProgressAgent.usable(progress_interval) else None
 
     @property
     def arena_bytes(self) -> int:
@@ -161,7 +166,7 @@ class RankExecutor:
                 self.position = (row.task, step)
                 self._clear_hazards(step, self._ranges(step.inputs + step.outputs))
                 run_call(self, self.state, step)
-            comm.drive_progress(self.in_flight + self.sends)
+            self.pending = comm.drive_progress(self.in_flight + self.sends)
             for s in self.early_syncs.get((r, i), ()):  # NOTE [sync issue point]
                 self._run_row(s, self.task_rows[s])
         if self.trace is not None:
@@ -171,16 +176,25 @@ class RankExecutor:
         """Complete everything still in flight (the last step's view all-gathers)."""
         self._complete(self.in_flight)
         self.in_flight = []
+        if self.progress is not None:
+            self.progress.stop()
 
     def _run_native(self, task, step: _Native) -> None:
         self.position = (task, step.calls[0])
         self._clear_hazards(step.calls[0], step.ranges)
-        failed, status = self.module.run_function(step.function, self.address, step.address,
-                                                  self.threads)
+        failed, status = self._call_native(step)
         if failed >= 0:
             self.position = (task, step.calls[failed])
             raise KernelError(f"kernel status {status} "
                               f"({KERNEL_STATUS.get(status, 'unknown')}): {step.calls[failed]}")
+
+    def _call_native(self, step: _Native) -> tuple[int, int]:
+        if self.progress is None or not self.pending:
+            return self.module.run_function(step.function, self.address, step.address,
+                                            self.threads)
+        with self.progress.poking():
+            return self.module.run_function(step.function, self.address, step.address,
+                                            self.threads)
 
     def _clear_hazards(self, call, ranges) -> None:
         """Complete every in-flight operation whose arena bytes `ranges` cover."""

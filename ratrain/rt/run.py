@@ -55,6 +55,9 @@ def initial_state(args, config: dict):
 def prepare(args, world_size: int) -> dict:
     """Everything a job starts from (program, initial state, batches), or a SetupError."""
     from ratrain.cli import UserError
+    if args.progress_us < 0:
+        raise SetupError(f"--progress-us must be 0 (off) or a positive number of "
+                         f"microseconds, got {args.progress_us}")
     try:
         manifest, program = open_program(args.program, world_size)
     except UserError as e:
@@ -131,7 +134,7 @@ def train(args, comms, job: dict) -> None:
     program, batches = job["program"], job["batches"]
     try:
         executor = RankExecutor(program, comms, job.pop("params"), job.pop("moments"),
-                                job["step"])
+                                job["step"], args.progress_us * 1e-6)
     except Exception as e:
         comm.abort_job(f"ratrain: rank {comms.rank} failed at set-up (arena and initial "
                        f"state): {type(e).__name__}: {e}")

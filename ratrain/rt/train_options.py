@@ -40,6 +40,9 @@ TRAINING_OPTIONS = (
     ("--resume", str, None, "continue from a checkpoint directory written by --save-dir: "
      "weights, AdamW moments, step, loss scale and data order; --steps is the total to "
      "reach"),
+    ("--progress-us", int, 1000, "while a kernel runs with messages or collectives in flight, "
+     "a helper thread lets MPI move them every N microseconds (transports such as TCP move "
+     "bytes only inside MPI calls); 0 = only between kernels (default: 1000)"),
     ("--trace", str, None, "write every rank's measured task timeline to "
      "DIR/trace-rank<R>.json (Chrome trace format; open in Perfetto) (default: none)"),
     ("--metrics", str, None, "append one JSON line per step (step, loss, tokens/s, grad "
@@ -50,7 +53,8 @@ METAVARS = {"--steps": "N", "--data": "FILE", "--seed": "S", "--init-from": "DIR
             "--lr": "LR", "--warmup": "N", "--min-lr": "LR", "--weight-decay": "W",
             "--beta1": "B1", "--beta2": "B2", "--eps": "EPS", "--metrics": "FILE",
             "--initial-loss-scale": "S", "--loss-scale-window": "N",
-            "--save-dir": "DIR", "--save-every": "N", "--resume": "DIR", "--trace": "DIR"}
+            "--save-dir": "DIR", "--save-every": "N", "--resume": "DIR",
+            "--progress-us": "N", "--trace": "DIR"}
 
 
 def add_training_options(parser, skip: tuple = ()) -> None:
