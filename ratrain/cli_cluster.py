@@ -2,7 +2,8 @@
 
 up makes one network namespace per rank on a shaped link (default: the scaled MT-3000
 link, NOTE [link scaling]); down removes everything up made and is safe to repeat; status
-shows the links and the bytes their qdiscs have counted. `ratrain run --cluster NAME`
+shows the links and the bytes their qdiscs have counted; probe measures what the links
+give and cost from two ranks, for `ratrain simulate --cluster NAME`. `ratrain run --cluster NAME`
 runs a program on it.
 """
 from __future__ import annotations
@@ -55,6 +56,18 @@ def cmd_status(args) -> None:
               f"{sent:>14,} {received:>14,}")
 
 
+def cmd_probe(args) -> None:
+    from ratrain.cluster.harness import describe_link, probe, read_cluster
+    cluster = read_cluster(args.name)
+    if cluster is None:
+        raise _user_error(f"no cluster {args.name} is up: `ratrain cluster up {args.name} "
+                          "-n N` makes one")
+    print(f"probing cluster {cluster.name} from ranks 0 and 1 (a few seconds)...", flush=True)
+    cluster = probe(cluster)
+    print(f"cluster {cluster.name} links: {describe_link(cluster.probed)}; `ratrain simulate "
+          f"DIR --cluster {cluster.name}` uses them")
+
+
 def run_cluster_command(args) -> None:
     from ratrain.cluster import ClusterError
     from ratrain.cluster.netns import NetnsError
@@ -72,7 +85,8 @@ def add_cluster_parser(sub) -> None:
                        "bridge by veth links that tc shapes to a chosen bandwidth (and delay, "
                        "where the kernel has netem); MPI runs over TCP on them.")
     actions = p.add_subparsers(dest="cluster_command", metavar="ACTION", required=True,
-                               help="up, down or status; `ratrain cluster ACTION --help`")
+                               help="up, down, status or probe; `ratrain cluster ACTION "
+                               "--help`")
     up = actions.add_parser("up", help="make a cluster of N rank namespaces")
     up.add_argument("name", metavar="NAME", help="1-12 lowercase letters or digits")
     up.add_argument("-n", "--ranks", type=int, required=True, metavar="N",
@@ -91,4 +105,9 @@ def add_cluster_parser(sub) -> None:
     status = actions.add_parser("status", help="links, addresses and qdisc byte counters")
     status.add_argument("name", metavar="NAME", help="the cluster's name, as given to up")
     status.set_defaults(action=cmd_status)
+    probe = actions.add_parser("probe", help="measure the links from two ranks: MPI "
+                               "bandwidth and latency, and the CPU a rank spends per byte "
+                               "it moves (NOTE [link host cost]); for `simulate --cluster`")
+    probe.add_argument("name", metavar="NAME", help="the cluster's name, as given to up")
+    probe.set_defaults(action=cmd_probe)
     p.set_defaults(func=run_cluster_command)

@@ -28,7 +28,24 @@ def _program_and_profile(args):
     manifest = read_manifest(directory)
     profile = load_hw(args.hw) if args.hw else manifest["hw"]
     from ratrain.cluster.scaling import with_link
+    if args.cluster:
+        profile = with_link(profile, **_cluster_link(args.cluster))
     return recompile(manifest), with_link(profile, args.link_bandwidth, args.link_latency)
+
+
+def _cluster_link(name: str) -> dict:
+    from ratrain.cluster import ClusterError
+    from ratrain.cluster.harness import link_fields, read_cluster
+    try:
+        cluster = read_cluster(name)
+    except ClusterError as e:
+        raise _user_error(str(e)) from None
+    if cluster is None:
+        raise _user_error(f"no cluster {name} is up: `ratrain cluster up {name} -n N` (and "
+                          f"`ratrain cluster probe {name}`) first")
+    fields = link_fields(cluster)
+    return {"bandwidth": fields["link_bandwidth"], "latency": fields["link_latency"],
+            "host_cost": fields["link_host_cost"]}
 
 
 def cmd_simulate(args) -> None:
@@ -74,6 +91,10 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--link-latency", type=link_type(parse_latency), default=None,
                    metavar="S", help="seconds per message, replacing the profile's "
                    "link_latency, e.g. 5us")
+    p.add_argument("--cluster", default=None, metavar="NAME", help="take the links of the "
+                   "test cluster NAME that is up: as `ratrain cluster probe` measured them "
+                   "(bandwidth, latency, host CPU per byte), else as shaped; --link-bandwidth "
+                   "and --link-latency still override")
     p.add_argument("--serialize", action="store_true", help="wait for every DP collective "
                    "right after starting it (what overlap saves, by difference)")
     p.set_defaults(func=cmd_simulate)

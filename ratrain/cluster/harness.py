@@ -38,6 +38,7 @@ class Cluster:
     bandwidth: float                    # B/s of each link, each direction
     latency: float                      # s, one way rank to rank (two shaped hops)
     delay_applied: bool = False         # netem added it (NOTE [no netem])
+    probed: dict | None = None          # link fields measured on it (`ratrain cluster probe`)
 
     @property
     def switch(self) -> str:
@@ -194,6 +195,33 @@ def cluster_for_run(name: str, ranks: int, bandwidth: float | None = None,
         signal.signal(signal.SIGTERM, previous)
 
 
+def probe(cluster: Cluster) -> Cluster:
+    """Measure the cluster's links from two of its ranks (ratrain/cluster/probe.py) and
+    record the result in its state; the updated cluster."""
+    import subprocess
+    from ratrain.cli_train import find_mpiexec
+    options, command = cluster.placement([sys.executable, "-m", "ratrain.cluster.probe"])
+    if cluster.ranks < 2:
+        raise ClusterError(f"cluster {cluster.name} has one rank: probing needs two")
+    run = subprocess.run([find_mpiexec(), *options, "-n", "2", *command],
+                         capture_output=True, text=True, timeout=300)
+    lines = run.stdout.strip().splitlines()
+    if run.returncode != 0 or not lines:
+        last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ClusterError(f"probing cluster {cluster.name} failed (exit {run.returncode}): "
+                           f"{last}")
+    cluster = replace(cluster, probed=json.loads(lines[-1]))
+    state_path(cluster.name).write_text(json.dumps(asdict(cluster)))
+    return cluster
+
+
+def link_fields(cluster: Cluster) -> dict:
+    """The profile fields of the cluster's links for the simulator: as probed, else as
+    shaped (no host cost known)."""
+    return cluster.probed or {"link_bandwidth": cluster.bandwidth,
+                              "link_latency": cluster.latency, "link_host_cost": 0.0}
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt  # the launcher stops mpiexec and the ranks, then we tear down
 
@@ -201,5 +229,11 @@ def _interrupt(signum, frame):
 def describe(cluster: Cluster) -> str:
     delay = "" if cluster.delay_applied or cluster.latency == 0 else \
         " (not applied: the kernel has no netem)"
+    probed = "" if not cluster.probed else "; probed: " + describe_link(cluster.probed)
     return (f"{cluster.ranks} ranks, {cluster.bandwidth / 1e6:.2f} MB/s and "
-            f"{cluster.latency * 1e6:.1f} us{delay} per link")
+            f"{cluster.latency * 1e6:.1f} us{delay} per link{probed}")
+
+
+def describe_link(fields: dict) -> str:
+    return (f"{fields['link_bandwidth'] / 1e6:.2f} MB/s, {fields['link_latency'] * 1e6:.1f} us "
+            f"one way, host {fields['link_host_cost'] * 1e9:.2f} ns per byte sent or received")

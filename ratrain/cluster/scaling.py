@@ -31,10 +31,12 @@ def scaled_link(cpu: str = "cpu", reference: str = "mt3000") -> tuple[float, flo
             float(load_profile(reference)["link_latency"]))
 
 
-def with_link(profile: dict, bandwidth: float | None = None,
-              latency: float | None = None) -> dict:
-    """A copy of `profile` whose link_bandwidth / link_latency are replaced where given."""
-    override = {"link_bandwidth": bandwidth, "link_latency": latency}
+def with_link(profile: dict, bandwidth: float | None = None, latency: float | None = None,
+              host_cost: float | None = None) -> dict:
+    """A copy of `profile` whose link_bandwidth / link_latency / link_host_cost are
+    replaced where given."""
+    override = {"link_bandwidth": bandwidth, "link_latency": latency,
+                "link_host_cost": host_cost}
     return {**profile, **{k: float(v) for k, v in override.items() if v is not None}}
 
 

@@ -32,6 +32,18 @@ sm_bytes, sources (field -> where the number comes from), and for the simulator 
 |                      |                | outside them (default: 1 for every shape)       |
 | collective_algorithm | ring/tree/auto | how DP collectives are costed, see              |
 |                      |                | sim/collectives.py (default: ring)              |
+| link_host_cost       | s/B            | compute a rank loses per byte it sends or       |
+|                      |                | receives (TCP links; NOTE [link host cost] in   |
+|                      |                | sim/calls.py; default 0: DMA links)             |
+| op_costs             | {precision:    | measured kernel and runtime-call costs: per op  |
+|                      |  {op: fit}}    | `measured` [[FLOPs, bytes, s], ..] and a fit    |
+|                      |                | (seconds, flop_rate, byte_rate) for other       |
+|                      |                | shapes (`ratrain calibrate`)                    |
+| node_cores           | -              | cores of a node the ranks share (cpu)           |
+| threads              | {count: {..}}  | fields measured at that many threads per rank   |
+|                      |                | (op_costs, fp32_flops, ddr_bandwidth); the      |
+|                      |                | simulator takes the entry for node_cores //     |
+|                      |                | ranks and records it as rank_threads            |
 """
 from __future__ import annotations
 

@@ -89,6 +89,19 @@ def _merged(steps):
         yield Compute(pending)
 
 
+# NOTE [link host cost]: on MT-3000 the interconnect moves bytes by DMA, but a rank whose
+# link is a TCP socket (the test cluster, ratrain/cluster) pays for every byte it sends or
+# receives on its own core: the TCP stack, the copies into and out of socket buffers and
+# the MPI progress that drives them. That CPU time is invisible where the rank would wait
+# for the link anyway (a baseline step's end), but when a gradient all-reduce overlaps the
+# backward it slows the backward: measured on the 61.67 MB/s cluster, a DP=2 ratrain
+# backward took 8% longer than the baseline's, and the simulator that ignored it predicted
+# the step 7-19% short. A profile's `link_host_cost` (seconds per byte; 0 or absent
+# for DMA links) charges it as compute right where the transfer starts: a send's bytes after
+# the send, a received message's after its wait, and a collective's port bytes twice (sent,
+# and as many received) after its start. `ratrain cluster probe` measures it (GEMM slices
+# timed alone and with all-reduces streaming); `ratrain simulate --cluster NAME` uses it.
+
 class ProfileCosts:
     """Steps of each task of a lowered `program` on `profile` (see module docstring)."""
 
@@ -100,6 +113,7 @@ class ProfileCosts:
         self.algorithm = algorithm or profile.get("collective_algorithm", "ring")
         self.speeds = o.stage_speeds or (1.0,) * o.pp
         self.ddr = profile["ddr_bandwidth"]
+        self.host_cost = float(profile.get("link_host_cost", 0.0))  # NOTE [link host cost]
         self._calls = {s: {lt.task: lt.calls for lt in lowered}
                        for s, lowered in program.lowered.items()}
         self._async = {s.buffer for lowered in program.lowered.values() for lt in lowered
@@ -177,12 +191,18 @@ class ProfileCosts:
         return nbytes / self.ddr if measured is None else fitted_seconds(measured, 0, nbytes)
 
     def collective(self, op: str, nbytes: float, members: int, buffers, finish: float,
-                   what: str) -> Start:
-        """`finish`: compute seconds when it is waited for."""
+                   what: str) -> list[Step]:
+        """Start it; `finish`: compute seconds when it is waited for. The rank's host
+        then spends link_host_cost on every byte it sends and receives meanwhile."""
         p = self.profile
         cost = collective_cost(op, members, nbytes, p["link_latency"], p["link_bandwidth"],
                                self.algorithm)
-        return Start(tuple(buffers), cost.latency, cost.nbytes, finish, what)
+        start = Start(tuple(buffers), cost.latency, cost.nbytes, finish, what)
+        return [start] + self.host_steps(2 * cost.nbytes)
+
+    def host_steps(self, nbytes: float) -> list[Step]:
+        """NOTE [link host cost]: compute the rank loses to moving `nbytes` over its link."""
+        return [Compute(nbytes * self.host_cost)] if self.host_cost and nbytes else []
 
     def world_sum_seconds(self) -> float:
         p = self.profile
@@ -196,7 +216,12 @@ class ProfileCosts:
 def _send(c: ProfileCosts, task, call) -> list[Step]:
     nbytes = slot_bytes(call.inputs[0])
     return [Compute(2 * nbytes / c.ddr),  # the runtime sends a copy of the arena slot
-            Send(counterpart(task), send_channel(task), c.profile["link_latency"], nbytes)]
+            Send(counterpart(task), send_channel(task), c.profile["link_latency"], nbytes),
+            *c.host_steps(nbytes)]
+
+
+def _wait_recv(c: ProfileCosts, task, call) -> list[Step]:
+    return [Recv(task), *c.host_steps(sum(slot_bytes(s) for s in call.outputs))]
 
 
 def _grad_sync(c: ProfileCosts, task, call) -> list[Step]:
@@ -206,8 +231,8 @@ def _grad_sync(c: ProfileCosts, task, call) -> list[Step]:
     grad, out = call.inputs[0], call.outputs[0]
     nbytes, out_bytes = slot_bytes(grad), slot_bytes(out)
     # finish: the sum (or this rank's part of it) divided by dp, written to `out`
-    return [c.collective(op, nbytes, c.options.dp, {grad.buffer, out.buffer},
-                         c.memory_seconds("grad_sync", 2 * out_bytes), f"{op} L{task.layer}")]
+    return c.collective(op, nbytes, c.options.dp, {grad.buffer, out.buffer},
+                        c.memory_seconds("grad_sync", 2 * out_bytes), f"{op} L{task.layer}")
 
 
 def _grad_scatter(c: ProfileCosts, task, call) -> list[Step]:
@@ -217,7 +242,7 @@ def _grad_scatter(c: ProfileCosts, task, call) -> list[Step]:
     shard = call.outputs[0]
     concat = sum(slot_bytes(s) for s in call.inputs) + 4 * elements
     return [Compute(concat / c.ddr),
-            c.collective("reduce_scatter", 4 * elements, c.options.dp, {shard.buffer},
+            *c.collective("reduce_scatter", 4 * elements, c.options.dp, {shard.buffer},
                          3 * slot_bytes(shard) / c.ddr,
                          f"reduce_scatter {call.note} mb{task.micro_batch}")]
 
@@ -251,7 +276,7 @@ def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
     full = shard * c.options.dp
     buffers = {s.buffer for s in call.outputs}
     return [Compute((slot_bytes(master) + shard) / c.ddr),
-            c.collective("allgather", full, c.options.dp, buffers, (full + view) / c.ddr,
+            *c.collective("allgather", full, c.options.dp, buffers, (full + view) / c.ddr,
                          f"allgather L{task.layer}")]
 
 
@@ -264,7 +289,7 @@ _RUNTIME_CALLS = {
                      "accumulate_grad"), _memory_bound),
     "send": _send,
     "post_recv": lambda c, task, call: [Post(posted_receive(task))],
-    "wait_recv": lambda c, task, call: [Recv(task)],
+    "wait_recv": _wait_recv,
     "grad_sync": _grad_sync,
     "grad_scatter": _grad_scatter,
     "global_norm": _global_norm,

@@ -25,3 +25,14 @@ def test_link_override_is_the_profile_with_that_link(tmp_path):
         simulated(program, "--link-bandwidth", "200MB/s")
     bad = ratrain("simulate", program, "--link-latency", "soon")
     assert bad.returncode == 2 and "latency 'soon'" in bad.stderr
+
+
+def test_simulate_on_a_cluster_that_is_not_up_is_one_line(tmp_path):
+    import os
+    program = compile_tiny(tmp_path / "pp2", "--pp", 2, "--micro-batches", 2)
+    env = dict(os.environ, RATRAIN_CLUSTER_STATE=str(tmp_path / "state"))
+    done = ratrain("simulate", program, "--cluster", "nosuch", env=env)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "ratrain: error: no cluster nosuch is up: `ratrain cluster up nosuch -n N` (and "
+        "`ratrain cluster probe nosuch`) first"]

@@ -67,3 +67,28 @@ def test_planned_volume_of_data_parallel_is_the_gradient(tmp_path):
                  for s in models.param_shapes(models.get_config("tiny")).values())
     # a 2-member all-reduce: each member sends its whole fp32 gradient once
     assert planned_volume(program) == {0: 4 * params, 1: 4 * params}
+
+
+def test_probe_measures_the_shaped_link_and_simulate_uses_it(cluster, tmp_path):
+    """`ratrain cluster probe`: MPI payload bandwidth within 10% of the 60 MB/s shaping,
+    a positive latency and host cost, recorded in the state; `simulate --cluster` then
+    costs a DP=2 step on exactly those link fields (NOTE [link host cost])."""
+    import json
+
+    from ratrain.cli_compile import read_manifest, recompile
+    from ratrain.cluster.scaling import with_link
+    from ratrain.sim import simulate
+    made, env = cluster
+    done = ratrain("cluster", "probe", made.name, env=env)
+    assert done.returncode == 0, done.stderr
+    probed = harness.read_cluster(made.name).probed
+    assert abs(probed["link_bandwidth"] / 60e6 - 1) < 0.10, probed
+    assert probed["link_latency"] > 0 and probed["link_host_cost"] > 0, probed
+    program = compile_tiny(tmp_path / "dp2", "--dp", 2, "--micro-batches", 2)
+    manifest = read_manifest(program)
+    expected = simulate(recompile(manifest), with_link(
+        manifest["hw"], probed["link_bandwidth"], probed["link_latency"],
+        probed["link_host_cost"]))
+    sim = ratrain("simulate", program, "--json", "--cluster", made.name, env=env)
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["step_time_s"] == expected.step_time

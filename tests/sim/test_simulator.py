@@ -16,7 +16,7 @@ from ratrain.passes.program import CompileOptions
 from ratrain.passes.schedule_1f1b import schedule_1f1b
 from ratrain.sim import UnitCosts, replay, simulate
 from ratrain.sim.calls import ProfileCosts
-from ratrain.sim.steps import Compute, Start, Touch
+from ratrain.sim.steps import Compute, Recv, Send, Start, Touch
 
 CONFIGS = {
     "pp1": dict(pp=1),
@@ -204,3 +204,27 @@ def test_ratrain_starts_each_sync_inside_the_last_backward(schedule):
     assert len(starts) == program.num_layers
     # the link carries one transfer at a time, so later ones queue behind the first
     assert (min(starts) < last_b) == (schedule == "ratrain")
+
+
+@pytest.mark.parametrize("name", ["pp2", "pp1-dp2", "pp2-dp2-zero1-clip"])
+def test_link_host_cost_is_compute_per_byte_sent_or_received(name):
+    """NOTE [link host cost]: a profile's link_host_cost adds exactly that many compute
+    seconds per byte a task sends (a message, or a collective's port bytes) or receives
+    (a message, or as many as a collective sends), and nothing else."""
+    program, host = compiled(name), 1e-9
+    profile = load_profile("cpu")
+    plain, costly = ProfileCosts(program, profile), \
+        ProfileCosts(program, profile | {"link_host_cost": host})
+    tasks = [t for stage in program.tasks.values() for t in stage]
+    sent = {s.message: s.nbytes for t in tasks for s in plain.steps(t) if isinstance(s, Send)}
+    total = 0.0
+    for task in tasks:
+        steps = costly.steps(task)
+        moved = sum(2 * s.nbytes for s in steps if isinstance(s, Start)) + \
+            sum(s.nbytes for s in steps if isinstance(s, Send)) + \
+            sum(sent[s.message] for s in steps if isinstance(s, Recv))
+        compute = [sum(s.seconds for s in c.steps(task) if isinstance(s, Compute))
+                   for c in (plain, costly)]
+        assert compute[1] - compute[0] == pytest.approx(host * moved, rel=1e-9, abs=1e-15)
+        total += moved
+    assert total > 0
