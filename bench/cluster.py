@@ -3,7 +3,15 @@ core and one thread each, each in its own network namespace on a link shaped to 
 MT-3000 bandwidth (ratrain/cluster, NOTE [link scaling]); configurations (PP=2, DP=1) and
 (PP=1, DP=2) of one model and global batch; for each, tokens/s of the `ratrain` and
 `baseline` schedules measured in the same run (alternating rounds), the step-time breakdown
-from the runtime's traces, and `ratrain simulate` with the same link parameters.
+from the runtime's traces, and `ratrain simulate` with the links as `ratrain cluster probe`
+measured them (bandwidth, latency, host CPU per byte: NOTE [link host cost]) on a profile
+`ratrain calibrate` measured right before the rounds (the shared VM's speed drifts by 10%
+and more over an hour; --hw FILE skips it).
+
+The model is the tiny preset with --layers decoder layers (default 8): the gradient sync
+ratrain cannot hide is the first decoder layer's, issued when the backward ends, so its
+share of the step's syncs is one layer's; 4 layers would make it a quarter, where real
+models have 32 to 80.
 
 Measured step time: median of the runtime's step_seconds (--metrics) after --warmup steps,
 the best (smallest) over --rounds rounds: other work on the shared machine only ever slows
@@ -19,8 +27,9 @@ recovery runs. PP=1 x DP=2 keeps every activation and runs each replica's G/2 se
 as one micro-batch: ratrain starts each layer's gradient sync inside that (last) backward as
 soon as the layer's part is done, the baseline after the step's last task.
 Timings wait for the 1-minute load average to fall below --idle and print the load.
-Needs root and iproute2. Usage: python bench/cluster.py [--model tiny] [--seq-len 256]
-[--global-batch 4] [--budget-at 0] [--steps 10] [--warmup 3] [--rounds 3] [--keep DIR]
+Needs root and iproute2. Usage: python bench/cluster.py [--model tiny] [--layers 8]
+[--seq-len 256] [--global-batch 4] [--budget-at 0] [--steps 10] [--warmup 3] [--rounds 3]
+[--hw FILE] [--keep DIR]
 """
 import argparse
 import json
@@ -49,8 +58,19 @@ def ratrain(*argv):
 
 # ---- compiling -------------------------------------------------------------------------------
 
+def model_config(args, work):
+    """The model to compile: the preset or config with --layers decoder layers."""
+    from ratrain.cli_compile import load_model
+    config, _ = load_model(args.model)
+    if args.layers:
+        config = {**config, "num_hidden_layers": args.layers}
+    path = work / "config.json"
+    path.write_text(json.dumps(config, indent=1))
+    return path
+
+
 def compile_program(out, args, *flags):
-    ratrain("compile", args.model, "--seq-len", args.seq_len, "--precision", "fp32", *flags,
+    ratrain("compile", args.config, "--seq-len", args.seq_len, "--precision", "fp32", *flags,
             "-o", out, "--force", "--build")
     return out
 
@@ -126,10 +146,20 @@ def transfer_seconds(receive, sizes, cluster):
     return cluster.latency + nbytes / cluster.bandwidth
 
 
-def simulated(program, cluster):
-    record = json.loads(ratrain("simulate", program, "--json", "--link-bandwidth",
-                                cluster.bandwidth, "--link-latency", cluster.latency))
-    return record
+def simulated(program, cluster, hw):
+    return json.loads(ratrain("simulate", program, "--json", "--hw", hw, "--cluster",
+                              cluster.name))
+
+
+def calibrated_profile(args, work):
+    """--hw, else a profile `ratrain calibrate` measures now (on idle cores)."""
+    if args.hw:
+        return args.hw
+    at = wait_for_idle(args.idle, args.wait, poll=15)
+    print(f"# calibrating this machine (load {at:.2f})", flush=True)
+    out = work / "cpu.json"
+    ratrain("calibrate", "-o", out)
+    return out
 
 
 # ---- the benchmark ---------------------------------------------------------------------------
@@ -152,11 +182,12 @@ rounds alternate the schedules)."""
     return {c: {s: min(rounds[c][s], key=lambda r: r[0]) for s in SCHEDULES} for c in programs}
 
 
-def report(args, programs, results, cluster, note):
+def report(args, programs, results, cluster, note, hw):
     from ratrain.cluster.harness import describe
     tokens = args.global_batch * args.seq_len
-    print(f"# {args.model}, global batch {args.global_batch} x {args.seq_len} tokens, fp32, "
-          f"2 ranks x 1 thread; link {describe(cluster)}; {note}")
+    layers = f" with {args.layers} layers" if args.layers else ""
+    print(f"# {args.model}{layers}, global batch {args.global_batch} x {args.seq_len} tokens, "
+          f"fp32, 2 ranks x 1 thread; link {describe(cluster)}; {note}; simulated on {hw}")
     print(f"{'configuration':<13} {'schedule':<9} {'tokens/s':>9} {'step s':>7} "
           f"{'compute':>8} {'exp.comm':>8} {'bubble':>7} {'tail':>7} {'sim s':>7} "
           f"{'sim/meas':>8}")
@@ -164,7 +195,7 @@ def report(args, programs, results, cluster, note):
     for config, by_schedule in programs.items():
         for schedule, program in by_schedule.items():
             step, parts = results[config][schedule]
-            sim = simulated(program, cluster)["step_time_s"]
+            sim = simulated(program, cluster, hw)["step_time_s"]
             errors.append(sim / step - 1)
             print(f"{config:<13} {schedule:<9} {tokens / step:>9,.0f} {step:>7.4f} "
                   f"{parts['compute']:>8.4f} {parts['exposed comm']:>8.4f} "
@@ -186,6 +217,8 @@ def report(args, programs, results, cluster, note):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny", help="model preset or config.json")
+    ap.add_argument("--layers", type=int, default=8, help="decoder layers (0: the model's "
+                    "own count)")
     ap.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     ap.add_argument("--global-batch", type=int, default=4, help="sequences per step (PP=2: "
                     "that many micro-batches of 1; DP=2: one micro-batch of half per replica)")
@@ -198,6 +231,8 @@ def main():
     ap.add_argument("--link-latency", default=None, help="override the link latency")
     ap.add_argument("--idle", type=float, default=0.6, help="1-minute load to wait for")
     ap.add_argument("--wait", type=int, default=900, help="longest wait for it, seconds")
+    ap.add_argument("--hw", default=None, metavar="FILE", help="cpu profile to simulate on "
+                    "(default: `ratrain calibrate` right before the rounds)")
     ap.add_argument("--name", default="bench", help="cluster name (made and removed here)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep programs and traces")
     args = ap.parse_args()
@@ -209,14 +244,17 @@ def main():
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(args.keep or scratch)
         work.mkdir(parents=True, exist_ok=True)
+        args.config = model_config(args, work)
         programs, note = compile_configs(args, work)
+        hw = calibrated_profile(args, work)
         try:
-            cluster = harness.bring_up(args.name, 2, bandwidth, latency)
+            cluster = harness.probe(harness.bring_up(args.name, 2, bandwidth, latency))
         except harness.ClusterError as e:
+            harness.bring_down(args.name)
             fail(str(e))
         try:
             results = measure(args, programs, cluster, work)
-            report(args, programs, results, cluster, note)
+            report(args, programs, results, cluster, note, hw)
         finally:
             harness.bring_down(args.name)
 
