@@ -18,26 +18,16 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402  (after the thread settings)
 from mpi4py import MPI  # noqa: E402
 
+from ratrain.calibrate.probe import ping_pong  # noqa: E402
 from ratrain.rt.comm import Communicators, ProgressAgent  # noqa: E402
 
 MESSAGE = 4 << 20                       # bytes of one all-reduce (a layer's gradient)
-PINGS = 200
 
 
 def one_way_latency(world) -> float:
-    """Half the round trip of a 1-byte message between ranks 0 and 1 (median)."""
-    byte, times = np.zeros(1, np.uint8), []
-    for _ in range(PINGS):
-        world.Barrier()
-        start = time.perf_counter()
-        if world.rank == 0:
-            world.Send(byte, dest=1)
-            world.Recv(byte, source=1)
-        elif world.rank == 1:
-            world.Recv(byte, source=0)
-            world.Send(byte, dest=0)
-        times.append((time.perf_counter() - start) / 2)
-    return statistics.median(times)
+    """Half the median round trip of the smallest ping-pong message between ranks 0 and 1
+    (the ping-pong `ratrain calibrate` runs)."""
+    return ping_pong(world)[0][1]
 
 
 def allreduce_bandwidth(world, rounds: int = 3) -> float:
