@@ -3,8 +3,8 @@
 up makes one network namespace per rank on a shaped link (default: the scaled MT-3000
 link, NOTE [link scaling]); down removes everything up made and is safe to repeat; status
 shows the links and the bytes their qdiscs have counted; probe measures what the links
-give and cost from two ranks, for `ratrain simulate --cluster NAME`. `ratrain run --cluster NAME`
-runs a program on it.
+give and cost from two ranks, for `ratrain simulate --cluster NAME`. `ratrain run
+--cluster NAME` runs a program on it.
 """
 from __future__ import annotations
 

@@ -29,11 +29,12 @@ def _program_and_profile(args):
     profile = load_hw(args.hw) if args.hw else manifest["hw"]
     from ratrain.cluster.scaling import with_link
     if args.cluster:
-        profile = with_link(profile, **_cluster_link(args.cluster))
+        profile = {**profile, **_cluster_link(args.cluster)}
     return recompile(manifest), with_link(profile, args.link_bandwidth, args.link_latency)
 
 
 def _cluster_link(name: str) -> dict:
+    """The link fields of cluster `name` (as probed, else as shaped)."""
     from ratrain.cluster import ClusterError
     from ratrain.cluster.harness import link_fields, read_cluster
     try:
@@ -43,9 +44,7 @@ def _cluster_link(name: str) -> dict:
     if cluster is None:
         raise _user_error(f"no cluster {name} is up: `ratrain cluster up {name} -n N` (and "
                           f"`ratrain cluster probe {name}`) first")
-    fields = link_fields(cluster)
-    return {"bandwidth": fields["link_bandwidth"], "latency": fields["link_latency"],
-            "host_cost": fields["link_host_cost"]}
+    return link_fields(cluster)
 
 
 def cmd_simulate(args) -> None:

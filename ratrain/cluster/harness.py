@@ -200,9 +200,9 @@ def probe(cluster: Cluster) -> Cluster:
     record the result in its state; the updated cluster."""
     import subprocess
     from ratrain.cli_train import find_mpiexec
-    options, command = cluster.placement([sys.executable, "-m", "ratrain.cluster.probe"])
     if cluster.ranks < 2:
         raise ClusterError(f"cluster {cluster.name} has one rank: probing needs two")
+    options, command = cluster.placement([sys.executable, "-m", "ratrain.cluster.probe"])
     run = subprocess.run([find_mpiexec(), *options, "-n", "2", *command],
                          capture_output=True, text=True, timeout=300)
     lines = run.stdout.strip().splitlines()

@@ -8,6 +8,7 @@ the arena peak is measured, not copied from the plan.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -189,10 +190,11 @@ class RankExecutor:
                               f"({KERNEL_STATUS.get(status, 'unknown')}): {step.calls[failed]}")
 
     def _call_native(self, step: _Native) -> tuple[int, int]:
-        if self.progress is None or not self.pending:
-            return self.module.run_function(step.function, self.address, step.address,
-                                            self.threads)
-        with self.progress.poking():
+        """Run one generated function; MPI progresses meanwhile if a transfer is pending
+        (NOTE [progress while kernels run])."""
+        poking = self.progress.poking() if self.progress is not None and self.pending \
+            else contextlib.nullcontext()
+        with poking:
             return self.module.run_function(step.function, self.address, step.address,
                                             self.threads)
 

@@ -243,8 +243,8 @@ def _grad_scatter(c: ProfileCosts, task, call) -> list[Step]:
     concat = sum(slot_bytes(s) for s in call.inputs) + 4 * elements
     return [Compute(concat / c.ddr),
             *c.collective("reduce_scatter", 4 * elements, c.options.dp, {shard.buffer},
-                         3 * slot_bytes(shard) / c.ddr,
-                         f"reduce_scatter {call.note} mb{task.micro_batch}")]
+                          3 * slot_bytes(shard) / c.ddr,
+                          f"reduce_scatter {call.note} mb{task.micro_batch}")]
 
 
 def _global_norm(c: ProfileCosts, task, call) -> list[Step]:
@@ -277,7 +277,7 @@ def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
     buffers = {s.buffer for s in call.outputs}
     return [Compute((slot_bytes(master) + shard) / c.ddr),
             *c.collective("allgather", full, c.options.dp, buffers, (full + view) / c.ddr,
-                         f"allgather L{task.layer}")]
+                          f"allgather L{task.layer}")]
 
 
 def _memory_bound(c: ProfileCosts, task, call) -> list[Step]:
