@@ -468,7 +468,8 @@ def _add_policy_options(p) -> None:
                    "lifecycle scheduling (overlapped sync, forward-side recovery); baseline: "
                    "GPU-style 1F1B with everything at the step end (default: ratrain)")
     p.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="auto", help="activation"
-                   " recovery: auto = the least recompute that fits --budget (default: auto)")
+                   " recovery: auto = the least recompute that fits --budget, run on the forward side "
+                   "where that fits too, else in the backward (default: auto)")
     p.add_argument("--zero", type=int, choices=(0, 1, 2), default=None, help="ZeRO stage over "
                    "the DP group (default: the profile's default_zero when --dp > 1, else 0; "
                    "2 for mt3000, 0 for cpu)")

@@ -159,7 +159,7 @@ def _recomputed_in_backward(program, task: Task, layer: int) -> int:
     """FLOPs B spends rebuilding the layer (NOTE [backward-time recovery])."""
     from ratrain.passes.buffers import recovers_in_backward
     if (layer, task.micro_batch) not in program.recompute or \
-            not recovers_in_backward(program, task.stage):
+            not recovers_in_backward(program, task.stage, task.micro_batch):
         return 0
     return recompute_flops(program, layer, task.micro_batch)
 

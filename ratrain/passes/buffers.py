@@ -183,15 +183,24 @@ def _workspace_bytes(graph, layers: tuple, direction: str, cotangent: int,
     return max(peaks, default=0)
 
 
-def recovers_in_backward(program, stage: int) -> bool:
-    """NOTE [backward-time recovery]: does the stage's B rebuild its dropped residuals
-    itself, layer by layer, instead of REC tasks? A REC on the forward side (ratrain
-    mode, every stage but the last) runs in the wait for the gradient, so it must rebuild
-    all of the micro-batch's layers before B starts and they stay alive through B. Where
-    recovery runs at backward time anyway (baseline mode, and the last stage, which
-    never waits for a gradient) nothing is gained by that: B recomputes layer l right
-    before l's backward into its own workspace, so one layer's rebuilt residuals are
-    alive at a time, as in the per-layer activation checkpointing of GPU trainers."""
+def recovers_in_backward(program, stage: int, micro_batch: int) -> bool:
+    """NOTE [backward-time recovery]: does the stage's B of `micro_batch` rebuild its
+    dropped residuals itself, layer by layer, instead of REC tasks? A REC on the forward
+    side (ratrain mode, every stage but the last) runs in the wait for the gradient, so
+    it must rebuild all of the micro-batch's layers before B starts and they stay alive
+    through B. Where recovery runs at backward time anyway (baseline mode, and the last
+    stage, which never waits for a gradient) nothing is gained by that: B recomputes
+    layer l right before l's backward into its own workspace, so one layer's rebuilt
+    residuals are alive at a time, as in the per-layer activation checkpointing of GPU
+    trainers. In ratrain mode insert_recovery's auto may also leave a micro-batch to its
+    B where rebuilding it early would not fit (NOTE [where recovery runs])."""
+    return stage_recovers_in_backward(program, stage) or \
+        (stage, micro_batch) in program.backward_recovery
+
+
+def stage_recovers_in_backward(program, stage: int) -> bool:
+    """Does every B of the stage recover at backward time, whatever insert_recovery
+    chose (baseline mode, the last stage)?"""
     return program.options.schedule != "ratrain" or stage == len(program.stages) - 1
 
 
@@ -207,7 +216,7 @@ def backward_workspace(program, stage: int, micro_batch: int,
     if modes is None:
         modes = {l: program.recompute[(l, micro_batch)] for l in program.stages[stage]
                  if (l, micro_batch) in program.recompute}
-    if not modes or not recovers_in_backward(program, stage):
+    if not modes or not recovers_in_backward(program, stage, micro_batch):
         return plain, plain
     kinds = [(_kind(program, l), mode) for l, mode in modes.items()]
     layers = program.stages[stage]
@@ -263,7 +272,7 @@ def _backward(program, task: Task) -> Effects:
         creates.append(Buffer(f"gout.mb{m}", "comm", _message_bytes(program, s - 1)))
     creates.append(Buffer(f"ws.{task}", "workspace", backward_workspace(program, s, m)[1]))
     reads = [f"view.L{l}" for l in layers] + [f"act.L{l}.mb{m}" for l in layers]
-    if not recovers_in_backward(program, s):
+    if not recovers_in_backward(program, s, m):
         reads += [f"rec.L{l}.mb{m}" for l in layers if (l, m) in program.recompute]
     reads += [grad_buffer(program, l).name for l in layers] if m != 0 else []
     reads += [f"gin.mb{m}"] if s < len(program.stages) - 1 else []

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.buffers import recovers_in_backward
+from ratrain.passes.buffers import recovers_in_backward, stage_recovers_in_backward
 
 
 @lru_cache(maxsize=1024)
@@ -110,26 +110,79 @@ def _escalate(program, stage: int, base: dict) -> dict:
     return choices
 
 
-def _auto(program) -> dict:
+# NOTE [where recovery runs]: a forward-side REC (ratrain mode) rebuilds all of a
+# micro-batch's layers before its B and keeps them alive through it, so under a tight
+# budget it can need more recompute than recovering in B (NOTE [backward-time recovery]):
+# measured on the tiny model with 8 layers, PP=2 and 4 micro-batches under the budget
+# where every pair just fits fully recomputed on the forward side, B-time recovery fits
+# with 5 of stage 0's 16 pairs only selectively recomputed, and that stage's compute
+# per step was 22% longer for the forward side. So auto decides, per stage, where
+# recovery runs: on the forward side when that recomputes no more FLOPs than B-time
+# recovery; else it takes B-time recovery's choices and moves micro-batches to the
+# forward side from the last one down while the stage still fits (the last ones have
+# the fewest micro-batches in flight, and a REC in the wait before the last B is the one
+# that shortens the pipeline's drain). The recompute is then never more than the
+# baseline's, and forward-side recovery runs wherever the memory allows.
+
+def _auto(program):
     """The least recompute that fits the budget, stage by stage (stages do not share
-    memory, so each is searched on its own)."""
+    memory, so each is searched on its own), and where it runs (NOTE [where recovery
+    runs]): `program` with its recompute choices and backward_recovery set."""
     if program.options.budget is None:
-        return {}
-    choices: dict = {}
+        return program
     for stage in range(len(program.stages)):
-        choices = _escalate(program, stage, choices)
-    return choices
+        program = _auto_stage(program, stage)
+    return program
+
+
+def _auto_stage(program, stage: int):
+    forward = _escalate(program, stage, program.recompute)
+    own = {k: v for k, v in forward.items() if k not in program.recompute}
+    if not own or stage_recovers_in_backward(program, stage):
+        return replace(program, recompute=forward)
+    everything = frozenset((stage, m) for m in range(program.options.micro_batches))
+    in_backward = replace(program, backward_recovery=program.backward_recovery | everything)
+    backward = _escalate(in_backward, stage, program.recompute)
+    # _escalate's choice fits unless it recomputes everything fully
+    fits = set(own.values()) != {"full"} or _stage_fits(program, stage, forward, exact=True)
+    if fits and _flops(program, forward) <= _flops(program, backward):
+        return replace(program, recompute=forward)
+    return _forward_where_it_fits(replace(in_backward, recompute=backward), stage)
+
+
+def _flops(program, choices: dict) -> int:
+    from ratrain.hw.profiles import recompute_flops
+    chosen = replace(program, recompute=choices)
+    return sum(recompute_flops(chosen, l, m) for l, m in choices)
+
+
+def _forward_where_it_fits(program, stage: int):
+    """`program` (every micro-batch of `stage` recovered in B) with micro-batches moved to
+    the forward side from the last one down while the stage fits."""
+    fits = lambda moved, exact: _stage_fits(
+        replace(program, backward_recovery=program.backward_recovery - moved), stage,
+        program.recompute, exact)
+    moved: frozenset = frozenset()
+    for m in reversed(range(program.options.micro_batches)):
+        if not fits(moved | {(stage, m)}, exact=False):
+            break
+        moved |= {(stage, m)}
+    while moved and not fits(moved, exact=True):
+        moved -= {min(moved)}  # the earliest moved has the most micro-batches in flight
+    return replace(program, backward_recovery=program.backward_recovery - moved)
 
 
 def _place(program, choices: dict, stage: int, tasks) -> tuple[Task, ...]:
     """REC tasks of micro-batch m go before RECV_B m (ratrain: forward side, in the wait
-    for the gradient). In baseline mode and on the last stage there are none: B rebuilds
-    each layer right before its backward (NOTE [backward-time recovery], buffers.py)."""
-    if recovers_in_backward(program, stage):
+    for the gradient). In baseline mode, on the last stage and for the micro-batches auto
+    leaves to B there are none: B rebuilds each layer right before its backward (NOTE
+    [backward-time recovery], buffers.py)."""
+    if stage_recovers_in_backward(program, stage):
         return tuple(tasks)
     out: list[Task] = []
     for task in tasks:
-        if task.kind == Kind.RECV_B:
+        if task.kind == Kind.RECV_B and not recovers_in_backward(program, stage,
+                                                                 task.micro_batch):
             out += [Task(stage, Kind.REC, micro_batch=task.micro_batch, layer=l)
                     for l in program.stages[stage] if (l, task.micro_batch) in choices]
         out.append(task)
@@ -140,15 +193,17 @@ def insert_recovery(program):
     """Choose keep / recompute per (layer, micro-batch) and place REC tasks.
 
     Requires: stages and the 1F1B tasks. Guarantees: `program.recompute` maps every
-    dropped (layer, mb) to its mode; on stages that recover on the forward side each has
-    one REC before its RECV_B, elsewhere none (B recomputes); only decoder layers are
-    recomputed.
+    dropped (layer, mb) to its mode; where recovery runs on the forward side (ratrain
+    mode, not the last stage, (stage, mb) not in `program.backward_recovery`, which only
+    auto fills) each has one REC before its RECV_B, elsewhere none (B recomputes); only
+    decoder layers are recomputed.
     """
     policy = program.options.recompute
+    program = replace(program, recompute={}, backward_recovery=frozenset())
     if policy == "auto":
-        choices = _auto(program)
-    elif policy == "none":
-        choices = {}
-    else:
-        choices = {k: policy for s in range(len(program.stages)) for k in _stage_keys(program, s)}
-    return _apply(program, choices)
+        chosen = _auto(program)
+        return _apply(chosen, chosen.recompute)
+    if policy == "none":
+        return _apply(program, {})
+    return _apply(program, {k: policy for s in range(len(program.stages))
+                            for k in _stage_keys(program, s)})

@@ -252,7 +252,7 @@ def _lower_backward(program, task: Task) -> list[Call]:
     else:
         current = _slot(f"gin.mb{m}", 0, _kind(program, layers[-1]).fwd.outputs[0])
     rebuilt = (f"ws.{task}", backward_workspace(program, stage, m)[0]) \
-        if recovers_in_backward(program, stage) else None
+        if recovers_in_backward(program, stage, m) else None
     for j, layer in enumerate(reversed(layers)):
         kind = _kind(program, layer)
         if rebuilt and (layer, m) in program.recompute:  # NOTE [backward-time recovery]

@@ -341,7 +341,8 @@ def _recompute_all(program):
     options = replace(program.options, recompute="full", budget=None)
     tasks = {s: tuple(t for t in ts if t.kind not in (Kind.REC, Kind.FREE))
              for s, ts in program.tasks.items()}
-    return insert_recovery(replace(program, options=options, tasks=tasks, recompute={}))
+    return insert_recovery(replace(program, options=options, tasks=tasks, recompute={},
+                                   backward_recovery=frozenset()))
 
 
 def _arena_with(program, stage: int) -> int:

@@ -16,4 +16,7 @@ def format_program(program) -> str:
     if program.recompute:
         dropped = " ".join(f"L{l}.mb{m}={mode}" for (l, m), mode in sorted(program.recompute.items()))
         lines.append(f"recompute: {dropped}")
+    if program.backward_recovery:  # NOTE [where recovery runs]
+        pairs = " ".join(f"{s}.mb{m}" for s, m in sorted(program.backward_recovery))
+        lines.append(f"recovered in B: {pairs}")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ class Program:
     stages: tuple[tuple[int, ...], ...] = ()  # layer indices of each stage, in order
     tasks: Schedule = field(default_factory=dict)  # stage -> its tasks, in order
     recompute: dict = field(default_factory=dict)  # (layer, mb) -> "full"|"selective"
+    backward_recovery: frozenset = frozenset()  # (stage, mb) whose B rebuilds (ratrain)
     scatter_grads: frozenset = frozenset()  # layers reduce-scattered after every B (ZeRO-2)
     memory: object | None = None        # MemoryPlan from plan_memory
     lowered: dict | None = None         # stage -> kernel calls, from lower

@@ -110,7 +110,10 @@ def stage_bytes(est: Estimator, program, stage: int, level: str, local: bool) ->
     decoder = [program.graph.layers[l].kind == "decoder" for l in layers]
     times = [est.times(program, l) for l in layers]
     kept = sum(t.kept[level if d else "none"] for t, d in zip(times, decoder))
-    in_backward = recovers_in_backward(program, stage)  # NOTE [backward-time recovery]
+    if program.options.recompute == "auto":  # leaves to B what FSR cannot fit
+        program = replace(program, backward_recovery=frozenset(  # NOTE [where recovery runs]
+            (stage, m) for m in range(program.options.micro_batches)))
+    in_backward = recovers_in_backward(program, stage, 0)  # NOTE [backward-time recovery]
     rebuilt = 0 if in_backward else \
         sum(t.kept["none"] - t.kept[level] for t, d in zip(times, decoder) if d)
     need["activations"] = in_flight_micro_batches(program, stage) * kept + rebuilt
