@@ -100,6 +100,19 @@ def _relative(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+def assert_matches_reference(program, dp: int, m: int, clip=None) -> Executor:
+    """Run `program` for STEPS steps: losses and parameters equal the single-process
+    reference's (fp32 on both sides with identical kernels and summation order: 1e-6 is
+    rounding). Returns the executor, for further checks."""
+    executor = Executor(program, models.init_params(CONFIG, seed=0), OPTIMIZER)
+    losses = [executor.run_step(tokens) for tokens in batches(dp, m)]
+    ref_losses, ref_params = reference(dp, m, clip)
+    assert losses == pytest.approx(ref_losses, rel=1e-6)
+    got = executor.params()
+    assert max(_relative(got[k], ref_params[k]) for k in ref_params) < 1e-6
+    return executor
+
+
 GRID = list(itertools.product((1, 2, 3, 4), (1, 2), (1, 3, 8), ("ratrain", "baseline"),
                               (0, 1, 2), ("none", "full", "selective", "auto")))
 
@@ -111,13 +124,7 @@ def test_compiled_program_matches_whole_model(pp, dp, m, schedule, zero, recompu
         keep_all = compile_program(pp, dp, m, schedule, zero, "none").memory.arena_bytes
         assert program.memory.arena_bytes <= program.options.budget
         assert bool(program.recompute) == (program.options.budget < keep_all)
-    executor = Executor(program, models.init_params(CONFIG, seed=0), OPTIMIZER)
-    losses = [executor.run_step(tokens) for tokens in batches(dp, m)]
-    ref_losses, ref_params = reference(dp, m, None)
-    # fp32 on both sides with identical kernels and summation order: 1e-6 is rounding.
-    assert losses == pytest.approx(ref_losses, rel=1e-6)
-    got = executor.params()
-    assert max(_relative(got[k], ref_params[k]) for k in ref_params) < 1e-6
+    assert_matches_reference(program, dp, m)
 
 
 @pytest.mark.parametrize("pp,m,schedule,recompute", itertools.product(
@@ -125,21 +132,11 @@ def test_compiled_program_matches_whole_model(pp, dp, m, schedule, zero, recompu
 def test_per_micro_batch_reduce_scatter_matches_whole_model(pp, m, schedule, recompute):
     program = compile_program(pp, 2, m, schedule, 2, recompute, grad_accum="scatter")
     assert program.scatter_grads == frozenset(range(len(graph().layers)))
-    executor = Executor(program, models.init_params(CONFIG, seed=0), OPTIMIZER)
-    losses = [executor.run_step(tokens) for tokens in batches(2, m)]
-    ref_losses, ref_params = reference(2, m, None)
-    assert losses == pytest.approx(ref_losses, rel=1e-6)
-    got = executor.params()
-    assert max(_relative(got[k], ref_params[k]) for k in ref_params) < 1e-6
+    assert_matches_reference(program, 2, m)
 
 
 @pytest.mark.parametrize("pp,dp,zero", [(2, 2, 0), (3, 2, 2), (1, 1, 0)])
 def test_global_norm_clipping_is_exact(pp, dp, zero):
     program = compile_program(pp, dp, 3, "ratrain", zero, "none", clip=0.05)
-    executor = Executor(program, models.init_params(CONFIG, seed=0), OPTIMIZER)
-    losses = [executor.run_step(tokens) for tokens in batches(dp, 3)]
+    executor = assert_matches_reference(program, dp, 3, clip=0.05)
     assert all(st.clip_coef < 0.1 for st in executor.ranks), "clipping inactive"
-    ref_losses, ref_params = reference(dp, 3, 0.05)
-    assert losses == pytest.approx(ref_losses, rel=1e-6)
-    got = executor.params()
-    assert max(_relative(got[k], ref_params[k]) for k in ref_params) < 1e-6
