@@ -4,9 +4,12 @@ MT-3000 bandwidth (ratrain/cluster, NOTE [link scaling]); configurations (PP=2, 
 (PP=1, DP=2) of one model and global batch; for each, tokens/s of the `ratrain` and
 `baseline` schedules measured in the same run (alternating rounds), the step-time breakdown
 from the runtime's traces, and `ratrain simulate` with the links as `ratrain cluster probe`
-measured them (bandwidth, latency, host CPU per byte: NOTE [link host cost]) on a profile
-`ratrain calibrate` measured right before the rounds (the shared VM's speed drifts by 10%
-and more over an hour; --hw FILE skips it).
+measured them (bandwidth, latency, host CPU per byte: NOTE [link host cost]) on profiles
+`ratrain calibrate` measures right before every round (--hw FILE: that profile only).
+Predicted = the fastest of the rounds' predictions, as measured = the fastest round: other
+work on this shared VM only ever slows a calibration or a run (one calibration taken while
+the machine was busy put every kernel 15% slower than the runs around it), and the VM's
+speed drifts by 10% and more over an hour, so calibrations are taken among the runs.
 
 The model is the tiny preset with --layers decoder layers (default 8): the gradient sync
 ratrain cannot hide is the first decoder layer's, issued when the backward ends, so its
@@ -21,14 +24,16 @@ each pipeline receive wait up to its message's transfer time (bytes / bandwidth 
 bubble = the rest of the time before the rank's last B (waiting on the other stage's
 compute, sends, bookkeeping); exposed tail = after the last B (gradient syncs, updates and
 prefetches not overlapped). Averaged over ranks and measured steps.
-The PP=2 programs are compiled under a budget --budget-at of the way from the full-recompute
-peak to the keep-all peak (0 = only full recompute fits), so the schedules differ in where
-recovery runs. PP=1 x DP=2 keeps every activation and runs each replica's G/2 sequences
+The PP=2 programs are compiled under a budget --budget-at (default 0.3) of the way from the
+full-recompute peak to the keep-all peak (0 = only full recompute on the forward side fits),
+so both schedules must recompute and differ in where recovery runs: at 0 ratrain's auto
+recovers every micro-batch in B as the baseline does (NOTE [where recovery runs]), above it
+moves the last micro-batch's recompute into the wait before its gradient. PP=1 x DP=2 keeps every activation and runs each replica's G/2 sequences
 as one micro-batch: ratrain starts each layer's gradient sync inside that (last) backward as
 soon as the layer's part is done, the baseline after the step's last task.
 Timings wait for the 1-minute load average to fall below --idle and print the load.
 Needs root and iproute2. Usage: python bench/cluster.py [--model tiny] [--layers 8]
-[--seq-len 256] [--global-batch 4] [--budget-at 0] [--steps 10] [--warmup 3] [--rounds 3]
+[--seq-len 256] [--global-batch 4] [--budget-at 0.3] [--steps 10] [--warmup 3] [--rounds 3]
 [--hw FILE] [--keep DIR]
 """
 import argparse
@@ -146,18 +151,19 @@ def transfer_seconds(receive, sizes, cluster):
     return cluster.latency + nbytes / cluster.bandwidth
 
 
-def simulated(program, cluster, hw):
-    return json.loads(ratrain("simulate", program, "--json", "--hw", hw, "--cluster",
-                              cluster.name))
+def simulated(program, cluster, profiles):
+    """The fastest predicted step time of `program` over `profiles`, and that profile."""
+    return min((json.loads(ratrain("simulate", program, "--json", "--hw", hw, "--cluster",
+                                   cluster.name))["step_time_s"], hw) for hw in profiles)
 
 
-def calibrated_profile(args, work):
+def calibrated_profile(args, work, round_number):
     """--hw, else a profile `ratrain calibrate` measures now (on idle cores)."""
     if args.hw:
         return args.hw
     at = wait_for_idle(args.idle, args.wait, poll=15)
-    print(f"# calibrating this machine (load {at:.2f})", flush=True)
-    out = work / "cpu.json"
+    print(f"# round {round_number}: calibrating this machine (load {at:.2f})", flush=True)
+    out = work / f"cpu-{round_number}.json"
     ratrain("calibrate", "-o", out)
     return out
 
@@ -166,9 +172,11 @@ def calibrated_profile(args, work):
 
 def measure(args, programs, cluster, work):
     """{config: {schedule: (step seconds, breakdown)}} of each run's best round (the
-rounds alternate the schedules)."""
+rounds alternate the schedules), and the profiles calibrated before the rounds."""
     rounds = {c: {s: [] for s in SCHEDULES} for c in programs}
+    profiles = []
     for r in range(args.rounds):
+        profiles.append(calibrated_profile(args, work, r + 1))
         for config, by_schedule in programs.items():
             for schedule in (SCHEDULES if r % 2 == 0 else SCHEDULES[::-1]):
                 at = wait_for_idle(args.idle, args.wait, poll=15)
@@ -179,15 +187,17 @@ rounds alternate the schedules)."""
                 print(f"# round {r + 1} {config} {schedule}: median step "
                       f"{statistics.median(seconds):.4f} s (load {at:.2f} before, "
                       f"{load():.2f} after)", flush=True)
-    return {c: {s: min(rounds[c][s], key=lambda r: r[0]) for s in SCHEDULES} for c in programs}
+    best = {c: {s: min(rounds[c][s], key=lambda r: r[0]) for s in SCHEDULES} for c in programs}
+    return best, list(dict.fromkeys(profiles))
 
 
-def report(args, programs, results, cluster, note, hw):
+def report(args, programs, results, cluster, note, profiles):
     from ratrain.cluster.harness import describe
     tokens = args.global_batch * args.seq_len
     layers = f" with {args.layers} layers" if args.layers else ""
     print(f"# {args.model}{layers}, global batch {args.global_batch} x {args.seq_len} tokens, "
-          f"fp32, 2 ranks x 1 thread; link {describe(cluster)}; {note}; simulated on {hw}")
+          f"fp32, 2 ranks x 1 thread; link {describe(cluster)}; {note}; simulated on "
+          f"{', '.join(map(str, profiles))} (the fastest prediction)")
     print(f"{'configuration':<13} {'schedule':<9} {'tokens/s':>9} {'step s':>7} "
           f"{'compute':>8} {'exp.comm':>8} {'bubble':>7} {'tail':>7} {'sim s':>7} "
           f"{'sim/meas':>8}")
@@ -195,12 +205,12 @@ def report(args, programs, results, cluster, note, hw):
     for config, by_schedule in programs.items():
         for schedule, program in by_schedule.items():
             step, parts = results[config][schedule]
-            sim = simulated(program, cluster, hw)["step_time_s"]
+            sim, hw = simulated(program, cluster, profiles)
             errors.append(sim / step - 1)
             print(f"{config:<13} {schedule:<9} {tokens / step:>9,.0f} {step:>7.4f} "
                   f"{parts['compute']:>8.4f} {parts['exposed comm']:>8.4f} "
                   f"{parts['bubble']:>7.4f} {parts['exposed tail']:>7.4f} {sim:>7.4f} "
-                  f"{sim / step:>8.3f}", flush=True)
+                  f"{sim / step:>8.3f}  {Path(hw).name}", flush=True)
         ratios[config] = results[config]["baseline"][0] / results[config]["ratrain"][0]
     best = max(ratios.values())
     for config, ratio in ratios.items():
@@ -222,7 +232,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     ap.add_argument("--global-batch", type=int, default=4, help="sequences per step (PP=2: "
                     "that many micro-batches of 1; DP=2: one micro-batch of half per replica)")
-    ap.add_argument("--budget-at", type=float, default=0.0, metavar="F", help="PP=2 budget "
+    ap.add_argument("--budget-at", type=float, default=0.3, metavar="F", help="PP=2 budget "
                     "from the full-recompute peak (0) to the keep-all peak (1)")
     ap.add_argument("--steps", type=int, default=10, help="measured steps per run")
     ap.add_argument("--warmup", type=int, default=3, help="steps left out per run")
@@ -232,7 +242,7 @@ def main():
     ap.add_argument("--idle", type=float, default=0.6, help="1-minute load to wait for")
     ap.add_argument("--wait", type=int, default=900, help="longest wait for it, seconds")
     ap.add_argument("--hw", default=None, metavar="FILE", help="cpu profile to simulate on "
-                    "(default: `ratrain calibrate` right before the rounds)")
+                    "(default: `ratrain calibrate` right before every round)")
     ap.add_argument("--name", default="bench", help="cluster name (made and removed here)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep programs and traces")
     args = ap.parse_args()
@@ -246,15 +256,14 @@ def main():
         work.mkdir(parents=True, exist_ok=True)
         args.config = model_config(args, work)
         programs, note = compile_configs(args, work)
-        hw = calibrated_profile(args, work)
         try:
             cluster = harness.probe(harness.bring_up(args.name, 2, bandwidth, latency))
         except harness.ClusterError as e:
             harness.bring_down(args.name)
             fail(str(e))
         try:
-            results = measure(args, programs, cluster, work)
-            report(args, programs, results, cluster, note, hw)
+            results, profiles = measure(args, programs, cluster, work)
+            report(args, programs, results, cluster, note, profiles)
         finally:
             harness.bring_down(args.name)
 

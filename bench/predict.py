@@ -8,7 +8,9 @@ Timings are only meaningful on idle cores: before calibrating and before each ru
 bench waits (polling every 30 s, up to --wait seconds) for the 1-minute load average to
 drop below --idle, and prints the load each figure was measured at.
 The machine's speed drifts by 10-20% over minutes (a shared VM), so each round calibrates
-right before it runs the configurations, and --rounds N compares medians over N rounds.
+right before it runs the configurations, and --rounds N compares the fastest prediction with
+the fastest measurement over the N rounds: other work only ever slows a calibration or a
+run, so the fastest of each is the least disturbed (bench/cluster.py does the same).
 Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--rounds 1]
 [--seq-len 256] [--warmup 3] [--measure 5] [--keep DIR]."""
 import argparse
@@ -63,7 +65,7 @@ def main():
     ap.add_argument("--measure", type=int, default=5, help="steps whose median is the "
                     "measured step time (default: 5)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of calibrating then "
-                    "running every configuration; the medians over rounds are compared "
+                    "running every configuration; the fastest over rounds are compared "
                     "(default: 1)")
     ap.add_argument("--idle", type=float, default=0.5, help="1-minute load to wait for")
     ap.add_argument("--wait", type=int, default=600, help="longest wait for it, seconds")
@@ -109,12 +111,12 @@ def run_round(args, programs, work, r):
 
 
 def report(args, programs, rounds):
-    print(f"# {args.model}, global batch 4 x {args.seq_len} tokens, fp32; medians over "
-          f"{len(rounds)} round(s)")
+    print(f"# {args.model}, global batch 4 x {args.seq_len} tokens, fp32; the fastest "
+          f"prediction and measurement over {len(rounds)} round(s)")
     errors = []
     for name in programs:
-        predicted = statistics.median(r[name][0] for r in rounds)
-        measured = statistics.median(r[name][1] for r in rounds)
+        predicted = min(r[name][0] for r in rounds)
+        measured = min(r[name][1] for r in rounds)
         errors.append(predicted / measured - 1)
         mark = "ok" if abs(errors[-1]) <= TARGET else "MISS"
         print(f"{name:<28} predicted {predicted:.4f} s  measured {measured:.4f} s  error "
