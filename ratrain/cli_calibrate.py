@@ -45,11 +45,11 @@ def cmd_calibrate(args) -> None:
         raise _user_error(f"-o {out}: a profile is a .json file")
     load = os.getloadavg()[0]
     print(f"calibrating this machine (1-minute load average {load:.2f}"
-          + (f": other processes make the times slower and noisier)" if load > BUSY_LOAD
+          + (": other processes make the times slower and noisier)" if load > BUSY_LOAD
              else ")"), flush=True)
     started = time.perf_counter()
     try:
-        profile = calibrate(lambda line: print(line, flush=True))
+        profile = calibrate(lambda line: print(line, flush=True), evict=args.evict)
     except (RuntimeError, ValueError) as e:
         raise _user_error(str(e)) from None
     write_profile(profile, out)
@@ -78,4 +78,8 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("-o", "--output", default=str(PROFILE_DIR / "cpu.json"), metavar="FILE",
                    help="profile to write (default: the built-in `cpu` profile, "
                    f"{PROFILE_DIR / 'cpu.json'})")
+    p.add_argument("--evict", action="store_true", help="sweep the last-level cache "
+                   "before every timed call, so operands come from DDR: for models whose "
+                   "layers do not fit in the cache (default: calls back to back, operands "
+                   "warm, as in a step of the tiny and small models, whose stages fit)")
     p.set_defaults(func=cmd_calibrate)

@@ -67,9 +67,10 @@ def _rounded(value):
     return value
 
 
-def build_profile(runs: list[dict], machine: dict) -> dict:
+def build_profile(runs: list[dict], machine: dict, evict: bool = False) -> dict:
     """The profile of probe results `runs` (one per thread count; the one with several
-    ranks carries the ping-pong) on `machine` (node_cores, memory and cache sizes)."""
+    ranks carries the ping-pong) on `machine` (node_cores, memory and cache sizes);
+    `evict`: whether the probes swept the caches before each call."""
     threads, errors = {}, {}
     for run in sorted(runs, key=lambda r: r["threads"]):
         threads[str(run["threads"])], errors[str(run["threads"])] = _per_threads(run)
@@ -89,11 +90,11 @@ def build_profile(runs: list[dict], machine: dict) -> dict:
         "gsm_bytes": machine["last_level_cache"], "am_bytes": machine["l1_data_cache"],
         "sm_bytes": machine["l1_data_cache"], "cores": cores, "node_cores": cores,
         "default_precision": "fp32", "default_zero": 0, "threads": threads,
-        "sources": _sources(runs, pings, errors),
+        "sources": _sources(runs, pings, errors, evict),
     })
 
 
-def _sources(runs: list[dict], pings, errors: dict) -> dict:
+def _sources(runs: list[dict], pings, errors: dict, evict: bool) -> dict:
     stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime())
     return {
         "all": f"measured by `ratrain calibrate` on {stamp} (1-minute load average "
@@ -104,9 +105,13 @@ def _sources(runs: list[dict], pings, errors: dict) -> dict:
         "op_costs": "per op: the median seconds `measured` for each case [FLOPs, bytes, s] "
                     "(native kernels on the shapes of the tiny and small models, "
                     "ratrain/calibrate/cases.py, and the runtime's own AdamW, prefetch and "
-                    "all-reduce finish, all ranks running at once, each call after streaming "
-                    "last-level-cache bytes through the caches, so operands come from DDR as "
-                    "in a training step; FLOPs and bytes as the simulator counts them), and for other shapes the fit seconds + FLOPs / "
+                    "all-reduce finish, all ranks running at once, "
+                    + ("each call after streaming last-level-cache bytes through the caches, "
+                       "so operands come from DDR (--evict)" if evict else
+                       "calls back to back, so operands are warm in the caches as in a step "
+                       "of a model whose stage fits in them (NOTE [warm operands])")
+                    + "; FLOPs and bytes as the simulator counts them), and for other shapes "
+                    "the fit seconds + FLOPs / "
                     "flop_rate + bytes / byte_rate (non-negative least squares on relative "
                     "error)",
         "fit_error": errors,
@@ -166,12 +171,21 @@ def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0) 
         return json.loads(out.read_text())
 
 
-def calibrate(progress: Callable[[str], None] = print) -> dict:
-    """Measure this machine (well under 2 minutes on 2 cores) and return its profile."""
+# NOTE [warm operands]: calibrate used to sweep the last-level cache before every timed
+# call, assuming every kernel's operands come from DDR. On the models this machine trains a
+# stage's weights and a micro-batch's activations fit in the 32 MB cache, so a step's
+# kernels find them there: with swept caches the profile predicted PP=2 and DP=2 steps of
+# the tiny model on 2 ranks x 1 thread 15-18% too long, with warm operands +1.9% and -0.2%
+# (the 1 rank x 2 threads case moved 4%). `--evict` keeps the sweep for models whose
+# layers do not fit.
+
+def calibrate(progress: Callable[[str], None] = print, evict: bool = False) -> dict:
+    """Measure this machine (well under 2 minutes on 2 cores) and return its profile;
+    `evict`: sweep the last-level cache before every timed call (NOTE [warm operands])."""
     machine = machine_facts()
     cores, runs = machine["node_cores"], []
     for ranks, threads in sorted({(max(cores, 2), 1), (1, cores)}):
         progress(f"measuring {ranks} rank{'s' * (ranks > 1)} x {threads} "
                  f"thread{'s' * (threads > 1)}:")
-        runs.append(run_probe(ranks, threads, evict=machine["last_level_cache"]))
-    return build_profile(runs, machine)
+        runs.append(run_probe(ranks, threads, evict=machine["last_level_cache"] if evict else 0))
+    return build_profile(runs, machine, evict)

@@ -124,7 +124,7 @@ def test_probe_times_kernels_and_ping_pongs_under_mpiexec(capfd):
 
 def test_command_writes_a_loadable_profile(cases, tmp_path, capsys, monkeypatch):
     profile = build_profile([made_up_run(cases, 1, PINGS), made_up_run(cases, 2)], MACHINE)
-    monkeypatch.setattr("ratrain.calibrate.calibrate", lambda progress: profile)
+    monkeypatch.setattr("ratrain.calibrate.calibrate", lambda progress, evict: profile)
     out = tmp_path / "sub" / "mine.json"
     assert main(["calibrate", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -138,3 +138,22 @@ def test_command_refuses_a_file_that_is_not_json(tmp_path, capsys):
     assert main(["calibrate", "-o", str(tmp_path / "cpu.txt")]) == 2
     err = capsys.readouterr().err
     assert "a profile is a .json file" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", [[], ["--evict"]])
+def test_probes_sweep_the_caches_only_under_evict(cases, tmp_path, monkeypatch, flag):
+    """NOTE [warm operands]: by default the probes time calls back to back; --evict sweeps
+    the last-level cache before each, and the profile's sources say which."""
+    sweeps = []
+
+    def probe(ranks, threads, ops=None, evict=0):
+        sweeps.append(evict)
+        return made_up_run(cases, threads, PINGS if ranks > 1 else ())
+    monkeypatch.setattr("ratrain.calibrate.profile.run_probe", probe)
+    monkeypatch.setattr("ratrain.calibrate.profile.machine_facts", lambda: MACHINE)
+    out = tmp_path / "cpu.json"
+    assert main(["calibrate", "-o", str(out), *flag]) == 0
+    assert sweeps == [MACHINE["last_level_cache"] if flag else 0] * 2
+    sources = load_profile(out)["sources"]["op_costs"]
+    assert ("operands come from DDR (--evict)" in sources) == bool(flag)
+    assert ("operands are warm" in sources) != bool(flag)
