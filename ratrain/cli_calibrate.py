@@ -79,7 +79,8 @@ def add_calibrate_parser(sub) -> None:
                    help="profile to write (default: the built-in `cpu` profile, "
                    f"{PROFILE_DIR / 'cpu.json'})")
     p.add_argument("--evict", action="store_true", help="sweep the last-level cache "
-                   "before every timed call, so operands come from DDR: for models whose "
-                   "layers do not fit in the cache (default: calls back to back, operands "
-                   "warm, as in a step of the tiny and small models, whose stages fit)")
+                   "before every timed kernel call, so operands come from DDR: for models "
+                   "whose layers do not fit in the cache (default: kernels back to back, "
+                   "operands warm as in a step of the tiny and small models; the optimizer "
+                   "and other calls over the whole model's state are always swept)")
     p.set_defaults(func=cmd_calibrate)

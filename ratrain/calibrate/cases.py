@@ -34,6 +34,8 @@ class Case:
     flops: int                          # what the simulator charges the node
     nbytes: int
     run: Callable[[int], object]        # run(threads): one call, as the generated code
+    cold: bool = False                  # sweeps whole-model state: time it with cold
+                                        # caches (NOTE [warm operands], profile.py)
 
 
 def _node(op: str, inputs, outputs, **params) -> Node:
@@ -183,7 +185,7 @@ def memory_cases(kernels, rng) -> list[Case]:
     for n in (1 << 16, 1 << 18, 1 << 20, 1 << 22):
         a, b, out = _random(rng, n), _random(rng, n), np.empty(n, np.float32)
         cases.append(Case("add", f"n={n}", n, 12 * n,
-                          lambda t, a=a, b=b, out=out: np.add(a, b, out=out)))
+                          lambda t, a=a, b=b, out=out: np.add(a, b, out=out), cold=True))
     return cases
 
 

@@ -35,19 +35,24 @@ class Evictor:
     call: operands then come from the next level out, as in a training step, where every
     kernel's weights and most of its activations were pushed out by the layers between."""
 
-    def __init__(self, nbytes: int, threads: int):
+    def __init__(self, nbytes: int, threads: int, every_case: bool = False):
         from ratrain import kernels
         rows = max(1, nbytes // (2 * 4 * 1024))
         self.kernels, self.threads = kernels, threads
         self.x, self.w = np.ones((rows, 1024), np.float32), np.ones(1024, np.float32)
-        self.enabled = nbytes > 0
+        self.enabled, self.every_case = nbytes > 0, every_case
+
+    def before(self, case):
+        """The sweep to run before each timed call of `case`: only cold cases' unless
+        every_case (NOTE [warm operands], calibrate/profile.py)."""
+        return self if case.cold or self.every_case else lambda: None
 
     def __call__(self) -> None:
         if self.enabled:
             self.kernels.rmsnorm_fwd(self.x, self.w, threads=self.threads)
 
 
-def time_case(world, case, threads: int, evict: Evictor) -> list[float]:
+def time_case(world, case, threads: int, evict) -> list[float]:
     """Seconds of repeated calls, every rank running them at the same time."""
     world.Barrier()
     start = time.perf_counter()
@@ -78,7 +83,7 @@ def measure_kernels(world, threads: int, ops: set | None, evict: Evictor) -> lis
                 shown.add(group)
                 what = "warm-up" if k < WARMUP_PASSES else f"pass {k + 1 - WARMUP_PASSES}/{PASSES}"
                 print(f"  {time.perf_counter() - started:5.1f} s  {what} {group}", flush=True)
-            measured = time_case(world, case, threads, evict)
+            measured = time_case(world, case, threads, evict.before(case))
             if k >= WARMUP_PASSES:
                 case_times += measured
     return [{"op": c.op, "shape": c.shape, "flops": c.flops, "bytes": c.nbytes,
@@ -114,13 +119,17 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ops", default=None, help="comma-separated ops to time (default: all)")
     p.add_argument("--evict", type=int, default=0, metavar="BYTES",
-                   help="bytes streamed through the caches before each timed call")
+                   help="bytes streamed through the caches before each timed call of the "
+                   "cases that sweep whole-model state (AdamW, prefetch, adds)")
+    p.add_argument("--evict-kernels", action="store_true",
+                   help="also before each kernel call (default: kernels back to back)")
     args = p.parse_args(argv)
     world = MPI.COMM_WORLD
     ops = set(args.ops.split(",")) if args.ops else None
     result = {"ranks": world.size, "threads": args.threads,
               "kernels": measure_kernels(world, args.threads, ops,
-                                         Evictor(args.evict, args.threads))}
+                                         Evictor(args.evict, args.threads,
+                                                 args.evict_kernels))}
     if world.rank == 0 and world.size > 1:
         print("  ping-pong between ranks 0 and 1", flush=True)
     result["ping_pong"] = ping_pong(world)

@@ -108,8 +108,10 @@ def _sources(runs: list[dict], pings, errors: dict, evict: bool) -> dict:
                     "all-reduce finish, all ranks running at once, "
                     + ("each call after streaming last-level-cache bytes through the caches, "
                        "so operands come from DDR (--evict)" if evict else
-                       "calls back to back, so operands are warm in the caches as in a step "
-                       "of a model whose stage fits in them (NOTE [warm operands])")
+                       "kernel calls back to back, so operands are warm in the caches as in a "
+                       "step of a model whose layers fit in them, the runtime calls and adds "
+                       "after streaming last-level-cache bytes through the caches (NOTE "
+                       "[warm operands])")
                     + "; FLOPs and bytes as the simulator counts them), and for other shapes "
                     "the fit seconds + FLOPs / "
                     "flop_rate + bytes / byte_rate (non-negative least squares on relative "
@@ -154,7 +156,8 @@ def machine_facts() -> dict:
             "l1_data_cache": cache_bytes(1) or 32 << 10}
 
 
-def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0) -> dict:
+def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0,
+              evict_kernels: bool = False) -> dict:
     """`mpiexec -n ranks python -m ratrain.calibrate.probe` with `threads` per rank."""
     from ratrain.cli_train import find_mpiexec
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS="1",
@@ -164,7 +167,8 @@ def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0) 
         command = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m",
                    "ratrain.calibrate.probe", str(out), "--threads", str(threads),
                    "--evict", str(evict)]
-        done = subprocess.run(command + (["--ops", ops] if ops else []), env=env)
+        command += (["--ops", ops] if ops else []) + ["--evict-kernels"] * evict_kernels
+        done = subprocess.run(command, env=env)
         if done.returncode or not out.is_file():
             raise RuntimeError(f"the calibration probe ({ranks} ranks x {threads} threads) "
                                f"failed with exit code {done.returncode}")
@@ -173,11 +177,13 @@ def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0) 
 
 # NOTE [warm operands]: calibrate used to sweep the last-level cache before every timed
 # call, assuming every kernel's operands come from DDR. On the models this machine trains a
-# stage's weights and a micro-batch's activations fit in the 32 MB cache, so a step's
+# layer's weights and a micro-batch's activations fit in the 32 MB cache, so a step's
 # kernels find them there: with swept caches the profile predicted PP=2 and DP=2 steps of
-# the tiny model on 2 ranks x 1 thread 15-18% too long, with warm operands +1.9% and -0.2%
-# (the 1 rank x 2 threads case moved 4%). `--evict` keeps the sweep for models whose
-# layers do not fit.
+# the tiny model on 2 ranks x 1 thread 15-18% too long, with warm kernels +1.9% and -0.2%
+# against the same runs. The calls that walk the whole model's state (AdamW, prefetch,
+# all-reduce finish) and the DDR adds stay swept: a model's optimizer state does not fit,
+# and timing them warm too put the DP=2 step 18% short. `--evict` sweeps before the
+# kernels too, for models whose layers do not fit.
 
 def calibrate(progress: Callable[[str], None] = print, evict: bool = False) -> dict:
     """Measure this machine (well under 2 minutes on 2 cores) and return its profile;
@@ -187,5 +193,6 @@ def calibrate(progress: Callable[[str], None] = print, evict: bool = False) -> d
     for ranks, threads in sorted({(max(cores, 2), 1), (1, cores)}):
         progress(f"measuring {ranks} rank{'s' * (ranks > 1)} x {threads} "
                  f"thread{'s' * (threads > 1)}:")
-        runs.append(run_probe(ranks, threads, evict=machine["last_level_cache"] if evict else 0))
+        runs.append(run_probe(ranks, threads, evict=machine["last_level_cache"],
+                              evict_kernels=evict))
     return build_profile(runs, machine, evict)

@@ -47,7 +47,8 @@ def _slot(name: str, n: int) -> Slot:
 def _case(op: str, n: int, nbytes: int, call: Call, st) -> Case:
     from ratrain.rt.calls import run_call
     transport = OneMemberGroup()
-    return Case(op, f"n={n}", 0, nbytes, lambda threads: run_call(transport, st, call))
+    return Case(op, f"n={n}", 0, nbytes, lambda threads: run_call(transport, st, call),
+                cold=True)
 
 
 def runtime_cases(kernels=None, rng=None) -> list[Case]:

@@ -142,18 +142,32 @@ def test_command_refuses_a_file_that_is_not_json(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag", [[], ["--evict"]])
 def test_probes_sweep_the_caches_only_under_evict(cases, tmp_path, monkeypatch, flag):
-    """NOTE [warm operands]: by default the probes time calls back to back; --evict sweeps
-    the last-level cache before each, and the profile's sources say which."""
+    """NOTE [warm operands]: by default the probes time kernel calls back to back and sweep
+    the last-level cache only before the runtime calls; --evict sweeps before every call,
+    and the profile's sources say which."""
     sweeps = []
 
-    def probe(ranks, threads, ops=None, evict=0):
-        sweeps.append(evict)
+    def probe(ranks, threads, ops=None, evict=0, evict_kernels=False):
+        sweeps.append((evict, evict_kernels))
         return made_up_run(cases, threads, PINGS if ranks > 1 else ())
     monkeypatch.setattr("ratrain.calibrate.profile.run_probe", probe)
     monkeypatch.setattr("ratrain.calibrate.profile.machine_facts", lambda: MACHINE)
     out = tmp_path / "cpu.json"
     assert main(["calibrate", "-o", str(out), *flag]) == 0
-    assert sweeps == [MACHINE["last_level_cache"] if flag else 0] * 2
+    assert sweeps == [(MACHINE["last_level_cache"], bool(flag))] * 2
     sources = load_profile(out)["sources"]["op_costs"]
     assert ("operands come from DDR (--evict)" in sources) == bool(flag)
     assert ("operands are warm" in sources) != bool(flag)
+
+
+def test_only_cold_cases_are_swept_unless_every_case():
+    from ratrain.calibrate.cases import all_cases as every
+    from ratrain.calibrate.probe import Evictor
+    from ratrain.calibrate.rt_cases import runtime_cases
+    kernel = next(c for c in every({"matmul"}))
+    cold = [c for c in every({"add"})] + runtime_cases()
+    assert cold and all(c.cold for c in cold) and not kernel.cold
+    sweep = Evictor(1 << 20, 1)
+    assert sweep.before(kernel) is not sweep and all(sweep.before(c) is sweep for c in cold)
+    everything = Evictor(1 << 20, 1, every_case=True)
+    assert everything.before(kernel) is everything
