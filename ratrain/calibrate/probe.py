@@ -31,9 +31,10 @@ PING_REPS = 30
 
 class Evictor:
     """Streams `nbytes` through this rank's caches with `threads` threads (a native
-    memory-bound kernel, so every core's private caches are swept) before each timed
-    call: operands then come from the next level out, as in a training step, where every
-    kernel's weights and most of its activations were pushed out by the layers between."""
+    memory-bound kernel, so every core's private caches are swept) before each timed call
+    of a cold case (of every case with `every_case`): operands then come from DDR, as for
+    the calls that walk the whole model's state in a training step (NOTE [warm operands],
+    calibrate/profile.py)."""
 
     def __init__(self, nbytes: int, threads: int, every_case: bool = False):
         from ratrain import kernels

@@ -115,8 +115,8 @@ def _escalate(program, stage: int, base: dict) -> dict:
 # budget it can need more recompute than recovering in B (NOTE [backward-time recovery]):
 # measured on the tiny model with 8 layers, PP=2 and 4 micro-batches under the budget
 # where every pair just fits fully recomputed on the forward side, B-time recovery fits
-# with 5 of stage 0's 16 pairs only selectively recomputed, and that stage's compute
-# per step was 22% longer for the forward side. So auto decides, per stage, where
+# with 5 of stage 0's 16 pairs only selectively recomputed, and the ranks' compute per
+# step was 22% longer on average with forward-side recovery. So auto decides, per stage, where
 # recovery runs: on the forward side when that recomputes no more FLOPs than B-time
 # recovery; else it takes B-time recovery's choices and moves micro-batches to the
 # forward side from the last one down while the stage still fits (the last ones have
@@ -168,7 +168,7 @@ def _forward_where_it_fits(program, stage: int):
             break
         moved |= {(stage, m)}
     while moved and not fits(moved, exact=True):
-        moved -= {min(moved)}  # the earliest moved has the most micro-batches in flight
+        moved -= {min(moved)}  # the first micro-batch moved has the most in flight
     return replace(program, backward_recovery=program.backward_recovery - moved)
 
 
