@@ -71,16 +71,17 @@ def add_calibrate_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this machine into a hardware profile",
                        description="Time the native kernels (GEMM in its three layouts, "
                        "attention, norms, RoPE, SwiGLU, embedding, cross-entropy, AdamW) on "
-                       "model-sized shapes, DDR bandwidth and MPI latency and bandwidth "
-                       "between two ranks, at the threads per rank the runtime uses, and "
-                       "write a profile for `--hw`. Takes about a minute; run it on an idle "
-                       "machine.")
+                       "model-sized shapes, with warm and with swept caches, the cache share "
+                       "of a rank, DDR bandwidth and MPI latency and bandwidth between two "
+                       "ranks, at the threads per rank the runtime uses, and write a profile "
+                       "for `--hw`. Takes about a minute; run it on an idle machine.")
     p.add_argument("-o", "--output", default=str(PROFILE_DIR / "cpu.json"), metavar="FILE",
                    help="profile to write (default: the built-in `cpu` profile, "
                    f"{PROFILE_DIR / 'cpu.json'})")
-    p.add_argument("--evict", action="store_true", help="sweep the last-level cache "
-                   "before every timed kernel call, so operands come from DDR: for models "
-                   "whose layers do not fit in the cache (default: kernels back to back, "
-                   "operands warm as in a step of the tiny and small models; the optimizer "
+    p.add_argument("--evict", action="store_true", help="time every kernel call after a "
+                   "sweep of the last-level cache only, so the simulator charges every call "
+                   "as if its operands came from DDR (default: each kernel timed back to "
+                   "back and swept, and the simulator charges a call between the two by how "
+                   "much of its operands the rank's cache share still holds; the optimizer "
                    "and other calls over the whole model's state are always swept)")
     p.set_defaults(func=cmd_calibrate)

@@ -1,5 +1,6 @@
 """`mpiexec -n R python -m ratrain.calibrate.probe OUT --threads T`: time every kernel case
-(cases.py) on all R ranks at once, T threads each, then ping-pong between ranks 0 and 1.
+(cases.py) on all R ranks at once, T threads each (warm, and again with the caches swept
+under --evict), measure the ranks' cache share, then ping-pong between ranks 0 and 1.
 
 All ranks run the same case at the same time (a barrier before each, the same number of
 repetitions), so the rates are those of ranks sharing the node's caches and DDR as the
@@ -48,6 +49,11 @@ class Evictor:
         every_case (NOTE [warm operands], calibrate/profile.py)."""
         return self if case.cold or self.every_case else lambda: None
 
+    def also_cold(self, case) -> bool:
+        """Whether `case` is timed a second time, swept (NOTE [cache residency],
+        sim/residency.py): the kernels that `before` runs warm."""
+        return self.enabled and not (case.cold or self.every_case)
+
     def __call__(self) -> None:
         if self.enabled:
             self.kernels.rmsnorm_fwd(self.x, self.w, threads=self.threads)
@@ -72,13 +78,15 @@ def time_case(world, case, threads: int, evict) -> list[float]:
 def measure_kernels(world, threads: int, ops: set | None, evict: Evictor) -> list[dict]:
     """Median seconds of every case over PASSES passes through the list (a slow moment
     of the machine then spoils one pass of a case, not its median) after WARMUP_PASSES
-    (NOTE [sustained speed]), mean over ranks."""
+    (NOTE [sustained speed]), mean over ranks; `seconds_cold` with the caches swept
+    before each call, where the sweep is on (the same as `seconds` for swept cases)."""
     from ratrain.calibrate.cases import all_cases
     cases, started = all_cases(ops), time.perf_counter()
     times = [[] for _ in cases]
+    cold = [[] for _ in cases]
     for k in range(WARMUP_PASSES + PASSES):
         shown = set()
-        for case, case_times in zip(cases, times):
+        for case, case_times, cold_times in zip(cases, times, cold):
             group = case.op.removesuffix("_bwd")
             if group not in shown and world.rank == 0:
                 shown.add(group)
@@ -87,9 +95,44 @@ def measure_kernels(world, threads: int, ops: set | None, evict: Evictor) -> lis
             measured = time_case(world, case, threads, evict.before(case))
             if k >= WARMUP_PASSES:
                 case_times += measured
-    return [{"op": c.op, "shape": c.shape, "flops": c.flops, "bytes": c.nbytes,
-             "seconds": world.allreduce(statistics.median(t)) / world.size}
-            for c, t in zip(cases, times)]
+                if evict.also_cold(case):
+                    cold_times += time_case(world, case, threads, evict)
+    mean = lambda t: world.allreduce(statistics.median(t)) / world.size
+    rows = []
+    for case, case_times, cold_times in zip(cases, times, cold):
+        rows.append({"op": case.op, "shape": case.shape, "flops": case.flops,
+                     "bytes": case.nbytes, "seconds": mean(case_times)})
+        if evict.enabled:
+            rows[-1]["seconds_cold"] = mean(cold_times) if cold_times else rows[-1]["seconds"]
+    return rows
+
+
+# NOTE [cache share]: the caches a rank may count on are not the sizes sysfs reports: on
+# this VM the 32 MB last-level cache is shared with other guests, and a copy loop slows
+# from cache speed to DDR speed between 12 and 20 MB of working set alone, 12 and 16 MB
+# per rank with two ranks copying at once. So the share is measured, all ranks at once:
+# the largest working set (source and destination) whose copy rate is still above the
+# geometric mean of the fastest rate and the rate at CACHE_SWEEP's largest set.
+CACHE_SWEEP = tuple(int(mb * (1 << 20)) for mb in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64))
+
+
+def cache_share(world) -> int:
+    """Bytes of working set this rank keeps in the caches (NOTE [cache share])."""
+    rates = []
+    for working_set in CACHE_SWEEP:
+        source = np.ones(working_set // 8, np.float32)
+        target = np.empty_like(source)
+        np.copyto(target, source)
+        times = []
+        for _ in range(max(5, int(64 * (1 << 20) // working_set))):
+            world.Barrier()
+            start = time.perf_counter()
+            np.copyto(target, source)
+            times.append(time.perf_counter() - start)
+        rates.append(world.allreduce(working_set / statistics.median(times)) / world.size)
+    threshold = (max(rates) * rates[-1]) ** 0.5
+    fast = [w for w, r in zip(CACHE_SWEEP, rates) if r >= threshold]
+    return max(fast) if fast else CACHE_SWEEP[0]
 
 
 def ping_pong(world) -> list[list[float]]:
@@ -121,7 +164,9 @@ def main(argv=None) -> int:
     p.add_argument("--ops", default=None, help="comma-separated ops to time (default: all)")
     p.add_argument("--evict", type=int, default=0, metavar="BYTES",
                    help="bytes streamed through the caches before each timed call of the "
-                   "cases that sweep whole-model state (AdamW, prefetch, adds)")
+                   "cases that sweep whole-model state (AdamW, prefetch, adds), and of a "
+                   "second, cold timing of the kernels; also measures the ranks' cache "
+                   "share (0: neither)")
     p.add_argument("--evict-kernels", action="store_true",
                    help="also before each kernel call (default: kernels back to back)")
     args = p.parse_args(argv)
@@ -131,6 +176,8 @@ def main(argv=None) -> int:
               "kernels": measure_kernels(world, args.threads, ops,
                                          Evictor(args.evict, args.threads,
                                                  args.evict_kernels))}
+    if args.evict:
+        result["cache_bytes"] = cache_share(world)
     if world.rank == 0 and world.size > 1:
         print("  ping-pong between ranks 0 and 1", flush=True)
     result["ping_pong"] = ping_pong(world)

@@ -22,17 +22,18 @@ PRECISION = "fp32"                      # what the cases run (the cpu profile's 
 ALIASES = {"matmul_bias": "matmul", "matmul_bias_bwd": "matmul_bwd"}  # same GEMMs + a bias
 
 
-def _fits(kernels: list[dict]) -> tuple[dict, dict]:
-    """op -> fitted cost, and op -> largest relative error of the fit over its shapes."""
+def _fits(kernels: list[dict], seconds: str = "seconds") -> tuple[dict, dict]:
+    """op -> fitted cost, and op -> largest relative error of the fit over its shapes,
+    of the rows' `seconds` field (seconds_cold: NOTE [cache residency])."""
     by_op = defaultdict(list)
     for row in kernels:
         by_op[row["op"]].append(row)
     costs, errors = {}, {}
     for op, rows in by_op.items():
-        costs[op] = fit_op(*([r[k] for r in rows] for k in ("flops", "bytes", "seconds")))
+        costs[op] = fit_op(*([r[k] for r in rows] for k in ("flops", "bytes", seconds)))
         errors[op] = round(max(abs(fitted_seconds(costs[op], r["flops"], r["bytes"])
-                                   / r["seconds"] - 1) for r in rows), 3)
-        costs[op]["measured"] = [[r["flops"], r["bytes"], r["seconds"]] for r in rows]
+                                   / r[seconds] - 1) for r in rows), 3)
+        costs[op]["measured"] = [[r["flops"], r["bytes"], r[seconds]] for r in rows]
     costs.update({alias: costs[op] for alias, op in ALIASES.items() if op in costs})
     return costs, errors
 
@@ -53,6 +54,9 @@ def _per_threads(run: dict) -> tuple[dict, dict]:
     costs, errors = _fits(run["kernels"])
     fields = {"fp32_flops": _gemm_rate(run["kernels"]),
               "ddr_bandwidth": _ddr_bandwidth(run["kernels"]), "op_costs": {PRECISION: costs}}
+    if all("seconds_cold" in r for r in run["kernels"]) and run.get("cache_bytes"):
+        fields["op_costs_cold"] = {PRECISION: _fits(run["kernels"], "seconds_cold")[0]}
+        fields["cache_bytes"] = run["cache_bytes"]
     return fields, errors
 
 
@@ -101,7 +105,14 @@ def _sources(runs: list[dict], pings, errors: dict, evict: bool) -> dict:
                f"{os.getloadavg()[0]:.2f} at the end); the top-level rates are those of one "
                "rank running all node_cores threads",
         "threads": "per threads of a rank (the simulator picks node_cores // ranks, as the "
-                   "runtime sizes OMP_NUM_THREADS): op_costs, fp32_flops, ddr_bandwidth",
+                   "runtime sizes OMP_NUM_THREADS): op_costs, op_costs_cold, cache_bytes, "
+                   "fp32_flops, ddr_bandwidth",
+        "op_costs_cold": "as op_costs, every call after a sweep of the last-level cache; "
+                         "the simulator charges a kernel call between op_costs and these by "
+                         "the share of its operands out of cache_bytes (NOTE [cache "
+                         "residency], sim/residency.py)",
+        "cache_bytes": "working set a rank keeps in the caches, all ranks copying at once "
+                       "(NOTE [cache share], calibrate/probe.py)",
         "op_costs": "per op: the median seconds `measured` for each case [FLOPs, bytes, s] "
                     "(native kernels on the shapes of the tiny and small models, "
                     "ratrain/calibrate/cases.py, and the runtime's own AdamW, prefetch and "
@@ -183,7 +194,8 @@ def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0,
 # against the same runs. The calls that walk the whole model's state (AdamW, prefetch,
 # all-reduce finish) and the DDR adds stay swept: a model's optimizer state does not fit,
 # and timing them warm too put the DP=2 step 18% short. `--evict` sweeps before the
-# kernels too, for models whose layers do not fit.
+# kernels too. Since NOTE [cache residency] (sim/residency.py) the probes time each kernel
+# both ways and the simulator picks per call; `--evict` then charges every call cold.
 
 def calibrate(progress: Callable[[str], None] = print, evict: bool = False) -> dict:
     """Measure this machine (well under 2 minutes on 2 cores) and return its profile;

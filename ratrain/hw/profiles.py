@@ -39,9 +39,14 @@ sm_bytes, sources (field -> where the number comes from), and for the simulator 
 |                      |  {op: fit}}    | `measured` [[FLOPs, bytes, s], ..] and a fit    |
 |                      |                | (seconds, flop_rate, byte_rate) for other       |
 |                      |                | shapes (`ratrain calibrate`)                    |
+| op_costs_cold        | as op_costs    | the same kernels timed with swept caches; with  |
+|                      |                | cache_bytes, a call costs between the two by    |
+|                      |                | its operands' residency (sim/residency.py)      |
+| cache_bytes          | B              | working set one rank keeps in the caches        |
 | node_cores           | -              | cores of a node the ranks share (cpu)           |
 | threads              | {count: {..}}  | fields measured at that many threads per rank   |
-|                      |                | (op_costs, fp32_flops, ddr_bandwidth); the      |
+|                      |                | (op_costs, op_costs_cold, cache_bytes,          |
+|                      |                | fp32_flops, ddr_bandwidth); the                 |
 |                      |                | simulator takes the entry for node_cores //     |
 |                      |                | ranks and records it as rank_threads            |
 """

@@ -20,6 +20,7 @@ from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.passes.lower import RECOMPUTE_TAG, Slot, note_layer
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.kernels import fitted_seconds, graph_seconds, op_costs
+from ratrain.sim.residency import cold_fractions
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, Touch, WorldSum,
                                posted_receive, send_channel)
 
@@ -120,9 +121,23 @@ class ProfileCosts:
                        for c in lt.calls if c.op in ASYNC_CALLS
                        for s in _slots(c.inputs) + list(c.outputs)}
         self._tables: dict = {}
+        self._cold = self._cold_fractions()
         self._early = early_syncs(program, self._calls) if o.schedule == "ratrain" else {}
         self._started_in_backward = {t for calls in self._early.values()
                                      for ts in calls.values() for t in ts}
+
+    def _cold_fractions(self) -> dict:
+        """(task, call index) -> bytes not cached (NOTE [cache residency]), for profiles
+        with cold kernel costs and a cache size; empty otherwise (every call warm)."""
+        p = self.profile
+        if not p.get("op_costs_cold") or not p.get("cache_bytes") or self.program.memory is None:
+            return {}
+        out = {}
+        for stage, tasks in self.program.tasks.items():
+            out.update(cold_fractions(tasks, self._calls[stage],
+                                      self.program.memory.stages[stage].offsets,
+                                      int(p["cache_bytes"])))
+        return out
 
     def steps(self, task) -> tuple[Step, ...]:
         if task in self._started_in_backward:
@@ -139,6 +154,7 @@ class ProfileCosts:
             if hazards - touched:
                 yield Touch(tuple(sorted(hazards - touched)))
                 touched |= hazards
+            cursor["call"] = i  # which call of the task: NOTE [cache residency]
             for step in self._call_steps(task, call, cursor):
                 if isinstance(step, Compute):
                     step = Compute(step.seconds / speed)
@@ -161,7 +177,7 @@ class ProfileCosts:
         layer = note_layer(call.note)
         kind = self.program.graph.layers[layer].kind
         backward = task.kind == Kind.B and not call.note.endswith(RECOMPUTE_TAG)
-        ops, seconds = self._table(kind, "bwd" if backward else "fwd")
+        ops, warm, cold = self._table(kind, "bwd" if backward else "fwd")
         key = (layer, backward)
         i = cursor.get(key, 0)
         while i < len(ops) and ops[i] != call.op:
@@ -170,16 +186,23 @@ class ProfileCosts:
             raise ValueError(f"{task}: call {call.op} ({call.note}) matches no node of the "
                              f"{kind} graph in order")
         cursor[key] = i + 1
-        return seconds[i]
+        if cold is None:
+            return warm[i]
+        return warm[i] + self._cold.get((task, cursor["call"]), 0.0) * (cold[i] - warm[i])
 
     def _table(self, kind: str, direction: str):
         key = (kind, direction)
         if key not in self._tables:
             layer_kind = self.program.graph.kinds[kind]
             graph = layer_kind.fwd if direction == "fwd" else layer_kind.bwd
+            precision = self.options.precision
+            cold = self.profile.get("op_costs_cold", {}).get(precision)
+            cold_profile = self.profile | {"op_costs": {precision: {
+                **self.profile.get("op_costs", {}).get(precision, {}), **(cold or {})}}}
             self._tables[key] = (tuple(n.op for n in graph.nodes),
-                                 graph_seconds(layer_kind, direction, self.profile,
-                                               self.options.precision))
+                                 graph_seconds(layer_kind, direction, self.profile, precision),
+                                 graph_seconds(layer_kind, direction, cold_profile, precision)
+                                 if cold else None)
         return self._tables[key]
 
     # ---- collectives --------------------------------------------------------------------

@@ -122,6 +122,33 @@ def test_probe_times_kernels_and_ping_pongs_under_mpiexec(capfd):
     assert "ping-pong between ranks 0 and 1" in capfd.readouterr().out
 
 
+def test_cold_times_and_the_cache_share_go_to_each_threads_entry(cases):
+    """NOTE [cache residency]: a probe run with cold times and a cache share gives its
+    threads entry op_costs_cold (fitted on the cold times) and cache_bytes; one without
+    them gives neither, and the simulator charges every call warm."""
+    cold_run = made_up_run(cases, 1, PINGS)
+    for row in cold_run["kernels"]:
+        row["seconds_cold"] = 2 * row["seconds"]
+    cold_run["cache_bytes"] = 12 << 20
+    profile = build_profile([cold_run, made_up_run(cases, 2)], MACHINE)
+    one, two = profile["threads"]["1"], profile["threads"]["2"]
+    assert one["cache_bytes"] == 12 << 20
+    warm_fit, cold_fit = one["op_costs"]["fp32"]["matmul"], one["op_costs_cold"]["fp32"]["matmul"]
+    assert [m[2] for m in cold_fit["measured"]] == pytest.approx(
+        [2 * m[2] for m in warm_fit["measured"]], rel=1e-3)
+    assert "op_costs_cold" not in two and "cache_bytes" not in two
+
+
+def test_probe_times_kernels_warm_and_cold_and_measures_the_cache_share():
+    run = run_probe(2, 1, ops="add,rms_norm", evict=8 << 20)
+    from ratrain.calibrate.probe import CACHE_SWEEP
+    assert run["cache_bytes"] in CACHE_SWEEP
+    for row in run["kernels"]:
+        assert row["seconds_cold"] > 0
+        if row["op"] == "add":  # swept either way: timed once
+            assert row["seconds_cold"] == row["seconds"]
+
+
 def test_command_writes_a_loadable_profile(cases, tmp_path, capsys, monkeypatch):
     profile = build_profile([made_up_run(cases, 1, PINGS), made_up_run(cases, 2)], MACHINE)
     monkeypatch.setattr("ratrain.calibrate.calibrate", lambda progress, evict: profile)
