@@ -127,8 +127,9 @@ class ProfileCosts:
                                      for ts in calls.values() for t in ts}
 
     def _cold_fractions(self) -> dict:
-        """(task, call index) -> bytes not cached (NOTE [cache residency]), for profiles
-        with cold kernel costs and a cache size; empty otherwise (every call warm)."""
+        """(task, call index) -> the fraction of the call's operand bytes not cached
+        (NOTE [cache residency]), for profiles with cold kernel costs and a cache size;
+        empty otherwise (every call warm)."""
         p = self.profile
         if not p.get("op_costs_cold") or not p.get("cache_bytes") or self.program.memory is None:
             return {}
