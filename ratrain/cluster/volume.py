@@ -9,7 +9,6 @@ import math
 import pickle
 from pathlib import Path
 
-import numpy as np
 
 # NOTE [collective bytes]: what one member of an n-member group sends, for S bytes of
 # input (reduce-scatter, all-reduce) or output (all-gather): ring all-reduce 2(n-1)/n S,
@@ -26,7 +25,7 @@ def collective_bytes(op: str, members: int, nbytes: float) -> float:
 
 
 def slot_bytes(slot) -> int:
-    return math.prod(slot.shape) * np.dtype(slot.dtype).itemsize
+    return slot.nbytes
 
 
 def _call_bytes(call, options) -> float:

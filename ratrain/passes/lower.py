@@ -9,7 +9,10 @@ executor.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from ratrain.ir.graph import DTYPE_SHORT, Literal
 from ratrain.ir.printer import format_param
@@ -30,6 +33,10 @@ class Slot:
     offset: int                         # bytes from the buffer's start
     dtype: str                          # numpy dtype name
     shape: tuple[int, ...]              # tensor shape
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def __str__(self) -> str:
         dims = ",".join(map(str, self.shape))

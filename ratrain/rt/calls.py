@@ -39,15 +39,14 @@ class RankState:
 
     def view(self, slot) -> np.ndarray:
         base, nbytes = self.offsets[slot.buffer]
-        size = math.prod(slot.shape) * np.dtype(slot.dtype).itemsize
-        if slot.offset + size > nbytes:
+        if slot.offset + slot.nbytes > nbytes:
             raise IndexError(f"rank {self.rank}: {slot} runs past its buffer ({nbytes} bytes)")
         return np.ndarray(slot.shape, slot.dtype, buffer=self.arena, offset=base + slot.offset)
 
     def byte_range(self, slot) -> tuple[int, int]:
         """[lo, hi) of the arena bytes a slot covers."""
         lo = self.offsets[slot.buffer][0] + slot.offset
-        return lo, lo + math.prod(slot.shape) * np.dtype(slot.dtype).itemsize
+        return lo, lo + slot.nbytes
 
 
 Finish = Callable[[np.ndarray], None]

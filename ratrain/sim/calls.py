@@ -28,7 +28,7 @@ ASYNC_CALLS = ("grad_sync", "grad_scatter", "prefetch_view")
 
 
 def slot_bytes(slot) -> int:
-    return math.prod(slot.shape) * np.dtype(slot.dtype).itemsize
+    return slot.nbytes
 
 
 def slot_elements(slot) -> int:

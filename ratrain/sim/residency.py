@@ -22,7 +22,7 @@ MAX_BLOCKS = 1 << 16                    # blocks per arena, at most (larger bloc
 # 5-10% short, and timing them all cold predicted the 4-layer steps 15-18% long. So the
 # profile carries both (`op_costs`, `op_costs_cold`) and the simulator decides per call:
 # a block of the arena is still cached when the distinct bytes the rank touched since its
-# last touch (its LRU stack distance, counted in blocks of at least 4 KiB) are at most
+# last touch (its LRU stack distance, counted in blocks of at least 4 KiB) are less than
 # the rank's measured share of the caches (`cache_bytes`, NOTE [cache share] in
 # calibrate/probe.py). A call costs warm + f x (cold - warm), f the fraction of its input
 # and output bytes not cached. The stage's calls are walked twice in task order and the
@@ -46,8 +46,7 @@ class _Caches:
         if placed is None:
             return None
         start = placed[0] + slot.offset
-        nbytes = int(np.prod(slot.shape, dtype=np.int64)) * np.dtype(slot.dtype).itemsize
-        return start // self.block, -(-(start + max(nbytes, 1)) // self.block)
+        return start // self.block, -(-(start + max(slot.nbytes, 1)) // self.block)
 
     def cold_blocks(self, lo: int, hi: int) -> int:
         """Blocks of [lo, hi) touched never, or longer ago than the caches hold."""
