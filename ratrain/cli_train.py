@@ -40,12 +40,23 @@ def find_mpiexec() -> str:
     return found
 
 
+def rank_python(module: str) -> list[str]:
+    """The command a rank runs: this Python with -P, so the rank imports the installed
+    ratrain whatever its working directory is (NOTE [ranks import the installed package])."""
+    return [sys.executable, "-P", "-m", module]
+
+
+# NOTE [ranks import the installed package]: `python -m` puts the working directory first
+# on sys.path. Started from a clone's root after `pip install .`, a rank would import the
+# source tree, which has no compiled kernels, instead of the installed package. -P
+# (Python >= 3.11) leaves the working directory off; PYTHONPATH is still honoured.
+
+
 def launch(program_dir: Path, ranks: int, args, extra: list[str] = (), cluster=None) -> int:
     """mpiexec -n ranks python -m ratrain.rt DIR <training options>; its exit code. If a
     rank dies, the last line printed names it (NOTE [naming the lost rank]). With a
     `cluster` (ratrain.cluster), each rank runs in its namespace and talks over its link."""
-    rank_command = [sys.executable, "-m", "ratrain.rt", str(program_dir), *forward_argv(args),
-                    *extra]
+    rank_command = [*rank_python("ratrain.rt"), str(program_dir), *forward_argv(args), *extra]
     options, rank_command = cluster.placement(rank_command) if cluster else ([], rank_command)
     command = [find_mpiexec(), *options, "-n", str(ranks), *rank_command]
     job = subprocess.Popen(command, stdout=subprocess.PIPE)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -170,13 +169,13 @@ def machine_facts() -> dict:
 def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0,
               evict_kernels: bool = False) -> dict:
     """`mpiexec -n ranks python -m ratrain.calibrate.probe` with `threads` per rank."""
-    from ratrain.cli_train import find_mpiexec
+    from ratrain.cli_train import find_mpiexec, rank_python
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS="1",
                MKL_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "probe.json"
-        command = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m",
-                   "ratrain.calibrate.probe", str(out), "--threads", str(threads),
+        command = [find_mpiexec(), "-n", str(ranks), *rank_python("ratrain.calibrate.probe"),
+                   str(out), "--threads", str(threads),
                    "--evict", str(evict)]
         command += (["--ops", ops] if ops else []) + ["--evict-kernels"] * evict_kernels
         done = subprocess.run(command, env=env)

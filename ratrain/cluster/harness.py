@@ -199,10 +199,10 @@ def probe(cluster: Cluster) -> Cluster:
     """Measure the cluster's links from two of its ranks (ratrain/cluster/probe.py) and
     record the result in its state; the updated cluster."""
     import subprocess
-    from ratrain.cli_train import find_mpiexec
+    from ratrain.cli_train import find_mpiexec, rank_python
     if cluster.ranks < 2:
         raise ClusterError(f"cluster {cluster.name} has one rank: probing needs two")
-    options, command = cluster.placement([sys.executable, "-m", "ratrain.cluster.probe"])
+    options, command = cluster.placement(rank_python("ratrain.cluster.probe"))
     run = subprocess.run([find_mpiexec(), *options, "-n", "2", *command],
                          capture_output=True, text=True, timeout=300)
     lines = run.stdout.strip().splitlines()
