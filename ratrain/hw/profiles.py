@@ -156,8 +156,18 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
         Kind.UPD: lambda t: UPDATE_BYTES_PER_PARAM * shard(params(t.layer)) / profile["ddr_bandwidth"],
         Kind.PREF: lambda t: _prefetch_seconds(profile, o, cost(t.layer).param_bytes, params(t.layer)),
         Kind.NORM: lambda t: ring_seconds(profile, 8, o.dp * o.pp, 2),
+        Kind.TIE: lambda t: _tie_seconds(program, profile),
     }
     return lambda task: table[task.kind](task) if task.kind in table else 0.0
+
+
+def _tie_seconds(program, profile: dict) -> float:
+    """NOTE [tied weights]: add the copies of each tied weight's gradient, all-reduce the
+    sum over the tie stages."""
+    from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
+    nbytes = sum(4 * program.graph.param_types()[w.name].size for w in tied_weights(program))
+    return 3 * nbytes / profile["ddr_bandwidth"] + \
+        ring_seconds(profile, nbytes, len(tie_stages(program)), 2)
 
 
 def _recomputed_in_backward(program, task: Task, layer: int) -> int:

@@ -77,6 +77,7 @@ def run_train_graph(train_graph, params: dict, tokens, loss_cotangent: float = 1
                         run_graph(kind.bwd, [params[n] for n in layer.param_names],
                                   residuals + cts_in)))
         ct = outs.get("ct:h")
-        grads.update({hf: outs["grad:" + local]
-                      for hf, local in zip(layer.param_names, kind.fwd.param_names)})
+        for hf, local in zip(layer.param_names, kind.fwd.param_names):
+            g = outs["grad:" + local]  # a tied weight's uses add up (head first, then embed)
+            grads[hf] = grads[hf] + g if hf in grads else g
     return loss, grads

@@ -28,6 +28,7 @@ class Kind(StrEnum):
     REC = "REC"           # recompute one layer's activations of one micro-batch
     FREE = "FREE"         # release a named buffer
     NORM = "NORM"         # step-level scalar all-reduce: global grad norm + overflow flag
+    TIE = "TIE"           # sum a shared weight's gradient over the layers binding it
 
 
 # The whole grammar: one template per kind. It prints a task; compiled, it parses it back.
@@ -46,6 +47,7 @@ TEXT_FORMS: dict[Kind, str] = {
     Kind.REC: "{stage}REC[L{layer}]{micro_batch}",
     Kind.FREE: "{stage}FREE[{buffer}]",
     Kind.NORM: "{stage}NORM",
+    Kind.TIE: "{stage}TIE[L{layer}]",
 }
 
 # What each placeholder may hold; buffer names exclude spaces and brackets to parse back.
@@ -73,7 +75,7 @@ class Task:
     stage: int                          # pipeline stage that runs the task
     kind: Kind                          # what the task does
     micro_batch: int | None = None      # F, B, SEND_*/RECV_*, REC; None otherwise
-    layer: int | None = None            # global layer index: SYNC, UPD, PREF, REC
+    layer: int | None = None            # global layer index: SYNC, UPD, PREF, REC, TIE
     buffer: str | None = None           # FREE only: name of the released buffer
     cost: float | None = field(default=None, compare=False)  # est. seconds; None = unknown
     mem_delta: int = field(default=0, compare=False)          # bytes allocated (+) / freed (-)

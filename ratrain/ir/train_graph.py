@@ -54,6 +54,16 @@ class TrainGraph:
         from ratrain.ir.costs import layer_cost
         return {name: layer_cost(kind) for name, kind in self.kinds.items()}
 
+    @cached_property
+    def tied(self) -> dict[str, tuple[int, ...]]:
+        """HF name -> the layers binding it, for each parameter more than one layer reads
+        (tied input and output embeddings: the embed and head layers)."""
+        binding: dict[str, list[int]] = {}
+        for layer in self.layers:
+            for name in layer.param_names:
+                binding.setdefault(name, []).append(layer.index)
+        return {name: tuple(ls) for name, ls in binding.items() if len(ls) > 1}
+
     def num_params(self) -> int:
         return sum(v.size for v in self.param_types().values())
 

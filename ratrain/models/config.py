@@ -58,7 +58,6 @@ def fill_defaults(config: dict, source: str = "config") -> dict:
 def _check_supported(c: dict, source: str) -> None:
     """Refuse config features the layer functions would otherwise silently ignore."""
     unsupported = {
-        "tie_word_embeddings": c["tie_word_embeddings"],   # the head owns its lm_head.weight
         "rope_scaling": c.get("rope_scaling") is not None,
         "hidden_act": c.get("hidden_act", "silu") != "silu",
         "attention_bias": c["model_type"] == "llama" and bool(c.get("attention_bias")),

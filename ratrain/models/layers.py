@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from ratrain import ops
 from ratrain.models.config import ModelDims, model_dims
-from ratrain.models.params import decoder_shapes
+from ratrain.models.params import decoder_shapes, tied_embeddings
 
 EMBED_NAMES = ("embed_tokens.weight",)          # under "model."
 HEAD_NAMES = ("norm.weight", "lm_head.weight")  # "model.norm.weight", "lm_head.weight"
@@ -35,7 +35,8 @@ def layer_specs(config: dict) -> list[LayerSpec]:
     decoders = [LayerSpec("decoder", i + 1, tuple(f"model.layers.{i}.{n}" for n in local),
                           local) for i in range(d.layers)]
     embed = LayerSpec("embed", 0, ("model.embed_tokens.weight",), EMBED_NAMES)
-    head = LayerSpec("head", d.layers + 1, ("model.norm.weight", "lm_head.weight"), HEAD_NAMES)
+    lm_head = "model.embed_tokens.weight" if tied_embeddings(config) else "lm_head.weight"
+    head = LayerSpec("head", d.layers + 1, ("model.norm.weight", lm_head), HEAD_NAMES)
     return [embed, *decoders, head]
 
 

@@ -36,8 +36,15 @@ def param_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     shapes = {"model.embed_tokens.weight": (d.vocab, d.hidden)}
     for i in range(d.layers):
         shapes |= {f"model.layers.{i}.{k}": s for k, s in decoder_shapes(d).items()}
-    shapes |= {"model.norm.weight": (d.hidden,), "lm_head.weight": (d.vocab, d.hidden)}
+    shapes |= {"model.norm.weight": (d.hidden,)}
+    if not tied_embeddings(config):  # tied: the head reads model.embed_tokens.weight
+        shapes |= {"lm_head.weight": (d.vocab, d.hidden)}
     return shapes
+
+
+def tied_embeddings(config: dict) -> bool:
+    """The LM head is the input embedding matrix (HF tie_word_embeddings)."""
+    return bool(config.get("tie_word_embeddings", False))
 
 
 def count_params(config: dict) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 
 from ratrain.ir.graph import Literal
 from ratrain.ir.tasks import Kind, Task
+from ratrain.passes.insert_tied_sum import tied_layers_on
 from ratrain.passes.layout import align_up, graph_workspace, pack
 
 CATEGORIES = ("params", "optimizer", "views", "grads", "activations", "comm", "workspace")
@@ -332,6 +333,7 @@ _EFFECTS = {
     Kind.RECV_F: lambda p, t: Effects((), (f"in.mb{t.micro_batch}",)),
     Kind.RECV_B: lambda p, t: Effects((), (f"gin.mb{t.micro_batch}",)),
     Kind.NORM: lambda p, t: Effects((), ()),
+    Kind.TIE: lambda p, t: Effects((), tuple(f"grad.L{l}" for l in tied_layers_on(p, t.stage))),
     Kind.FREE: lambda p, t: Effects((), ()),
 }
 

@@ -24,12 +24,15 @@ def choose_grad_accumulation(program):
 
     Requires: stages and the 1F1B tasks. Guarantees: empty unless ZeRO-2; `scatter` puts
     every layer there; `auto` puts a stage's layers there only if the stage cannot fit the
-    budget with local accumulation under any recompute policy.
+    budget with local accumulation under any recompute policy. A layer binding a tied
+    weight always accumulates locally: its TIE sums the full gradient (NOTE [tied weights]).
     """
     o = program.options
     if o.zero != 2 or o.grad_accum == "local":
         return replace(program, scatter_grads=frozenset())
-    layers = lambda stages: frozenset(l for s in stages for l in program.stages[s])
+    tied = {l for layers in program.graph.tied.values() for l in layers}
+    layers = lambda stages: frozenset(l for s in stages for l in program.stages[s]
+                                      if l not in tied)
     if o.grad_accum == "scatter":
         return replace(program, scatter_grads=layers(range(len(program.stages))))
     if o.budget is None:

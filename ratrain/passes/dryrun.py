@@ -2,7 +2,9 @@
 
 Checks the output of schedule_1f1b and of every later pass that adds or moves tasks.
 SENDs are eager (the runtime posts them non-blocking); a RECV blocks until its matching
-SEND on the neighbour rank has ended. SYNC, UPD, PREF, NORM are still local tasks here.
+SEND on the neighbour rank has ended; the TIEs of a step (NOTE [tied weights]) start
+together, once every rank holding one has reached it. SYNC, UPD, PREF, NORM are still
+local tasks here.
 """
 from __future__ import annotations
 
@@ -110,9 +112,16 @@ def task_graph(schedule: Schedule) -> nx.DiGraph:
     for rank, tasks in schedule.items():
         graph.add_nodes_from(((rank, i), {"task": task}) for i, task in enumerate(tasks))
         nx.add_path(graph, [(rank, i) for i in range(len(tasks))])
+    ties = []
     for node, task in list(graph.nodes(data="task")):
         if task.kind in RECVS:
             graph.add_edge(where[counterpart(task)][0], node)
+        elif task.kind == Kind.TIE:
+            ties.append(node)
+    for node in ties:  # a TIE starts once every other rank's TIE has been reached
+        rank, i = node
+        if i > 0:
+            graph.add_edges_from(((rank, i - 1), other) for other in ties if other != node)
     return graph
 
 
@@ -163,7 +172,14 @@ def _deadlock(schedule: Schedule, timeline) -> ScheduleDeadlock:
     wait_for = nx.DiGraph()
     lines = []
     for rank, task in sorted(stuck.items()):
-        peer = counterpart(task)   # a stuck head is always a RECV: see _runnable_nodes
+        if task.kind == Kind.TIE:  # waits for the TIEs other ranks have not reached
+            for peer, nodes in where.items():
+                if peer.kind == Kind.TIE and nodes[0][0] != rank and \
+                        len(timeline[nodes[0][0]]) <= nodes[0][1]:
+                    wait_for.add_edge(rank, nodes[0][0])
+                    lines.append(f"rank {rank} waits at {task} for {peer} on rank {nodes[0][0]}")
+            continue
+        peer = counterpart(task)   # any other stuck head is a RECV: see _runnable_nodes
         peer_rank = where[peer][0][0]
         wait_for.add_edge(rank, peer_rank)
         lines.append(f"rank {rank} waits at {task} for {peer} on rank {peer_rank}")

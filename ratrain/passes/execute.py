@@ -152,6 +152,13 @@ class Executor:
         finish(self._collective(self._key(call), self._dp_group(st), st.rank, shard.copy(),
                                 lambda shards: [np.concatenate(shards)] * len(shards)))
 
+    def tie_sum(self, st: RankState, call, value) -> None:
+        params = dict(call.params)
+        group = [self.program.rank(s, st.replica) for s in params["stages"]]
+        key = ("tie", self.step, params["weight"], st.replica)
+        value[...] = self._collective(key, group, st.rank, value.copy(),
+                                      lambda parts: [np.sum(parts, axis=0)] * len(parts))
+
     def world_sum(self, st: RankState, call, value: float) -> float:
         world = list(range(self.options.world_size))
         return self._collective(("norm", self.step), world, st.rank, value,

@@ -22,6 +22,7 @@ from ratrain.passes.buffers import (GRAD_OUTPUT, backward_workspace, cotangent_b
                                     pinned_values, recovers_in_backward, residual_layout,
                                     shard_elements, view_layout)
 from ratrain.passes.insert_recovery import nodes_rebuilding
+from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.passes.layout import align_up, graph_workspace
 from ratrain.passes.lower_comms import message_tag
 from ratrain.passes.plan_memory import arena_name
@@ -366,13 +367,44 @@ def _loss_scaled(program, params: tuple) -> tuple:
 
 
 def _lower_norm(program, task: Task) -> list[Call]:
+    layers = program.stages[task.stage]
     grads = tuple(_flat_slot(f"grad.L{l}", grad_layout(program, l)[1])
                   if program.options.zero < 2 else
                   _flat_slot(f"gshard.L{l}", state_slots(program, l)[4])
-                  for l in program.stages[task.stage])
+                  for l in layers)
     unscaled = grads if program.options.precision == "fp16" else ()  # written in place
-    return [Call("global_norm", unscaled, grads,
-                 _loss_scaled(program, (("clip", program.options.clip),)), "step")]
+    params = (("clip", program.options.clip),)
+    skip = tuple((i, *tied_range(program, l, w.name), grad_layout(program, l)[1])
+                 for i, l in enumerate(layers) for w in tied_weights(program)
+                 if l in w.layers[1:])
+    if skip:  # NOTE [tied weights]: the norm counts a shared weight's gradient once
+        params += (("skip", skip),)
+    return [Call("global_norm", unscaled, grads, _loss_scaled(program, params), "step")]
+
+
+def tied_range(program, layer: int, name: str) -> tuple[int, int]:
+    """[lo, hi) of parameter `name` in the layer's flat parameter order (elements)."""
+    offsets, _ = grad_layout(program, layer)
+    for (param, shape), offset in zip(program.layer_params(layer), offsets):
+        if param == name:
+            return offset, offset + math.prod(shape)
+    raise KeyError(f"layer {layer} does not bind {name}")
+
+
+def _lower_tie(program, task: Task) -> list[Call]:
+    """NOTE [tied weights]: the stage's copies of each tied weight's gradient, summed
+    in place with the copies on the other tie stages."""
+    calls = []
+    for w in tied_weights(program):
+        slots = tuple(Slot(arena_name(f"grad.L{l}"), 4 * tied_range(program, l, w.name)[0],
+                           "float32", shape)
+                      for l in w.layers if program.stage_of_layer(l) == task.stage
+                      for shape in [dict(program.layer_params(l))[w.name]])
+        if slots:
+            calls.append(Call("tie_sum", slots, slots,
+                              (("stages", tie_stages(program)), ("weight", w.name)),
+                              f"L{task.layer}"))
+    return calls
 
 
 def _message(program, task: Task) -> Slot:
@@ -402,7 +434,7 @@ def _lower_comm(program, task: Task) -> list[Call]:
 
 _LOWER = {Kind.F: _lower_forward, Kind.B: _lower_backward, Kind.REC: _lower_recompute,
           Kind.SYNC: _lower_sync, Kind.UPD: _lower_update, Kind.PREF: _lower_prefetch,
-          Kind.NORM: _lower_norm, Kind.FREE: lambda p, t: [],
+          Kind.NORM: _lower_norm, Kind.TIE: _lower_tie, Kind.FREE: lambda p, t: [],
           **{k: _lower_comm for k in _PEER}}
 
 

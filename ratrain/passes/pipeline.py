@@ -10,6 +10,7 @@ from ratrain.passes.choose_grad_accumulation import choose_grad_accumulation
 from ratrain.passes.insert_grad_sync import insert_grad_sync
 from ratrain.passes.insert_prefetch import insert_prefetch
 from ratrain.passes.insert_recovery import insert_recovery
+from ratrain.passes.insert_tied_sum import insert_tied_sum
 from ratrain.passes.insert_update import insert_update
 from ratrain.passes.lower_comms import lower_comms
 from ratrain.passes.partition_stages import partition_stages
@@ -25,6 +26,7 @@ PIPELINE = [
     insert_recovery,    # needs the F/B/RECV_B order to put recompute on the forward side
     insert_grad_sync,   # needs the final last-B position of each stage
     insert_update,      # each UPD after its SYNC (after NORM when global scalars rule)
+    insert_tied_sum,    # a shared weight's gradient summed before its SYNC, NORM and UPD
     insert_prefetch,    # each PREF after its UPD: the view is built from updated params
 ]
 

@@ -13,6 +13,7 @@ from functools import lru_cache
 
 from ratrain.ir.tasks import PIPELINE_COMMS, Kind
 from ratrain.passes.dryrun import dry_run
+from ratrain.passes.insert_tied_sum import tied_layers_on
 
 
 class ScheduleInvariantError(ValueError):
@@ -49,15 +50,35 @@ def _check_forward_backward(program, stage: int, tasks) -> None:
                      "are created by micro-batch 0's")
 
 
-def _check_syncs(program, stage: int, tasks) -> None:
-    tasks = [t for t in tasks if t.kind != Kind.FREE]  # FREEs do not delay a sync
-    syncs = [i for i, t in enumerate(tasks) if t.kind == Kind.SYNC]
-    if not syncs:
+def _check_ties(program, stage: int, tasks) -> None:
+    """NOTE [tied weights]: one TIE on a stage holding a tied layer, before their SYNCs."""
+    tied = tied_layers_on(program, stage) if program.graph.tied else ()
+    ties = [i for i, t in enumerate(tasks) if t.kind == Kind.TIE]
+    # insert_tied_sum runs before insert_prefetch: a PREF means it has run
+    expected = 1 if tied and (ties or any(t.kind == Kind.PREF for t in tasks)) else 0
+    if len(ties) != expected:
+        _fail(stage, f"{len(ties)} TIE tasks; tied layers here: {list(tied) or 'none'}")
+    if not ties:
         return
-    per_layer = Counter(tasks[i].layer for i in syncs)
+    for i, t in enumerate(tasks):
+        if t.kind == Kind.SYNC and t.layer in tied and i < ties[0]:
+            _fail(stage, f"{t} runs before {tasks[ties[0]]} sums the tied gradient")
+
+
+def _check_syncs(program, stage: int, tasks) -> None:
+    if not any(t.kind == Kind.SYNC for t in tasks):
+        return
+    per_layer = Counter(t.layer for t in tasks if t.kind == Kind.SYNC)
     for layer in program.stages[stage]:
         if per_layer[layer] != 1:
             _fail(stage, f"layer {layer} is synced {per_layer[layer]} times, not once")
+    # FREEs do not delay a sync; tied layers sync after their TIE (_check_ties)
+    tied = tied_layers_on(program, stage) if program.graph.tied else ()
+    tasks = [t for t in tasks if t.kind != Kind.FREE and
+             not (t.kind == Kind.SYNC and t.layer in tied)]
+    syncs = [i for i, t in enumerate(tasks) if t.kind == Kind.SYNC]
+    if not syncs:
+        return
     last_b = max(i for i, t in enumerate(tasks) if t.kind == Kind.B)
     if min(syncs) < last_b:
         _fail(stage, f"{tasks[min(syncs)]} starts before the last backward {tasks[last_b]}")
@@ -110,6 +131,7 @@ def verify_schedule(program) -> None:
     for stage, tasks in program.tasks.items():
         _check_forward_backward(program, stage, tasks)
         _check_syncs(program, stage, tasks)
+        _check_ties(program, stage, tasks)
         _check_follows(stage, tasks, Kind.UPD, Kind.SYNC)
         _check_follows(stage, tasks, Kind.PREF, Kind.UPD)
         _check_recovery(program, stage, tasks)
@@ -119,9 +141,10 @@ def verify_schedule(program) -> None:
 
 def _check_pipeline_comms(tasks) -> None:
     """Pair every SEND with one RECV and prove deadlock freedom by a dry run. Only the
-    order of pipeline messages decides either (other tasks never wait on another rank),
+    order of pipeline messages and TIEs decides either (other tasks never wait on
+    another rank),
     so a projection already proven is not run again."""
-    _prove(tuple((stage, tuple(t for t in ts if t.kind in PIPELINE_COMMS))
+    _prove(tuple((stage, tuple(t for t in ts if t.kind in PIPELINE_COMMS or t.kind == Kind.TIE))
                  for stage, ts in sorted(tasks.items())))
 
 

@@ -67,6 +67,7 @@ class Transport(Protocol):
     def dp_sum(self, st: RankState, call, value, scatter: bool, finish: Finish) -> None: ...
     def dp_gather(self, st: RankState, call, shard, finish: Finish) -> None: ...
     def world_sum(self, st: RankState, call, value: float) -> float: ...
+    def tie_sum(self, st: RankState, call, value: np.ndarray) -> None: ...
 
 
 # --- set-up: master params, optimizer state and views into the arena --------------------
@@ -235,12 +236,27 @@ def _grad_scatter(t: Transport, st: RankState, call) -> None:
     t.dp_sum(st, call, flat, True, finish)
 
 
-def _owned(options, st: RankState, slot) -> np.ndarray:
-    """The part of a gradient this rank counts in the global norm (no DP double count)."""
+def _owned(options, st: RankState, slot, skip=()) -> list[np.ndarray]:
+    """The parts of a gradient this rank counts in the global norm: its DP share of the
+    layer's flat gradient (no DP double count), less the flat element ranges `skip`
+    [(lo, hi, n)] of the layer's n parameters (a tied weight's second copy, NOTE [tied
+    weights])."""
     grad = st.view(slot)
-    if slot.buffer.startswith("gshard"):
-        return grad
-    return grad[slice(*shard_bounds(grad.size, options.dp, st.replica))]
+    if slot.buffer.startswith("gshard"):  # ZeRO-2: the shard is this rank's share
+        if not skip:
+            return [grad]
+        lo, hi = shard_bounds(skip[0][2], options.dp, st.replica)
+        base = lo                         # grad[k] is flat element lo + k
+    else:
+        (lo, hi), base = shard_bounds(grad.size, options.dp, st.replica), 0
+    parts, at = [], lo
+    for a, b, _ in sorted(skip):
+        a, b = max(a, lo), min(b, hi)
+        if a < b:
+            parts.append(grad[at - base:a - base])
+            at = b
+    parts.append(grad[at - base:hi - base])
+    return parts
 
 
 def _global_norm(t: Transport, st: RankState, call) -> None:
@@ -250,7 +266,11 @@ def _global_norm(t: Transport, st: RankState, call) -> None:
     params = _params(call)
     scaled = bool(params.get("loss_scale"))
     inverse = st.scaler.inverse() if scaled else np.float32(1)
-    owned = [_owned(t.options, st, s) for s in call.inputs]
+    skips = {}
+    for index, lo, hi, n in params.get("skip", ()):
+        skips.setdefault(index, []).append((lo, hi, n))
+    owned = [part for i, s in enumerate(call.inputs)
+             for part in _owned(t.options, st, s, skips.get(i, ()))]
     finite = all(bool(np.isfinite(g).all()) for g in owned) if scaled else True
     squares = _sum_of_squares(owned, inverse) if finite else math.inf
     # nothing is written before the world sum: the reference executor reruns the call
@@ -287,6 +307,17 @@ def _unscale_or_skip(st: RankState, grads, inverse: np.float32, overflow: bool) 
         for s in grads:
             st.view(s)[...] *= inverse
     st.scaler.update(overflow)
+
+
+def _tie_sum(t: Transport, st: RankState, call) -> None:
+    """NOTE [tied weights]: every copy of a tied weight's gradient on this rank becomes the
+    sum of all copies: those here, and (blocking) those of the other tie stages."""
+    copies = [st.view(s) for s in call.inputs]
+    total = np.sum(copies, axis=0, dtype=np.float32) if len(copies) > 1 else copies[0].copy()
+    if len(_params(call)["stages"]) > 1:
+        t.tie_sum(st, call, total)
+    for slot in call.outputs:
+        st.view(slot)[...] = total
 
 
 def _adamw(t: Transport, st: RankState, call) -> None:
@@ -332,7 +363,7 @@ CALLS = {
     "fill": _fill, "copy": _copy, "accumulate_grad": _accumulate_grad,
     "send": _send, "post_recv": _post_recv, "wait_recv": _wait_recv,
     "grad_sync": _grad_sync, "grad_scatter": _grad_scatter, "global_norm": _global_norm,
-    "adamw": _adamw, "prefetch_view": _prefetch_view,
+    "tie_sum": _tie_sum, "adamw": _adamw, "prefetch_view": _prefetch_view,
 }
 
 

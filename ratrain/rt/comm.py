@@ -44,9 +44,16 @@ class Communicators:
         self.world = MPI.COMM_WORLD
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
         self.dp = None
+        self.tie = None
 
     def split_dp_group(self, stage: int, replica: int) -> None:
         self.dp = self.world.Split(color=stage, key=replica)
+
+    def split_tie_group(self, stage: int, replica: int, stages: tuple[int, ...]) -> None:
+        """The ranks of `stages` in this replica (NOTE [tied weights]); every rank calls
+        it, those on no tie stage get no group."""
+        color = replica if stage in stages else MPI.UNDEFINED
+        self.tie = self.world.Split(color=color, key=stage)
 
     def agree_on_errors(self, message: str | None) -> list[str]:
         """Every rank's set-up error (or None), on every rank: all fail together."""
@@ -95,6 +102,11 @@ def start_param_allgather(comms: Communicators, shard: np.ndarray, ranges, finis
     full = np.empty(shard.size * comms.dp.Get_size(), shard.dtype)
     request = comms.dp.Iallgather(shard, full)
     return InFlight(request, ranges, lambda: finish(full), keep=(full,))
+
+
+def sum_tied_gradient(comms: Communicators, grad: np.ndarray) -> None:
+    """Blocking in-place sum of a tied weight's gradient over the tie stages."""
+    comms.tie.Allreduce(MPI.IN_PLACE, grad, op=MPI.SUM)
 
 
 def sum_over_world(comms: Communicators, value: float) -> float:

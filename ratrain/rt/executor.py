@@ -109,6 +109,7 @@ class RankExecutor:
         for layer in program.stages[stage]:
             init_layer(program, self.state, layer, params, moments)
         comms.split_dp_group(stage, replica)
+        comms.split_tie_group(stage, replica, program.tie_stages)
         self.in_flight: list[comm.InFlight] = []
         self.receives: dict = {}        # (source, tag) -> posted receive
         self.sends: list[comm.InFlight] = []
@@ -277,3 +278,6 @@ class RankExecutor:
 
     def world_sum(self, st: RankState, call, value: float) -> float:
         return comm.sum_over_world(self.comms, value)
+
+    def tie_sum(self, st: RankState, call, value: np.ndarray) -> None:
+        comm.sum_tied_gradient(self.comms, value)

@@ -54,6 +54,7 @@ class RuntimeProgram:
     stages: tuple                       # layer indices of each stage
     memory: Memory
     layers: dict                        # layer -> LayerState
+    tie_stages: tuple = ()              # stages summing a tied weight's gradient (TIE)
     directory: Path | None = None       # where code/ lives (set when opened)
     _code: dict = field(default_factory=dict, repr=False)
 
@@ -96,13 +97,14 @@ class RuntimeProgram:
 
 def runtime_program(program) -> RuntimeProgram:
     """The RuntimeProgram of a compiled (lowered) Program."""
+    from ratrain.passes.insert_tied_sum import tie_stages
     graph = program.graph
     layers = {index: LayerState(program.layer_params(index), program.state_slots(index),
                                 program.view_slots(index)) for index in range(len(graph.layers))}
     memory = Memory({s: StagePlan(m.arena_bytes, m.peak_bytes, dict(m.offsets), m.persistent)
                      for s, m in program.memory.stages.items()})
     return RuntimeProgram(RuntimeGraph(graph.name, graph.config), program.options,
-                          program.stages, memory, layers)
+                          program.stages, memory, layers, tie_stages(program))
 
 
 def code_files(program, header: str) -> dict[str, bytes | str]:

@@ -21,8 +21,8 @@ from ratrain.passes.lower import RECOMPUTE_TAG, Slot, note_layer
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.kernels import fitted_seconds, graph_seconds, op_costs
 from ratrain.sim.residency import cold_fractions
-from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, Touch, WorldSum,
-                               posted_receive, send_channel)
+from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
+                               WorldSum, posted_receive, send_channel)
 
 ASYNC_CALLS = ("grad_sync", "grad_scatter", "prefetch_view")
 
@@ -282,6 +282,21 @@ def _global_norm(c: ProfileCosts, task, call) -> list[Step]:
     return [Compute((checks * owned + unscale) / c.ddr), WorldSum(c.world_sum_seconds())]
 
 
+def _tie_sum(c: ProfileCosts, task, call) -> list[Step]:
+    """NOTE [tied weights]: add this stage's copies, all-reduce the sum with the other tie
+    stages (blocking, over the pipeline link) and write it into every copy."""
+    nbytes = slot_bytes(call.inputs[0])
+    local = Compute((len(call.inputs) + len(call.outputs)) * nbytes / c.ddr)
+    members = len(dict(call.params)["stages"])
+    if members == 1:
+        return [local]
+    p = c.profile
+    cost = collective_cost("allreduce", members, nbytes, p["link_latency"], p["link_bandwidth"],
+                           c.algorithm)
+    return [local, TieSum(cost.latency + cost.nbytes / p["link_bandwidth"], members),
+            *c.host_steps(2 * cost.nbytes)]
+
+
 def _adamw(c: ProfileCosts, task, call) -> list[Step]:
     return [Compute(c.memory_seconds("adamw",
                                      UPDATE_BYTES_PER_PARAM * slot_elements(call.outputs[0])))]
@@ -317,6 +332,7 @@ _RUNTIME_CALLS = {
     "grad_sync": _grad_sync,
     "grad_scatter": _grad_scatter,
     "global_norm": _global_norm,
+    "tie_sum": _tie_sum,
     "adamw": _adamw,
     "prefetch_view": _prefetch_view,
 }

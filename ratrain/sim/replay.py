@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from ratrain.ir.tasks import Kind, Schedule, Task
 from ratrain.sim.engine import Engine, Link, Signal
-from ratrain.sim.steps import Compute, Post, Recv, Send, Start, Touch, WorldSum
+from ratrain.sim.steps import Compute, Post, Recv, Send, Start, TieSum, Touch, WorldSum
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,7 @@ class _RankState:
     ops: list = field(default_factory=list)         # _Ops in issue order
     sends: list = field(default_factory=list)       # arrival Signals of its messages
     world_sums: int = 0                              # WorldSums reached so far
+    tie_sums: int = 0                                # TieSums reached so far
 
 
 class _Replayer:
@@ -96,6 +97,7 @@ class _Replayer:
         self.posted: dict[Task, Signal] = {}
         self.arrived: dict[Task, Signal] = {}
         self.world_sums: dict[int, list] = {}       # k -> [arrivals, Signal]
+        self.tie_sums: dict[int, list] = {}         # k -> [arrivals, Signal]
         self.ends: dict[int, float] = {}
 
     def _on_transfer(self, rank: int):
@@ -160,6 +162,8 @@ class _Replayer:
                                   str(task))
         elif isinstance(step, WorldSum):
             yield from self._world_sum(rank, step, str(task))
+        elif isinstance(step, TieSum):
+            yield from self._tie_sum(rank, step, str(task))
         else:
             raise TypeError(f"unknown step {step!r} of {task}")
 
@@ -231,6 +235,16 @@ class _Replayer:
         state.world_sums += 1
         entry[0] += 1
         if entry[0] == len(self.schedule):
+            entry[1].fire_after(step.seconds)
+        yield from self._wait(rank, entry[1], label)
+
+    def _tie_sum(self, rank: int, step: TieSum, label: str):
+        """Blocking: ends `step.seconds` after the last tie stage has joined."""
+        state = self.ranks[rank]
+        entry = self.tie_sums.setdefault(state.tie_sums, [0, Signal(self.engine)])
+        state.tie_sums += 1
+        entry[0] += 1
+        if entry[0] == step.members:
             entry[1].fire_after(step.seconds)
         yield from self._wait(rank, entry[1], label)
 

@@ -3,7 +3,7 @@
 A cost model turns each task into steps: compute on the rank's stream, pipeline messages
 (posted, sent, waited), non-blocking DP collectives started on the rank's port and waited
 for by the hazard rule (a later step touching their buffers), and the world-wide scalar
-sum of NORM. `UnitCosts` reproduces the dry run (passes/dryrun.py); calls.ProfileCosts
+sum of NORM and the tied-gradient sum of TIE. `UnitCosts` reproduces the dry run (passes/dryrun.py); calls.ProfileCosts
 costs a lowered program on a hardware profile.
 """
 from __future__ import annotations
@@ -57,7 +57,13 @@ class WorldSum:
     seconds: float                      # a blocking scalar all-reduce over every rank
 
 
-Step = Compute | Touch | Start | Post | Send | Recv | WorldSum
+@dataclass(frozen=True)
+class TieSum:
+    seconds: float                      # a blocking all-reduce over the tie stages
+    members: int                        # how many ranks take part (NOTE [tied weights])
+
+
+Step = Compute | Touch | Start | Post | Send | Recv | WorldSum | TieSum
 
 POSTED = {Kind.POST_F: Kind.RECV_F, Kind.POST_B: Kind.RECV_B}
 

@@ -1,0 +1,85 @@
+"""insert_tied_sum: one TIE per stage holding a layer that shares a weight with another
+layer (tied input and output embeddings), summing the gradient halves before the DP sync.
+
+Runs after insert_update (the SYNC/UPD/NORM order is known) and before insert_prefetch.
+NOTE [tied weights]: every binding layer keeps its own copy of the shared weight (master,
+Adam moments, view, gradient), as Megatron's embedding group does. TIE[L] adds the copies'
+gradients: in place on one stage when both layers are there (pp 1), otherwise by a
+blocking all-reduce between the ranks of the binding stages in the same replica. Every
+copy then holds the whole gradient of the weight, is synced over its DP group and updated
+once by the same AdamW step from the same values, so the copies stay bit-identical; the
+global norm counts the weight once (its first layer's copy), and checkpoints hold it once.
+The cost is the optimizer state of the weight on a second stage, and a transfer of the
+weight's gradient between the two stages per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ratrain.ir.tasks import Kind, Task
+
+
+@dataclass(frozen=True)
+class TiedWeight:
+    name: str                           # HF name ("model.embed_tokens.weight")
+    layers: tuple[int, ...]             # the layers binding it, in model order
+    stages: tuple[int, ...]             # their stages, ascending, without repeats
+
+
+def tied_weights(program) -> tuple[TiedWeight, ...]:
+    """The weights more than one layer binds, with the stages holding those layers."""
+    out = []
+    for name, layers in program.graph.tied.items():
+        stages = tuple(sorted({program.stage_of_layer(l) for l in layers}))
+        out.append(TiedWeight(name, layers, stages))
+    return tuple(out)
+
+
+def tie_stages(program) -> tuple[int, ...]:
+    """The stages that run a TIE (one group: every tied weight spans the same stages)."""
+    groups = {w.stages for w in tied_weights(program)}
+    if len(groups) > 1:
+        raise NotImplementedError(f"tied weights span different stage groups {sorted(groups)}; "
+                                  "one group (embed and head stages) is supported")
+    return groups.pop() if groups else ()
+
+
+def tied_layers_on(program, stage: int) -> tuple[int, ...]:
+    """Layers of `stage` binding a tied weight, in model order."""
+    return tuple(sorted({l for w in tied_weights(program) for l in w.layers
+                         if program.stage_of_layer(l) == stage}))
+
+
+def _with_tie(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+    tied = tied_layers_on(program, stage)
+    if not tied:
+        return tasks
+    moved = [t for t in tasks if t.kind == Kind.SYNC and t.layer in tied]
+    has_norm = any(t.kind == Kind.NORM for t in tasks)
+    if not has_norm:  # the tied UPDs follow their SYNCs to the end of the update block
+        moved += [t for t in tasks if t.kind == Kind.UPD and t.layer in tied]
+    first = min(tasks.index(t) for t in moved)
+    rest = [t for t in tasks if t not in moved]
+    if has_norm:
+        at = next(i for i, t in enumerate(rest) if t.kind == Kind.NORM)
+    else:
+        updates = [i for i, t in enumerate(rest) if t.kind == Kind.UPD]
+        at = updates[-1] + 1 if updates else first
+    return tuple(rest[:at]) + (Task(stage, Kind.TIE, layer=tied[0]), *moved) + tuple(rest[at:])
+
+
+def insert_tied_sum(program):
+    """Add TIE[L] on every stage holding a layer that binds a tied weight (L: the first
+    such layer of the stage).
+
+    Requires: SYNC and UPD tasks (and NORM when global scalars rule). Guarantees: the TIE
+    precedes the SYNCs of its stage's tied layers, which follow every other SYNC; with a
+    NORM it comes right before it (the norm needs the summed gradient), otherwise the
+    tied SYNCs and UPDs end the stage's update block (NOTE [tied weights]), so the other
+    layers update while the TIE waits for the peer stage's backward.
+    """
+    if not program.graph.tied:
+        return program
+    tie_stages(program)  # one stage group, or refuse
+    tasks = {s: _with_tie(program, s, ts) for s, ts in program.tasks.items()}
+    return replace(program, tasks=tasks)
