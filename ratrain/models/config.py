@@ -92,6 +92,10 @@ def validate_config(c: dict, source: str = "config") -> None:
     _check_supported(c, source)
 
 
+# Fields transformers may save as null, per family (null head_dim: hidden/heads).
+_NULLABLE = {f: ("head_dim", "sliding_window") for f in FAMILIES} | {"qwen3": ("sliding_window",)}
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -106,10 +110,6 @@ def _check_int(c: dict, field: str, source: str) -> None:
         raise ValueError(f"{source}: {field} must be an integer >= {least}, got {v!r} "
                          f"({type(v).__name__}); write it as a JSON number, e.g. "
                          f"\"{field}\": {max(least, 1)}")
-
-
-# Fields transformers may save as null, per family (null head_dim: hidden/heads).
-_NULLABLE = {f: ("head_dim", "sliding_window") for f in FAMILIES} | {"qwen3": ("sliding_window",)}
 
 
 def _check_positive_number(c: dict, field: str, source: str) -> None:
