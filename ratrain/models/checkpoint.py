@@ -72,4 +72,16 @@ def load_pretrained(path) -> tuple[dict, dict[str, np.ndarray]]:
         missing = sorted(set(weight_map) - set(params))[:5]
         raise ValueError(f"{path}: shards do not match the index weight_map "
                          f"(missing e.g. {missing})")
+    if config["tie_word_embeddings"] and "lm_head.weight" in params:
+        _drop_tied_copy(path, params)
     return config, params
+
+
+def _drop_tied_copy(path: Path, params: dict) -> None:
+    """A tied checkpoint that still stores lm_head.weight (some tools write both): the
+    copy must equal the embedding, since the model has only one tensor for both uses."""
+    head, embed = params.pop("lm_head.weight"), params.get("model.embed_tokens.weight")
+    if embed is None or not np.array_equal(head, embed):
+        raise ValueError(f"{path}: tie_word_embeddings is true but lm_head.weight differs "
+                         f"from model.embed_tokens.weight: set tie_word_embeddings false "
+                         f"to train them as two matrices, or drop lm_head.weight")

@@ -2,8 +2,9 @@
 function per layer kind, and `loss_fn`, which is exactly their composition.
 
 Layer functions use only ratrain.ops and the plain lax primitives the tracer maps
-(reshape, slice, add, mul, reduce_sum, rsqrt, ...). One function serves LLaMA-2, Qwen2.5
-and Baichuan2; the config's `ModelDims` switches biases, packed q/k/v, ALiBi, NormHead.
+(reshape, slice, add, mul, reduce_sum, rsqrt, ...). One function serves LLaMA-2/3,
+Mistral, Qwen2.5, Qwen3 and Baichuan2; the config's `ModelDims` switches biases, packed
+q/k/v, q/k norms, ALiBi, NormHead and tied embeddings.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from ratrain import ops
-from ratrain.models.config import ModelDims, model_dims
-from ratrain.models.params import decoder_shapes, tied_embeddings
+from ratrain.models.config import ModelDims, check_sequence_length, model_dims
+from ratrain.models.params import decoder_shapes
 
 EMBED_NAMES = ("embed_tokens.weight",)          # under "model."
 HEAD_NAMES = ("norm.weight", "lm_head.weight")  # "model.norm.weight", "lm_head.weight"
@@ -35,9 +36,15 @@ def layer_specs(config: dict) -> list[LayerSpec]:
     decoders = [LayerSpec("decoder", i + 1, tuple(f"model.layers.{i}.{n}" for n in local),
                           local) for i in range(d.layers)]
     embed = LayerSpec("embed", 0, ("model.embed_tokens.weight",), EMBED_NAMES)
-    lm_head = "model.embed_tokens.weight" if tied_embeddings(config) else "lm_head.weight"
-    head = LayerSpec("head", d.layers + 1, ("model.norm.weight", lm_head), HEAD_NAMES)
+    head = LayerSpec("head", d.layers + 1, ("model.norm.weight", _lm_head_name(d)), HEAD_NAMES)
     return [embed, *decoders, head]
+
+
+def _lm_head_name(d: ModelDims) -> str:
+    """NOTE [tied embeddings]: with tie_word_embeddings the head's local lm_head.weight IS
+    model.embed_tokens.weight: two layers share one parameter, so its gradient is the sum
+    of the embedding's and the head's (jax.grad of loss_fn adds them by itself)."""
+    return "model.embed_tokens.weight" if d.tied else "lm_head.weight"
 
 
 def _project_qkv(d: ModelDims, w, x):
@@ -52,17 +59,22 @@ def _project_qkv(d: ModelDims, w, x):
         bias = (lambda p: w[f"self_attn.{p}.bias"]) if d.qkv_bias else (lambda p: None)
         q, k, v = (ops.matmul(x, w[f"self_attn.{p}.weight"], bias(p))
                    for p in ("q_proj", "k_proj", "v_proj"))
-    return (q.reshape(B, T, d.heads, d.head_dim), k.reshape(B, T, d.kv_heads, d.head_dim),
-            v.reshape(B, T, d.kv_heads, d.head_dim))
+    q, k = q.reshape(B, T, d.heads, d.head_dim), k.reshape(B, T, d.kv_heads, d.head_dim)
+    if d.qk_norm:   # Qwen3: per head over head_dim, after the reshape, before RoPE
+        q = ops.rms_norm(q, w["self_attn.q_norm.weight"], eps=d.eps)
+        k = ops.rms_norm(k, w["self_attn.k_norm.weight"], eps=d.eps)
+    return q, k, v.reshape(B, T, d.kv_heads, d.head_dim)
 
 
 def _self_attention(d: ModelDims, w, x):
     B, T, _ = x.shape
+    check_sequence_length(d, T)   # causal attention == Mistral's window only up to it
     q, k, v = _project_qkv(d, w, x)
     if not d.alibi:
         q, k = ops.rope(q, theta=d.rope_theta), ops.rope(k, theta=d.rope_theta)
     o = ops.attention(q, k, v, causal=True, alibi=d.alibi)
-    return ops.matmul(o.reshape(B, T, d.heads * d.head_dim), w["self_attn.o_proj.weight"])
+    o_bias = w["self_attn.o_proj.bias"] if d.o_bias else None
+    return ops.matmul(o.reshape(B, T, d.heads * d.head_dim), w["self_attn.o_proj.weight"], o_bias)
 
 
 def _mlp(w, x):

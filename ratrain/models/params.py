@@ -24,27 +24,29 @@ def decoder_shapes(d: ModelDims) -> dict[str, tuple[int, ...]]:
     if d.qkv_bias:
         attn |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,),
                  "self_attn.v_proj.bias": (kv,)}
-    return {"input_layernorm.weight": (H,), **attn, "self_attn.o_proj.weight": (H, q),
+    attn |= {"self_attn.o_proj.weight": (H, q)}
+    if d.o_bias:
+        attn |= {"self_attn.o_proj.bias": (H,)}
+    if d.qk_norm:
+        attn |= {"self_attn.q_norm.weight": (d.head_dim,), "self_attn.k_norm.weight": (d.head_dim,)}
+    return {"input_layernorm.weight": (H,), **attn,
             "post_attention_layernorm.weight": (H,),
             "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H),
             "mlp.down_proj.weight": (H, I)}
 
 
 def param_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    """Every parameter's HF name and shape, in model order."""
+    """Every parameter's HF name and shape, in model order. A tied model
+    (tie_word_embeddings) has no lm_head.weight: its head reads model.embed_tokens.weight,
+    and checkpoints hold the tensor once, as transformers writes them."""
     d = model_dims(config)
     shapes = {"model.embed_tokens.weight": (d.vocab, d.hidden)}
     for i in range(d.layers):
         shapes |= {f"model.layers.{i}.{k}": s for k, s in decoder_shapes(d).items()}
     shapes |= {"model.norm.weight": (d.hidden,)}
-    if not tied_embeddings(config):  # tied: the head reads model.embed_tokens.weight
+    if not d.tied:
         shapes |= {"lm_head.weight": (d.vocab, d.hidden)}
     return shapes
-
-
-def tied_embeddings(config: dict) -> bool:
-    """The LM head is the input embedding matrix (HF tie_word_embeddings)."""
-    return bool(config.get("tie_word_embeddings", False))
 
 
 def count_params(config: dict) -> int:

@@ -14,7 +14,10 @@ from ratrain import models
 EXPECTED_COUNTS = {"llama2-7b": 6738415616, "llama2-13b": 13015864320,
                    "llama2-70b": 68976648192, "qwen2.5-32b": 32763876352,
                    "baichuan2-13b": 13896668160}
-TINY = ["tiny", "tiny-gqa", "tiny-qwen", "tiny-baichuan"]
+TINY = ["tiny", "tiny-gqa", "tiny-qwen", "tiny-baichuan", "tiny-tied"]
+# the fields every config must give (ratrain.models.config.REQUIRED)
+SMALL = {"model_type": "llama", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 96,
+         "num_hidden_layers": 1, "num_attention_heads": 4}
 # primitives the tracer maps (ratrain/ir/lax_rules.py) plus our coarse ops
 ALLOWED = {"add", "sub", "mul", "neg", "reshape", "transpose", "convert_element_type",
            "slice", "concatenate", "broadcast_in_dim", "squeeze", "reduce_sum", "div",
@@ -140,8 +143,7 @@ def test_get_config_defaults_and_sources(tmp_path):
     assert config["num_key_value_heads"] == 40 and config["max_position_embeddings"] == 4096
     assert models.get_config("qwen2.5-32b")["rope_theta"] == 1e6
     assert models.get_config("llama2-7b")["rope_theta"] == 10000.0
-    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 64, '
-                                          '"num_attention_heads": 2}')
+    (tmp_path / "config.json").write_text(json.dumps(dict(SMALL, num_attention_heads=2)))
     assert models.get_config(tmp_path)["num_key_value_heads"] == 2
     assert models.get_config(tmp_path / "config.json")["hidden_size"] == 64
 
@@ -157,8 +159,8 @@ def test_get_config_errors_name_the_input_and_the_presets(tmp_path):
 
 
 def test_get_config_refuses_features_the_layers_would_ignore(tmp_path):
-    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2}
-    for field, value in (("tie_word_embeddings", True), ("hidden_act", "gelu"),
+    base = dict(SMALL, num_attention_heads=2)
+    for field, value in (("hidden_act", "gelu"), ("mlp_bias", True),
                          ("rope_scaling", {"type": "linear", "factor": 2.0})):
         (tmp_path / "config.json").write_text(json.dumps(dict(base, **{field: value})))
         with pytest.raises(ValueError, match=field):
