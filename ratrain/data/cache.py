@@ -38,13 +38,13 @@ def token_stream(path: str, flag: str, choice: TokenizerChoice, vocab: int,
     meta = _expected(path, sources, choice, vocab)
     for place in _places(path, choice):
         if _valid(place, meta):
-            return _open(place, meta, flag, path, choice, vocab)
+            return _open(place, flag, path, choice, vocab)
     if not build:
         raise DataError(f"{flag} {path} has no token cache: rank 0 writes it first (run the "
                         "job again, or start it with `ratrain run`)")
     place = _writable_place(path, choice)
     _write(place, meta, sources, flag, path, choice, vocab)
-    return _open(place, json.loads(_sidecar(place).read_text()), flag, path, choice, vocab)
+    return _open(place, flag, path, choice, vocab)
 
 
 def token_dtype(vocab: int) -> np.dtype:
@@ -87,7 +87,8 @@ def _valid(place: Path, expected: dict) -> bool:
     return {k: meta.get(k) for k in expected} == expected and meta.get("bin_bytes") == size
 
 
-def _open(place: Path, meta: dict, flag: str, path: str, choice, vocab: int) -> np.ndarray:
+def _open(place: Path, flag: str, path: str, choice, vocab: int) -> np.ndarray:
+    meta = json.loads(_sidecar(place).read_text())
     if meta["max_id"] >= vocab:
         raise DataError(f"{flag} {path}: {choice.source} makes token id {meta['max_id']}, "
                         f"but the model's vocabulary has {vocab} ids; pass the model's own "
