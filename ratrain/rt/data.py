@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ratrain.data import DataError, choose_tokenizer, token_stream
+from ratrain.data import DataError, choose_tokenizer, find_sources, token_stream
 
 CORPUS_BYTES = 4 * 2 ** 20              # cap of the built-in corpus
 
@@ -104,6 +104,7 @@ def data_rows(path: str, flag: str, row_len: int, text: TextSettings) -> np.ndar
     vocab = int(text.config["vocab_size"])
     if path.endswith(".npy"):
         return load_rows(path, row_len, vocab, flag)
+    find_sources(path, flag)  # a missing or empty file first: no tokenizer fixes that
     choice = choose_tokenizer(text.config, text.tokenizer, text.init_from)
     return pack_rows(token_stream(path, flag, choice, vocab, text.build), row_len, flag, path)
 
@@ -147,5 +148,6 @@ def training_rows(data: str | None, seq_len: int, vocab: int,
                          text or TextSettings({"vocab_size": vocab}))
     if vocab < 256:
         raise DataError(f"the built-in corpus is bytes (256 token ids) but the model's "
-                        f"vocabulary has {vocab}: pass --data FILE.npy")
+                        f"vocabulary has {vocab}: pass --data with text and --tokenizer "
+                        "DIR, or --data FILE.npy")
     return byte_rows(stdlib_corpus(), seq_len + 1)
