@@ -44,6 +44,7 @@ setup(
         "mpi4py>=4.0",
         "mpich",
         "safetensors>=0.4",
+        "tokenizers>=0.15",         # the checkpoint's tokenizer.json for --data text
         "matplotlib>=3.7",          # schedule and memory pictures of `ratrain inspect`
     ],
     extras_require={

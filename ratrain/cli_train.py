@@ -252,6 +252,7 @@ def cmd_run(args) -> int:
         check_world_size(program, manifest, ranks)
     except SetupError as e:
         raise _user_error(str(e)) from None
+    tokenize_data(args, program)
     if args.cluster is None:
         return launch(program, ranks, args)
     from ratrain.cluster import ClusterError, cluster_for_run
@@ -348,10 +349,23 @@ def cmd_train(args) -> int:
           f"{options.pp} x dp {options.dp}, {options.micro_batches} micro-batches of "
           f"{options.micro_batch_size} x {options.seq_len} tokens) into {run_dir}/program",
           flush=True)
+    tokenize_data(args, run_dir / "program")
     code = launch(run_dir / "program", options.world_size, args)
     if code == 0:
         print(summary(Path(args.metrics), run_dir))
     return code
+
+
+def tokenize_data(args, program_dir: Path) -> None:
+    """Tokenize text --data/--eval-data into their caches here, once, before the ranks
+    start (NOTE [tokenize once] in rt/data.py)."""
+    from ratrain.rt.data import DataError, prepare_text_data
+    try:
+        prepare_text_data(args, program_dir)
+    except DataError as e:
+        raise _user_error(str(e)) from None
+    except OSError as e:
+        raise _user_error(f"cannot read {e.filename}: {e.strerror}") from None
 
 
 def summary(metrics: Path, run_dir: Path) -> str:
@@ -360,8 +374,10 @@ def summary(metrics: Path, run_dir: Path) -> str:
         return f"no steps run; run directory {run_dir}"
     timed = steps[1:] or steps
     rate = sum(s["tokens_per_s"] for s in timed) / len(timed)
-    return (f"trained {len(steps)} steps: final loss {steps[-1]['loss']:.4f}, {rate:,.0f} "
-            f"tokens/s; run directory {run_dir} (program/, checkpoints/, {metrics.name})")
+    evaluated = [s["eval_loss"] for s in steps if s.get("eval_loss") is not None]
+    held_out = f", eval loss {evaluated[-1]:.4f}" if evaluated else ""
+    return (f"trained {len(steps)} steps: final loss {steps[-1]['loss']:.4f}{held_out}, "
+            f"{rate:,.0f} tokens/s; run directory {run_dir} (program/, checkpoints/, {metrics.name})")
 
 
 def _size(text: str) -> int:

@@ -1,22 +1,40 @@
 """Training tokens: rows of T+1 token ids and the global batch of every step.
 
 The built-in corpus exists on every machine: the installed Python standard library's
-*.py files in sorted order, as bytes (vocab 256). `--data FILE.npy` gives int rows [N, T+1].
-Step k (0-based) takes rows [k*G, (k+1)*G) of the (seeded, shuffled) row order, wrapping.
+*.py files in sorted order, as bytes (vocab 256). `--data FILE.npy` gives int rows [N, T+1];
+`--data` text (.txt, a directory of them, .jsonl) is tokenized once into a cached stream
+(ratrain/data) and packed into consecutive rows. Step k (0-based) takes rows
+[k*G, (k+1)*G) of the (seeded, shuffled) row order, wrapping.
 """
 from __future__ import annotations
 
 import os
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ratrain.data import DataError, choose_tokenizer, find_sources, token_stream
+
 CORPUS_BYTES = 4 * 2 ** 20              # cap of the built-in corpus
 
 
-class DataError(ValueError):
-    """The training data cannot be used; the message is one line for the user."""
+@dataclass(frozen=True)
+class TextSettings:
+    """How text data becomes token ids (NOTE [tokenize once])."""
+    config: dict                        # the model's HF config: vocab_size, eos_token_id
+    tokenizer: str | None = None        # --tokenizer DIR
+    init_from: str | None = None        # --init-from DIR (its tokenizer.json, if any)
+    build: bool = True                  # tokenize when no cache exists; False: memmap only
+
+
+# NOTE [tokenize once]: text is tokenized before the ranks start: `ratrain train` and
+# `ratrain run` call prepare_text_data in the CLI process, before mpiexec. Started
+# directly under mpiexec, rank 0 calls it while the other ranks wait at the set-up
+# agreement (rt/run.py). Either way the ranks then only memmap the cache
+# (TextSettings.build=False), so a missing cache there is an error, not a second
+# tokenization.
 
 
 def stdlib_corpus(limit: int = CORPUS_BYTES) -> bytes:
@@ -48,19 +66,20 @@ def byte_rows(text: bytes, row_len: int) -> np.ndarray:
     return np.frombuffer(text[:n * row_len], np.uint8).astype(np.int32).reshape(n, row_len)
 
 
-def load_rows(path: str, row_len: int, vocab: int) -> np.ndarray:
+def load_rows(path: str, row_len: int, vocab: int, flag: str = "--data") -> np.ndarray:
     """int rows [N, row_len] from a .npy file, checked against the model's vocabulary."""
     try:
         rows = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot read --data {path}: {str(e).splitlines()[0]}; pass a .npy "
+    except (OSError, ValueError, EOFError) as e:
+        text = str(e).splitlines()[0] if str(e) else "empty file"
+        raise DataError(f"cannot read {flag} {path}: {text}; pass a .npy "
                         "of integer token rows [N, seq-len + 1], or leave out --data for the "
                         "built-in corpus") from None
     if rows.ndim != 2 or rows.shape[1] != row_len or not np.issubdtype(rows.dtype, np.integer):
-        raise DataError(f"--data {path} holds {rows.dtype}{list(rows.shape)}; it must be "
+        raise DataError(f"{flag} {path} holds {rows.dtype}{list(rows.shape)}; it must be "
                         f"integer token rows [N, {row_len}] (seq-len + 1)")
     if rows.size == 0 or rows.min() < 0 or rows.max() >= vocab:
-        raise DataError(f"--data {path}: token ids must lie in [0, {vocab}) for this model "
+        raise DataError(f"{flag} {path}: token ids must lie in [0, {vocab}) for this model "
                         f"(found {rows.min() if rows.size else 'none'}.."
                         f"{rows.max() if rows.size else 'none'})")
     return rows.astype(np.int32)
@@ -77,14 +96,58 @@ class Batches:
     def step(self, k: int) -> np.ndarray:
         """Rows [k*G, (k+1)*G) of the order, wrapping around its end (k is 0-based)."""
         at = (k * self.global_batch + np.arange(self.global_batch)) % len(self.order)
-        return self.rows[self.order[at]]
+        return np.asarray(self.rows[self.order[at]], np.int32)
 
 
-def training_rows(data: str | None, seq_len: int, vocab: int) -> np.ndarray:
+def data_rows(path: str, flag: str, row_len: int, text: TextSettings) -> np.ndarray:
+    """Token rows [N, row_len] of a .npy, or of text packed from its cached token stream."""
+    vocab = int(text.config["vocab_size"])
+    if path.endswith(".npy"):
+        return load_rows(path, row_len, vocab, flag)
+    find_sources(path, flag)  # a missing or empty file first: no tokenizer fixes that
+    choice = choose_tokenizer(text.config, text.tokenizer, text.init_from)
+    return pack_rows(token_stream(path, flag, choice, vocab, text.build), row_len, flag, path)
+
+
+def pack_rows(stream: np.ndarray, row_len: int, flag: str, path: str) -> np.ndarray:
+    """The stream cut into consecutive rows of row_len (a view: memmapped stays so);
+    the tail shorter than a row is left out."""
+    n = len(stream) // row_len
+    if n == 0:
+        raise DataError(f"{flag} {path} has {len(stream)} tokens, fewer than one row of "
+                        f"seq-len + 1 = {row_len}: give it more text or compile a shorter "
+                        "--seq-len")
+    return stream[:n * row_len].reshape(n, row_len)
+
+
+def prepare_text_data(args, program_dir) -> None:
+    """Tokenize --data and --eval-data text into their caches now, if not cached yet
+    (NOTE [tokenize once]); the model's config comes from the program's manifest."""
+    paths = [(flag, getattr(args, name, None)) for flag, name in
+             (("--data", "data"), ("--eval-data", "eval_data"))]
+    if all(p is None or p.endswith(".npy") for _, p in paths):
+        return
+    from ratrain.rt.load import read_manifest
+    manifest = read_manifest(Path(program_dir))
+    text = text_settings(args, manifest["model"]["config"], build=True)
+    for flag, path in paths:
+        if path is not None and not path.endswith(".npy"):
+            data_rows(path, flag, manifest["options"]["seq_len"] + 1, text)
+
+
+def text_settings(args, config: dict, build: bool) -> TextSettings:
+    return TextSettings(config, getattr(args, "tokenizer", None),
+                        getattr(args, "init_from", None), build)
+
+
+def training_rows(data: str | None, seq_len: int, vocab: int,
+                  text: TextSettings | None = None) -> np.ndarray:
     """--data rows, or the built-in corpus (which needs a byte vocabulary)."""
     if data is not None:
-        return load_rows(data, seq_len + 1, vocab)
+        return data_rows(data, "--data", seq_len + 1,
+                         text or TextSettings({"vocab_size": vocab}))
     if vocab < 256:
         raise DataError(f"the built-in corpus is bytes (256 token ids) but the model's "
-                        f"vocabulary has {vocab}: pass --data FILE.npy")
+                        f"vocabulary has {vocab}: pass --data with text and --tokenizer "
+                        "DIR, or --data FILE.npy")
     return byte_rows(stdlib_corpus(), seq_len + 1)

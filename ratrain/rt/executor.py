@@ -16,12 +16,35 @@ from dataclasses import dataclass
 import numpy as np
 
 from ratrain.codegen.table import NativeStep
+from ratrain.ir.tasks import Kind
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.passes.lower import note_layer
 from ratrain.rt import comm
 from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds
 
 KERNEL_STATUS = {-1: "bad arguments", -2: "scratch too small", -3: "ISA unavailable"}
+# the tasks a forward-only pass runs (NOTE [held-out loss])
+FORWARD_KINDS = frozenset({Kind.F, Kind.POST_F, Kind.RECV_F, Kind.SEND_F})
+
+# NOTE [held-out loss]: the held-out loss runs the step's forward tasks only, in table
+# order: F (which records the last stage's loss), POST_F/RECV_F/SEND_F for the
+# activations; B, REC, SYNC, NORM, UPD, PREF and the FREEs are skipped. This is safe:
+# - memory plan: every buffer F or a forward message touches is created by one of these
+#   tasks and lives, in the plan, from its creator to its last reader, which is also a
+#   forward task or comes later; running a subsequence of the rows in the same order, no
+#   two buffers in use at once overlap, because in the full step they were live at once.
+#   Only master.L, opt.L and view.L persist across steps (buffers.persistent_buffers) and
+#   the forward tasks only read view.L; every other buffer is written by its creator in
+#   each step before anything reads it, so the next step cannot see what eval left.
+# - training state: no gradient is made, the loss scale is read only by B's fill and by
+#   NORM, AdamW's step count and the step number are not advanced (self.step stays), the
+#   training batch (self.tokens) and the loss list are restored, and the training Batches
+#   are not consulted, so the data order is untouched; the live-buffer count and the trace
+#   are left alone. In-flight view all-gathers of the last step's PREF (ZeRO) complete
+#   by the hazard rule when F first reads a view, as they would in the next step.
+# So the step after an evaluation is bit-identical to the same step without it (tested),
+# and a forward costs about a third of a training step where F+B with the updates
+# skipped would cost the whole step and write the gradient buffers for nothing.
 
 
 class ProtocolError(RuntimeError):
@@ -158,9 +181,32 @@ class RankExecutor:
         self.sends = []
         return list(st.losses)
 
+    def run_forward(self, tokens: np.ndarray) -> list[float]:
+        """The forward of the global batch `tokens` [G, T+1] with the current weights:
+        this rank's micro-batch losses; weights, optimizer and loss scale untouched
+        (NOTE [held-out loss])."""
+        st = self.state
+        saved = self.tokens, st.losses
+        self.tokens, st.losses = tokens, []
+        try:
+            for row in self.task_rows:
+                if row.task.kind in FORWARD_KINDS:
+                    self._run_steps(-1, row)
+            self._complete(self.sends)
+            self.sends = []
+            return list(st.losses)
+        finally:
+            self.tokens, st.losses = saved
+
     def _run_row(self, r: int, row: _Row) -> None:
         start = time.perf_counter()
         self._count_live(row)
+        self._run_steps(r, row)
+        if self.trace is not None:
+            self.trace.record(row.task, self.step, start, time.perf_counter())
+
+    def _run_steps(self, r: int, row: _Row) -> None:
+        """The row's calls; after each, the SYNCs NOTE [sync issue point] starts there."""
         for i, step in enumerate(row.steps):
             if isinstance(step, _Native):
                 self._run_native(row.task, step)
@@ -171,8 +217,6 @@ class RankExecutor:
             self.pending = comm.drive_progress(self.in_flight + self.sends)
             for s in self.early_syncs.get((r, i), ()):  # NOTE [sync issue point]
                 self._run_row(s, self.task_rows[s])
-        if self.trace is not None:
-            self.trace.record(row.task, self.step, start, time.perf_counter())
 
     def finish(self) -> None:
         """Complete everything still in flight (the last step's view all-gathers)."""

@@ -1,6 +1,7 @@
 """Per-step metrics on rank 0: one JSON line per step (step, loss, tokens/s, step seconds,
 lr, gradient norm, loss scale and skipped steps; per rank the arena bytes, the measured and
-planned arena peaks and resident memory), the progress line and the run's summary.
+planned arena peaks and resident memory; eval_loss on the steps that evaluated), the
+progress line and the run's summary.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class StepMetrics:
     skipped_steps: int = 0              # skipped so far in the run, this step included
     arena_peak_bytes: list = ()         # per rank: most bytes of live buffers, measured
     planned_peak_bytes: list = ()       # per rank: plan_memory's peak
+    eval_loss: float | None = None      # held-out loss after this step; None: not evaluated
 
     def progress_line(self, steps: int) -> str:
         line = (f"step {self.step}/{steps}  loss {self.loss:.4f}  "
@@ -43,6 +45,8 @@ class StepMetrics:
             line += f"  grad norm {self.grad_norm:.3g}"
         if self.loss_scale is not None:
             line += f"  loss scale {self.loss_scale:g}"
+        if self.eval_loss is not None:
+            line += f"  eval loss {self.eval_loss:.4f}"
         return line + ("  skipped (gradient overflow)" if self.skipped else "")
 
 
@@ -58,7 +62,7 @@ class MetricsLog:
         self.steps.append(metrics)
         if self.path:
             with open(self.path, "a") as f:
-                f.write(json.dumps(asdict(metrics)) + "\n")
+                f.write(json.dumps(_record(metrics)) + "\n")
 
     def summary(self) -> str:
         if not self.steps:
@@ -69,6 +73,17 @@ class MetricsLog:
         scaling = "" if last.loss_scale is None else (
             f", {last.skipped_steps} skipped steps (gradient overflow), loss scale "
             f"{last.loss_scale:g}")
+        evaluated = [s.eval_loss for s in self.steps if s.eval_loss is not None]
+        held_out = f", eval loss {evaluated[-1]:.4f}" if evaluated else ""
         return (f"done: {len(self.steps)} steps, final loss {last.loss:.4f} "
-                f"(first {self.steps[0].loss:.4f}), {rate:,.0f} tokens/s{scaling}, arena "
+                f"(first {self.steps[0].loss:.4f}){held_out}, {rate:,.0f} tokens/s"
+                f"{scaling}, arena "
                 f"{max(last.arena_bytes) / 2 ** 20:.1f} MiB per rank (max)")
+
+
+def _record(metrics: StepMetrics) -> dict:
+    """The JSON line of a step: eval_loss only on the steps that evaluated."""
+    record = asdict(metrics)
+    if record["eval_loss"] is None:
+        del record["eval_loss"]
+    return record

@@ -15,7 +15,9 @@ import numpy as np
 
 from ratrain.optim import LossScaler, starting_scaler
 from ratrain.rt.checkpoint import checkpoint_name, load_checkpoint
-from ratrain.rt.data import Batches, DataError, training_rows
+from ratrain.rt.data import (Batches, DataError, prepare_text_data, text_settings,
+                             training_rows)
+from ratrain.rt.evaluate import due, evaluate, held_out
 from ratrain.rt.load import SetupError, open_program
 from ratrain.rt.metrics import MetricsLog, StepMetrics, rss_bytes
 from ratrain.rt.trace import TaskTrace
@@ -68,13 +70,17 @@ def prepare(args, world_size: int) -> dict:
         raise SetupError(f"--resume {args.resume} was trained on --data {state['data']} "
                          f"(the built-in corpus if None), not {args.data}: pass the same "
                          "--data to continue")
+    global_batch = o.dp * o.micro_batches * o.micro_batch_size
+    text = text_settings(args, config, build=False)  # NOTE [tokenize once] (rt/data.py)
     try:
-        rows = training_rows(args.data, o.seq_len, int(config["vocab_size"]))
-    except DataError as e:
+        rows = training_rows(args.data, o.seq_len, int(config["vocab_size"]), text)
+        held = held_out(args, o.seq_len + 1, global_batch, text)
+    except ValueError as e:  # DataError, or the eval flags
         raise SetupError(str(e)) from None
     shuffle, seed = state.get("shuffle", not args.no_shuffle), state.get("seed", args.seed)
-    batches = Batches(rows, o.dp * o.micro_batches * o.micro_batch_size, shuffle, seed)
+    batches = Batches(rows, global_batch, shuffle, seed)
     return {"program": program, "params": params, "moments": moments, "batches": batches,
+            "held_out": held,
             "step": state.get("step", 0), "data_order": {"shuffle": shuffle, "seed": seed},
             "scaler": loss_scaler(args, o.precision, state),
             "skipped_steps": state.get("skipped_steps", 0)}
@@ -104,10 +110,32 @@ def check_writable(path: str | None, flag: str) -> None:
         raise SetupError(f"cannot write {flag} {path}: {e.strerror}") from None
 
 
+def tokenize_on_rank0(args, comms) -> str | None:
+    """NOTE [tokenize once] (rt/data.py): rank 0 tokenizes the text data `ratrain run`
+    has not (started directly under mpiexec) while the others wait; its error, if any."""
+    from ratrain.rt import comm
+    if comms.rank != 0:
+        return None
+    try:
+        prepare_text_data(args, Path(args.program))
+    except (DataError, SetupError) as e:
+        return str(e)
+    except OSError as e:
+        return f"cannot read {e.filename}: {e.strerror}"
+    except Exception as e:  # a bug: say where and stop everyone
+        comm.abort_job(f"ratrain: rank 0 failed tokenizing: {type(e).__name__}: {e}")
+    return None
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from ratrain.rt import comm
     comms = comm.Communicators()
+    errors = comms.agree_on_errors(tokenize_on_rank0(args, comms))
+    if errors:
+        if comms.rank == 0:
+            print(f"ratrain: error: {errors[0]}", file=sys.stderr)
+        return 2
     job, error = None, None
     try:
         job = prepare(args, comms.size)
@@ -151,10 +179,13 @@ def train(args, comms, job: dict) -> None:
         losses = _run_step(executor, batches.step(k), optimizer_at(args, k + 1))
         gathered = comms.gather_to_root((losses, executor.arena_bytes, rss_bytes(),
                                          executor.peak_bytes, executor.planned_peak_bytes))
+        seconds = time.perf_counter() - start
+        eval_loss = evaluate(executor, comms, job["held_out"]) \
+            if due(job["held_out"], k + 1, args.steps) else None
         if comms.rank == 0:
             try:
-                _log_step(args, log, k + 1, gathered, tokens_per_step,
-                          time.perf_counter() - start, _gradient_metrics(program, st, scale))
+                _log_step(args, log, k + 1, gathered, tokens_per_step, seconds,
+                          _gradient_metrics(program, st, scale), eval_loss)
             except OSError as e:
                 comm.abort_job(f"ratrain: rank 0 failed writing metrics: {e}")
         if args.save_dir and (k + 1 == args.steps or args.save_every and
@@ -220,13 +251,14 @@ def _gradient_metrics(program, st, scale: float) -> dict:
 
 
 def _log_step(args, log: MetricsLog, step: int, gathered, tokens: int, seconds: float,
-              gradients: dict):
+              gradients: dict, eval_loss: float | None = None):
     losses = [loss for rank in gathered for loss in rank[0]]
     per_rank = list(zip(*gathered))
     metrics = StepMetrics(step, float(np.mean(losses)), tokens / seconds, seconds,
                           learning_rate(args, step), list(per_rank[1]), list(per_rank[2]),
                           arena_peak_bytes=list(per_rank[3]),
-                          planned_peak_bytes=list(per_rank[4]), **gradients)
+                          planned_peak_bytes=list(per_rank[4]), eval_loss=eval_loss,
+                          **gradients)
     log.write(metrics)
     if not args.quiet:
         print(metrics.progress_line(args.steps), flush=True)

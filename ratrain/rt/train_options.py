@@ -12,8 +12,20 @@ from ratrain.optim import INITIAL_LOSS_SCALE, LOSS_SCALE_WINDOW, AdamW
 # flag, type (None = switch), default, help
 TRAINING_OPTIONS = (
     ("--steps", int, 50, "training steps to run (default: 50)"),
-    ("--data", str, None, "training tokens: a .npy of integer rows [N, seq-len + 1] "
-     "(default: the installed Python standard library's sources as bytes, vocab 256)"),
+    ("--data", str, None, "training text: a .txt file, a directory of .txt files (sorted, "
+     "recursive), a .jsonl file (a \"text\" field per line), tokenized once into a cache "
+     "next to it; or a .npy of integer token rows [N, seq-len + 1] (default: the installed "
+     "Python standard library's sources as bytes, vocab 256)"),
+    ("--tokenizer", str, None, "directory holding the model's tokenizer.json for text data "
+     "(default: the --init-from checkpoint's, else UTF-8 bytes when the vocabulary has 256 "
+     "or more ids)"),
+    ("--eval-data", str, None, "held-out text or .npy rows (the --data formats): report the "
+     "mean next-token loss over --eval-batches global batches of it, without training on "
+     "it (default: none)"),
+    ("--eval-every", int, 0, "with --eval-data, evaluate after every N steps as well as "
+     "after the last one (default: 0 = after the last step only)"),
+    ("--eval-batches", int, 4, "global batches of --eval-data per evaluation, its first "
+     "rows in file order (default: 4, fewer if it has fewer rows)"),
     ("--no-shuffle", None, False, "take the rows in file order: step k uses rows "
      "[k*G, (k+1)*G), wrapping (default: a permutation seeded by --seed)"),
     ("--seed", int, 0, "seed of the initial weights and of the row order (default: 0)"),
@@ -49,7 +61,8 @@ TRAINING_OPTIONS = (
      "norm, loss scale, skipped, arena bytes and RSS per rank) to this file (default: none)"),
 )
 
-METAVARS = {"--steps": "N", "--data": "FILE", "--seed": "S", "--init-from": "DIR",
+METAVARS = {"--steps": "N", "--data": "FILE", "--tokenizer": "DIR", "--eval-data": "FILE",
+            "--eval-every": "N", "--eval-batches": "K", "--seed": "S", "--init-from": "DIR",
             "--lr": "LR", "--warmup": "N", "--min-lr": "LR", "--weight-decay": "W",
             "--beta1": "B1", "--beta2": "B2", "--eps": "EPS", "--metrics": "FILE",
             "--initial-loss-scale": "S", "--loss-scale-window": "N",

@@ -1,0 +1,95 @@
+"""Which tokenizer turns the user's text into the model's token ids, and its end-of-document
+token: --tokenizer DIR, else the --init-from checkpoint's tokenizer.json, else UTF-8 bytes
+(vocab 256, what the built-in corpus uses) when the model's vocabulary holds them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ratrain.data.sources import DataError
+
+TOKENIZER_FILE = "tokenizer.json"
+BYTE_SEPARATOR = 0                      # NOTE [byte documents]
+# special tokens that end a document, by preference, when neither the model's config
+# (eos_token_id) nor tokenizer_config.json (eos_token) names one
+EOS_NAMES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>")
+
+# NOTE [byte documents]: byte tokens use all 256 ids for the UTF-8 bytes, so no id is
+# free for an end-of-document token. Documents are separated by the NUL byte (id 0),
+# which UTF-8 text does not otherwise contain; the model's eos_token_id is not used.
+
+
+@dataclass(frozen=True)
+class TokenizerChoice:
+    path: Path | None                   # tokenizer.json; None: UTF-8 bytes
+    source: str                         # where it came from, for messages
+    digest: str                         # sha256 of tokenizer.json, or "bytes"
+    eos_id: int                         # appended after every document
+
+    def encoder(self):
+        """texts -> list of id arrays (no special tokens added; EOS is added by the caller)."""
+        if self.path is None:
+            return lambda texts: [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
+        tokenizer = _load(self.path, self.source)
+        return lambda texts: [np.asarray(e.ids, np.int64) for e in
+                              tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def choose_tokenizer(config: dict, tokenizer: str | None, init_from: str | None) -> TokenizerChoice:
+    """The tokenizer of a run (see the module docstring), or a one-line DataError."""
+    if tokenizer is not None:
+        path = Path(tokenizer)
+        path = path if path.is_file() else path / TOKENIZER_FILE
+        if not path.is_file():
+            raise DataError(f"--tokenizer {tokenizer} holds no {TOKENIZER_FILE}; pass the "
+                            "directory of the model's Hugging Face tokenizer")
+        return _hf_choice(path, f"--tokenizer {tokenizer}", config)
+    if init_from is not None and (Path(init_from) / TOKENIZER_FILE).is_file():
+        return _hf_choice(Path(init_from) / TOKENIZER_FILE, f"--init-from {init_from}", config)
+    vocab = int(config["vocab_size"])
+    if vocab < 256:
+        raise DataError(f"the model's vocabulary has {vocab} ids, too few for byte tokens "
+                        f"(256), and no tokenizer.json was given: pass --tokenizer DIR")
+    return TokenizerChoice(None, "byte tokens", "bytes", BYTE_SEPARATOR)
+
+
+def _hf_choice(path: Path, source: str, config: dict) -> TokenizerChoice:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return TokenizerChoice(path, source, digest, eos_id(config, path, source))
+
+
+def eos_id(config: dict, path: Path, source: str) -> int:
+    """The config's eos_token_id (the first of a list), else the tokenizer's EOS token."""
+    configured = config.get("eos_token_id")
+    if isinstance(configured, list):
+        configured = configured[0] if configured else None
+    if configured is not None:
+        return int(configured)
+    tokenizer = _load(path, source)
+    for name in (_configured_eos(path.parent), *EOS_NAMES):
+        if name is not None and (found := tokenizer.token_to_id(name)) is not None:
+            return found
+    raise DataError(f"cannot tell the end-of-document token of {source}: set eos_token_id "
+                    f"in the model's config.json or eos_token in tokenizer_config.json")
+
+
+def _configured_eos(folder: Path) -> str | None:
+    """eos_token of tokenizer_config.json (a string or {"content": ...}), if any."""
+    try:
+        token = json.loads((folder / "tokenizer_config.json").read_text()).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _load(path: Path, source: str):
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the library raises plain Exceptions for malformed files
+        raise DataError(f"{source}: cannot read {path}: {str(e).splitlines()[0]}") from None
