@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ratrain.models.rope import RopeSpec, rope_spec
+
 PRESET_DIR = Path(__file__).parent / "presets"
 FAMILIES = ("llama", "qwen2", "baichuan")
 
@@ -46,11 +48,11 @@ def fill_defaults(config: dict, source: str = "config") -> dict:
     if family not in FAMILIES:
         raise ValueError(f"{source}: model_type {family!r} not supported ({', '.join(FAMILIES)})")
     c.setdefault("num_key_value_heads", c["num_attention_heads"])
-    c.setdefault("rope_theta", 1000000.0 if family == "qwen2" else 10000.0)
     c.setdefault("rms_norm_eps", 1e-6)
     c.setdefault("initializer_range", 0.02)
     c.setdefault("tie_word_embeddings", False)
     c.setdefault("max_position_embeddings", c.get("model_max_length", 4096))
+    c.setdefault("rope_theta", rope_spec(c, source).theta)  # refuses RoPE ratrain can't do
     _check_supported(c, source)
     return c
 
@@ -59,7 +61,6 @@ def _check_supported(c: dict, source: str) -> None:
     """Refuse config features the layer functions would otherwise silently ignore."""
     unsupported = {
         "tie_word_embeddings": c["tie_word_embeddings"],   # the head owns its lm_head.weight
-        "rope_scaling": c.get("rope_scaling") is not None,
         "hidden_act": c.get("hidden_act", "silu") != "silu",
         "attention_bias": c["model_type"] == "llama" and bool(c.get("attention_bias")),
         "use_sliding_window": bool(c.get("use_sliding_window")),
@@ -81,7 +82,11 @@ class ModelDims:
     intermediate: int           # MLP inner width
     layers: int                 # num_hidden_layers
     eps: float                  # RMSNorm epsilon
-    rope_theta: float           # RoPE base (unused by ALiBi models)
+    rope: RopeSpec              # RoPE base and scaling (unused by ALiBi models)
+
+    @property
+    def rope_theta(self) -> float:
+        return self.rope.theta
 
     @property
     def alibi(self) -> bool:    # Baichuan2-13B: ALiBi instead of RoPE
@@ -106,4 +111,4 @@ def model_dims(config: dict) -> ModelDims:
     return ModelDims(c["model_type"], c["vocab_size"], c["hidden_size"], heads,
                      c["num_key_value_heads"], c.get("head_dim") or c["hidden_size"] // heads,
                      c["intermediate_size"], c["num_hidden_layers"], float(c["rms_norm_eps"]),
-                     float(c["rope_theta"]))
+                     rope_spec(c))

@@ -59,7 +59,7 @@ def _self_attention(d: ModelDims, w, x):
     B, T, _ = x.shape
     q, k, v = _project_qkv(d, w, x)
     if not d.alibi:
-        q, k = ops.rope(q, theta=d.rope_theta), ops.rope(k, theta=d.rope_theta)
+        q, k = ops.rope(q, d.rope), ops.rope(k, d.rope)
     o = ops.attention(q, k, v, causal=True, alibi=d.alibi)
     return ops.matmul(o.reshape(B, T, d.heads * d.head_dim), w["self_attn.o_proj.weight"])
 
