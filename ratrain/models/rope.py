@@ -50,6 +50,19 @@ class RopeSpec:
         return f"rope[theta={self.theta!r} type={self.rope_type}{fields}]"
 
 
+def op_params(spec: RopeSpec) -> dict:
+    """The IR params of a rope op: `theta`, plus `type` and `scaling` unless plain RoPE
+    (so plain RoPE prints `rope[theta=10000.0]`)."""
+    if not spec.scaled:
+        return {"theta": float(spec.theta)}
+    return {"theta": float(spec.theta), "type": spec.rope_type, "scaling": spec.params}
+
+
+def spec_of(theta: float, type: str = "default", scaling: tuple = ()) -> RopeSpec:
+    """The RopeSpec a rope op's params describe: spec_of(**op_params(spec)) == spec."""
+    return RopeSpec(float(theta), type, tuple(tuple(p) for p in scaling))
+
+
 # --- reading a config -----------------------------------------------------------------
 
 def rope_spec(config: dict, source: str = "config") -> RopeSpec:

@@ -14,14 +14,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from ratrain.models.rope import RopeSpec, attention_scaling, inv_freq
+from ratrain.models.rope import RopeSpec, attention_scaling, inv_freq, op_params, spec_of
 from ratrain.ops._common import compute_dtype
 from ratrain.ops.define import define_op
-
-
-def spec_of(theta: float, type: str = "default", scaling: tuple = ()) -> RopeSpec:
-    """The RopeSpec an op's params describe (codegen reads it too)."""
-    return RopeSpec(float(theta), type, tuple(scaling))
 
 
 @lru_cache(maxsize=None)
@@ -68,7 +63,4 @@ def rope(x, spec: RopeSpec | None = None, *, theta: float | None = None):
     `theta`)."""
     if (spec is None) == (theta is None):
         raise TypeError("rope: give exactly one of spec and theta")
-    spec = spec or RopeSpec(float(theta))
-    if not spec.scaled:
-        return _rope(x, theta=float(spec.theta))
-    return _rope(x, theta=float(spec.theta), type=spec.rope_type, scaling=spec.params)
+    return _rope(x, **op_params(spec or RopeSpec(float(theta))))
