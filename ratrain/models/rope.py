@@ -209,10 +209,12 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 # NOTE [RoPE tables in float32]: transformers computes inv_freq with float32 torch ops and
 # the cos/sin tables as float32(cos(float32(t * inv_freq))) * attention_factor. The powers
-# theta^(2i/D) here are float64 pow rounded to float32 (torch's float32 pow gives the same
-# correctly rounded values for the configs the tests build); every step after that is
-# float32 in torch's order, where torch's `scalar / tensor` is `tensor.reciprocal() *
-# scalar`. The result equals transformers' inv_freq bit for bit (tests/models).
+# theta^(2i/D) here are float64 pow rounded to float32; torch's float32 pow agrees with
+# that for ~99% of exponents and is 1 ulp off for the rest (its vectorised powf is not
+# correctly rounded, and differs by CPU), so that 1 ulp is the contract. Every step after
+# the powers is float32 in torch's order, where torch's `scalar / tensor` is
+# `tensor.reciprocal() * scalar`; tests/models/test_rope_configs.py holds inv_freq to
+# transformers' within 1 ulp for every type.
 
 def inv_freq(spec: RopeSpec, head_dim: int) -> np.ndarray:
     """float32 [head_dim/2]: the rotation frequency of each dimension pair."""
