@@ -67,10 +67,13 @@ int rmsnorm_fwd_##X(T *out, float *rstd, const T *x, const T *w, int N, int C, f
 /* dx [N,C] overwritten; dw [C] f32 accumulated (+=) */                                      \
 int rmsnorm_bwd_##X(T *dx, float *dw, const T *dout, const T *x, const T *w,                 \
                     const float *rstd, int N, int C, int threads);                           \
-/* out,x [B,T,H,D], positions 0..T-1, HF rotate_half; backward = inverse rotation */         \
-int rope_fwd_##X(T *out, const T *x, int B, int T_, int H, int D, float theta, int threads); \
-int rope_bwd_##X(T *dx, const T *dout, int B, int T_, int H, int D, float theta,             \
-                 int threads);                                                               \
+/* out,x [B,T,H,D], positions 0..T-1, HF rotate_half; inv_freq [D/2] f32 (any RoPE type,    \
+ * from ratrain.models.rope), cos and sin times scale (yarn's attention factor, else 1);     \
+ * backward = inverse rotation times the same scale (the transpose) */                       \
+int rope_fwd_##X(T *out, const T *x, int B, int T_, int H, int D, const float *inv_freq,     \
+                 float scale, int threads);                                                  \
+int rope_bwd_##X(T *dx, const T *dout, int B, int T_, int H, int D, const float *inv_freq,   \
+                 float scale, int threads);                                                  \
 /* out = silu(gate) * up, all [n]; backward overwrites dgate, dup */                         \
 int swiglu_fwd_##X(T *out, const T *gate, const T *up, size_t n, int threads);               \
 int swiglu_bwd_##X(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n,    \

@@ -17,8 +17,8 @@ cdef extern from "ratrain_kernels.h" nogil:
     int c_attention_bwd_f16 "attention_bwd_f16"(unsigned short *dq, unsigned short *dk, unsigned short *dv, const unsigned short *q, const unsigned short *k, const unsigned short *v, const unsigned short *o, const float *lse, const unsigned short *dout, const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal, int threads)
     int c_rmsnorm_fwd_f16 "rmsnorm_fwd_f16"(unsigned short *out, float *rstd, const unsigned short *x, const unsigned short *w, int N, int C, float eps, int threads)
     int c_rmsnorm_bwd_f16 "rmsnorm_bwd_f16"(unsigned short *dx, float *dw, const unsigned short *dout, const unsigned short *x, const unsigned short *w, const float *rstd, int N, int C, int threads)
-    int c_rope_fwd_f16 "rope_fwd_f16"(unsigned short *out, const unsigned short *x, int B, int T, int H, int D, float theta, int threads)
-    int c_rope_bwd_f16 "rope_bwd_f16"(unsigned short *dx, const unsigned short *dout, int B, int T, int H, int D, float theta, int threads)
+    int c_rope_fwd_f16 "rope_fwd_f16"(unsigned short *out, const unsigned short *x, int B, int T, int H, int D, const float *inv_freq, float scale, int threads)
+    int c_rope_bwd_f16 "rope_bwd_f16"(unsigned short *dx, const unsigned short *dout, int B, int T, int H, int D, const float *inv_freq, float scale, int threads)
     int c_swiglu_fwd_f16 "swiglu_fwd_f16"(unsigned short *out, const unsigned short *gate, const unsigned short *up, size_t n, int threads)
     int c_swiglu_bwd_f16 "swiglu_bwd_f16"(unsigned short *dgate, unsigned short *dup, const unsigned short *dout, const unsigned short *gate, const unsigned short *up, size_t n, int threads)
     int c_embedding_fwd_f16 "embedding_fwd_f16"(unsigned short *out, const int32_t *ids, const unsigned short *table, int N, int V, int C, int threads)
@@ -30,8 +30,8 @@ cdef extern from "ratrain_kernels.h" nogil:
     int c_attention_bwd_f32 "attention_bwd_f32"(float *dq, float *dk, float *dv, const float *q, const float *k, const float *v, const float *o, const float *lse, const float *dout, const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal, int threads)
     int c_rmsnorm_fwd_f32 "rmsnorm_fwd_f32"(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps, int threads)
     int c_rmsnorm_bwd_f32 "rmsnorm_bwd_f32"(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd, int N, int C, int threads)
-    int c_rope_fwd_f32 "rope_fwd_f32"(float *out, const float *x, int B, int T, int H, int D, float theta, int threads)
-    int c_rope_bwd_f32 "rope_bwd_f32"(float *dx, const float *dout, int B, int T, int H, int D, float theta, int threads)
+    int c_rope_fwd_f32 "rope_fwd_f32"(float *out, const float *x, int B, int T, int H, int D, const float *inv_freq, float scale, int threads)
+    int c_rope_bwd_f32 "rope_bwd_f32"(float *dx, const float *dout, int B, int T, int H, int D, const float *inv_freq, float scale, int threads)
     int c_swiglu_fwd_f32 "swiglu_fwd_f32"(float *out, const float *gate, const float *up, size_t n, int threads)
     int c_swiglu_bwd_f32 "swiglu_bwd_f32"(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n, int threads)
     int c_embedding_fwd_f32 "embedding_fwd_f32"(float *out, const int32_t *ids, const float *table, int N, int V, int C, int threads)
@@ -57,10 +57,10 @@ cdef int rmsnorm_fwd_f16(unsigned short *out, float *rstd, const unsigned short 
     return c_rmsnorm_fwd_f16(out, rstd, x, w, N, C, eps, threads)
 cdef int rmsnorm_bwd_f16(unsigned short *dx, float *dw, const unsigned short *dout, const unsigned short *x, const unsigned short *w, const float *rstd, int N, int C, int threads) noexcept nogil:
     return c_rmsnorm_bwd_f16(dx, dw, dout, x, w, rstd, N, C, threads)
-cdef int rope_fwd_f16(unsigned short *out, const unsigned short *x, int B, int T, int H, int D, float theta, int threads) noexcept nogil:
-    return c_rope_fwd_f16(out, x, B, T, H, D, theta, threads)
-cdef int rope_bwd_f16(unsigned short *dx, const unsigned short *dout, int B, int T, int H, int D, float theta, int threads) noexcept nogil:
-    return c_rope_bwd_f16(dx, dout, B, T, H, D, theta, threads)
+cdef int rope_fwd_f16(unsigned short *out, const unsigned short *x, int B, int T, int H, int D, const float *inv_freq, float scale, int threads) noexcept nogil:
+    return c_rope_fwd_f16(out, x, B, T, H, D, inv_freq, scale, threads)
+cdef int rope_bwd_f16(unsigned short *dx, const unsigned short *dout, int B, int T, int H, int D, const float *inv_freq, float scale, int threads) noexcept nogil:
+    return c_rope_bwd_f16(dx, dout, B, T, H, D, inv_freq, scale, threads)
 cdef int swiglu_fwd_f16(unsigned short *out, const unsigned short *gate, const unsigned short *up, size_t n, int threads) noexcept nogil:
     return c_swiglu_fwd_f16(out, gate, up, n, threads)
 cdef int swiglu_bwd_f16(unsigned short *dgate, unsigned short *dup, const unsigned short *dout, const unsigned short *gate, const unsigned short *up, size_t n, int threads) noexcept nogil:
@@ -83,10 +83,10 @@ cdef int rmsnorm_fwd_f32(float *out, float *rstd, const float *x, const float *w
     return c_rmsnorm_fwd_f32(out, rstd, x, w, N, C, eps, threads)
 cdef int rmsnorm_bwd_f32(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd, int N, int C, int threads) noexcept nogil:
     return c_rmsnorm_bwd_f32(dx, dw, dout, x, w, rstd, N, C, threads)
-cdef int rope_fwd_f32(float *out, const float *x, int B, int T, int H, int D, float theta, int threads) noexcept nogil:
-    return c_rope_fwd_f32(out, x, B, T, H, D, theta, threads)
-cdef int rope_bwd_f32(float *dx, const float *dout, int B, int T, int H, int D, float theta, int threads) noexcept nogil:
-    return c_rope_bwd_f32(dx, dout, B, T, H, D, theta, threads)
+cdef int rope_fwd_f32(float *out, const float *x, int B, int T, int H, int D, const float *inv_freq, float scale, int threads) noexcept nogil:
+    return c_rope_fwd_f32(out, x, B, T, H, D, inv_freq, scale, threads)
+cdef int rope_bwd_f32(float *dx, const float *dout, int B, int T, int H, int D, const float *inv_freq, float scale, int threads) noexcept nogil:
+    return c_rope_bwd_f32(dx, dout, B, T, H, D, inv_freq, scale, threads)
 cdef int swiglu_fwd_f32(float *out, const float *gate, const float *up, size_t n, int threads) noexcept nogil:
     return c_swiglu_fwd_f32(out, gate, up, n, threads)
 cdef int swiglu_bwd_f32(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n, int threads) noexcept nogil:

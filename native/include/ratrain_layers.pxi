@@ -38,31 +38,36 @@ def rmsnorm_bwd(dy, x, w, rstd, *, dw=None, threads=1):
     return dx, dw
 
 
-def _rope(x, theta, threads, int inverse):
+def _rope(x, inv_freq, scale, threads, int inverse):
     cdef int dt = _fdt(x, "x")
     x = _c(x, x.dtype)
+    inv_freq = _c(inv_freq, np.float32)
     y = np.empty_like(x)
     cdef int B, T, H, D, t = threads, st
     B, T, H, D = x.shape
+    if inv_freq.shape != (D // 2,):
+        raise ValueError(f"rope: inv_freq has shape {inv_freq.shape}, want ({D // 2},)")
     cdef void *py = _p(y), *px = _p(x)
-    cdef float th = theta
+    cdef const float *pf = <const float *>_p(inv_freq)
+    cdef float s = scale
     with nogil:
-        if dt and not inverse: st = c_rope_fwd_f16(<half_t *>py, <half_t *>px, B, T, H, D, th, t)
-        elif dt: st = c_rope_bwd_f16(<half_t *>py, <half_t *>px, B, T, H, D, th, t)
-        elif not inverse: st = c_rope_fwd_f32(<float *>py, <float *>px, B, T, H, D, th, t)
-        else: st = c_rope_bwd_f32(<float *>py, <float *>px, B, T, H, D, th, t)
+        if dt and not inverse: st = c_rope_fwd_f16(<half_t *>py, <half_t *>px, B, T, H, D, pf, s, t)
+        elif dt: st = c_rope_bwd_f16(<half_t *>py, <half_t *>px, B, T, H, D, pf, s, t)
+        elif not inverse: st = c_rope_fwd_f32(<float *>py, <float *>px, B, T, H, D, pf, s, t)
+        else: st = c_rope_bwd_f32(<float *>py, <float *>px, B, T, H, D, pf, s, t)
     _check(st, "rope")
     return y
 
 
-def rope_fwd(x, *, theta=10000.0, threads=1):
-    """HF LLaMA rotary embedding of x [B, T, H, D] at positions 0..T-1."""
-    return _rope(x, theta, threads, 0)
+def rope_fwd(x, inv_freq, *, scale=1.0, threads=1):
+    """HF LLaMA rotary embedding of x [B, T, H, D] at positions 0..T-1: frequencies
+    inv_freq [D/2] (ratrain.models.rope.inv_freq), cos and sin times `scale`."""
+    return _rope(x, inv_freq, scale, threads, 0)
 
 
-def rope_bwd(dy, *, theta=10000.0, threads=1):
-    """Gradient of rope_fwd: the inverse rotation of dy."""
-    return _rope(dy, theta, threads, 1)
+def rope_bwd(dy, inv_freq, *, scale=1.0, threads=1):
+    """Gradient of rope_fwd: the inverse rotation of dy times the same scale."""
+    return _rope(dy, inv_freq, scale, threads, 1)
 
 
 def swiglu_fwd(gate, up, *, threads=1):

@@ -20,7 +20,9 @@ void ref_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, in
                      float eps);
 void ref_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,
                      int N, int C, float eps);
-void ref_rope(float *out, const float *x, int B, int T, int H, int D, float theta, int inverse);
+/* out = scale * rotate(x) by angles t * inv_freq [D/2]; inverse: the transpose */
+void ref_rope(float *out, const float *x, int B, int T, int H, int D, const float *inv_freq,
+              float scale, int inverse);
 void ref_swiglu_fwd(float *out, const float *gate, const float *up, size_t n);
 void ref_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
                     const float *up, size_t n);

@@ -30,7 +30,8 @@ void ref_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, co
     }
 }
 
-void ref_rope(float *out, const float *x, int B, int T, int H, int D, float theta, int inverse) {
+void ref_rope(float *out, const float *x, int B, int T, int H, int D, const float *inv_freq,
+              float scale, int inverse) {
     int half = D / 2;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
@@ -38,8 +39,8 @@ void ref_rope(float *out, const float *x, int B, int T, int H, int D, float thet
                 const float *xr = x + (((size_t)b * T + t) * H + h) * D;
                 float *o = out + (((size_t)b * T + t) * H + h) * D;
                 for (int i = 0; i < half; i++) {
-                    double ang = (double)t * (float)(1.0 / pow(theta, 2.0 * i / D));
-                    double c = cos(ang), s = inverse ? -sin(ang) : sin(ang);
+                    double ang = (double)t * inv_freq[i];
+                    double c = cos(ang) * scale, s = (inverse ? -sin(ang) : sin(ang)) * scale;
                     o[i] = (float)(xr[i] * c - xr[i + half] * s);
                     o[i + half] = (float)(xr[i + half] * c + xr[i] * s);
                 }

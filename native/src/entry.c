@@ -16,13 +16,14 @@ int rmsnorm_bwd_##sfx(T *dx, float *dw, const T *dout, const T *x, const T *w,  
                       const float *rstd, int N, int C, int threads) {\
     if (BAD_THREADS(threads)) return RT_EINVAL; \
     return rt_rmsnorm_bwd(dx, dw, dout, x, w, rstd, N, C, DT, threads); }                     \
-int rope_fwd_##sfx(T *out, const T *x, int B, int T_, int H, int D, float theta, int threads) {\
+int rope_fwd_##sfx(T *out, const T *x, int B, int T_, int H, int D, const float *inv_freq,   \
+                   float scale, int threads) {\
     if (BAD_THREADS(threads)) return RT_EINVAL; \
-    return rt_rope(out, x, B, T_, H, D, theta, 0, DT, threads); }                             \
-int rope_bwd_##sfx(T *dx, const T *dout, int B, int T_, int H, int D, float theta,            \
-                   int threads) {\
+    return rt_rope(out, x, B, T_, H, D, inv_freq, scale, 0, DT, threads); }                   \
+int rope_bwd_##sfx(T *dx, const T *dout, int B, int T_, int H, int D, const float *inv_freq,  \
+                   float scale, int threads) {\
     if (BAD_THREADS(threads)) return RT_EINVAL; \
-    return rt_rope(dx, dout, B, T_, H, D, theta, 1, DT, threads); }                           \
+    return rt_rope(dx, dout, B, T_, H, D, inv_freq, scale, 1, DT, threads); }                 \
 int swiglu_fwd_##sfx(T *out, const T *gate, const T *up, size_t n, int threads) {\
     if (BAD_THREADS(threads)) return RT_EINVAL; \
     return rt_swiglu_fwd(out, gate, up, n, DT, threads); }                                    \

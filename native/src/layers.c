@@ -60,20 +60,22 @@ int rt_rmsnorm_bwd(void *dx, float *dw, const void *dout, const void *x, const v
     return RT_OK;
 }
 
-/* HF rotate_half: out[i] = x[i] cos - x[i+D/2] sin, out[i+D/2] = x[i+D/2] cos + x[i] sin;
- * the backward is the inverse rotation (sin -> -sin) */
-int rt_rope(void *out, const void *x, int B, int T, int H, int D, float theta, int inverse,
-            rt_dtype dt, int threads) {
-    if (B <= 0 || T <= 0 || H <= 0 || D <= 0 || D % 2 || (size_t)D * 8 > rt_am_bytes()) return RT_EINVAL;
+/* HF rotate_half with cos, sin scaled by s (yarn's attention factor, else 1):
+ * out[i] = s (x[i] cos - x[i+D/2] sin), out[i+D/2] = s (x[i+D/2] cos + x[i] sin), angle
+ * t * inv_freq[i] (ratrain.models.rope computes inv_freq for every RoPE type); the backward
+ * is the transpose: the inverse rotation (sin -> -sin) times the same s */
+int rt_rope(void *out, const void *x, int B, int T, int H, int D, const float *inv_freq,
+            float scale, int inverse, rt_dtype dt, int threads) {
+    if (B <= 0 || T <= 0 || H <= 0 || D <= 0 || D % 2 || !inv_freq ||
+        (size_t)D * 8 > rt_am_bytes()) return RT_EINVAL;
     int half = D / 2;
     float *tab = malloc((size_t)T * D * sizeof(float));      /* [T][cos(D/2) sin(D/2)] */
     if (!tab) return RT_ENOMEM;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < half; i++) {
-            float inv_freq = (float)(1.0 / pow((double)theta, 2.0 * i / D));
-            double ang = (double)t * inv_freq;
-            tab[(size_t)t * D + i] = (float)cos(ang);
-            tab[(size_t)t * D + half + i] = (float)(inverse ? -sin(ang) : sin(ang));
+            double ang = (double)t * inv_freq[i];
+            tab[(size_t)t * D + i] = (float)(cos(ang) * scale);
+            tab[(size_t)t * D + half + i] = (float)((inverse ? -sin(ang) : sin(ang)) * scale);
         }
     const rt_simd *S = rt_simd_get();
     size_t rows = (size_t)B * T * H;

@@ -8,8 +8,8 @@ int rt_rmsnorm_fwd(void *out, float *rstd, const void *x, const void *w, int N, 
                    float eps, rt_dtype dt, int threads);
 int rt_rmsnorm_bwd(void *dx, float *dw, const void *dout, const void *x, const void *w,
                    const float *rstd, int N, int C, rt_dtype dt, int threads);
-int rt_rope(void *out, const void *x, int B, int T, int H, int D, float theta, int inverse,
-            rt_dtype dt, int threads);
+int rt_rope(void *out, const void *x, int B, int T, int H, int D, const float *inv_freq,
+            float scale, int inverse, rt_dtype dt, int threads);
 int rt_swiglu_fwd(void *out, const void *gate, const void *up, size_t n, rt_dtype dt, int threads);
 int rt_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                   size_t n, rt_dtype dt, int threads);

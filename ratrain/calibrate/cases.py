@@ -15,6 +15,7 @@ import numpy as np
 
 from ratrain.ir.costs import coarse_bwd_flops, node_flops
 from ratrain.ir.graph import Node, Var
+from ratrain.models.rope import RopeSpec, inv_freq
 from ratrain.sim.kernels import node_bytes
 
 # Rows (tokens of a micro-batch) and widths of the tiny presets and of a small model
@@ -119,10 +120,10 @@ def norm_cases(kernels, rng) -> list[Case]:
 def rope_cases(kernels, rng) -> list[Case]:
     cases = []
     for b, t, h, d in ATTENTION:
-        x = _random(rng, b, t, h, d)
+        x, freqs = _random(rng, b, t, h, d), inv_freq(RopeSpec(10000.0), d)
         cases += _pair("rope", f"B={b} T={t} H={h} D={d}", ((x,), (x,)), ((x,), (x,)),
-                       lambda th, x=x: kernels.rope_fwd(x, threads=th),
-                       lambda th, x=x: kernels.rope_bwd(x, threads=th), theta=10000.0)
+                       lambda th, x=x, f=freqs: kernels.rope_fwd(x, f, threads=th),
+                       lambda th, x=x, f=freqs: kernels.rope_bwd(x, f, threads=th), theta=10000.0)
     return cases
 
 

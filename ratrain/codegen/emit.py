@@ -6,6 +6,7 @@ the layer or micro-batch (what lets one function serve a whole class of tasks).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -149,18 +150,31 @@ def rms_norm_bwd(call, arg: Arg) -> Emitted:
     return Emitted(lines + _cast_back(arg, dw, _size(dw)), scratch)
 
 
+def _rope_args(call, head_dim: int) -> tuple[str, dict]:
+    """The `inv_freq, scale` arguments: a module table INV_FREQ_<D>_<digest> holding
+    ratrain.models.rope's frequencies of the op's spec, and the cos/sin scale."""
+    from ratrain.models.rope import attention_scaling, inv_freq, spec_of
+    spec = spec_of(**_params(call))
+    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:8]
+    name = f"INV_FREQ_{head_dim}_{digest}"
+    values = [float(v) for v in inv_freq(spec, head_dim)]
+    return f"{name}, {attention_scaling(spec)!r}", {name: values}
+
+
 def rope(call, arg: Arg) -> Emitted:
     (x,), (out,) = call.inputs, call.outputs
     dims = ", ".join(map(str, x.shape))
-    return Emitted([f"st = rope_fwd_{_k(call)}({arg(out)}, {arg(x)}, {dims}, "
-                    f"{_params(call)['theta']!r}, threads)"])
+    freqs, tables = _rope_args(call, x.shape[-1])
+    return Emitted([f"st = rope_fwd_{_k(call)}({arg(out)}, {arg(x)}, {dims}, {freqs}, threads)"],
+                   tables=tables)
 
 
 def rope_bwd(call, arg: Arg) -> Emitted:
     (dy,), (dx,) = call.inputs, call.outputs
     dims = ", ".join(map(str, dy.shape))
-    return Emitted([f"st = rope_bwd_{_k(call)}({arg(dx)}, {arg(dy)}, {dims}, "
-                    f"{_params(call)['theta']!r}, threads)"])
+    freqs, tables = _rope_args(call, dy.shape[-1])
+    return Emitted([f"st = rope_bwd_{_k(call)}({arg(dx)}, {arg(dy)}, {dims}, {freqs}, threads)"],
+                   tables=tables)
 
 
 def swiglu(call, arg: Arg) -> Emitted:

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ratrain.models.rope import RopeSpec, rope_spec
+
 PRESET_DIR = Path(__file__).parent / "presets"
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "baichuan")
 # The integer fields every config must give, and what each one is (for the error message).
@@ -56,7 +58,6 @@ def fill_defaults(config: dict, source: str = "config") -> dict:
     validate_config(c, source)
     family = c["model_type"]
     c.setdefault("num_key_value_heads", c["num_attention_heads"])
-    c.setdefault("rope_theta", 1000000.0 if family == "qwen2" else 10000.0)
     c.setdefault("rms_norm_eps", 1e-6)
     c.setdefault("initializer_range", 0.02)
     c.setdefault("tie_word_embeddings", False)
@@ -65,6 +66,7 @@ def fill_defaults(config: dict, source: str = "config") -> dict:
         c.setdefault("head_dim", QWEN3_HEAD_DIM)
     if family == "mistral":
         c.setdefault("sliding_window", MISTRAL_WINDOW)
+    c.setdefault("rope_theta", rope_spec(c, source).theta)  # refuses RoPE ratrain can't do
     return c
 
 
@@ -146,7 +148,7 @@ def _check_heads(c: dict, source: str) -> None:
 
 # What each refused field must be instead (the fix in the error message).
 _SUPPORTED = {"tie_word_embeddings": "false for baichuan (NormHead normalises lm_head)",
-              "rope_scaling": "null", "hidden_act": "'silu'", "mlp_bias": "false",
+              "hidden_act": "'silu'", "mlp_bias": "false",
               "use_sliding_window": "false", "layer_types": "all 'full_attention'",
               "attention_bias": "false for this family"}
 
@@ -156,7 +158,6 @@ def _check_supported(c: dict, source: str) -> None:
     family = c["model_type"]
     unsupported = {
         "tie_word_embeddings": family == "baichuan" and bool(c.get("tie_word_embeddings")),
-        "rope_scaling": c.get("rope_scaling") is not None,
         "hidden_act": c.get("hidden_act", "silu") != "silu",
         "mlp_bias": bool(c.get("mlp_bias")),
         "use_sliding_window": bool(c.get("use_sliding_window")),
@@ -181,7 +182,7 @@ class ModelDims:
     intermediate: int           # MLP inner width
     layers: int                 # num_hidden_layers
     eps: float                  # RMSNorm epsilon
-    rope_theta: float           # RoPE base (unused by ALiBi models)
+    rope: RopeSpec              # RoPE base and scaling (unused by ALiBi models)
     tied: bool = False          # tie_word_embeddings: lm_head IS model.embed_tokens.weight
     attention_bias: bool = False  # LLaMA/Qwen3 attention_bias: biases on q, k, v and o
     sliding_window: int | None = None  # Mistral: keys further back than this are masked
@@ -189,6 +190,10 @@ class ModelDims:
     @property
     def qk_norm(self) -> bool:  # Qwen3: RMSNorm over head_dim on q and k, before RoPE
         return self.family == "qwen3"
+
+    @property
+    def rope_theta(self) -> float:
+        return self.rope.theta
 
     @property
     def alibi(self) -> bool:    # Baichuan2-13B: ALiBi instead of RoPE
@@ -217,7 +222,7 @@ def model_dims(config: dict) -> ModelDims:
     return ModelDims(c["model_type"], c["vocab_size"], c["hidden_size"], heads,
                      c["num_key_value_heads"], c.get("head_dim") or c["hidden_size"] // heads,
                      c["intermediate_size"], c["num_hidden_layers"], float(c["rms_norm_eps"]),
-                     float(c["rope_theta"]), tied=bool(c["tie_word_embeddings"]),
+                     rope_spec(c), tied=bool(c["tie_word_embeddings"]),
                      attention_bias=_attention_bias(c), sliding_window=_sliding_window(c))
 
 

@@ -71,7 +71,7 @@ def _self_attention(d: ModelDims, w, x):
     check_sequence_length(d, T)   # causal attention == Mistral's window only up to it
     q, k, v = _project_qkv(d, w, x)
     if not d.alibi:
-        q, k = ops.rope(q, theta=d.rope_theta), ops.rope(k, theta=d.rope_theta)
+        q, k = ops.rope(q, d.rope), ops.rope(k, d.rope)
     o = ops.attention(q, k, v, causal=True, alibi=d.alibi)
     o_bias = w["self_attn.o_proj.bias"] if d.o_bias else None
     return ops.matmul(o.reshape(B, T, d.heads * d.head_dim), w["self_attn.o_proj.weight"], o_bias)

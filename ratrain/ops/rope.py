@@ -1,21 +1,32 @@
 """Rotary position embedding (Hugging Face LLaMA "rotate_half" convention).
 
-x[B, T, H, D] at positions 0..T-1: out = x*cos + rotate_half(x)*sin with
-inv_freq[i] = theta^(-2i/D) repeated over both halves. The map is a rotation, so its
-backward is the inverse rotation and saves nothing.
+x[B, T, H, D] at positions 0..T-1: out = s * (x*cos + rotate_half(x)*sin), with the
+frequencies and the attention factor s of a RopeSpec (ratrain.models.rope: default,
+linear, llama3, yarn), each frequency repeated over both halves. The params are the
+spec's numbers (`theta`, and `type` and `scaling` when it is not plain RoPE), so the IR
+stays hashable and prints `rope[theta=10000.0]` for plain RoPE as before. The map is a
+rotation times s, so its transpose is the inverse rotation times the same s (not 1/s);
+the backward saves nothing.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
+import numpy as np
+
+from ratrain.models.rope import RopeSpec, attention_scaling, inv_freq, op_params, spec_of
 from ratrain.ops._common import compute_dtype
 from ratrain.ops.define import define_op
 
 
-def _cos_sin(xp, seq_len, head_dim, theta, dtype):
-    """cos, sin [T, D] for positions 0..T-1."""
-    inv_freq = 1.0 / (theta ** (xp.arange(0, head_dim, 2).astype(dtype) / head_dim))
-    angles = xp.arange(seq_len).astype(dtype)[:, None] * inv_freq[None, :]
-    angles = xp.concatenate([angles, angles], axis=-1)
-    return xp.cos(angles), xp.sin(angles)
+@lru_cache(maxsize=None)
+def _tables(spec: RopeSpec, seq_len: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """float32 cos, sin [T, D] times the attention factor, as transformers builds them
+    (NOTE [RoPE tables in float32] in ratrain.models.rope)."""
+    freqs = np.arange(seq_len, dtype=np.float32)[:, None] * inv_freq(spec, head_dim)[None, :]
+    angles = np.concatenate([freqs, freqs], axis=-1)
+    scale = np.float32(attention_scaling(spec))
+    return np.cos(angles) * scale, np.sin(angles) * scale
 
 
 def _rotate_half(xp, x):
@@ -23,20 +34,22 @@ def _rotate_half(xp, x):
     return xp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def _rotate(xp, x, theta, sign):
+def _rotate(xp, x, spec: RopeSpec, sign: float):
     dtype = compute_dtype(xp, x)
-    cos, sin = _cos_sin(xp, x.shape[1], x.shape[-1], theta, dtype)
-    cos, sin = cos[None, :, None, :], sign * sin[None, :, None, :]
+    cos, sin = _tables(spec, x.shape[1], x.shape[-1])
+    cos = xp.asarray(cos).astype(dtype)[None, :, None, :]
+    sin = sign * xp.asarray(sin).astype(dtype)[None, :, None, :]
     xf = x.astype(dtype)
     return (xf * cos + _rotate_half(xp, xf) * sin).astype(x.dtype)
 
 
-def _rope_fwd(xp, x, *, theta):
-    return _rotate(xp, x, theta, 1.0)
+def _rope_fwd(xp, x, **params):
+    return _rotate(xp, x, spec_of(**params), 1.0)
 
 
-def _rope_bwd(xp, dy, *, theta):
-    return (_rotate(xp, dy, theta, -1.0),)   # the transpose of a rotation is its inverse
+def _rope_bwd(xp, dy, **params):
+    # J = s R(t), so J^T = s R(t)^T = s R(-t): the inverse rotation, the same factor s
+    return (_rotate(xp, dy, spec_of(**params), -1.0),)
 
 
 _rope = define_op("rope", fwd=_rope_fwd, bwd=_rope_bwd, residuals=lambda i, o: (),
@@ -45,6 +58,9 @@ _rope = define_op("rope", fwd=_rope_fwd, bwd=_rope_bwd, residuals=lambda i, o: (
                   kernel="rope")
 
 
-def rope(x, *, theta):
-    """Rotate x[B, T, H, D] (D even) by position; theta is the RoPE base."""
-    return _rope(x, theta=float(theta))
+def rope(x, spec: RopeSpec | None = None, *, theta: float | None = None):
+    """Rotate x[B, T, H, D] (D even) by position, as `spec` says (or plain RoPE of base
+    `theta`)."""
+    if (spec is None) == (theta is None):
+        raise TypeError("rope: give exactly one of spec and theta")
+    return _rope(x, **op_params(spec or RopeSpec(float(theta))))

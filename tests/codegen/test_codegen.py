@@ -137,6 +137,12 @@ MODELS = {
     "llama-gqa": config(),
     "qwen2-bias": config("qwen2", rope_theta=1e6),
     "baichuan-alibi": config("baichuan", kv_heads=4),
+    # RoPE scaling: the kernels get ratrain.models.rope's frequencies (and yarn's factor)
+    "llama3-rope": config(rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8}),
+    "yarn-rope": config(rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                         "original_max_position_embeddings": 8}),
 }
 # fp32: kernels and numpy sum in other orders (measured 8e-7 of the output's scale); fp16:
 # the numpy reference rounds to half between sub-steps that the kernels keep in fp32

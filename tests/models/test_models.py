@@ -161,7 +161,7 @@ def test_get_config_errors_name_the_input_and_the_presets(tmp_path):
 def test_get_config_refuses_features_the_layers_would_ignore(tmp_path):
     base = dict(SMALL, num_attention_heads=2)
     for field, value in (("hidden_act", "gelu"), ("mlp_bias", True),
-                         ("rope_scaling", {"type": "linear", "factor": 2.0})):
+                         ("rope_scaling", {"type": "dynamic", "factor": 2.0})):
         (tmp_path / "config.json").write_text(json.dumps(dict(base, **{field: value})))
         with pytest.raises(ValueError, match=field):
             models.get_config(tmp_path)

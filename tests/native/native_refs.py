@@ -16,7 +16,7 @@ _SIGS = {
     "ref_attention_bwd": [_P] * 8 + [_I] * 6,
     "ref_rmsnorm_fwd": [_P, _P, _P, _P, _I, _I, _F],
     "ref_rmsnorm_bwd": [_P] * 5 + [_I, _I, _F],
-    "ref_rope": [_P, _P, _I, _I, _I, _I, _F, _I],
+    "ref_rope": [_P, _P, _I, _I, _I, _I, _P, _F, _I],
     "ref_swiglu_fwd": [_P, _P, _P, _S],
     "ref_swiglu_bwd": [_P] * 5 + [_S],
     "ref_embedding_bwd": [_P, _P, _P, _I, _I],

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from native_refs import assert_close, call, each_isa, f32  # noqa: F401
 
-from ratrain import kernels
+from ratrain import kernels, ops  # noqa: F401  (ops registers the rope rule)
+from ratrain.ir.rules import lookup_rule
+from ratrain.models.rope import RopeSpec, attention_scaling, inv_freq, op_params, rope_spec
 
 # fp32 storage: single-pass fp32 arithmetic vs double references -> 1e-5 relative.
 # fp16 storage: one rounding of the output to fp16 (2^-11 = 4.9e-4) dominates -> 2e-3.
@@ -47,19 +49,65 @@ def hf_rope(x, theta):
     return x * cos[None, :, None, :] + rot * sin[None, :, None, :]
 
 
+def plain_rope_freqs(D, theta=10000.0):
+    return inv_freq(RopeSpec(theta), D)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_matches_hf_and_reference(dtype):
     rng = np.random.default_rng(1)
     x = randn(rng, (2, 333, 3, 64), dtype)
-    y = kernels.rope_fwd(x, theta=10000.0, threads=2)
+    freqs = plain_rope_freqs(64)
+    y = kernels.rope_fwd(x, freqs, threads=2)
     ref = np.empty(x.shape, np.float32)
-    call("ref_rope", ref, f32(x), *x.shape, 10000.0, 0)
+    call("ref_rope", ref, f32(x), *x.shape, freqs, 1.0, 0)
     assert_close(y, ref, REL[dtype], "rope vs C")
     # angles up to 332 rad: fp32 inv_freq is shared, cos/sin computed in double on both sides
     assert_close(y, hf_rope(x, 10000.0), REL[dtype], "rope vs HF")
     dy = randn(rng, x.shape, dtype)
     _, vjp = jax.vjp(rope_jnp, f32(x))
-    assert_close(kernels.rope_bwd(dy, threads=2), vjp(f32(dy))[0], REL[dtype], "rope bwd vs jax")
+    assert_close(kernels.rope_bwd(dy, freqs, threads=2), vjp(f32(dy))[0], REL[dtype],
+                 "rope bwd vs jax")
+
+
+ROPE_SCALINGS = {
+    "theta5e5": {"rope_theta": 500000.0},
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    # original 64 puts head_dim 64's wavelengths in all three llama3 bands
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},
+    # attention factor 0.1 ln 4 + 1 = 1.139 scales cos and sin
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(ROPE_SCALINGS))
+def test_rope_scaling_matches_reference_and_numpy_op(name, dtype):
+    """Every RoPE type through the kernel's (inv_freq, scale) contract: == the C reference,
+    == the op's numpy reference, and the backward is the forward's transpose."""
+    spec = rope_spec({"model_type": "llama", "max_position_embeddings": 256,
+                      "rope_parameters": ROPE_SCALINGS[name]})
+    rng = np.random.default_rng(2)
+    x, dy = randn(rng, (2, 61, 3, 64), dtype), randn(rng, (2, 61, 3, 64), dtype)
+    freqs, scale = inv_freq(spec, 64), attention_scaling(spec)
+    assert (scale != 1.0) == (name == "yarn")
+    rule, params = lookup_rule("rope"), op_params(spec)
+    for inverse, kernel, op in ((0, kernels.rope_fwd, rule.fwd),
+                                (1, kernels.rope_bwd, lambda xp, a, **p: rule.bwd(xp, a, **p)[0])):
+        a = dy if inverse else x
+        got = kernel(a, freqs, scale=scale, threads=2)
+        ref = np.empty(a.shape, np.float32)
+        call("ref_rope", ref, f32(a), *a.shape, freqs, scale, inverse)
+        assert_close(got, ref, REL[dtype], f"{name} {inverse=} vs C")
+        # the op rounds the angle t * inv_freq to fp32 as transformers does, the kernel keeps
+        # it in double: at t <= 60 that is <= 1.9e-6 rad, under the fp32 tolerance
+        assert_close(got, op(np, f32(a), **params), REL[dtype], f"{name} {inverse=} vs op")
+    u, v = f32(x), f32(dy)
+    lhs = np.vdot(kernels.rope_fwd(u, freqs, scale=scale).astype(np.float64), v)
+    rhs = np.vdot(u.astype(np.float64), kernels.rope_bwd(v, freqs, scale=scale))
+    assert lhs == pytest.approx(rhs, rel=1e-5)   # fp32 outputs, 23k-term sums
 
 
 def rope_jnp(x):
@@ -200,7 +248,8 @@ def test_layers_each_isa(each_isa):
     call("ref_rmsnorm_fwd", ref_y, ref_r, f32(x), f32(w), 9, 100, 1e-5)
     assert_close(y, ref_y, REL[np.float16], f"{each_isa} rmsnorm")
     r = randn(rng, (1, 33, 2, 16), np.float16)
-    assert_close(kernels.rope_fwd(r), hf_rope(r, 10000.0), REL[np.float16], f"{each_isa} rope")
+    assert_close(kernels.rope_fwd(r, plain_rope_freqs(16)), hf_rope(r, 10000.0), REL[np.float16],
+                 f"{each_isa} rope")
     g, u = randn(rng, 3000, np.float16), randn(rng, 3000, np.float16)
     ref_s = np.empty(3000, np.float32)
     call("ref_swiglu_fwd", ref_s, f32(g), f32(u), 3000)

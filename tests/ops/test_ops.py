@@ -7,9 +7,18 @@ import numpy as np
 import pytest
 
 from ratrain import ops
+from ratrain.models.rope import RopeSpec, op_params
 from op_checks import grads_vs_reference, numpy_vs_jax, vjp_dot_gap
 
 R = np.random.default_rng(42)
+# llama3 with original context 16: head_dim 16's wavelengths fall in all three bands;
+# yarn's attention factor (1.25, not 1) makes the map a rotation times a scale
+LLAMA3 = RopeSpec(500000.0, "llama3", (("factor", 8.0), ("high_freq_factor", 4.0),
+                                        ("low_freq_factor", 1.0),
+                                        ("original_max_position_embeddings", 16)))
+YARN = RopeSpec(10000.0, "yarn", (("attention_factor", 1.25), ("beta_fast", 32.0),
+                                  ("beta_slow", 1.0), ("factor", 4.0),
+                                  ("original_max_position_embeddings", 16), ("truncate", True)))
 
 
 def f32(*shape):
@@ -31,6 +40,9 @@ CASES = [
      {"theta": 10000.0}),
     ("rope_1e6", "rope", lambda x: ops.rope(x, theta=1e6), [f32(1, 9, 2, 16)],
      {"theta": 1e6}),
+    ("rope_llama3", "rope", lambda x: ops.rope(x, LLAMA3), [f32(2, 7, 6, 16)],
+     op_params(LLAMA3)),
+    ("rope_yarn", "rope", lambda x: ops.rope(x, YARN), [f32(1, 9, 2, 16)], op_params(YARN)),
     ("swiglu", "swiglu", ops.swiglu, [f32(2, 7, 40), f32(2, 7, 40)], {}),
     ("embedding", "embedding", ops.embedding, [f32(257, 96), ids((2, 7), 257)],
      {"vocab": 257}),

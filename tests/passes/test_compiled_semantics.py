@@ -20,6 +20,14 @@ CONFIG = models.fill_defaults({
     "model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
     "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
     "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1})
+# the same model with llama3 RoPE scaling (original context 4 of T = 8: every band used),
+# and with plain RoPE of its theta
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 4}
+CONFIGS = {"llama": CONFIG,
+           "llama3-rope": models.fill_defaults(dict(CONFIG, rope_parameters=LLAMA3,
+                                                    rope_theta=500000.0)),
+           "theta5e5": models.fill_defaults(dict(CONFIG, rope_theta=500000.0))}
 B, T, STEPS = 2, 8, 2
 # NOTE [Adam and rounding]: the compiled program and the reference sum gradients in other
 # orders and feed BLAS differently laid-out operands, so gradients agree to fp32 rounding
@@ -30,8 +38,8 @@ OPTIMIZER = AdamW(lr=1e-2, weight_decay=0.1, eps=1e-3)
 
 
 @lru_cache(maxsize=None)
-def graph():
-    return trace_model(CONFIG, micro_batch_size=B, seq_len=T)
+def graph(model: str = "llama"):
+    return trace_model(CONFIGS[model], micro_batch_size=B, seq_len=T)
 
 
 @lru_cache(maxsize=None)
@@ -46,11 +54,11 @@ def _decay(a):
 
 
 @lru_cache(maxsize=None)
-def reference(dp: int, m: int, clip):
+def reference(dp: int, m: int, clip, model: str = "llama"):
     """Whole model in one process. Gradients are summed in the order the ranks sum them
     (micro-batches within a replica, then replicas), so that Adam, which amplifies the
     last bits of near-zero gradients, sees the same numbers."""
-    params = {k: v.copy() for k, v in models.init_params(CONFIG, seed=0).items()}
+    params = {k: v.copy() for k, v in models.init_params(CONFIGS[model], seed=0).items()}
     moments = {k: (np.zeros(v.size, np.float32), np.zeros(v.size, np.float32))
                for k, v in params.items()}
     losses = []
@@ -60,7 +68,8 @@ def reference(dp: int, m: int, clip):
             acc = None
             for i in range(m):
                 rows = tokens[(d * m + i) * B:(d * m + i + 1) * B]
-                loss, grads = run_train_graph(graph(), params, rows, loss_cotangent=1.0 / m)
+                loss, grads = run_train_graph(graph(model), params, rows,
+                                              loss_cotangent=1.0 / m)
                 step_losses.append(loss)
                 acc = grads if acc is None else {k: acc[k] + grads[k] for k in grads}
             replica_grads.append(acc)
@@ -77,11 +86,12 @@ def reference(dp: int, m: int, clip):
     return losses, params
 
 
-def compile_program(pp, dp, m, schedule, zero, recompute, clip=None, grad_accum="local"):
+def compile_program(pp, dp, m, schedule, zero, recompute, clip=None, grad_accum="local",
+                    model="llama"):
     options = CompileOptions(pp=pp, dp=dp, micro_batches=m, micro_batch_size=B, seq_len=T,
                              schedule=schedule, zero=zero, recompute=recompute, clip=clip,
                              grad_accum=grad_accum)
-    program = Program(graph(), options)
+    program = Program(graph(model), options)
     if recompute == "auto":
         program = replace(program, options=replace(options, budget=auto_budget(program)))
     return run_pipeline(program)[0]
@@ -100,13 +110,14 @@ def _relative(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def assert_matches_reference(program, dp: int, m: int, clip=None) -> Executor:
+def assert_matches_reference(program, dp: int, m: int, clip=None,
+                             model: str = "llama") -> Executor:
     """Run `program` for STEPS steps: losses and parameters equal the single-process
     reference's (fp32 on both sides with identical kernels and summation order: 1e-6 is
     rounding). Returns the executor, for further checks."""
-    executor = Executor(program, models.init_params(CONFIG, seed=0), OPTIMIZER)
+    executor = Executor(program, models.init_params(CONFIGS[model], seed=0), OPTIMIZER)
     losses = [executor.run_step(tokens) for tokens in batches(dp, m)]
-    ref_losses, ref_params = reference(dp, m, clip)
+    ref_losses, ref_params = reference(dp, m, clip, model)
     assert losses == pytest.approx(ref_losses, rel=1e-6)
     got = executor.params()
     assert max(_relative(got[k], ref_params[k]) for k in ref_params) < 1e-6
@@ -140,3 +151,16 @@ def test_global_norm_clipping_is_exact(pp, dp, zero):
     program = compile_program(pp, dp, 3, "ratrain", zero, "none", clip=0.05)
     executor = assert_matches_reference(program, dp, 3, clip=0.05)
     assert all(st.clip_coef < 0.1 for st in executor.ranks), "clipping inactive"
+
+
+@pytest.mark.parametrize("pp,recompute", [(1, "none"), (2, "full")])
+def test_llama3_rope_scaling_survives_compilation(pp, recompute):
+    """The scaled RoPE's params travel through every pass (recomputed forwards included)."""
+    program = compile_program(pp, 1, 2, "ratrain", 0, recompute, model="llama3-rope")
+    ropes = [n for n in graph("llama3-rope").kinds["decoder"].fwd.nodes if n.op == "rope"]
+    assert [n.param_dict["type"] for n in ropes] == ["llama3", "llama3"]
+    assert_matches_reference(program, 1, 2, model="llama3-rope")
+    # plain RoPE of the same theta gives other losses, so a pass that dropped the scaling
+    # would fail the check above
+    plain = reference(1, 2, None, "theta5e5")[0]
+    assert abs(reference(1, 2, None, "llama3-rope")[0][0] - plain[0]) > 1e-3

@@ -110,6 +110,12 @@ cdef void spread(const float *total, float *out, size_t n) noexcept nogil:
     for i in range(n):
         out[i] = each
 
+cdef float INV_FREQ_8_edfbb1c1[4]
+INV_FREQ_8_edfbb1c1[0] = 1.0
+INV_FREQ_8_edfbb1c1[1] = 0.10000000149011612
+INV_FREQ_8_edfbb1c1[2] = 0.009999999776482582
+INV_FREQ_8_edfbb1c1[3] = 0.0010000000474974513
+
 
 cdef int f0(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     # used by B tasks
@@ -205,10 +211,10 @@ cdef int f5(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     st = attention_bwd_f32(<float *>(A + o[0]), <float *>(A + o[6]), <float *>(A + o[23]), <float *>(A + o[24]), <float *>(A + o[25]), <float *>(A + o[26]), <float *>(A + o[27]), <float *>(A + o[28]), <float *>(A + o[22]), NULL, 2, 8, 4, 2, 8, 1, threads)
     if st != 0: status[0] = st; return 9
     # rope_bwd[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = rope_bwd_f32(<float *>(A + o[29]), <float *>(A + o[6]), 2, 8, 2, 8, 10000.0, threads)
+    st = rope_bwd_f32(<float *>(A + o[29]), <float *>(A + o[6]), 2, 8, 2, 8, INV_FREQ_8_edfbb1c1, 1.0, threads)
     if st != 0: status[0] = st; return 10
     # rope_bwd[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
-    st = rope_bwd_f32(<float *>(A + o[22]), <float *>(A + o[0]), 2, 8, 4, 8, 10000.0, threads)
+    st = rope_bwd_f32(<float *>(A + o[22]), <float *>(A + o[0]), 2, 8, 4, 8, INV_FREQ_8_edfbb1c1, 1.0, threads)
     if st != 0: status[0] = st; return 11
     # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
     memmove(<float *>(A + o[6]), <float *>(A + o[23]), 1024)
@@ -285,10 +291,10 @@ cdef int f6(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     st = attention_bwd_f32(<float *>(A + o[0]), <float *>(A + o[6]), <float *>(A + o[23]), <float *>(A + o[24]), <float *>(A + o[25]), <float *>(A + o[26]), <float *>(A + o[27]), <float *>(A + o[28]), <float *>(A + o[22]), NULL, 2, 8, 4, 2, 8, 1, threads)
     if st != 0: status[0] = st; return 9
     # rope_bwd[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = rope_bwd_f32(<float *>(A + o[29]), <float *>(A + o[6]), 2, 8, 2, 8, 10000.0, threads)
+    st = rope_bwd_f32(<float *>(A + o[29]), <float *>(A + o[6]), 2, 8, 2, 8, INV_FREQ_8_edfbb1c1, 1.0, threads)
     if st != 0: status[0] = st; return 10
     # rope_bwd[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
-    st = rope_bwd_f32(<float *>(A + o[22]), <float *>(A + o[0]), 2, 8, 4, 8, 10000.0, threads)
+    st = rope_bwd_f32(<float *>(A + o[22]), <float *>(A + o[0]), 2, 8, 4, 8, INV_FREQ_8_edfbb1c1, 1.0, threads)
     if st != 0: status[0] = st; return 11
     # reshape[new_sizes=(2, 8, 16)] float32[2, 8, 16] float32[2, 8, 2, 8]
     memmove(<float *>(A + o[6]), <float *>(A + o[23]), 1024)
@@ -365,10 +371,10 @@ cdef int f8(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     memmove(<float *>(A + o[11]), <float *>(A + o[8]), 1024)
     if st != 0: status[0] = st; return 6
     # rope[theta=10000.0] float32[2, 8, 4, 8] float32[2, 8, 4, 8]
-    st = rope_fwd_f32(<float *>(A + o[12]), <float *>(A + o[10]), 2, 8, 4, 8, 10000.0, threads)
+    st = rope_fwd_f32(<float *>(A + o[12]), <float *>(A + o[10]), 2, 8, 4, 8, INV_FREQ_8_edfbb1c1, 1.0, threads)
     if st != 0: status[0] = st; return 7
     # rope[theta=10000.0] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
-    st = rope_fwd_f32(<float *>(A + o[13]), <float *>(A + o[4]), 2, 8, 2, 8, 10000.0, threads)
+    st = rope_fwd_f32(<float *>(A + o[13]), <float *>(A + o[4]), 2, 8, 2, 8, INV_FREQ_8_edfbb1c1, 1.0, threads)
     if st != 0: status[0] = st; return 8
     # attention[alibi=False causal=True] float32[2, 8, 4, 8] float32[2, 4, 8] float32[2, 8, 4, 8] float32[2, 8, 2, 8] float32[2, 8, 2, 8]
     st = attention_fwd_f32(<float *>(A + o[14]), <float *>(A + o[15]), <float *>(A + o[12]), <float *>(A + o[13]), <float *>(A + o[11]), NULL, 2, 8, 4, 2, 8, 1, threads)
