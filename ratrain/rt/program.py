@@ -10,7 +10,7 @@ import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT = "ratrain-program/2"            # runtime.pkl and code/ hold the program
+FORMAT = "ratrain-program/3"            # runtime.pkl and code/ hold the program (3: TIE tasks, RoPE tables)
 
 
 def ratrain_version() -> str:

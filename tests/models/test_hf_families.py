@@ -176,7 +176,7 @@ BAD = {  # case: (change to BASE (None deletes), regex the one-line message must
     "negative eps": ({"rms_norm_eps": -1e-5}, r"rms_norm_eps must be a positive number"),
     "string tie": ({"tie_word_embeddings": "yes"}, r"tie_word_embeddings must be true or false"),
     "gelu": ({"hidden_act": "gelu"}, r"unsupported config fields \['hidden_act'\].*'silu'"),
-    "rope scaling": ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, r"rope_scaling"),
+    "rope scaling": ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, r"rope_scaling"),
     "mlp bias": ({"mlp_bias": True}, r"mlp_bias"),
     "qwen2 window": ({"model_type": "qwen2", "use_sliding_window": True}, r"use_sliding_window"),
     "sliding layers": ({"model_type": "qwen3", "head_dim": 16,
@@ -244,24 +244,21 @@ QWEN3 = models.fill_defaults({
 
 @pytest.fixture
 def semantics_on_qwen3(monkeypatch):
-    """tests/passes/test_compiled_semantics with its CONFIG swapped for QWEN3."""
+    """tests/passes/test_compiled_semantics with QWEN3 among its models."""
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "passes"))
     import test_compiled_semantics as semantics
-    caches = (semantics.graph, semantics.batches, semantics.reference)
-    for f in caches:
-        f.cache_clear()
-    monkeypatch.setattr(semantics, "CONFIG", QWEN3)
+    monkeypatch.setitem(semantics.CONFIGS, "qwen3", QWEN3)
     yield semantics
-    for f in caches:
+    for f in (semantics.graph, semantics.reference):
         f.cache_clear()
 
 
 @pytest.mark.parametrize("pp,dp,m", [(2, 1, 3), (3, 2, 2)])
 def test_compiled_qwen3_matches_reference(semantics_on_qwen3, pp, dp, m):
     s = semantics_on_qwen3
-    assert "self_attn.q_norm.weight" in s.graph().kinds["decoder"].fwd.param_names
-    program = s.compile_program(pp, dp, m, "ratrain", 1, "selective")
-    s.assert_matches_reference(program, dp, m)
+    assert "self_attn.q_norm.weight" in s.graph("qwen3").kinds["decoder"].fwd.param_names
+    program = s.compile_program(pp, dp, m, "ratrain", 1, "selective", model="qwen3")
+    s.assert_matches_reference(program, dp, m, model="qwen3")
 
 
 @pytest.mark.mpi

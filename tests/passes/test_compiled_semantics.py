@@ -27,7 +27,8 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_fre
 CONFIGS = {"llama": CONFIG,
            "llama3-rope": models.fill_defaults(dict(CONFIG, rope_parameters=LLAMA3,
                                                     rope_theta=500000.0)),
-           "theta5e5": models.fill_defaults(dict(CONFIG, rope_theta=500000.0))}
+           "theta5e5": models.fill_defaults(dict(CONFIG, rope_theta=500000.0)),
+           "tied": models.fill_defaults(dict(CONFIG, tie_word_embeddings=True))}
 B, T, STEPS = 2, 8, 2
 # NOTE [Adam and rounding]: the compiled program and the reference sum gradients in other
 # orders and feed BLAS differently laid-out operands, so gradients agree to fp32 rounding

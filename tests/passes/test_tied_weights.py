@@ -15,25 +15,18 @@ from ratrain.ir.train_graph import trace_model
 from ratrain.passes.dryrun import ScheduleDeadlock, dry_run
 from ratrain.passes.verify_schedule import ScheduleInvariantError, verify_schedule
 
-UNTIED = semantics.CONFIG
-TIED = models.fill_defaults(dict(UNTIED, tie_word_embeddings=True))
+UNTIED, TIED = semantics.CONFIGS["llama"], semantics.CONFIGS["tied"]
 EMBED = "model.embed_tokens.weight"
 HEAD = len(models.layer_specs(TIED)) - 1      # the head layer's index
 
 
-@pytest.fixture(autouse=True)
-def tied_config(monkeypatch):
-    """The semantics helpers (reference, batches, compile) on the tied model."""
-    monkeypatch.setattr(semantics, "CONFIG", TIED)
-    semantics.graph.cache_clear()
-    semantics.reference.cache_clear()
-    yield
-    semantics.graph.cache_clear()
-    semantics.reference.cache_clear()
-
-
 def compiled(pp, dp, zero=0, schedule="ratrain", clip=None, recompute="none", m=3):
-    return semantics.compile_program(pp, dp, m, schedule, zero, recompute, clip=clip)
+    return semantics.compile_program(pp, dp, m, schedule, zero, recompute, clip=clip,
+                                     model="tied")
+
+
+def assert_matches_reference(program, dp, clip=None):
+    return semantics.assert_matches_reference(program, dp, 3, clip=clip, model="tied")
 
 
 def test_the_model_holds_the_matrix_once_and_both_layers_bind_it():
@@ -53,7 +46,7 @@ GRID = [(pp, dp, zero, schedule, clip)
 @pytest.mark.parametrize("pp,dp,zero,schedule,clip", GRID)
 def test_tied_program_matches_whole_model_and_copies_agree(pp, dp, zero, schedule, clip):
     program = compiled(pp, dp, zero, schedule, clip)
-    executor = semantics.assert_matches_reference(program, dp, 3, clip=clip)
+    executor = assert_matches_reference(program, dp, clip)
     for st in executor.ranks:  # every copy on every rank, bit for bit
         copies = [program.view_slots(l)[-1 if l == HEAD else 0]
                   for l in (0, HEAD) if program.stage_of_layer(l) == st.stage]
@@ -70,7 +63,7 @@ def test_tied_program_matches_whole_model_and_copies_agree(pp, dp, zero, schedul
 def test_tied_program_matches_under_recompute_auto():
     program = compiled(2, 2, 2, recompute="auto")
     assert program.recompute, "the budget should force recomputation"
-    semantics.assert_matches_reference(program, 2, 3)
+    assert_matches_reference(program, 2)
 
 
 def test_tie_is_in_the_dumps_before_the_tied_syncs():
