@@ -328,12 +328,12 @@ def cmd_train(args) -> int:
     from ratrain.cli_train_inputs import (check_layout_numbers, check_run_dir,
                                           load_checked_model, resolve_layout)
     check_layout_numbers(args)
-    check_checkpoint_options(args, save_dir_given=False)
     config, name = load_checked_model(args.init_from or args.model)
     cores = os.cpu_count() or 1
     layout = resolve_layout(args.pp, args.dp, args.micro_batches, args.global_batch, cores,
                             config["num_hidden_layers"] + 2)
     options = compile_options(args, config, layout)
+    check_checkpoint_options(args, save_dir_given=False)  # last: it creates --save-dir
     run_dir = check_run_dir(args.out)
     compile_run(args, run_dir, config, name, options)
     args.metrics = args.metrics or str(run_dir / "metrics.jsonl")

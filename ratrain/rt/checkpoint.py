@@ -49,7 +49,14 @@ def assemble(program, gathered: list[dict]) -> tuple[dict, dict]:
         params |= unflatten_layer(program, layer, master)
         exp_avg, exp_avg_sq = (unflatten_layer(program, layer, x) for x in (m, v))
         moments |= {name: (exp_avg[name], exp_avg_sq[name]) for name in exp_avg}
-    return params, moments
+    return _as_named(program, params), moments
+
+
+def _as_named(program, params: dict) -> dict:
+    """The tensors model.safetensors holds: exactly those param_shapes names, in its order
+    (a tied model's embedding once and no lm_head.weight)."""
+    from ratrain.models import param_shapes
+    return {name: params[name] for name in param_shapes(program.graph.config)}
 
 
 def save_checkpoint(path: Path, config: dict, params: dict, moments: dict, state: dict,
