@@ -119,6 +119,19 @@ def load_model(model: str) -> tuple[dict, str]:
         raise _user_error(str(e)) from None
 
 
+def read_hf_config(model: str) -> dict | None:
+    """The model's config dict as its file or preset holds it, before defaults are filled
+    in: what checkpoints write back as config.json (NOTE [checkpoints transformers loads]
+    in rt/run.py). None if it cannot be read (load_model reports why)."""
+    from ratrain.models.config import _config_file
+    try:
+        with open(_config_file(model)) as f:
+            raw = json.load(f)
+    except (ValueError, OSError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
 def load_hw(name_or_path: str) -> dict:
     from ratrain.hw import ProfileError, load_profile
     try:
@@ -151,13 +164,17 @@ def _stage_summary(program) -> list[dict]:
             for s, layers in enumerate(program.stages)]
 
 
-def build_manifest(program, records, profile: dict, hashes: dict[str, str]) -> dict:
+def build_manifest(program, records, profile: dict, hashes: dict[str, str],
+                   hf_config: dict | None = None) -> dict:
+    """program.json; `hf_config` is the model's config as read (read_hf_config), kept
+    next to the filled-in one for the runtime's checkpoints."""
     from ratrain.rt.program import FORMAT, ratrain_version
     o = program.options
+    model = {"name": program.graph.name, "config": program.graph.config}
     return {
         "format": FORMAT, "ratrain_version": ratrain_version(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "model": {"name": program.graph.name, "config": program.graph.config},
+        "model": model | ({"hf_config": hf_config} if hf_config is not None else {}),
         "options": asdict(o), "hw": profile, "world_size": o.world_size,
         "ranks": {str(r): dict(zip(("stage", "replica"), program.coords(r)))
                   for r in range(o.world_size)},
@@ -331,7 +348,9 @@ def cmd_compile(args) -> None:
     graph = trace_for(config, name, options)
     program, records = compile_graph(graph, options)
     files = program_files(program, records)
-    write_program_dir(out, files, lambda hashes: build_manifest(program, records, profile, hashes),
+    hf_config = read_hf_config(args.model)
+    write_program_dir(out, files, lambda hashes: build_manifest(program, records, profile,
+                                                                hashes, hf_config),
                       build=args.build)
     o = options
     print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}), schedule "

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from datetime import datetime
 from pathlib import Path
 
 from ratrain.passes.options import PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
@@ -230,13 +229,10 @@ def stopped(program_dir: Path, args) -> str:
 
 
 def last_checkpoint(save_dir: str | None) -> Path | None:
-    """The newest step-NNNNNN directory under save_dir (complete: they are renamed into
+    """The newest complete step-NNNNNN directory under save_dir (they are renamed into
     place, ratrain.rt.checkpoint)."""
-    if not save_dir:
-        return None
-    steps = {int(m.group(1)): p for p in Path(save_dir).glob("step-*")
-             if (m := re.fullmatch(r"step-(\d+)", p.name)) and p.is_dir()}
-    return steps[max(steps)] if steps else None
+    from ratrain.rt.checkpoint import latest_checkpoint
+    return latest_checkpoint(save_dir)
 
 
 # ---- ratrain run ---------------------------------------------------------------------------
@@ -246,13 +242,14 @@ def cmd_run(args) -> int:
     failure), then launch."""
     from ratrain.rt.load import SetupError, check_world_size, read_manifest
     program = Path(args.program)
+    check_checkpoint_options(args)
     try:
         manifest = read_manifest(program)
         ranks = args.ranks if args.ranks is not None else manifest["world_size"]
         check_world_size(program, manifest, ranks)
     except SetupError as e:
         raise _user_error(str(e)) from None
-    tokenize_data(args, program)
+    tokenize_data(args, manifest["model"]["config"], manifest["options"]["seq_len"])
     if args.cluster is None:
         return launch(program, ranks, args)
     from ratrain.cluster import ClusterError, cluster_for_run
@@ -278,90 +275,87 @@ def add_run_parser(sub) -> None:
     p.set_defaults(func=cmd_run)
 
 
+def check_checkpoint_options(args, save_dir_given: bool = True) -> None:
+    """--steps, --save-every, --keep-last, --resume and --save-dir, checked before anything
+    is compiled or started (the runtime checks them again for `python -m ratrain.rt`);
+    --resume becomes the checkpoint directory it names."""
+    from ratrain.rt.checkpoint import check_save_dir, find_resume_checkpoint
+    from ratrain.rt.train_options import check_run_length
+    problem = check_run_length(args, save_dir_given)
+    if problem is None and args.resume:
+        try:
+            args.resume = str(find_resume_checkpoint(args.resume))
+        except ValueError as e:
+            problem = str(e)
+    if problem is None and args.save_dir:
+        problem = check_save_dir(args.save_dir)
+    if problem is not None:
+        raise _user_error(problem)
+
+
 # ---- ratrain train -----------------------------------------------------------------------------
+# The checks of its inputs, the layout rules and the run directory: cli_train_inputs.py.
 
-def resolve_layout(pp: int | None, dp: int | None, cores: int) -> tuple[int, int]:
-    """(pp, dp) with one rank per core for what is not given: by default two pipeline
-    stages (the pipeline is what ratrain is about), the rest data parallel."""
-    if pp is None and dp is None:
-        pp = 2 if cores >= 2 else 1
-    if dp is None:
-        return pp, max(1, cores // pp)
-    return pp or max(1, cores // dp), dp
-
-
-def resolve_batch(args, dp: int) -> tuple[int, int]:
-    """(micro-batches, micro-batch size) splitting --global-batch over dp replicas."""
-    per_replica, rest = divmod(args.global_batch, dp)
-    if rest or per_replica == 0:
-        raise _user_error(f"--global-batch {args.global_batch} does not split over "
-                          f"--dp {dp} replicas")
-    m = args.micro_batches or next(m for m in (4, 2, 1) if per_replica % m == 0)
-    if per_replica % m:
-        raise _user_error(f"--micro-batches {m} does not divide the {per_replica} sequences "
-                          f"of each replica (--global-batch {args.global_batch} / --dp {dp})")
-    return m, per_replica // m
-
-
-def compile_options(args, config: dict):
+def compile_options(args, config: dict, layout):
     """CompileOptions of a train run (the compile command's rules for unset flags)."""
     import argparse
     from ratrain.cli_compile import load_hw, resolve_options
-    pp, dp = resolve_layout(args.pp, args.dp, os.cpu_count() or 1)
-    m, b = resolve_batch(args, dp)
-    flags = argparse.Namespace(pp=pp, dp=dp, micro_batches=m, micro_batch_size=b,
+    flags = argparse.Namespace(pp=layout.pp, dp=layout.dp, micro_batches=layout.micro_batches,
+                               micro_batch_size=layout.micro_batch_size,
                                seq_len=args.seq_len, schedule=args.schedule,
                                recompute=args.recompute, zero=args.zero, budget=args.budget,
                                precision=args.precision, clip=args.clip, grad_accum="auto")
     return resolve_options(flags, config, load_hw("cpu"))
 
 
-def compile_run(args, run_dir: Path):
-    """Compile the model into run_dir/program; the CompileOptions used."""
-    from ratrain.cli_compile import (build_manifest, compile_graph, load_hw, load_model,
-                                     program_files, trace_for, write_program_dir)
-    config, name = load_model(args.init_from or args.model)
-    options = compile_options(args, config)
+def compile_run(args, run_dir: Path, config: dict, name: str, options) -> None:
+    """Compile the model in memory, then write run_dir/program: a program that does not
+    fit is reported before the run directory exists."""
+    from ratrain.cli_compile import (build_manifest, compile_graph, load_hw, program_files,
+                                     read_hf_config, trace_for, write_program_dir)
     program, records = compile_graph(trace_for(config, name, options), options)
-    write_program_dir(run_dir / "program", program_files(program, records),
-                      lambda h: build_manifest(program, records, load_hw("cpu"), h))
-    return options
-
-
-def new_run_dir(out: str | None) -> Path:
-    if out is not None:
-        return Path(out)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir, n = Path("runs") / stamp, 1
-    while run_dir.exists():
-        run_dir, n = Path("runs") / f"{stamp}-{n}", n + 1
-    return run_dir
+    hf_config = read_hf_config(name)
+    try:
+        write_program_dir(run_dir / "program", program_files(program, records),
+                          lambda h: build_manifest(program, records, load_hw("cpu"), h,
+                                                   hf_config))
+    except OSError as e:
+        raise _user_error(f"cannot write the run directory {run_dir}: {e.strerror or e}") \
+            from None
 
 
 def cmd_train(args) -> int:
-    run_dir = new_run_dir(args.out)
-    if (run_dir / "program").exists():
-        raise _user_error(f"{run_dir} already holds a run; choose another --out")
-    options = compile_run(args, run_dir)
+    """Check every input, compile into a new run directory, run it, print a summary."""
+    from ratrain.cli_train_inputs import (check_layout_numbers, check_run_dir,
+                                          load_checked_model, resolve_layout)
+    check_layout_numbers(args)
+    config, name = load_checked_model(args.init_from or args.model)
+    cores = os.cpu_count() or 1
+    layout = resolve_layout(args.pp, args.dp, args.micro_batches, args.global_batch, cores,
+                            config["num_hidden_layers"] + 2)
+    options = compile_options(args, config, layout)
+    tokenize_data(args, config, options.seq_len)
+    check_checkpoint_options(args, save_dir_given=False)  # last: it creates --save-dir
+    run_dir = check_run_dir(args.out)
+    compile_run(args, run_dir, config, name, options)
     args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
     args.save_dir = args.save_dir or str(run_dir / "checkpoints")
-    print(f"compiled {args.init_from or args.model} for {options.world_size} ranks (pp "
-          f"{options.pp} x dp {options.dp}, {options.micro_batches} micro-batches of "
-          f"{options.micro_batch_size} x {options.seq_len} tokens) into {run_dir}/program",
+    print(f"compiled {name} for {options.world_size} ranks (pp {options.pp} x dp "
+          f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
+          f"x {options.seq_len} tokens) into {run_dir}/program{layout.cores_note(cores)}",
           flush=True)
-    tokenize_data(args, run_dir / "program")
     code = launch(run_dir / "program", options.world_size, args)
     if code == 0:
         print(summary(Path(args.metrics), run_dir))
     return code
 
 
-def tokenize_data(args, program_dir: Path) -> None:
+def tokenize_data(args, config: dict, seq_len: int) -> None:
     """Tokenize text --data/--eval-data into their caches here, once, before the ranks
     start (NOTE [tokenize once] in rt/data.py)."""
     from ratrain.rt.data import DataError, prepare_text_data
     try:
-        prepare_text_data(args, program_dir)
+        prepare_text_data(args, config, seq_len)
     except DataError as e:
         raise _user_error(str(e)) from None
     except OSError as e:
@@ -405,14 +399,16 @@ def add_train_parser(sub, model_help: str) -> None:
 def _add_layout_options(p) -> None:
     p.add_argument("--seq-len", type=int, default=128, metavar="T",
                    help="tokens per sequence (default: 128)")
-    p.add_argument("--global-batch", type=int, default=8, metavar="G",
+    p.add_argument("--global-batch", type=int, default=None, metavar="G",
                    help="sequences per step over all replicas (default: 8)")
     p.add_argument("--micro-batches", type=int, default=None, metavar="M", help="micro-batches "
-                   "per step and replica (default: 4, 2 or 1, whichever divides G / dp)")
-    p.add_argument("--pp", type=int, default=None, metavar="P", help="pipeline stages "
-                   "(default: cores / dp with --dp, else 2 when there are 2 or more cores)")
+                   "per step and replica (default: the largest divisor of G / dp up to 4, "
+                   "at least 2 where G / dp allows)")
+    p.add_argument("--pp", type=int, default=None, metavar="P", help="pipeline stages, at "
+                   "most the model's layers + 2 (default: 2 when there are cores for it, else 1)")
     p.add_argument("--dp", type=int, default=None, metavar="D", help="data-parallel replicas "
-                   "(default: cores / pp, so that every core runs one rank)")
+                   "(default: the most that divide G, leave 2 micro-batches per replica and "
+                   "fit pp x dp ranks on the cores)")
     p.add_argument("--zero", type=int, choices=(0, 1, 2), default=None,
                    help="ZeRO stage over the DP group (default: 0)")
     p.add_argument("--schedule", choices=SCHEDULES, default="ratrain", help="ratrain "

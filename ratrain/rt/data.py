@@ -120,19 +120,24 @@ def pack_rows(stream: np.ndarray, row_len: int, flag: str, path: str) -> np.ndar
     return stream[:n * row_len].reshape(n, row_len)
 
 
-def prepare_text_data(args, program_dir) -> None:
+def prepare_text_data(args, config: dict, seq_len: int) -> None:
     """Tokenize --data and --eval-data text into their caches now, if not cached yet
-    (NOTE [tokenize once]); the model's config comes from the program's manifest."""
+    (NOTE [tokenize once]), for a model of `config` trained on `seq_len` tokens."""
     paths = [(flag, getattr(args, name, None)) for flag, name in
              (("--data", "data"), ("--eval-data", "eval_data"))]
     if all(p is None or p.endswith(".npy") for _, p in paths):
         return
-    from ratrain.rt.load import read_manifest
-    manifest = read_manifest(Path(program_dir))
-    text = text_settings(args, manifest["model"]["config"], build=True)
+    text = text_settings(args, config, build=True)
     for flag, path in paths:
         if path is not None and not path.endswith(".npy"):
-            data_rows(path, flag, manifest["options"]["seq_len"] + 1, text)
+            data_rows(path, flag, seq_len + 1, text)
+
+
+def prepare_program_text_data(args, program_dir) -> None:
+    """prepare_text_data for the model and sequence length of a compiled program."""
+    from ratrain.rt.load import read_manifest
+    manifest = read_manifest(Path(program_dir))
+    prepare_text_data(args, manifest["model"]["config"], manifest["options"]["seq_len"])
 
 
 def text_settings(args, config: dict, build: bool) -> TextSettings:

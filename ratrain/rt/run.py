@@ -14,14 +14,16 @@ from pathlib import Path
 import numpy as np
 
 from ratrain.optim import LossScaler, starting_scaler
-from ratrain.rt.checkpoint import checkpoint_name, load_checkpoint
-from ratrain.rt.data import (Batches, DataError, prepare_text_data, text_settings,
+from ratrain.rt.checkpoint import (check_save_dir, checkpoint_name, export_config,
+                                   find_resume_checkpoint, load_checkpoint, tokenizer_files)
+from ratrain.rt.data import (Batches, DataError, prepare_program_text_data, text_settings,
                              training_rows)
 from ratrain.rt.evaluate import due, evaluate, held_out
 from ratrain.rt.load import SetupError, open_program
 from ratrain.rt.metrics import MetricsLog, StepMetrics, rss_bytes
 from ratrain.rt.trace import TaskTrace
-from ratrain.rt.train_options import add_training_options, learning_rate, optimizer_at
+from ratrain.rt.train_options import (add_training_options, check_run_length, learning_rate,
+                                      optimizer_at)
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the loss scale is a float32 (GradScaler)
 
@@ -60,11 +62,18 @@ def prepare(args, world_size: int) -> dict:
     if args.progress_us < 0:
         raise SetupError(f"--progress-us must be 0 (off) or a positive number of "
                          f"microseconds, got {args.progress_us}")
+    if (problem := check_run_length(args)) is not None:
+        raise SetupError(problem)
     try:
         manifest, program = open_program(args.program, world_size)
     except UserError as e:
         raise SetupError(str(e).splitlines()[0]) from None
     o, config = program.options, program.graph.config
+    if args.resume:
+        try:
+            args.resume = str(find_resume_checkpoint(args.resume))
+        except ValueError as e:
+            raise SetupError(str(e)) from None
     params, moments, state = initial_state(args, config)
     if args.resume and state.get("data", args.data) != args.data:
         raise SetupError(f"--resume {args.resume} was trained on --data {state['data']} "
@@ -83,7 +92,27 @@ def prepare(args, world_size: int) -> dict:
             "held_out": held,
             "step": state.get("step", 0), "data_order": {"shuffle": shuffle, "seed": seed},
             "scaler": loss_scaler(args, o.precision, state),
-            "skipped_steps": state.get("skipped_steps", 0)}
+            "skipped_steps": state.get("skipped_steps", 0),
+            "checkpoint": checkpoint_contents(args, manifest, config)}
+
+
+def checkpoint_contents(args, manifest: dict, config: dict) -> dict:
+    """What every checkpoint holds besides the weights: the config.json to write (the one
+    the model was read from, kept in the manifest as hf_config; the filled one for programs
+    compiled before it was) and the tokenizer files to copy (NOTE [checkpoints transformers
+    loads])."""
+    hf_config = manifest.get("model", {}).get("hf_config") or config
+    return {"config": export_config(hf_config),
+            "tokenizer": tokenizer_files(getattr(args, "tokenizer", None), args.init_from,
+                                         args.resume)}
+
+
+# NOTE [checkpoints transformers loads]: a checkpoint directory is meant to be handed to
+# transformers.AutoModelForCausalLM.from_pretrained and AutoTokenizer as is. So its
+# config.json is the user's dict, not ratrain's filled-in copy (whose extra keys a newer
+# transformers may read differently), with the dtype set to float32 as the weights are;
+# and the tokenizer files of --tokenizer, --init-from or the resumed checkpoint are
+# copied in, in that order of preference.
 
 
 def loss_scaler(args, precision: str, state: dict) -> LossScaler:
@@ -117,7 +146,7 @@ def tokenize_on_rank0(args, comms) -> str | None:
     if comms.rank != 0:
         return None
     try:
-        prepare_text_data(args, Path(args.program))
+        prepare_program_text_data(args, args.program)
     except (DataError, SetupError) as e:
         return str(e)
     except OSError as e:
@@ -141,6 +170,8 @@ def main(argv=None) -> int:
         job = prepare(args, comms.size)
         if comms.rank == 0:
             check_writable(args.metrics, "--metrics")
+            if args.save_dir and (problem := check_save_dir(args.save_dir)) is not None:
+                raise SetupError(problem)
     except SetupError as e:
         error = str(e)
     except KeyboardInterrupt:  # the other ranks would wait for this one forever
@@ -190,7 +221,7 @@ def train(args, comms, job: dict) -> None:
                 comm.abort_job(f"ratrain: rank 0 failed writing metrics: {e}")
         if args.save_dir and (k + 1 == args.steps or args.save_every and
                               (k + 1) % args.save_every == 0):
-            _save(args, comms, executor, job["data_order"])
+            _save(args, comms, executor, job)
     executor.finish()
     if executor.trace is not None:
         executor.trace.write(args.trace)
@@ -214,19 +245,21 @@ def _run_step(executor, tokens, optimizer) -> list[float]:
                        f"{where}): {type(e).__name__}: {e}")
 
 
-def _save(args, comms, executor, data_order: dict) -> None:
-    """Gather master params and moments on rank 0 and write a checkpoint there."""
+def _save(args, comms, executor, job: dict) -> None:
+    """Gather master params and moments on rank 0, write a checkpoint there, then remove
+    the ones --keep-last no longer keeps."""
     from ratrain.rt import comm
-    from ratrain.rt.checkpoint import assemble, rank_state, save_checkpoint
+    from ratrain.rt.checkpoint import assemble, prune_checkpoints, rank_state, save_checkpoint
     gathered = comms.gather_to_root(rank_state(executor))
     if comms.rank != 0:
         return
-    path = Path(args.save_dir) / checkpoint_name(executor.step)
+    path, contents = Path(args.save_dir) / checkpoint_name(executor.step), job["checkpoint"]
     try:
         params, moments = assemble(executor.program, gathered)
-        save_checkpoint(path, executor.program.graph.config, params, moments,
-                        {"step": executor.step, **data_order, "data": args.data,
-                         **_scaler_state(executor)})
+        save_checkpoint(path, contents["config"], params, moments,
+                        {"step": executor.step, **job["data_order"], "data": args.data,
+                         **_scaler_state(executor)}, contents["tokenizer"])
+        prune_checkpoints(args.save_dir, args.keep_last, path)
     except Exception as e:
         comm.abort_job(f"ratrain: rank 0 failed writing checkpoint {path}: "
                        f"{type(e).__name__}: {e}")

@@ -49,9 +49,11 @@ TRAINING_OPTIONS = (
      "directory as step-NNNNNN/ (default: none; `ratrain train` uses RUN/checkpoints)"),
     ("--save-every", int, 0, "checkpoint every N steps as well as after the last one "
      "(default: 0 = after the last step only; needs --save-dir)"),
-    ("--resume", str, None, "continue from a checkpoint directory written by --save-dir: "
-     "weights, AdamW moments, step, loss scale and data order; --steps is the total to "
-     "reach"),
+    ("--keep-last", int, 3, "keep only the K newest step-NNNNNN/ checkpoints under "
+     "--save-dir, removing older ones after each save (default: 3; 0 = keep all)"),
+    ("--resume", str, None, "continue from a checkpoint: its directory, a --save-dir or a "
+     "`ratrain train` run directory (their newest step-NNNNNN/); weights, AdamW moments, "
+     "step, loss scale and data order; --steps is the total to reach"),
     ("--progress-us", int, 1000, "while a kernel runs with messages or collectives in flight, "
      "a helper thread lets MPI move them every N microseconds (transports such as TCP move "
      "bytes only inside MPI calls); 0 = only between kernels (default: 1000)"),
@@ -66,7 +68,7 @@ METAVARS = {"--steps": "N", "--data": "FILE", "--tokenizer": "DIR", "--eval-data
             "--lr": "LR", "--warmup": "N", "--min-lr": "LR", "--weight-decay": "W",
             "--beta1": "B1", "--beta2": "B2", "--eps": "EPS", "--metrics": "FILE",
             "--initial-loss-scale": "S", "--loss-scale-window": "N",
-            "--save-dir": "DIR", "--save-every": "N", "--resume": "DIR",
+            "--save-dir": "DIR", "--save-every": "N", "--keep-last": "K", "--resume": "DIR",
             "--progress-us": "N", "--trace": "DIR"}
 
 
@@ -89,6 +91,21 @@ def forward_argv(args) -> list[str]:
         if value != default:
             argv += [flag] if kind is None else [flag, str(value)]
     return argv
+
+
+def check_run_length(args, save_dir_given: bool = True) -> str | None:
+    """What is wrong with --steps, --save-every or --keep-last, if anything (one line).
+    `save_dir_given`: False where a default --save-dir is filled in later (`ratrain train`)."""
+    if args.steps < 1:
+        return f"--steps must be at least 1, got {args.steps}"
+    if args.save_every < 0 or args.keep_last < 0:
+        flag, value = ("--save-every", args.save_every) if args.save_every < 0 else \
+            ("--keep-last", args.keep_last)
+        return f"{flag} must be 0 or a positive number, got {value}"
+    if args.save_every and save_dir_given and not args.save_dir:
+        return (f"--save-every {args.save_every} needs --save-dir DIR to write the "
+                "checkpoints to")
+    return None
 
 
 def learning_rate(args, step: int) -> float:

@@ -52,11 +52,3 @@ def test_warmup_then_cosine_to_min_lr():
 def test_forward_argv_round_trips():
     args = parse("--steps", "4", "--no-shuffle", "--min-lr", "1e-05", "--data", "x.npy")
     assert parse(*forward_argv(args)) == args
-
-
-@pytest.mark.parametrize("pp, dp, cores, layout", [
-    (None, None, 2, (2, 1)), (None, None, 8, (2, 4)), (None, None, 1, (1, 1)),
-    (1, None, 2, (1, 2)), (None, 2, 2, (1, 2)), (3, 1, 2, (3, 1))])
-def test_train_layout_uses_one_rank_per_core(pp, dp, cores, layout):
-    from ratrain.cli_train import resolve_layout
-    assert resolve_layout(pp, dp, cores) == layout

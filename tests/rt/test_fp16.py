@@ -101,7 +101,7 @@ def test_fp16_resume_continues_the_loss_scale_exactly(workdir):
     followed an overflow (count 1), before a finite step (which then doubles the scale)."""
     saved, steps = workdir / "saved", 12
     _, whole = train(workdir, "whole", "ratrain", "--steps", steps, "--save-dir", saved,
-                     "--save-every", 1, window=2)
+                     "--save-every", 1, "--keep-last", 0, window=2)
     at = next(s for s in range(2, steps - 1) if whole[s - 2]["skipped"] and
               not whole[s - 1]["skipped"] and not whole[s]["skipped"])
     state = json.loads((saved / f"step-{at:06d}" / "trainer_state.json").read_text())

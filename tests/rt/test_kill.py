@@ -91,6 +91,8 @@ def test_killed_rank_is_named_and_the_run_resumes(job):
 def test_last_checkpoint_is_the_highest_complete_step(tmp_path):
     for name in ("step-000005", "step-999999", "step-1000000", ".step-2000000.tmp"):
         (tmp_path / name).mkdir()
+        (tmp_path / name / "trainer_state.json").write_text("{}")
     (tmp_path / "step-3000000").write_text("not a checkpoint directory")
+    (tmp_path / "step-4000000").mkdir()  # no trainer_state.json: not one of ours
     assert last_checkpoint(str(tmp_path)) == tmp_path / "step-1000000"
     assert last_checkpoint(str(tmp_path / "none")) is None and last_checkpoint(None) is None

@@ -1,0 +1,155 @@
+"""The inputs of `ratrain train`, checked before anything is written: the numbers, the
+model, the run directory, and the default layout (pp, dp, micro-batches) for the machine's
+core count. Every problem is a UserError naming the flags the user passed.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+DEFAULT_GLOBAL_BATCH = 8
+MAX_DEFAULT_MICRO_BATCHES = 4   # more, smaller micro-batches only add per-call overhead
+
+
+def _user_error(message: str) -> Exception:
+    from ratrain.cli import UserError
+    return UserError(message)
+
+
+def check_layout_numbers(args) -> None:
+    """Every size flag given is a positive integer."""
+    for flag, value in (("--pp", args.pp), ("--dp", args.dp), ("--seq-len", args.seq_len),
+                        ("--global-batch", args.global_batch),
+                        ("--micro-batches", args.micro_batches)):
+        if value is not None and value < 1:
+            raise _user_error(f"{flag} must be at least 1, got {value}")
+
+
+def load_checked_model(model: str) -> tuple[dict, str]:
+    """(config, name) of a model whose parameter shapes can be computed: a config.json
+    that is wrong is reported as one line here, not as a traceback while tracing."""
+    from ratrain import models
+    from ratrain.cli_compile import load_model
+    try:
+        config, name = load_model(model)
+        models.param_shapes(config)
+    except KeyError as e:
+        raise _user_error(f"cannot read model {model}: its config has no {e}") from None
+    except (ValueError, TypeError) as e:
+        raise _user_error(f"cannot read model {model}: {e}") from None
+    return config, name
+
+
+# ---- the run directory ------------------------------------------------------------------------
+
+def new_run_dir(out: str | None) -> Path:
+    """--out, else runs/<timestamp> (made unique)."""
+    if out is not None:
+        return Path(out)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir, n = Path("runs") / stamp, 1
+    while run_dir.exists():
+        run_dir, n = Path("runs") / f"{stamp}-{n}", n + 1
+    return run_dir
+
+
+def check_run_dir(out: str | None) -> Path:
+    """The run directory, once it is known that it can be created there: a probe directory
+    is made and removed in its nearest existing ancestor, so nothing is left behind."""
+    run_dir = new_run_dir(out)
+    where = f"--out {out}" if out is not None else f"run directory {run_dir}"
+    if (run_dir / "program").exists():
+        raise _user_error(f"{run_dir} already holds a run; choose another --out")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise _user_error(f"{where} is a file, not a directory; choose another --out")
+    ancestor = next(p for p in (run_dir.absolute(), *run_dir.absolute().parents)
+                    if p.exists())
+    if not ancestor.is_dir():
+        raise _user_error(f"{where}: {ancestor} is a file, not a directory; choose another "
+                          "--out")
+    try:
+        Path(tempfile.mkdtemp(prefix=".ratrain-probe-", dir=ancestor)).rmdir()
+    except OSError as e:
+        raise _user_error(f"cannot create {where}: {e.strerror or e} in {ancestor}; choose "
+                          "another --out") from None
+    return run_dir
+
+
+# ---- the layout -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layout:
+    pp: int                     # pipeline stages
+    dp: int                     # data-parallel replicas
+    micro_batches: int          # per step and replica
+    micro_batch_size: int       # sequences per micro-batch
+
+    @property
+    def ranks(self) -> int:
+        return self.pp * self.dp
+
+    def cores_note(self, cores: int) -> str:
+        """What the printed line says when the layout leaves cores idle."""
+        if self.ranks >= cores:
+            return ""
+        return (f"; using {self.ranks} of {cores} cores (NOTE [default layout]: a larger "
+                f"--global-batch lets more replicas run)")
+
+
+def resolve_layout(pp: int | None, dp: int | None, micro_batches: int | None,
+                   global_batch: int | None, cores: int, max_pp: int) -> Layout:
+    """The layout of a train run (NOTE [default layout]); None = not given. `max_pp` is
+    the model's layer count (embedding + decoders + head), partition_stages' limit."""
+    if pp is not None and pp > max_pp:
+        raise _user_error(f"--pp {pp} is more stages than the model has layers ({max_pp}, "
+                          f"with the embedding and the head): use --pp <= {max_pp}")
+    batch = global_batch or DEFAULT_GLOBAL_BATCH
+    if pp is None:
+        pp = 2 if max_pp >= 2 and cores >= 2 * (dp or 1) else 1
+    if dp is None:
+        dp = _default_dp(pp, micro_batches, batch, cores)
+    return Layout(pp, dp, *resolve_batch(batch, dp, micro_batches, global_batch is not None))
+
+
+# NOTE [default layout]: `ratrain train` without --pp/--dp runs two pipeline stages (the
+# pipeline is what ratrain is about; one on a single core) and as many data-parallel
+# replicas as fit the cores while dividing the global batch and leaving every replica at
+# least 2 micro-batches (1F1B needs them to overlap its stages). With the default global
+# batch of 8 that is at most 4 replicas, so big machines run fewer ranks than cores; the
+# printed line says so. Flags the user gives are kept, and a conflict names only them.
+
+def _default_dp(pp: int, micro_batches: int | None, batch: int, cores: int) -> int:
+    """The most replicas that divide the batch, fit pp x dp on the cores and leave each
+    replica --micro-batches (else 2 or more) micro-batches; 1 if none does."""
+    def fits(dp: int) -> bool:
+        per_replica = batch // dp
+        return (batch % dp == 0 and pp * dp <= cores and
+                (per_replica % micro_batches == 0 if micro_batches else per_replica >= 2))
+    return max([dp for dp in range(1, batch + 1) if fits(dp)], default=1)
+
+
+def resolve_batch(batch: int, dp: int, micro_batches: int | None,
+                  batch_given: bool = True) -> tuple[int, int]:
+    """(micro-batches, micro-batch size) splitting the global batch over dp replicas."""
+    batch_text = f"--global-batch {batch}" if batch_given else \
+        f"the default global batch of {batch} sequences"
+    per_replica, rest = divmod(batch, dp)
+    if rest or per_replica == 0:  # only a given --dp can: the default divides the batch
+        raise _user_error(f"--dp {dp} does not divide {batch_text}: choose a --dp that "
+                          f"divides it{'' if batch_given else ' or pass --global-batch'}")
+    m = micro_batches or _default_micro_batches(per_replica)
+    if per_replica % m:  # only a given --micro-batches can
+        share = f"{batch_text}" if dp == 1 else \
+            f"the {per_replica} sequences of each replica ({batch_text} / --dp {dp})"
+        raise _user_error(f"--micro-batches {m} does not divide {share}: choose a divisor "
+                          f"of {per_replica}")
+    return m, per_replica // m
+
+
+def _default_micro_batches(per_replica: int) -> int:
+    """The largest divisor up to MAX_DEFAULT_MICRO_BATCHES, or one sequence each when
+    that would be a single micro-batch (an odd prime count)."""
+    best = max(m for m in range(1, MAX_DEFAULT_MICRO_BATCHES + 1) if per_replica % m == 0)
+    return best if best >= 2 or per_replica == 1 else per_replica
