@@ -1,26 +1,26 @@
 """Checkpoints of a run: the model as a Hugging Face directory (the user's config.json,
 model.safetensors and the tokenizer files, loadable by --init-from and by transformers),
 AdamW moments in optimizer.safetensors, and the step, data order, loss scale and
-skipped-step count (which AdamW's bias correction needs) in trainer_state.json. Ranks send
-their (shards of) master params and moments to rank 0, which writes a temporary directory
-and renames it into place: a crash never leaves a half-written checkpoint under its name.
+skipped-step count (which AdamW's bias correction needs) in trainer_state.json. Each
+stage writes its own shard files (NOTE [checkpoints without gathering]) into a temporary
+directory that rank 0 renames into place: a crash never leaves a half-written checkpoint
+under its name.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from ratrain.atomic import replace_dir
-from ratrain.rt.calls import unflatten_layer
 
-OPTIMIZER_FILE = "optimizer.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
 STATE_FILE = "trainer_state.json"
 MOMENTS = ("exp_avg", "exp_avg_sq")     # torch.optim.AdamW's state names
 STEP_DIR = re.compile(r"step-(\d+)")    # checkpoint_name's directories, and nothing else
@@ -29,63 +29,109 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "tokenizer.model", "generation_config.json")
 
 
-def rank_state(executor) -> dict:
-    """layer -> (master, m, v) of this rank's shard; nothing from replicas that only
-    duplicate replica 0 (ZeRO-0)."""
-    st, program = executor.state, executor.program
-    if program.options.zero == 0 and st.replica != 0:
-        return {}
-    return {layer: tuple(st.view(slot).copy() for slot in program.state_slots(layer)[:3])
-            for layer in program.stages[st.stage]}
+# NOTE [checkpoints without gathering]: every stage's replica 0 writes its own layers
+# into its own shard files (model-SSSSS-of-PPPPP.safetensors and optimizer-..., or
+# model.safetensors and optimizer.safetensors with one stage), streaming each tensor from
+# its arena view (models/safetensors_writer.py). Under ZeRO a layer's shards are first
+# gathered over the DP group, one layer at a time. So saving holds at most one layer's
+# state beyond the arena, where gathering the whole model on rank 0 and serialising it
+# there held the model's weights and moments twice (a qwen2.5-0.5b run at pp 2 was killed
+# for memory by its first save). Rank 0 then writes the index, config.json, the tokenizer
+# files and trainer_state.json and renames the staging directory into place. A tied
+# weight is written by the stage of its first layer only (NOTE [tied weights]).
 
 
-def assemble(program, gathered: list[dict]) -> tuple[dict, dict]:
-    """(params, moments) by HF name from every rank's rank_state (rank order)."""
-    params, moments = {}, {}
+def shard_file(kind: str, stage: int, stages: int) -> str:
+    """`kind` (model or optimizer) file of a stage's tensors."""
+    return f"{kind}.safetensors" if stages == 1 else \
+        f"{kind}-{stage + 1:05d}-of-{stages:05d}.safetensors"
+
+
+def stage_tensors(program, stage: int) -> list[tuple[int, str, tuple, int]]:
+    """(layer, HF name, shape, offset in the layer's flat state) of every tensor the stage
+    writes, in model order: each tied weight only at its first layer."""
+    owner: dict[str, int] = {}
     for layer in range(program.num_layers):
-        shards = [g[layer] for g in gathered if layer in g]  # replica order
-        n = program.state_slots(layer)[3]
-        master, m, v = (np.concatenate([s[i] for s in shards])[:n] for i in range(3))
-        params |= unflatten_layer(program, layer, master)
-        exp_avg, exp_avg_sq = (unflatten_layer(program, layer, x) for x in (m, v))
-        moments |= {name: (exp_avg[name], exp_avg_sq[name]) for name in exp_avg}
-    return _as_named(program, params), moments
+        for name, _ in program.layer_params(layer):
+            owner.setdefault(name, layer)
+    out = []
+    for layer in program.stages[stage]:
+        offset = 0
+        for name, shape in program.layer_params(layer):
+            if owner[name] == layer:
+                out.append((layer, name, tuple(shape), offset))
+            offset += math.prod(shape)
+    return out
 
 
-def _as_named(program, params: dict) -> dict:
-    """The tensors model.safetensors holds: exactly those param_shapes names, in its order
-    (a tied model's embedding once and no lm_head.weight)."""
-    from ratrain.models import param_shapes
-    return {name: params[name] for name in param_shapes(program.graph.config)}
+def write_stage(program, state, comms, staging: Path) -> None:
+    """This rank's part of a checkpoint (NOTE [checkpoints without gathering]): replica 0
+    of each stage writes its layers' weights and moments; every rank of a ZeRO stage
+    takes part in gathering its shards."""
+    from ratrain.models.safetensors_writer import SafetensorsWriter
+    from ratrain.rt import comm
+    tensors, stages = stage_tensors(program, state.stage), len(program.stages)
+    writes = state.replica == 0
+    if writes:
+        meta = {"format": "pt"}
+        model = SafetensorsWriter(staging / shard_file("model", state.stage, stages),
+                                  [(n, "float32", s) for _, n, s, _ in tensors], meta)
+        moments = SafetensorsWriter(
+            staging / shard_file("optimizer", state.stage, stages),
+            [(f"{n}.{key}", "float32", s) for _, n, s, _ in tensors for key in MOMENTS], meta)
+    for layer in program.stages[state.stage]:
+        slots = program.state_slots(layer)
+        local = [state.view(slot) for slot in slots[:3]]
+        full = local if program.options.zero == 0 else \
+            comm.gather_layer_state(comms, local, slots[3])
+        if not writes:
+            continue
+        master, m, v = full
+        for _, name, shape, at in (t for t in tensors if t[0] == layer):
+            n = math.prod(shape)
+            model.write(name, master[at:at + n].reshape(shape))
+            for key, values in zip(MOMENTS, (m, v)):
+                moments.write(f"{name}.{key}", values[at:at + n].reshape(shape))
+    if writes:
+        model.close()
+        moments.close()
 
 
-def save_checkpoint(path: Path, config: dict, params: dict, moments: dict, state: dict,
-                    tokenizer: list[Path] = ()) -> Path:
-    """Write the checkpoint directory `path` atomically (temporary sibling, rename), with
-    copies of the `tokenizer` files (tokenizer_files)."""
-    from ratrain.models.checkpoint import save_pretrained
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        for file in tokenizer:
-            shutil.copyfile(file, staging / file.name)
-        save_pretrained(staging, config, params)
-        save_file({f"{name}.{key}": np.ascontiguousarray(pair[i]) for name, pair in
-                   moments.items() for i, key in enumerate(MOMENTS)}, str(staging / OPTIMIZER_FILE))
-        (staging / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
-        os.chmod(staging, 0o755)
-        replace_dir(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+def finish_checkpoint(program, staging: Path, path: Path, config: dict, state: dict,
+                      tokenizer=()) -> Path:
+    """Rank 0, after every stage's files are in `staging`: the index (several stages),
+    config.json, tokenizer files and trainer_state.json, then the rename into place."""
+    stages = len(program.stages)
+    if stages > 1:
+        weight_map = {name: shard_file("model", s, stages)
+                      for s in range(stages) for _, name, _, _ in stage_tensors(program, s)}
+        total = sum(4 * math.prod(shape) for s in range(stages)
+                    for _, _, shape, _ in stage_tensors(program, s))
+        (staging / INDEX_FILE).write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
+    for file in tokenizer:
+        shutil.copyfile(file, staging / file.name)
+    (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (staging / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
+    os.chmod(staging, 0o755)
+    replace_dir(staging, path)
     return path
 
 
+def staging_dir(path: Path) -> Path:
+    """A new hidden sibling of checkpoint `path` to write it in."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+
+
 def load_checkpoint(path: str) -> tuple[dict, dict, dict]:
-    """(params, moments, state) of a checkpoint written by save_checkpoint."""
+    """(params, moments, state) of a checkpoint written by a run (its one or several
+    optimizer files)."""
     from ratrain.models.checkpoint import load_pretrained
     _, params = load_pretrained(path)
-    tensors = load_file(str(Path(path) / OPTIMIZER_FILE))
+    tensors = {}
+    for file in sorted(Path(path).glob("optimizer*.safetensors")):
+        tensors |= load_file(str(file))
     moments = {name: tuple(tensors[f"{name}.{key}"] for key in MOMENTS) for name in params}
     state = json.loads((Path(path) / STATE_FILE).read_text())
     return params, moments, state

@@ -62,6 +62,9 @@ class Communicators:
     def gather_to_root(self, value):
         return self.world.gather(value, root=0)
 
+    def broadcast_from_root(self, value):
+        return self.world.bcast(value, root=0)
+
     def barrier(self) -> None:
         self.world.Barrier()
 
@@ -102,6 +105,19 @@ def start_param_allgather(comms: Communicators, shard: np.ndarray, ranges, finis
     full = np.empty(shard.size * comms.dp.Get_size(), shard.dtype)
     request = comms.dp.Iallgather(shard, full)
     return InFlight(request, ranges, lambda: finish(full), keep=(full,))
+
+
+def gather_layer_state(comms: Communicators, shards, n: int):
+    """Replica 0 of the DP group gets each of `shards` (master, m, v of one layer, this
+    rank's equal-sized ZeRO shards) whole, cut to the layer's n elements; the other
+    replicas get None (NOTE [checkpoints without gathering], rt/checkpoint.py)."""
+    root = comms.dp.Get_rank() == 0
+    out = []
+    for shard in shards:
+        whole = np.empty(shard.size * comms.dp.Get_size(), shard.dtype) if root else None
+        comms.dp.Gather(np.ascontiguousarray(shard), whole, root=0)
+        out.append(whole[:n] if root else None)
+    return out if root else None
 
 
 def sum_tied_gradient(comms: Communicators, grad: np.ndarray) -> None:

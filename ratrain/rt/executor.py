@@ -218,6 +218,12 @@ class RankExecutor:
             for s in self.early_syncs.get((r, i), ()):  # NOTE [sync issue point]
                 self._run_row(s, self.task_rows[s])
 
+    def settle(self) -> None:
+        """Complete every operation in flight now (before a checkpoint gathers shards);
+        between steps that is the last PREFs' view all-gathers and nothing else."""
+        self._complete(self.in_flight + self.sends)
+        self.in_flight, self.sends = [], []
+
     def finish(self) -> None:
         """Complete everything still in flight (the last step's view all-gathers)."""
         self._complete(self.in_flight)

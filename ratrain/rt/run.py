@@ -7,6 +7,7 @@ and printed once as one line; any error while running aborts the whole job (no h
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -246,23 +247,40 @@ def _run_step(executor, tokens, optimizer) -> list[float]:
 
 
 def _save(args, comms, executor, job: dict) -> None:
-    """Gather master params and moments on rank 0, write a checkpoint there, then remove
-    the ones --keep-last no longer keeps."""
+    """Write a checkpoint, every stage its own files (NOTE [checkpoints without
+    gathering]); then remove the ones --keep-last no longer keeps."""
     from ratrain.rt import comm
-    from ratrain.rt.checkpoint import assemble, prune_checkpoints, rank_state, save_checkpoint
-    gathered = comms.gather_to_root(rank_state(executor))
+    from ratrain.rt.checkpoint import (finish_checkpoint, prune_checkpoints, staging_dir,
+                                       write_stage)
+    path, contents = Path(args.save_dir) / checkpoint_name(executor.step), job["checkpoint"]
+    staging, error = None, None
+    if comms.rank == 0:
+        try:
+            staging = staging_dir(path)
+        except OSError as e:
+            error = str(e)
+    staging = comms.broadcast_from_root(staging)
+    executor.settle()   # nothing in flight on the DP group while shards are gathered
+    if staging is not None:
+        try:
+            write_stage(executor.program, executor.state, comms, Path(staging))
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+    errors = comms.agree_on_errors(error and f"rank {comms.rank}: {error}")
     if comms.rank != 0:
         return
-    path, contents = Path(args.save_dir) / checkpoint_name(executor.step), job["checkpoint"]
     try:
-        params, moments = assemble(executor.program, gathered)
-        save_checkpoint(path, contents["config"], params, moments,
-                        {"step": executor.step, **job["data_order"], "data": args.data,
-                         **_scaler_state(executor)}, contents["tokenizer"])
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        finish_checkpoint(executor.program, Path(staging), path, contents["config"],
+                          {"step": executor.step, **job["data_order"], "data": args.data,
+                           **_scaler_state(executor)}, contents["tokenizer"])
         prune_checkpoints(args.save_dir, args.keep_last, path)
     except Exception as e:
-        comm.abort_job(f"ratrain: rank 0 failed writing checkpoint {path}: "
-                       f"{type(e).__name__}: {e}")
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        comm.abort_job(f"ratrain: writing checkpoint {path} failed: {type(e).__name__}: {e}"
+                       if not errors else f"ratrain: writing checkpoint {path} failed: {e}")
     if not args.quiet:
         print(f"saved {path}", flush=True)
 

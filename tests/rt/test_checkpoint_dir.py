@@ -2,7 +2,6 @@
 an interrupted save leaving nothing --resume would pick, and the exported config.json."""
 import json
 
-import numpy as np
 import pytest
 
 from ratrain.rt import checkpoint as ck
@@ -51,16 +50,19 @@ def test_resume_finds_a_checkpoint_a_save_dir_or_a_run_dir(tmp_path):
 
 
 def test_interrupted_save_leaves_no_step_dir(tmp_path, monkeypatch):
+    """A save interrupted before its rename leaves only the hidden staging directory."""
+    from types import SimpleNamespace
     fake_checkpoint(tmp_path, 1)
-    import ratrain.models.checkpoint as hf
+    path = tmp_path / ck.checkpoint_name(2)
+    staging = ck.staging_dir(path)
 
-    def crash(path, config, params):
-        (path / "model.safetensors").write_bytes(b"half")
+    def crash(source, target):
         raise KeyboardInterrupt
-    monkeypatch.setattr(hf, "save_pretrained", crash)
+    monkeypatch.setattr(ck, "replace_dir", crash)
     with pytest.raises(KeyboardInterrupt):
-        ck.save_checkpoint(tmp_path / ck.checkpoint_name(2), {}, {}, {}, {"step": 2})
-    assert [p.name for p in tmp_path.iterdir()] == ["step-000001"]
+        ck.finish_checkpoint(SimpleNamespace(stages=((0,),)), staging, path, {}, {"step": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [staging.name, "step-000001"]
+    assert staging.name.startswith(".step-000002.")
     assert ck.find_resume_checkpoint(str(tmp_path)) == tmp_path / "step-000001"
 
 

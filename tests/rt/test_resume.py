@@ -50,8 +50,10 @@ def test_resumed_run_is_bit_identical_to_uninterrupted(program):
     assert whole[-1]["loss"] < whole[0]["loss"] / 2  # the steps after the resume still learn
     final = [d / "step-000100" for d in (whole_dir, resumed_dir)]
     files = sorted(f.name for f in final[0].iterdir())
-    assert files == ["config.json", "model.safetensors", "optimizer.safetensors",
-                     "trainer_state.json"]
+    assert files == ["config.json", "model-00001-of-00002.safetensors",
+                     "model-00002-of-00002.safetensors", "model.safetensors.index.json",
+                     "optimizer-00001-of-00002.safetensors",
+                     "optimizer-00002-of-00002.safetensors", "trainer_state.json"]
     assert sorted(f.name for f in final[1].iterdir()) == files
     for name in files:
         assert (final[0] / name).read_bytes() == (final[1] / name).read_bytes(), name
