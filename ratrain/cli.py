@@ -16,9 +16,10 @@ from ratrain.cli_plan import add_plan_parser
 from ratrain.cli_sim import add_simulate_parser
 from ratrain.units import format_bytes
 from ratrain.cli_train import add_run_parser, add_train_parser
+from ratrain.models.config import preset_names
 
-MODEL_HELP = ("a preset name (tiny, llama2-7b, llama2-13b, llama2-70b, baichuan2-13b, "
-              "qwen2.5-32b, ...), a Hugging Face config.json, or a directory holding one")
+MODEL_HELP = (f"a preset name ({', '.join(preset_names())}), a Hugging Face config.json, "
+              "or a directory holding one")
 
 
 class UserError(Exception):

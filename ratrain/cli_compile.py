@@ -77,15 +77,18 @@ def resolve_options(args, config: dict, profile: dict):
         profile.get("default_zero", 0) if args.dp > 1 else 0)
     if args.clip is not None and not args.clip > 0:
         raise _user_error(f"--clip must be a positive gradient norm (got {args.clip})")
+    from ratrain.models import check_sequence_length
     try:
-        return CompileOptions(
+        options = CompileOptions(
             pp=args.pp, dp=args.dp, micro_batches=args.micro_batches,
             micro_batch_size=args.micro_batch_size, seq_len=args.seq_len or min(128, context),
             schedule=args.schedule, recompute=args.recompute, zero=zero,
             budget=args.budget or int(profile["usable_memory"]), hw=profile["name"],
             precision=precision, clip=args.clip, grad_accum=args.grad_accum)
+        check_sequence_length(config, options.seq_len)  # a sliding window is refused here
     except ValueError as e:
         raise _user_error(str(e)) from None
+    return options
 
 
 def trace_for(config: dict, name: str, options):

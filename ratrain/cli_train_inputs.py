@@ -19,12 +19,17 @@ def _user_error(message: str) -> Exception:
 
 
 def check_layout_numbers(args) -> None:
-    """Every size flag given is a positive integer."""
+    """Every size flag given is a positive integer, and the evaluation flags agree."""
+    from ratrain.rt.evaluate import check_eval_options
     for flag, value in (("--pp", args.pp), ("--dp", args.dp), ("--seq-len", args.seq_len),
                         ("--global-batch", args.global_batch),
                         ("--micro-batches", args.micro_batches)):
         if value is not None and value < 1:
             raise _user_error(f"{flag} must be at least 1, got {value}")
+    try:
+        check_eval_options(args)
+    except ValueError as e:
+        raise _user_error(str(e)) from None
 
 
 def load_checked_model(model: str) -> tuple[dict, str]:

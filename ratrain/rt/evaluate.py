@@ -18,16 +18,21 @@ class HeldOut:
     every: int                          # evaluate after every N steps (0: last step only)
 
 
-def held_out(args, row_len: int, global_batch: int, text) -> HeldOut | None:
-    """The --eval-data set of a run (None without one); a DataError or ValueError (the
-    flags) otherwise."""
+def check_eval_options(args) -> None:
+    """A ValueError naming the flag if the evaluation flags do not go together."""
     if args.eval_every < 0 or args.eval_batches < 1:
         raise ValueError(f"--eval-every must be 0 or more and --eval-batches 1 or more, got "
                          f"{args.eval_every} and {args.eval_batches}")
+    if args.eval_data is None and args.eval_every:
+        raise ValueError(f"--eval-every {args.eval_every} needs --eval-data FILE, the "
+                         "held-out text to evaluate on")
+
+
+def held_out(args, row_len: int, global_batch: int, text) -> HeldOut | None:
+    """The --eval-data set of a run (None without one); a DataError or ValueError (the
+    flags) otherwise."""
+    check_eval_options(args)
     if args.eval_data is None:
-        if args.eval_every:
-            raise ValueError(f"--eval-every {args.eval_every} needs --eval-data FILE, the "
-                             "held-out text to evaluate on")
         return None
     rows = data_rows(args.eval_data, "--eval-data", row_len, text)
     count = min(args.eval_batches, -(-len(rows) // global_batch))

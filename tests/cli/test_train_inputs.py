@@ -26,6 +26,8 @@ def bad_configs(root):
     tiny = get_config("tiny")
     cases = {"no-heads": {k: v for k, v in tiny.items() if k != "num_attention_heads"},
              "hidden-as-text": tiny | {"hidden_size": "256"},
+             "heads-not-dividing": tiny | {"num_attention_heads": 3},
+             "window-too-short": tiny | {"model_type": "mistral", "sliding_window": 64},
              "not-json": None}
     paths = {}
     for name, config in cases.items():
@@ -44,18 +46,24 @@ BAD_FLAGS = {
     "unknown model": ["--model", "no-such-model"],
     "unwritable save-dir": ["--save-dir", "/proc/ratrain-x"],
     "resume nothing": ["--resume", "."],
+    "data missing": ["--data", "/nonexistent/corpus.txt"],
+    "data empty": ["--data", "EMPTY"],
+    "data unknown kind": ["--data", "FILE"],
+    "eval-every without eval-data": ["--eval-every", 5],
 }
 
 
 @pytest.mark.parametrize("case", [*BAD_FLAGS, "out in /proc", "out is a file",
                                   "out under a file", "no-heads", "hidden-as-text",
-                                  "not-json"])
+                                  "heads-not-dividing", "window-too-short", "not-json"])
 def test_bad_input_is_one_error_line_and_no_run_dir(case, tmp_path):
     run_dir = tmp_path / "run"
     configs = bad_configs(tmp_path)
     (tmp_path / "file").write_text("a file")
+    (tmp_path / "empty.txt").write_text("")
     if case in BAD_FLAGS:
-        args = [*BAD_FLAGS[case], "--out", run_dir]
+        named = {"EMPTY": tmp_path / "empty.txt", "FILE": tmp_path / "file"}
+        args = [*(named.get(a, a) for a in BAD_FLAGS[case]), "--out", run_dir]
     elif case.startswith("out"):
         run_dir = {"out in /proc": "/proc/ratrain-run", "out is a file": tmp_path / "file",
                    "out under a file": tmp_path / "file" / "run"}[case]
@@ -70,7 +78,7 @@ def test_bad_input_is_one_error_line_and_no_run_dir(case, tmp_path):
     if case != "out is a file":
         assert not Path(run_dir).exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["file", *(f"{name}.json" for name in configs)])
+        ["file", "empty.txt", *(f"{name}.json" for name in configs)])
 
 
 def test_errors_name_the_flags_given():

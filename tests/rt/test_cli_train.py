@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from ratrain import models
+
 pytestmark = pytest.mark.mpi
 
 
@@ -31,7 +33,8 @@ def test_train_on_defaults_prints_progress_and_summary(trained):
     steps = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert steps[-1]["loss"] < steps[0]["loss"]  # bytes of Python source are learnable
-    assert (run_dir / "checkpoints" / "step-000003" / "model.safetensors").is_file()
+    _, params = models.load_pretrained(run_dir / "checkpoints" / "step-000003")  # 2 shards
+    assert set(params) == set(models.param_shapes(models.get_config("tiny")))
 
 
 def test_trace_has_every_task_of_every_step(trained):

@@ -85,7 +85,7 @@ def test_killed_rank_is_named_and_the_run_resumes(job):
     assert resumed.returncode == 0, resumed.stderr
     assert [r["step"] for r in read_metrics(tmp_path / "resumed.jsonl")] == \
         [done + 1, done + 2, done + 3]
-    assert (tmp_path / "ckpt" / f"step-{done + 3:06d}" / "model.safetensors").is_file()
+    assert (tmp_path / "ckpt" / f"step-{done + 3:06d}" / "model.safetensors.index.json").is_file()
 
 
 def test_last_checkpoint_is_the_highest_complete_step(tmp_path):
