@@ -56,6 +56,13 @@ def progression_rows(n: int, seq_len: int, vocab: int) -> np.ndarray:
     return (start + stride * np.arange(seq_len + 1)) % vocab
 
 
+def write_workdir(root, config: dict, rows: int, seq_len: int):
+    """`root` holding config.json and tokens.npy (progression rows) for a training test."""
+    (root / "config.json").write_text(json.dumps(config))
+    np.save(root / "tokens.npy", progression_rows(rows, seq_len, config["vocab_size"]))
+    return root
+
+
 def mpirun(ranks: int, *args, timeout=120) -> subprocess.CompletedProcess:
     """`mpiexec -n ranks python -m ratrain.rt *args`, output captured."""
     return subprocess.run(["mpiexec", "-n", str(ranks), sys.executable, "-m", "ratrain.rt",

@@ -1,14 +1,12 @@
 """FP32 equivalence: every pipeline x data-parallel layout, ZeRO stage and schedule trains
 the tiny model for 100 steps with the loss of the single-process JAX reference at every
 step (1e-4 relative). All layouts share one global batch, hence one reference."""
-import json
-
 import numpy as np
 import pytest
 
 from ratrain.cli import main as ratrain_main
 from ratrain.optim import AdamW
-from rt_reference import CONFIG, mpirun, progression_rows, read_metrics, reference
+from rt_reference import CONFIG, mpirun, read_metrics, reference, write_workdir
 
 pytestmark = pytest.mark.mpi
 
@@ -21,10 +19,7 @@ CASES = [(pp, dp, zero, schedule) for pp, dp in ((1, 1), (2, 1), (1, 2), (2, 2),
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("equivalence")
-    (root / "config.json").write_text(json.dumps(CONFIG))
-    np.save(root / "tokens.npy", progression_rows(ROWS, T, CONFIG["vocab_size"]))
-    return root
+    return write_workdir(tmp_path_factory.mktemp("equivalence"), CONFIG, ROWS, T)
 
 
 @pytest.fixture(scope="module")

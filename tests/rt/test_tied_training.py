@@ -2,15 +2,14 @@
 first stage and the head on the last, 30 steps follow the single-process JAX reference at
 every step, and the checkpoint holds the matrix once and loads in transformers with the
 same loss."""
-import json
-
 import numpy as np
 import pytest
 
 from ratrain import models
 from ratrain.cli import main as ratrain_main
 from ratrain.optim import AdamW
-from rt_reference import CONFIG, mpirun, progression_rows, read_metrics, reference
+from rt_reference import (CONFIG, mpirun, progression_rows, read_metrics, reference,
+                          write_workdir)
 
 pytestmark = pytest.mark.mpi
 
@@ -23,10 +22,7 @@ CASES = [(2, 1, 0), (2, 2, 2)]
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tied")
-    (root / "config.json").write_text(json.dumps(TIED))
-    np.save(root / "tokens.npy", progression_rows(ROWS, T, TIED["vocab_size"]))
-    return root
+    return write_workdir(tmp_path_factory.mktemp("tied"), TIED, ROWS, T)
 
 
 @pytest.fixture(scope="module")
