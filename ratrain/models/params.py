@@ -61,9 +61,16 @@ def _initial_value(name, shape, rng, std):
     return (std * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
 
 
-def init_params(config: dict, seed: int) -> dict[str, np.ndarray]:
+def init_params(config: dict, seed: int, names=None) -> dict[str, np.ndarray]:
     """float32 params: N(0, initializer_range) matrices, unit norms, zero biases; drawn
-    in model order from one generator, so the same seed gives the same bits."""
+    in model order from one generator, so the same seed gives the same bits. With `names`,
+    only those are kept (each is still drawn in its place, so its bits do not change): a
+    rank holds its stage's weights, not the whole model's, while it starts."""
     rng = np.random.default_rng(seed)
     std = float(config.get("initializer_range", 0.02))
-    return {n: _initial_value(n, s, rng, std) for n, s in param_shapes(config).items()}
+    out = {}
+    for name, shape in param_shapes(config).items():
+        value = _initial_value(name, shape, rng, std)
+        if names is None or name in names:
+            out[name] = value
+    return out

@@ -39,11 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def initial_state(args, config: dict):
-    """(params, moments, state of a resumed run): seeded, --init-from or --resume."""
+def initial_state(args, config: dict, names=None):
+    """(params, moments, state of a resumed run): seeded (only `names`, if given), from
+    --init-from or from --resume."""
     from ratrain import models
     if args.init_from is None and args.resume is None:
-        return models.init_params(config, args.seed), None, {}
+        return models.init_params(config, args.seed, names), None, {}
     source, flag = (args.resume, "--resume") if args.resume else (args.init_from, "--init-from")
     try:
         params, moments, state = load_checkpoint(source) if args.resume else \
@@ -57,7 +58,7 @@ def initial_state(args, config: dict):
     return params, moments, state
 
 
-def prepare(args, world_size: int) -> dict:
+def prepare(args, world_size: int, rank: int = 0) -> dict:
     """Everything a job starts from (program, initial state, batches), or a SetupError."""
     from ratrain.cli import UserError
     if args.progress_us < 0:
@@ -75,7 +76,9 @@ def prepare(args, world_size: int) -> dict:
             args.resume = str(find_resume_checkpoint(args.resume))
         except ValueError as e:
             raise SetupError(str(e)) from None
-    params, moments, state = initial_state(args, config)
+    stage = program.coords(rank)[0]
+    params, moments, state = initial_state(args, config, {
+        name for layer in program.stages[stage] for name, _ in program.layer_params(layer)})
     if args.resume and state.get("data", args.data) != args.data:
         raise SetupError(f"--resume {args.resume} was trained on --data {state['data']} "
                          f"(the built-in corpus if None), not {args.data}: pass the same "
@@ -168,7 +171,7 @@ def main(argv=None) -> int:
         return 2
     job, error = None, None
     try:
-        job = prepare(args, comms.size)
+        job = prepare(args, comms.size, comms.rank)
         if comms.rank == 0:
             check_writable(args.metrics, "--metrics")
             if args.save_dir and (problem := check_save_dir(args.save_dir)) is not None:
