@@ -18,7 +18,7 @@ import numpy as np
 from ratrain.data.sources import DataError, documents, find_sources
 from ratrain.data.tokenizer import TokenizerChoice
 
-FORMAT = "ratrain-tokens/1"
+FORMAT = "ratrain-tokens/2"              # 2: pieces cut only where ids cannot change
 BATCH_BYTES = 8 * 2 ** 20               # text encoded per encode_batch call
 
 # NOTE [token cache]: the sidecar records the sources (path, size and mtime of every file),

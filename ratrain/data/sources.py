@@ -88,13 +88,14 @@ def _line_text(raw: bytes, where: str) -> str:
 
 
 def _text_pieces(path: Path, flag: str, piece_bytes: int = PIECE_BYTES):
-    """A .txt file as (text, bytes) pieces of about piece_bytes, each cut after a line
-    break that a non-space character follows (NOTE [pieces of a long text])."""
+    """A .txt file as (text, bytes) pieces of about piece_bytes, each cut after a single
+    line break between two non-space characters (NOTE [pieces of a long text]); a file
+    that fits in one piece is one piece."""
     with open(path, "rb") as f:
         carry, done = b"", 0
         while block := f.read(piece_bytes):
             data = carry + block
-            cut = _cut_point(data)
+            cut = _cut_point(data) if len(block) == piece_bytes else 0
             if cut:
                 yield _decode(data[:cut], path, flag, done), cut
                 data, done = data[cut:], done + cut
@@ -105,17 +106,19 @@ def _text_pieces(path: Path, flag: str, piece_bytes: int = PIECE_BYTES):
 
 # NOTE [pieces of a long text]: encoding a whole .txt in one call would hold all its
 # tokens' Python objects at once, so long files are encoded in pieces of about 4 MiB. A
-# piece ends after a line break followed by a non-space character: the pre-tokenizers of
-# GPT-2, LLaMA and Qwen2 BPEs never merge across that point, so the ids equal those of
-# encoding the whole file, except with tokenizers that add a prefix space to every call
-# (sentencepiece-style Metaspace), which add one more token per 4 MiB piece.
+# piece ends after a single line break with a non-space character on both sides: the
+# pre-tokenizers of GPT-2, LLaMA-3 and Qwen2 BPEs split there whether or not the text goes
+# on, so the ids equal those of encoding the whole file. (A run of line breaks would not
+# do: at the end of a text GPT-2's regex takes "\n\n" as one pre-token, inside it "\n",
+# "\n"; a piece cut there gave other ids.) Tokenizers that add a prefix space to every
+# call (sentencepiece-style Metaspace) still add one more token per 4 MiB piece.
 
 
 def _cut_point(data: bytes) -> int:
-    """Index after the last b"\\n" that a non-whitespace byte follows; 0 if none."""
+    """Index after the last b"\\n" between two non-whitespace bytes; 0 if none."""
     at = len(data) - 1
-    while (at := data.rfind(b"\n", 0, at)) >= 0:
-        if not data[at + 1:at + 2].isspace():
+    while (at := data.rfind(b"\n", 0, at)) > 0:
+        if not data[at + 1:at + 2].isspace() and not data[at - 1:at].isspace():
             return at + 1
     return 0
 

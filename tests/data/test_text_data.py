@@ -197,3 +197,25 @@ def test_bad_inputs_are_one_line_errors_naming_the_file(tmp_path, checkpoint):
         choose_tokenizer({"vocab_size": 64}, str(tmp_path), None)
     assert find_sources(str(tmp_path / "big.txt"), "--data")[0].size == \
         os.path.getsize(tmp_path / "big.txt")
+
+
+def test_pieces_encode_to_the_ids_of_the_whole_text(tmp_path):
+    """NOTE [pieces of a long text]: with a GPT-2 style byte-level BPE, blank lines, runs
+    of spaces and indentation, the pieces' ids joined are the whole file's ids."""
+    lines = sample_text(300, 3).splitlines()
+    text = "".join(line + rng_sep for line, rng_sep in
+                   zip(lines, np.random.default_rng(1).choice(["\n", "\n\n", "\n  ", " \n"],
+                                                              len(lines))))
+    (tmp_path / "a.txt").write_text(text)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # documents ending in blank lines teach it a "\n\n" token, as real corpora do
+    bpe.train_from_iterator([line + "\n\n" for line in lines], trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    assert len(bpe.encode("a\n\n").ids) == 2
+    pieces = list(_text_pieces(tmp_path / "a.txt", "--data", piece_bytes=256))
+    assert len(pieces) > 20 and "".join(p for p, _ in pieces) == text
+    joined = [i for p, _ in pieces for i in bpe.encode(p, add_special_tokens=False).ids]
+    assert joined == bpe.encode(text, add_special_tokens=False).ids
+    assert len(list(_text_pieces(tmp_path / "a.txt", "--data",
+                                 piece_bytes=len(text.encode()) + 1))) == 1
