@@ -48,7 +48,9 @@ setup(
         "matplotlib>=3.7",          # schedule and memory pictures of `ratrain inspect`
     ],
     extras_require={
-        "test": ["pytest>=8", "threadpoolctl>=3"],
+        # torch and transformers: the tests check ratrain's math and checkpoints against
+        # the real models (CPU build of torch; 2.13.0 is the one this project tests with)
+        "test": ["pytest>=8", "threadpoolctl>=3", "torch==2.13.0", "transformers>=5,<6"],
     },
     entry_points={"console_scripts": ["ratrain=ratrain.cli:main"]},
     zip_safe=False,
