@@ -41,12 +41,14 @@ def save_pretrained(path, config: dict, params: dict) -> Path:
 _WIDENED = ("bfloat16", "float16")   # HF release dtypes; our reference math is fp32
 
 
-def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
-    """All tensors of one file; bf16/fp16 tensors widen to float32 (exactly)."""
+def read_safetensors(file: Path, names=None) -> dict[str, np.ndarray]:
+    """The tensors of one file (only `names`, if given); bf16/fp16 tensors widen to
+    float32 (exactly)."""
     out = {}
     with safe_open(str(file), framework="numpy") as f:
         for name in f.keys():
-            out[name] = f.get_tensor(name)
+            if names is None or name in names:
+                out[name] = f.get_tensor(name)
     return {k: v.astype(np.float32) if v.dtype.name in _WIDENED else v
             for k, v in out.items()}
 
@@ -61,13 +63,18 @@ def _weight_map(path: Path) -> dict[str, str]:
     raise ValueError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
 
 
-def load_pretrained(path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(config, params) from a checkpoint directory written by us or by transformers."""
+def load_pretrained(path, names=None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config, params) from a checkpoint directory written by us or by transformers;
+    with `names`, only those tensors are read (a rank reads its stage's weights)."""
     path = Path(path)
     config = fill_defaults(json.loads((path / "config.json").read_text()), source=str(path))
     weight_map, params = _weight_map(path), {}
+    if names is not None:
+        tied_check = config["tie_word_embeddings"] and "model.embed_tokens.weight" in names
+        wanted = set(names) | ({"lm_head.weight"} if tied_check else set())
+        weight_map = {k: v for k, v in weight_map.items() if k in wanted}
     for file in sorted(set(weight_map.values())):
-        params.update(_read_safetensors(path / file))
+        params.update(read_safetensors(path / file, set(weight_map)))
     if set(params) != set(weight_map):
         missing = sorted(set(weight_map) - set(params))[:5]
         raise ValueError(f"{path}: shards do not match the index weight_map "

@@ -16,8 +16,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from safetensors.numpy import load_file
-
 from ratrain.atomic import replace_dir
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -124,14 +122,15 @@ def staging_dir(path: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
 
 
-def load_checkpoint(path: str) -> tuple[dict, dict, dict]:
+def load_checkpoint(path: str, names=None) -> tuple[dict, dict, dict]:
     """(params, moments, state) of a checkpoint written by a run (its one or several
-    optimizer files)."""
-    from ratrain.models.checkpoint import load_pretrained
-    _, params = load_pretrained(path)
+    optimizer files); with `names`, only those parameters and their moments."""
+    from ratrain.models.checkpoint import load_pretrained, read_safetensors
+    _, params = load_pretrained(path, names)
+    keys = {f"{name}.{key}" for name in params for key in MOMENTS}
     tensors = {}
     for file in sorted(Path(path).glob("optimizer*.safetensors")):
-        tensors |= load_file(str(file))
+        tensors |= read_safetensors(file, keys)
     moments = {name: tuple(tensors[f"{name}.{key}"] for key in MOMENTS) for name in params}
     state = json.loads((Path(path) / STATE_FILE).read_text())
     return params, moments, state

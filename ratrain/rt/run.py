@@ -40,18 +40,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def initial_state(args, config: dict, names=None):
-    """(params, moments, state of a resumed run): seeded (only `names`, if given), from
-    --init-from or from --resume."""
+    """(params, moments, state of a resumed run): seeded, from --init-from or from
+    --resume; only the parameters `names` (a rank's stage's), if given."""
     from ratrain import models
     if args.init_from is None and args.resume is None:
         return models.init_params(config, args.seed, names), None, {}
     source, flag = (args.resume, "--resume") if args.resume else (args.init_from, "--init-from")
     try:
-        params, moments, state = load_checkpoint(source) if args.resume else \
-            (models.load_pretrained(source)[1], None, {})
+        params, moments, state = load_checkpoint(source, names) if args.resume else \
+            (models.load_pretrained(source, names)[1], None, {})
     except (OSError, ValueError, KeyError) as e:
         raise SetupError(f"cannot load {flag} {source}: {e}") from None
     for name, shape in models.param_shapes(config).items():
+        if names is not None and name not in names:
+            continue
         if name not in params or tuple(params[name].shape) != tuple(shape):
             raise SetupError(f"{flag} {source} does not fit the program's model: {name} "
                              f"should be {list(shape)}")

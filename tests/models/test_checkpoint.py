@@ -72,3 +72,19 @@ def test_load_without_weights_says_so(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(models.get_config("tiny")))
     with pytest.raises(ValueError, match="model.safetensors"):
         models.load_pretrained(tmp_path)
+
+
+def test_a_rank_reads_only_the_tensors_it_names(tmp_path):
+    """load_pretrained(names=...): a stage's weights only; a tied checkpoint's redundant
+    lm_head.weight is checked where the embedding is read, and skipped elsewhere."""
+    config = models.get_config("tiny-tied")
+    params = models.init_params(config, seed=1)
+    models.save_pretrained(tmp_path, config, params)
+    middle = {"model.layers.1.mlp.up_proj.weight", "model.layers.1.input_layernorm.weight"}
+    _, got = models.load_pretrained(tmp_path, middle)
+    assert set(got) == middle and all(np.array_equal(got[n], params[n]) for n in middle)
+    extra = dict(params, **{"lm_head.weight": params["model.embed_tokens.weight"] + 1})
+    save_file(extra, str(tmp_path / "model.safetensors"))
+    assert set(models.load_pretrained(tmp_path, middle)[1]) == middle
+    with pytest.raises(ValueError, match="lm_head.weight differs"):
+        models.load_pretrained(tmp_path, {"model.embed_tokens.weight"})
