@@ -312,12 +312,15 @@ def _unscale_or_skip(st: RankState, grads, inverse: np.float32, overflow: bool) 
 def _tie_sum(t: Transport, st: RankState, call) -> None:
     """NOTE [tied weights]: every copy of a tied weight's gradient on this rank becomes the
     sum of all copies: those here, and (blocking) those of the other tie stages."""
-    copies = [st.view(s) for s in call.inputs]
-    total = np.sum(copies, axis=0, dtype=np.float32) if len(copies) > 1 else copies[0].copy()
+    copies = [st.view(s) for s in call.inputs]  # the outputs are the same slots
+    # one copy here is summed in place (no second vocabulary-sized array); nothing is
+    # written before the cross-stage sum, which the reference executor may rerun
+    total = copies[0] if len(copies) == 1 else np.sum(copies, axis=0, dtype=np.float32)
     if len(_params(call)["stages"]) > 1:
         t.tie_sum(st, call, total)
-    for slot in call.outputs:
-        st.view(slot)[...] = total
+    for copy in copies:
+        if copy is not total:
+            copy[...] = total
 
 
 def _adamw(t: Transport, st: RankState, call) -> None:
