@@ -17,7 +17,7 @@ from ratrain.passes.buffers import CATEGORIES  # noqa: E402
 from ratrain.passes.dryrun import DryRunResult, dry_run  # noqa: E402
 
 COMMS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B, Kind.POST_F,
-                   Kind.POST_B, Kind.NORM})
+                   Kind.POST_B, Kind.NORM, Kind.TIE})
 # Relative durations when a task carries no estimate: a backward is two forwards, the
 # lifecycle tasks are cheaper than a layer pass, messages cheaper still, FREE is free.
 UNIT_COSTS = {Kind.F: 1.0, Kind.B: 2.0, Kind.REC: 1.0, Kind.SYNC: 0.5, Kind.UPD: 0.5,

@@ -293,7 +293,7 @@ def _tie_sum(c: ProfileCosts, task, call) -> list[Step]:
     p = c.profile
     cost = collective_cost("allreduce", members, nbytes, p["link_latency"], p["link_bandwidth"],
                            c.algorithm)
-    return [local, TieSum(cost.latency + cost.nbytes / p["link_bandwidth"], members),
+    return [local, TieSum(cost.latency + cost.nbytes / p["link_bandwidth"]),
             *c.host_steps(2 * cost.nbytes)]
 
 

@@ -98,6 +98,7 @@ class _Replayer:
         self.arrived: dict[Task, Signal] = {}
         self.world_sums: dict[int, list] = {}       # k -> [arrivals, Signal]
         self.tie_sums: dict[int, list] = {}         # k -> [arrivals, Signal]
+        self.tie_members = sum(any(t.kind == Kind.TIE for t in ts) for ts in schedule.values())
         self.ends: dict[int, float] = {}
 
     def _on_transfer(self, rank: int):
@@ -244,7 +245,7 @@ class _Replayer:
         entry = self.tie_sums.setdefault(state.tie_sums, [0, Signal(self.engine)])
         state.tie_sums += 1
         entry[0] += 1
-        if entry[0] == step.members:
+        if entry[0] == self.tie_members:
             entry[1].fire_after(step.seconds)
         yield from self._wait(rank, entry[1], label)
 

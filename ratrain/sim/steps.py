@@ -59,8 +59,8 @@ class WorldSum:
 
 @dataclass(frozen=True)
 class TieSum:
-    seconds: float                      # a blocking all-reduce over the tie stages
-    members: int                        # how many ranks take part (NOTE [tied weights])
+    seconds: float                      # blocking: ends this long after every rank with a
+                                        # TIE has reached its own (NOTE [tied weights])
 
 
 Step = Compute | Touch | Start | Post | Send | Recv | WorldSum | TieSum
@@ -92,4 +92,6 @@ class UnitCosts:
             return (compute, Post(posted_receive(task)))
         if task.kind in RECVS:
             return (Recv(task), compute)
+        if task.kind == Kind.TIE:   # the dry run starts the TIEs together
+            return (TieSum(0.0), compute)
         return (compute,)

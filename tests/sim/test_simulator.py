@@ -29,14 +29,19 @@ CONFIGS = {
     "pp2-dp2-zero2-baseline": dict(pp=2, dp=2, zero=2, schedule="baseline"),
     "pp1-dp2-zero2-fp16": dict(pp=1, dp=2, zero=2, precision="fp16"),
     "pp1-dp2": dict(pp=1, dp=2),
+    "tied-pp1": dict(model="tiny-tied", pp=1),
+    "tied-pp2": dict(model="tiny-tied", pp=2),
+    "tied-pp3-dp2-zero2-clip": dict(model="tiny-tied", pp=3, dp=2, zero=2, clip=1.0),
 }
 
 
 @lru_cache(maxsize=None)
 def compiled(name: str, micro_batches: int = 5):
+    flags = dict(CONFIGS[name])
+    model = flags.pop("model", "tiny")
     options = CompileOptions(micro_batches=micro_batches, micro_batch_size=2, seq_len=32,
-                             **CONFIGS[name])
-    graph = trace_for(models.get_config("tiny"), "tiny", options)
+                             **flags)
+    graph = trace_for(models.get_config(model), model, options)
     return compile_graph(graph, options)[0]
 
 
