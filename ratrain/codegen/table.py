@@ -143,9 +143,10 @@ def _use(program, task, run: list, pointers: _Pointers) -> FunctionUse:
     """How `task`'s run of calls uses its function: the layer and every pointer's slot."""
     layer = note_layer(run[0][0].note)
     kind = "" if layer is None else program.graph.layers[layer].kind
+    slots = pointers.slots
     return FunctionUse(str(task), layer, kind,
-                       tuple(slot_role(program, s, layer, task.micro_batch) for s in pointers.slots),
-                       tuple(slot_legend(program, s) for s in pointers.slots))
+                       tuple(slot_role(program, s, layer, task.micro_batch) for s in slots),
+                       tuple(slot_legend(program, s) for s in slots))
 
 
 def _flush(program, table: StageTable, task, run: list, pointers: _Pointers,
