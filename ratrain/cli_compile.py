@@ -398,6 +398,19 @@ def rank_line(text: str, manifest: dict, rank: int) -> str:
                       f"{rank}); try a later --after")
 
 
+def rank_lowered(text: str, manifest: dict, rank: int) -> str:
+    """The lowered calls of `rank`'s stage in a pass's text (the block format_lowered
+    writes, header relabelled with the rank), "" before the lower pass."""
+    stage = manifest["ranks"][str(rank)]["stage"]
+    blocks = re.split(r"^(?=# lowered program of stage \d+$)", text, flags=re.M)
+    header = f"# lowered program of stage {stage}\n"
+    block = next((b for b in blocks if b.startswith(header)), "")
+    if not block:
+        return ""
+    calls = block[len(header):].rstrip("\n")
+    return f"# lowered program of stage {stage} (rank {rank})\n{calls}\n"
+
+
 def recompile(manifest: dict):
     """The Program a manifest describes, rebuilt from its model config and options."""
     from ratrain.passes.program import CompileOptions
@@ -414,7 +427,8 @@ def cmd_inspect_program(args) -> None:
     manifest = read_manifest(directory)
     text = pass_file(directory, manifest, args.after).read_text()
     if args.rank is not None:
-        text = rank_line(text, manifest, args.rank) + "\n"
+        text = (rank_line(text, manifest, args.rank) + "\n"
+                + rank_lowered(text, manifest, args.rank))
     print(text, end="")
     if args.schedule_png or args.memory_png:
         write_pictures(recompile(manifest), manifest["hw"], args)
@@ -515,7 +529,8 @@ def add_program_inspect_options(p) -> None:
     p.add_argument("--after", default=None, metavar="PASS", help="with a program DIR: show "
                    "the program after this pass, by name or number (default: the last)")
     p.add_argument("--rank", type=int, default=None, metavar="R",
-                   help="with a program DIR: print only rank R's task list")
+                   help="with a program DIR: print only rank R's task list (and, after the "
+                   "lower pass, its stage's lowered calls)")
     p.add_argument("--schedule-png", default=None, metavar="FILE", help="with a program DIR: "
                    "draw the schedule (dry-run times on the program's --hw profile) to FILE")
     p.add_argument("--memory-png", default=None, metavar="FILE",

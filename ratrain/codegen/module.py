@@ -133,10 +133,14 @@ def run_function(int function, size_t arena, size_t offsets, int threads):
 '''
 
 
-def _function(index: int, body: str, comment: str) -> str:
+def _function(index: int, body: str, comment: str, legend: tuple[str, ...]) -> str:
+    """One generated function; its header comment says who uses it and, per pointer, the
+    slot role `o[i]` addresses (codegen/legend.py: {l} is the layer, {m} the micro-batch
+    of the task running it)."""
     lines = "\n".join(f"    {line}" for line in body.splitlines())
+    roles = "".join(f"    # o[{i}] = {role}\n" for i, role in enumerate(legend))
     return (f"\n\ncdef int f{index}(char *A, const int64_t *o, int threads, int *status) "
-            f"noexcept nogil:\n    # used by {comment}\n    cdef int st = 0\n"
+            f"noexcept nogil:\n    # used by {comment}\n{roles}    cdef int st = 0\n"
             f"{lines}\n    return -1\n")
 
 
@@ -150,8 +154,8 @@ def _tables(tables: dict) -> str:
 
 def render_module(table, header: str) -> str:
     """Cython source of one stage's generated program."""
-    functions = "".join(_function(i, body, comment) for i, (body, comment)
-                        in enumerate(zip(table.functions, table.comments)))
+    functions = "".join(_function(i, body, comment, legend) for i, (body, comment, legend)
+                        in enumerate(zip(table.functions, table.comments, table.legends)))
     count = len(table.functions)
     register = f"\n\ncdef function_t FUNCTIONS[{max(1, count)}]\n" + "".join(
         f"FUNCTIONS[{i}] = f{i}\n" for i in range(count))

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ratrain.codegen.emit import C_TYPES, emit_call
+from ratrain.codegen.legend import slot_legend, slot_role
 from ratrain.passes.lower import note_layer
 
 ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4}
@@ -35,39 +36,76 @@ class PythonStep:
     call: object                        # a lowered Call run by rt/calls.py
 
 
+@dataclass(frozen=True)
+class FunctionUse:
+    """One use of a generated function by a task's run of calls (legend.py)."""
+    task: str                           # the task's text ("0B1")
+    layer: int | None                   # the layer of the calls, None if step-wide
+    kind: str                           # that layer's kind ("decoder"), "" if step-wide
+    roles: tuple[str, ...]              # slot_role of each pointer (same for all users)
+    slots: tuple[str, ...]              # slot_legend of each pointer (this user's)
+
+
 @dataclass
 class StageTable:
     """What the runtime walks: one row per task, (task, steps, buffers it touches)."""
     stage: int
     functions: list[str] = field(default_factory=list)   # body of each generated function
-    comments: list[str] = field(default_factory=list)    # which tasks use it
+    comments: list = field(default_factory=list)         # which tasks and layer kinds use it
     rows: list[tuple] = field(default_factory=list)      # (Task, steps, buffer names)
     scratch_floats: int = 0             # largest fp32 scratch a function needs
     tables: dict = field(default_factory=dict)           # constant arrays by name
+    legends: list = field(default_factory=list)          # per function: role of each o[i]
+    first_users: list = field(default_factory=list)      # per function: "0F0 (L1)"
+    first_slots: list = field(default_factory=list)      # per function: its slots there
+    layers: list = field(default_factory=list)           # per function: layers using it
 
-    def function_of(self, body: str, task) -> int:
+    def function_of(self, body: str, task, use: FunctionUse | None = None) -> int:
         if body not in self._index:
             self._index[body] = len(self.functions)
             self.functions.append(body)
             self.comments.append(set())
-        self.comments[self._index[body]].add(str(task.kind))
-        return self._index[body]
+            self.legends.append([set() for _ in use.roles] if use else [])
+            self.first_users.append(f"{use.task} (L{use.layer})" if use and use.layer is not None
+                                    else use.task if use else str(task))
+            self.first_slots.append(use.slots if use else ())
+            self.layers.append(set())
+        index = self._index[body]
+        self.comments[index].add((str(task.kind), use.kind if use else ""))
+        if use:
+            for roles, role in zip(self.legends[index], use.roles):
+                roles.add(role)
+            self.layers[index].add(use.layer)
+        return index
 
     def canonical(self) -> StageTable:
-        """Functions sorted by text and commented with the task kinds using them, so two
-        programs running the same code (another schedule, DP degree or ZeRO stage) give
-        the same module and share its build."""
+        """Functions sorted by text, commented with the task kinds and layer kinds using
+        them and a role legend of their pointers, so two programs running the same code
+        (another schedule, DP degree, ZeRO stage or number of layers) give the same module
+        and share its build."""
         order = sorted(range(len(self.functions)), key=self.functions.__getitem__)
         new_index = {old: new for new, old in enumerate(order)}
         rows = [(task, tuple(replace(s, function=new_index[s.function])
                              if isinstance(s, NativeStep) else s for s in steps), touched)
                 for task, steps, touched in self.rows]
         return StageTable(self.stage, [self.functions[i] for i in order],
-                          [", ".join(sorted(self.comments[i])) + " tasks" for i in order],
-                          rows, self.scratch_floats, dict(sorted(self.tables.items())))
+                          [_used_by(self.comments[i]) for i in order],
+                          rows, self.scratch_floats, dict(sorted(self.tables.items())),
+                          [tuple(" | ".join(sorted(r)) for r in self.legends[i]) for i in order],
+                          [self.first_users[i] for i in order],
+                          [self.first_slots[i] for i in order],
+                          [tuple(sorted(self.layers[i], key=lambda l: -1 if l is None else l))
+                           for i in order])
 
     def __post_init__(self):
         self._index: dict[str, int] = {}
+
+
+def _used_by(uses) -> str:
+    """{("B", "decoder"), ("REC", "decoder")} -> `B, REC tasks of decoder layers`."""
+    tasks = ", ".join(sorted({kind for kind, _ in uses}))
+    kinds = sorted({layer_kind for _, layer_kind in uses if layer_kind})
+    return f"{tasks} tasks" + (f" of {', '.join(kinds)} layers" if kinds else "")
 
 
 class _Pointers:
@@ -75,12 +113,13 @@ class _Pointers:
 
     def __init__(self, offsets: dict):
         self.arena_offsets, self.index, self.order, self.nbytes = offsets, {}, [], []
+        self.slots: list = []           # the Slot of each pointer, for the legend
 
     def rewind(self, size: int) -> None:
         """Forget the pointers numbered after the first `size` (a call that fell back)."""
         for key in [k for k, i in self.index.items() if i >= size]:
             del self.index[key]
-        del self.order[size:], self.nbytes[size:]
+        del self.order[size:], self.nbytes[size:], self.slots[size:]
 
     def __call__(self, slot) -> str:
         key = (slot.buffer, slot.offset)
@@ -88,6 +127,7 @@ class _Pointers:
             self.index[key] = len(self.order)
             self.order.append(self.arena_offsets[slot.buffer][0] + slot.offset)
             self.nbytes.append(math.prod(slot.shape) * ITEMSIZE[slot.dtype])
+            self.slots.append(slot)
         return f"<{C_TYPES[slot.dtype]} *>(A + o[{self.index[key]}])"
 
 
@@ -99,7 +139,18 @@ def _comment(call) -> str:
     return f"{call.op}[{params}] {shapes}".replace("[] ", " ")
 
 
-def _flush(table: StageTable, task, run: list, pointers: _Pointers, steps: list) -> None:
+def _use(program, task, run: list, pointers: _Pointers) -> FunctionUse:
+    """How `task`'s run of calls uses its function: the layer and every pointer's slot."""
+    layer = note_layer(run[0][0].note)
+    kind = "" if layer is None else program.graph.layers[layer].kind
+    slots = pointers.slots
+    return FunctionUse(str(task), layer, kind,
+                       tuple(slot_role(program, s, layer, task.micro_batch) for s in slots),
+                       tuple(slot_legend(program, s) for s in slots))
+
+
+def _flush(program, table: StageTable, task, run: list, pointers: _Pointers,
+           steps: list) -> None:
     if not run:
         return
     lines: list[str] = []
@@ -109,7 +160,7 @@ def _flush(table: StageTable, task, run: list, pointers: _Pointers, steps: list)
         lines.append(f"if st != 0: status[0] = st; return {position}")
         table.scratch_floats = max(table.scratch_floats, emitted.scratch_floats)
         table.tables.update(emitted.tables)
-    function = table.function_of("\n".join(lines), task)
+    function = table.function_of("\n".join(lines), task, _use(program, task, run, pointers))
     steps.append(NativeStep(function, tuple(pointers.order), tuple(pointers.nbytes),
                             tuple(CallLabel(c.op, c.note) for c, _ in run)))
 
@@ -129,18 +180,18 @@ def build_stage_table(program, stage: int) -> StageTable:
         run, pointers = [], _Pointers(offsets)
         for call in lowered.calls:
             if run and _layer(call) != _layer(run[-1][0]):  # one function per layer
-                _flush(table, lowered.task, run, pointers, steps)
+                _flush(program, table, lowered.task, run, pointers, steps)
                 run, pointers = [], _Pointers(offsets)
             before = len(pointers.order)
             emitted = emit_call(call, pointers)
             if emitted is None:
                 pointers.rewind(before)
-                _flush(table, lowered.task, run, pointers, steps)
+                _flush(program, table, lowered.task, run, pointers, steps)
                 run, pointers = [], _Pointers(offsets)
                 steps.append(PythonStep(call))
             else:
                 run.append((call, emitted))
-        _flush(table, lowered.task, run, pointers, steps)
+        _flush(program, table, lowered.task, run, pointers, steps)
         touched = frozenset(x.buffer for c in lowered.calls for x in (*c.inputs, *c.outputs)
                             if hasattr(x, "buffer"))
         table.rows.append((lowered.task, tuple(steps), touched))

@@ -450,8 +450,13 @@ def lower(program):
     return replace(program, lowered=lowered)
 
 
+LOWERED_HEADER = "# lowered program of stage {stage}"
+
+
 def format_lowered(program, stage: int) -> str:
-    lines = [f"# lowered program of stage {stage}"]
+    """Stage `stage`'s lowered calls: a header line (LOWERED_HEADER), then each task
+    (`0F1:`) with its calls indented below it, one per line, as Call prints them."""
+    lines = [LOWERED_HEADER.format(stage=stage)]
     for item in program.lowered[stage]:
         lines.append(f"{item.task}:")
         lines += [f"    {call}" for call in item.calls]

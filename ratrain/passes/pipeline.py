@@ -49,14 +49,25 @@ def verify_program(program) -> None:
 class PassRecord:
     name: str                           # pass function name
     seconds: float                      # wall time of the pass
-    text: str                           # the program after it (per-stage task lists)
+    text: str                           # the program after it (per-stage task lists,
+                                        # and the lowered calls once `lower` made them)
+
+
+def record_text(before: Program, after: Program) -> str:
+    """What `ratrain inspect` shows after a pass: str(program), followed by every stage's
+    lowered calls (format_lowered) when this pass made them; deterministic text."""
+    text = str(after)
+    if after.lowered is None or after.lowered is before.lowered:
+        return text
+    from ratrain.passes.lower import format_lowered
+    return "\n".join([text] + [format_lowered(after, s) for s in sorted(after.lowered)])
 
 
 def run_pipeline(program: Program, passes=None, *, verify: bool = True):
     """Run `passes` (default: PIPELINE + plan_memory); return (program, records)."""
     records, verified = [], None
     for compiler_pass in passes if passes is not None else PIPELINE + _late_passes():
-        start = time.perf_counter()
+        start, before = time.perf_counter(), program
         program = compiler_pass(program)
         seconds = time.perf_counter() - start
         # Tasks and memory plan are what the verifier reads; a pass that kept both
@@ -65,5 +76,5 @@ def run_pipeline(program: Program, passes=None, *, verify: bool = True):
                        or verified[1] is not program.memory):
             verify_program(program)
             verified = (program.tasks, program.memory)
-        records.append(PassRecord(compiler_pass.__name__, seconds, str(program)))
+        records.append(PassRecord(compiler_pass.__name__, seconds, record_text(before, program)))
     return program, records

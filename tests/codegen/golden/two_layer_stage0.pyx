@@ -118,7 +118,19 @@ INV_FREQ_8_edfbb1c1[3] = 0.0010000000474974513
 
 
 cdef int f0(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # used by B tasks
+    # used by B tasks of head layers
+    # o[0] = ws.{task}:f32[]
+    # o[1] = grad.L{l}+128:f32[64,32] (grad of lm_head.weight)
+    # o[2] = ws.{task}:f32[2,8,32]
+    # o[3] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[4] = view.L{l}+128:f32[64,32] (param lm_head.weight)
+    # o[5] = act.L{l}.mb{m}:i32[2,8]
+    # o[6] = act.L{l}.mb{m}:f32[2,8]
+    # o[7] = grad.L{l}+0:f32[32] (grad of norm.weight)
+    # o[8] = ws.{task}:f32[2,8,32]
+    # o[9] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[10] = view.L{l}+0:f32[32] (param norm.weight)
+    # o[11] = act.L{l}.mb{m}:f32[2,8]
     cdef int st = 0
     # cross_entropy_bwd[grad_into=(1, 'add')] float32[2, 8, 32] float32[64, 32] float32[2, 8, 32] float32[64, 32] int32[2, 8] float32[2, 8] float32[]
     spread(<float *>(A + o[0]), SCR, 16)
@@ -131,7 +143,19 @@ cdef int f0(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
 
 
 cdef int f1(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # used by B tasks
+    # used by B tasks of head layers
+    # o[0] = ws.{task}:f32[]
+    # o[1] = grad.L{l}+128:f32[64,32] (grad of lm_head.weight)
+    # o[2] = ws.{task}:f32[2,8,32]
+    # o[3] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[4] = view.L{l}+128:f32[64,32] (param lm_head.weight)
+    # o[5] = act.L{l}.mb{m}:i32[2,8]
+    # o[6] = act.L{l}.mb{m}:f32[2,8]
+    # o[7] = grad.L{l}+0:f32[32] (grad of norm.weight)
+    # o[8] = ws.{task}:f32[2,8,32]
+    # o[9] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[10] = view.L{l}+0:f32[32] (param norm.weight)
+    # o[11] = act.L{l}.mb{m}:f32[2,8]
     cdef int st = 0
     # cross_entropy_bwd[grad_into=(1, 'set')] float32[2, 8, 32] float32[64, 32] float32[2, 8, 32] float32[64, 32] int32[2, 8] float32[2, 8] float32[]
     spread(<float *>(A + o[0]), SCR, 16)
@@ -146,7 +170,10 @@ cdef int f1(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
 
 
 cdef int f2(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # used by F tasks
+    # used by F tasks of embed layers
+    # o[0] = act.L{l+1}.mb{m}:f32[2,8,32]
+    # o[1] = act.L{l}.mb{m}:i32[2,8]
+    # o[2] = view.L{l}+0:f32[64,32] (param embed_tokens.weight)
     cdef int st = 0
     # embedding[vocab=64] float32[2, 8, 32] float32[64, 32] int32[2, 8]
     st = embedding_fwd_f32(<float *>(A + o[0]), <int32_t *>(A + o[1]), <float *>(A + o[2]), 16, 64, 32, threads)
@@ -155,7 +182,10 @@ cdef int f2(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
 
 
 cdef int f3(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # used by B tasks
+    # used by B tasks of embed layers
+    # o[0] = grad.L{l}+0:f32[64,32] (grad of embed_tokens.weight)
+    # o[1] = ws.{task}:f32[2,8,32]
+    # o[2] = act.L{l}.mb{m}:i32[2,8]
     cdef int st = 0
     # embedding_bwd[grad_into=(0, 'add') vocab=64] float32[64, 32] int32[2, 8] float32[2, 8, 32]
     st = embedding_bwd_f32(<float *>(A + o[0]), <float *>(A + o[1]), <int32_t *>(A + o[2]), 16, 64, 32, threads)
@@ -164,7 +194,10 @@ cdef int f3(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
 
 
 cdef int f4(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # used by B tasks
+    # used by B tasks of embed layers
+    # o[0] = grad.L{l}+0:f32[64,32] (grad of embed_tokens.weight)
+    # o[1] = ws.{task}:f32[2,8,32]
+    # o[2] = act.L{l}.mb{m}:i32[2,8]
     cdef int st = 0
     # embedding_bwd[grad_into=(0, 'set') vocab=64] float32[64, 32] int32[2, 8] float32[2, 8, 32]
     memset(<float *>(A + o[0]), 0, 8192)
@@ -174,7 +207,50 @@ cdef int f4(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
 
 
 cdef int f5(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # used by B tasks
+    # used by B tasks of decoder layers
+    # o[0] = ws.{task}:f32[2,8,48]
+    # o[1] = ws.{task}:f32[2,8,32]
+    # o[2] = view.L{l}+24832:f32[32,48] (param mlp.down_proj.weight)
+    # o[3] = grad.L{l}+24832:f32[32,48] (grad of mlp.down_proj.weight)
+    # o[4] = act.L{l}.mb{m}:f32[2,8,48]
+    # o[5] = ws.{task}:f32[2,8,48]
+    # o[6] = ws.{task}:f32[2,8,48]
+    # o[7] = act.L{l}.mb{m}:f32[2,8,48]
+    # o[8] = act.L{l}.mb{m}:f32[2,8,48]
+    # o[9] = view.L{l}+18688:f32[48,32] (param mlp.up_proj.weight)
+    # o[10] = grad.L{l}+18688:f32[48,32] (grad of mlp.up_proj.weight)
+    # o[11] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[12] = view.L{l}+12544:f32[48,32] (param mlp.gate_proj.weight)
+    # o[13] = grad.L{l}+12544:f32[48,32] (grad of mlp.gate_proj.weight)
+    # o[14] = ws.{task}:f32[2,8,32]
+    # o[15] = grad.L{l}+12416:f32[32] (grad of post_attention_layernorm.weight)
+    # o[16] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[17] = view.L{l}+12416:f32[32] (param post_attention_layernorm.weight)
+    # o[18] = act.L{l}.mb{m}:f32[2,8]
+    # o[19] = view.L{l}+8320:f32[32,32] (param self_attn.o_proj.weight)
+    # o[20] = grad.L{l}+8320:f32[32,32] (grad of self_attn.o_proj.weight)
+    # o[21] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[22] = ws.{task}:f32[2,8,4,8]
+    # o[23] = ws.{task}:f32[2,8,2,8]
+    # o[24] = act.L{l}.mb{m}:f32[2,8,4,8]
+    # o[25] = act.L{l}.mb{m}:f32[2,8,2,8]
+    # o[26] = act.L{l}.mb{m}:f32[2,8,2,8]
+    # o[27] = act.L{l}.mb{m}:f32[2,8,4,8]
+    # o[28] = act.L{l}.mb{m}:f32[2,4,8]
+    # o[29] = ws.{task}:f32[2,8,2,8]
+    # o[30] = ws.{task}:f32[2,8,16]
+    # o[31] = view.L{l}+6272:f32[16,32] (param self_attn.v_proj.weight)
+    # o[32] = grad.L{l}+6272:f32[16,32] (grad of self_attn.v_proj.weight)
+    # o[33] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[34] = view.L{l}+4224:f32[16,32] (param self_attn.k_proj.weight)
+    # o[35] = grad.L{l}+4224:f32[16,32] (grad of self_attn.k_proj.weight)
+    # o[36] = view.L{l}+128:f32[32,32] (param self_attn.q_proj.weight)
+    # o[37] = grad.L{l}+128:f32[32,32] (grad of self_attn.q_proj.weight)
+    # o[38] = grad.L{l}+0:f32[32] (grad of input_layernorm.weight)
+    # o[39] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[40] = view.L{l}+0:f32[32] (param input_layernorm.weight)
+    # o[41] = act.L{l}.mb{m}:f32[2,8]
+    # o[42] = ws.{task}:f32[2,8,32]
     cdef int st = 0
     # matmul_bwd[grad_into=(1, 'add')] float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
     st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[1]), <float *>(A + o[2]), NULL, 16, 48, 32, 0, threads)
@@ -253,7 +329,50 @@ cdef int f5(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
 
 
 cdef int f6(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # used by B tasks
+    # used by B tasks of decoder layers
+    # o[0] = ws.{task}:f32[2,8,48]
+    # o[1] = ws.{task}:f32[2,8,32]
+    # o[2] = view.L{l}+24832:f32[32,48] (param mlp.down_proj.weight)
+    # o[3] = grad.L{l}+24832:f32[32,48] (grad of mlp.down_proj.weight)
+    # o[4] = act.L{l}.mb{m}:f32[2,8,48]
+    # o[5] = ws.{task}:f32[2,8,48]
+    # o[6] = ws.{task}:f32[2,8,48]
+    # o[7] = act.L{l}.mb{m}:f32[2,8,48]
+    # o[8] = act.L{l}.mb{m}:f32[2,8,48]
+    # o[9] = view.L{l}+18688:f32[48,32] (param mlp.up_proj.weight)
+    # o[10] = grad.L{l}+18688:f32[48,32] (grad of mlp.up_proj.weight)
+    # o[11] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[12] = view.L{l}+12544:f32[48,32] (param mlp.gate_proj.weight)
+    # o[13] = grad.L{l}+12544:f32[48,32] (grad of mlp.gate_proj.weight)
+    # o[14] = ws.{task}:f32[2,8,32]
+    # o[15] = grad.L{l}+12416:f32[32] (grad of post_attention_layernorm.weight)
+    # o[16] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[17] = view.L{l}+12416:f32[32] (param post_attention_layernorm.weight)
+    # o[18] = act.L{l}.mb{m}:f32[2,8]
+    # o[19] = view.L{l}+8320:f32[32,32] (param self_attn.o_proj.weight)
+    # o[20] = grad.L{l}+8320:f32[32,32] (grad of self_attn.o_proj.weight)
+    # o[21] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[22] = ws.{task}:f32[2,8,4,8]
+    # o[23] = ws.{task}:f32[2,8,2,8]
+    # o[24] = act.L{l}.mb{m}:f32[2,8,4,8]
+    # o[25] = act.L{l}.mb{m}:f32[2,8,2,8]
+    # o[26] = act.L{l}.mb{m}:f32[2,8,2,8]
+    # o[27] = act.L{l}.mb{m}:f32[2,8,4,8]
+    # o[28] = act.L{l}.mb{m}:f32[2,4,8]
+    # o[29] = ws.{task}:f32[2,8,2,8]
+    # o[30] = ws.{task}:f32[2,8,16]
+    # o[31] = view.L{l}+6272:f32[16,32] (param self_attn.v_proj.weight)
+    # o[32] = grad.L{l}+6272:f32[16,32] (grad of self_attn.v_proj.weight)
+    # o[33] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[34] = view.L{l}+4224:f32[16,32] (param self_attn.k_proj.weight)
+    # o[35] = grad.L{l}+4224:f32[16,32] (grad of self_attn.k_proj.weight)
+    # o[36] = view.L{l}+128:f32[32,32] (param self_attn.q_proj.weight)
+    # o[37] = grad.L{l}+128:f32[32,32] (grad of self_attn.q_proj.weight)
+    # o[38] = grad.L{l}+0:f32[32] (grad of input_layernorm.weight)
+    # o[39] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[40] = view.L{l}+0:f32[32] (param input_layernorm.weight)
+    # o[41] = act.L{l}.mb{m}:f32[2,8]
+    # o[42] = ws.{task}:f32[2,8,32]
     cdef int st = 0
     # matmul_bwd[grad_into=(1, 'set')] float32[2, 8, 48] float32[32, 48] float32[2, 8, 48] float32[32, 48] float32[2, 8, 32]
     st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[1]), <float *>(A + o[2]), NULL, 16, 48, 32, 0, threads)
@@ -334,7 +453,15 @@ cdef int f6(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
 
 
 cdef int f7(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # used by F tasks
+    # used by F tasks of head layers
+    # o[0] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[1] = act.L{l}.mb{m}:f32[2,8]
+    # o[2] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[3] = view.L{l}+0:f32[32] (param norm.weight)
+    # o[4] = act.L{l}.mb{m}:f32[2,8]
+    # o[5] = view.L{l}+128:f32[64,32] (param lm_head.weight)
+    # o[6] = act.L{l}.mb{m}:i32[2,8]
+    # o[7] = ws.{task}:f32[]
     cdef int st = 0
     # rms_norm[eps=1e-06] float32[2, 8, 32] float32[2, 8] float32[2, 8, 32] float32[32]
     st = rmsnorm_fwd_f32(<float *>(A + o[0]), <float *>(A + o[1]), <float *>(A + o[2]), <float *>(A + o[3]), 16, 32, 1e-06, threads)
@@ -347,7 +474,36 @@ cdef int f7(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
 
 
 cdef int f8(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
-    # used by F tasks
+    # used by F tasks of decoder layers
+    # o[0] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[1] = act.L{l}.mb{m}:f32[2,8]
+    # o[2] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[3] = view.L{l}+0:f32[32] (param input_layernorm.weight)
+    # o[4] = ws.{task}:f32[2,8,32]
+    # o[5] = view.L{l}+128:f32[32,32] (param self_attn.q_proj.weight)
+    # o[6] = ws.{task}:f32[2,8,16]
+    # o[7] = view.L{l}+4224:f32[16,32] (param self_attn.k_proj.weight)
+    # o[8] = ws.{task}:f32[2,8,16]
+    # o[9] = view.L{l}+6272:f32[16,32] (param self_attn.v_proj.weight)
+    # o[10] = ws.{task}:f32[2,8,4,8]
+    # o[11] = act.L{l}.mb{m}:f32[2,8,2,8]
+    # o[12] = act.L{l}.mb{m}:f32[2,8,4,8]
+    # o[13] = act.L{l}.mb{m}:f32[2,8,2,8]
+    # o[14] = act.L{l}.mb{m}:f32[2,8,4,8]
+    # o[15] = act.L{l}.mb{m}:f32[2,4,8]
+    # o[16] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[17] = view.L{l}+8320:f32[32,32] (param self_attn.o_proj.weight)
+    # o[18] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[19] = act.L{l}.mb{m}:f32[2,8,32]
+    # o[20] = act.L{l}.mb{m}:f32[2,8]
+    # o[21] = view.L{l}+12416:f32[32] (param post_attention_layernorm.weight)
+    # o[22] = act.L{l}.mb{m}:f32[2,8,48]
+    # o[23] = view.L{l}+12544:f32[48,32] (param mlp.gate_proj.weight)
+    # o[24] = act.L{l}.mb{m}:f32[2,8,48]
+    # o[25] = view.L{l}+18688:f32[48,32] (param mlp.up_proj.weight)
+    # o[26] = act.L{l}.mb{m}:f32[2,8,48]
+    # o[27] = view.L{l}+24832:f32[32,48] (param mlp.down_proj.weight)
+    # o[28] = act.L{l+1}.mb{m}:f32[2,8,32]
     cdef int st = 0
     # rms_norm[eps=1e-06] float32[2, 8, 32] float32[2, 8] float32[2, 8, 32] float32[32]
     st = rmsnorm_fwd_f32(<float *>(A + o[0]), <float *>(A + o[1]), <float *>(A + o[2]), <float *>(A + o[3]), 16, 32, 1e-06, threads)
