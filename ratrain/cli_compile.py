@@ -4,7 +4,8 @@ compile traces the model, runs the pass PIPELINE (passes/pipeline.py) and writes
 atomically: program.json (manifest with sha256 of every file), passes/NN_<pass>.txt,
 rank<R>.txt, memory.txt, and what the runtime runs: runtime.pkl and code/stage<N>.pyx
 (generated Cython, built into build/ before DIR appears) with its task table
-code/stage<N>.pkl. inspect reads those files; for pictures it recompiles from the
+code/stage<N>.pkl and code/stage<N>.legend.txt (what each generated function's offsets
+are). inspect reads those files; for pictures it recompiles from the
 manifest's config and options (compiling is deterministic and fast).
 """
 from __future__ import annotations

@@ -108,10 +108,13 @@ def runtime_program(program) -> RuntimeProgram:
 
 
 def code_files(program, header: str) -> dict[str, bytes | str]:
-    """code/stage<N>.pyx and .pkl of every stage, and runtime.pkl."""
+    """code/stage<N>.pyx, .pkl and .legend.txt (which slots each generated function's
+    offsets are, for its first user) of every stage, and runtime.pkl."""
     from ratrain.codegen import generate
+    from ratrain.codegen.legend import format_legend
     files: dict[str, bytes | str] = {"runtime.pkl": pickle.dumps(runtime_program(program), 5)}
     for stage, (table, source) in generate(program, header).items():
         files[f"code/stage{stage}.pyx"] = source
         files[f"code/stage{stage}.pkl"] = pickle.dumps(table, 5)
+        files[f"code/stage{stage}.legend.txt"] = format_legend(table)
     return files
