@@ -145,8 +145,13 @@ MODELS = {
 TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2}
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("name", sorted(MODELS))
+QUICK = {("llama-gqa", "fp32"), ("qwen2-bias", "fp16")}   # the rest: -m slow
+
+
+@pytest.mark.parametrize("name,precision", [
+    pytest.param(name, precision, id=f"{name}-{precision}",
+                 marks=() if (name, precision) in QUICK else pytest.mark.slow)
+    for precision in ("fp32", "fp16") for name in sorted(MODELS)])
 def test_native_steps_match_references(tmp_path, name, precision):
     prog = program(MODELS[name], pp=2, precision=precision, recompute="selective")
     code = generate(prog, "test")

@@ -158,6 +158,7 @@ def test_cold_times_and_the_cache_share_go_to_each_threads_entry(cases):
     assert "op_costs_cold" not in two and "cache_bytes" not in two
 
 
+@pytest.mark.slow
 def test_probe_times_kernels_warm_and_cold_and_measures_the_cache_share():
     run = run_probe(2, 1, ops="add,rms_norm", evict=8 << 20)
     from ratrain.calibrate.probe import CACHE_SWEEP

@@ -60,7 +60,8 @@ def ratrain_loss(checkpoint, tokens: np.ndarray) -> float:
     return float(models.loss_fn(config)(params, tokens.astype(np.int32)))
 
 
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("tied", [pytest.param(False, id="untied"),
+                                  pytest.param(True, id="tied", marks=pytest.mark.slow)])
 def test_final_checkpoint_loads_in_transformers_with_the_same_loss(tmp_path, tied):
     from transformers import AutoTokenizer
     init, run = tmp_path / "init", tmp_path / "run"
