@@ -85,6 +85,7 @@ def test_measured_arena_peak_equals_planned_peak(tmp_path, flags):
     assert last["arena_peak_bytes"] == last["planned_peak_bytes"]
 
 
+@pytest.mark.slow
 def test_resume_with_other_data_is_one_line_error(tmp_path):
     import numpy as np
     program, ranks = compile_program(tmp_path, "p", "--precision", "fp32")
