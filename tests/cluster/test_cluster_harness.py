@@ -87,8 +87,8 @@ def test_failed_runs_leave_nothing(state, pp2_program):
 
 
 @needs_root
-@pytest.mark.parametrize("stop", [pytest.param(signal.SIGINT, marks=pytest.mark.slow),
-                                  signal.SIGTERM])
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_leaves_nothing(state, pp2_program, stop):
     name = unique_name("i" + stop.name[3:].lower()[:3])
     job = subprocess.Popen([sys.executable, "-m", "ratrain.cli", "run", pp2_program,

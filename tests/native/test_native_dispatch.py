@@ -60,6 +60,7 @@ def run(float[:, ::1] a, float[:, ::1] b, float[:, ::1] out):
 '''
 
 
+@pytest.mark.slow
 def test_pxd_is_cimportable_by_generated_code(tmp_path):
     """The generated module needs only the package root on Cython's include path."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(kernels.__file__)))

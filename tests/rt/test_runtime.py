@@ -49,7 +49,7 @@ def _relative(a, b) -> float:
     (1, 1, ()), pytest.param(2, 1, (), marks=pytest.mark.slow),
     pytest.param(1, 2, (), marks=pytest.mark.slow),
     pytest.param(1, 2, ("--zero", "2", "--clip", "0.5"), marks=pytest.mark.slow),
-    (2, 2, ("--zero", "1", "--recompute", "selective")),
+    pytest.param(2, 2, ("--zero", "1", "--recompute", "selective"), marks=pytest.mark.slow),
     pytest.param(2, 2, ("--zero", "2", "--grad-accum", "scatter", "--schedule", "baseline"),
                  marks=pytest.mark.slow),
     pytest.param(1, 3, ("--zero", "2", "--grad-accum", "scatter"),  # uneven shards

@@ -69,7 +69,8 @@ def test_a_program_of_another_ratrain_version_is_one_line_error(tmp_path):
                  id="pp2dp2-zero2-selective", marks=pytest.mark.slow),
     pytest.param(("--pp", "4", "--recompute", "full", "--schedule", "baseline"),
                  id="pp4-baseline-full", marks=pytest.mark.slow),
-    pytest.param(("--pp", "2", "--precision", "fp16", "--recompute", "auto"), id="pp2-fp16-auto"),
+    pytest.param(("--pp", "2", "--precision", "fp16", "--recompute", "auto"), id="pp2-fp16-auto",
+                 marks=pytest.mark.slow),
 ])
 def test_measured_arena_peak_equals_planned_peak(tmp_path, flags):
     flags = flags if "--precision" in flags else (*flags, "--precision", "fp32")
