@@ -87,6 +87,7 @@ def test_failed_runs_leave_nothing(state, pp2_program):
 
 
 @needs_root
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_leaves_nothing(state, pp2_program, stop):
     name = unique_name("i" + stop.name[3:].lower()[:3])

@@ -3,6 +3,8 @@ link fields replaced: the same step as simulate() on with_link(profile), and a s
 link costs a data-parallel step more."""
 import json
 
+import pytest
+
 from cluster_helpers import compile_tiny, ratrain
 from ratrain.cluster.scaling import with_link
 
@@ -13,6 +15,7 @@ def simulated(program, *flags) -> float:
     return json.loads(done.stdout)["step_time_s"]
 
 
+@pytest.mark.slow
 def test_link_override_is_the_profile_with_that_link(tmp_path):
     from ratrain.cli_compile import read_manifest, recompile
     from ratrain.sim import simulate

@@ -39,9 +39,9 @@ def counted_per_step(cluster, program) -> dict[int, float]:
     return {r: (sent[1][r] - sent[0][r]) / (STEPS[1] - STEPS[0]) for r in sent[0]}
 
 
-@pytest.mark.parametrize("layout", [("--pp", 2, "--micro-batches", 4),
-                                    ("--dp", 2, "--micro-batches", 2)],
-                         ids=["pp2", "dp2"])
+@pytest.mark.parametrize("layout", [
+    pytest.param(("--pp", 2, "--micro-batches", 4), id="pp2"),
+    pytest.param(("--dp", 2, "--micro-batches", 2), id="dp2", marks=pytest.mark.slow)])
 def test_qdisc_bytes_equal_planned_volume(cluster, tmp_path, layout):
     program = compile_tiny(tmp_path / "program", *layout)
     planned = planned_volume(program)
@@ -69,6 +69,7 @@ def test_planned_volume_of_data_parallel_is_the_gradient(tmp_path):
     assert planned_volume(program) == {0: 4 * params, 1: 4 * params}
 
 
+@pytest.mark.slow
 def test_probe_measures_the_shaped_link_and_simulate_uses_it(cluster, tmp_path):
     """`ratrain cluster probe`: MPI payload bandwidth within 10% of the 60 MB/s shaping,
     a positive latency and host cost, recorded in the state; `simulate --cluster` then

@@ -4,7 +4,6 @@ steps through the built module, the rest through rt/calls.py) gives, call by cal
 arena the numpy references give, for LLaMA (GQA), Qwen2 (biases) and Baichuan (ALiBi),
 in fp32 and fp16."""
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -56,13 +55,9 @@ def test_code_grows_with_kinds_not_layers_or_micro_batches():
     assert len(rows) == len(small.lowered[0])
 
 
-def test_golden_module_of_a_two_layer_model():
+def test_golden_module_of_a_two_layer_model(golden):
     table = build_stage_table(program(config()), 0)
-    text = render_module(table, "golden: two-layer llama, pp 1, fp32")
-    if os.environ.get("RATRAIN_UPDATE_GOLDEN"):
-        GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(text)
-    assert text == GOLDEN.read_text(), "regenerate with RATRAIN_UPDATE_GOLDEN=1 and review:\n" + text
+    golden(GOLDEN, render_module(table, "golden: two-layer llama, pp 1, fp32"))
 
 
 def _run_tables(prog, module_of, check_against_reference: bool):
@@ -150,8 +145,13 @@ MODELS = {
 TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2}
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("name", sorted(MODELS))
+QUICK = {("llama-gqa", "fp32"), ("qwen2-bias", "fp16")}   # the rest: -m slow
+
+
+@pytest.mark.parametrize("name,precision", [
+    pytest.param(name, precision, id=f"{name}-{precision}",
+                 marks=() if (name, precision) in QUICK else pytest.mark.slow)
+    for precision in ("fp32", "fp16") for name in sorted(MODELS)])
 def test_native_steps_match_references(tmp_path, name, precision):
     prog = program(MODELS[name], pp=2, precision=precision, recompute="selective")
     code = generate(prog, "test")

@@ -78,9 +78,28 @@ def test_cases_cover_every_native_op_and_count_as_the_simulator(cases):
     assert attention.flops == 4 * 2 * 4 * 64 * (128 * 129 // 2)
 
 
+class OneRank:
+    """The MPI world of a probe run alone: barriers pass, reductions are the value."""
+
+    def Barrier(self):
+        pass
+
+    def allreduce(self, value, op=None):
+        return value
+
+
 def test_every_case_runs(cases):
-    for op in {c.op for c in cases}:
-        next(c for c in cases if c.op == op).run(1)
+    """Every op of every case group has cases, and its first case, timed as the probe times
+    it, runs and gives positive finite seconds and positive bytes."""
+    from ratrain.calibrate.cases import _groups
+    from ratrain.calibrate.probe import REPS, time_case
+    assert {c.op for c in cases} == {op for names in _groups() for op in names}
+    for op in sorted({c.op for c in cases}):
+        case = next(c for c in cases if c.op == op)
+        times = time_case(OneRank(), case, 1, lambda: None)
+        assert case.op == op and case.nbytes > 0 and case.flops >= 0, case
+        assert REPS[0] <= len(times) <= REPS[1], (op, times)
+        assert all(math.isfinite(t) and t > 0 for t in times), (op, times)
 
 
 def test_profile_loads_compiles_and_simulates(cases, tmp_path, capsys):
@@ -139,6 +158,7 @@ def test_cold_times_and_the_cache_share_go_to_each_threads_entry(cases):
     assert "op_costs_cold" not in two and "cache_bytes" not in two
 
 
+@pytest.mark.slow
 def test_probe_times_kernels_warm_and_cold_and_measures_the_cache_share():
     run = run_probe(2, 1, ops="add,rms_norm", evict=8 << 20)
     from ratrain.calibrate.probe import CACHE_SWEEP

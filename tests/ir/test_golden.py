@@ -1,9 +1,8 @@
 """Golden text of the forward and backward IR of a one-layer model.
 
-On a mismatch the actual text is printed so it can be reviewed and pasted in
-(or regenerated with RATRAIN_UPDATE_GOLDEN=1).
+On a mismatch the actual text is printed so it can be reviewed (the `golden` fixture of
+tests/conftest.py; `pytest --update-goldens` rewrites the files).
 """
-import os
 from pathlib import Path
 
 import pytest
@@ -17,19 +16,12 @@ ONE_LAYER = {"model_type": "llama", "hidden_size": 16, "intermediate_size": 24,
              "vocab_size": 32, "max_position_embeddings": 8}
 
 
-def assert_ir_equal(expected_file: Path, actual: str) -> None:
-    if os.environ.get("RATRAIN_UPDATE_GOLDEN") == "1":
-        expected_file.write_text(actual + "\n")
-    expected = expected_file.read_text().rstrip("\n")
-    assert actual == expected, f"IR differs from {expected_file.name}; actual:\n{actual}"
-
-
 @pytest.mark.parametrize("kind", ["embed", "decoder", "head"])
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
-def test_one_layer_ir(kind, direction):
+def test_one_layer_ir(kind, direction, golden):
     tg = trace_model(models.fill_defaults(dict(ONE_LAYER)), micro_batch_size=1, seq_len=4)
     graph = getattr(tg.kinds[kind], direction)
-    assert_ir_equal(GOLDEN / f"one_layer_{kind}_{direction}.txt", str(graph))
+    golden(GOLDEN / f"one_layer_{kind}_{direction}.txt", str(graph))
 
 
 def test_text_is_deterministic():

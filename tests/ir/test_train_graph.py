@@ -28,7 +28,9 @@ def _relative(a, b) -> float:
                  max(np.linalg.norm(np.asarray(b)), 1e-30))
 
 
-@pytest.mark.parametrize("name", sorted(AWKWARD) + ["tiny-qwen", "tiny-baichuan", "tiny-gqa"])
+@pytest.mark.parametrize("name", [
+    name if name in ("llama-gqa", "tiny-gqa") else pytest.param(name, marks=pytest.mark.slow)
+    for name in sorted(AWKWARD) + ["tiny-qwen", "tiny-baichuan", "tiny-gqa"]])
 def test_interpreted_ir_matches_jax_grad(name):
     config = models.get_config(name) if name.startswith("tiny") else \
         models.fill_defaults(dict(AWKWARD[name]))

@@ -9,7 +9,7 @@ import pytest
 from ratrain import models
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen", "tiny-baichuan"])
+@pytest.mark.parametrize("name", ["tiny-qwen", pytest.param("tiny-baichuan", marks=pytest.mark.slow)])
 def test_grad_matches_central_difference_float64(name):
     config = dict(models.get_config(name), num_hidden_layers=1)
     rng = np.random.default_rng(0)

@@ -74,7 +74,8 @@ def test_baichuan_packs_qkv_and_has_no_rope_params():
         "model.layers.39.self_attn.W_pack.weight"] == (15360, 5120)
 
 
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", [
+    name if name == "tiny-gqa" else pytest.param(name, marks=pytest.mark.slow) for name in TINY])
 def test_loss_is_the_composition_of_layer_functions(name):
     config = models.get_config(name)
     params, tokens = models.init_params(config, seed=3), tokens_for(config)

@@ -68,6 +68,8 @@ def available_isas():
 def each_isa(request):
     """Run the test once per SIMD path this CPU has, restoring the default afterwards."""
     before = kernels.isa()
-    kernels.set_isa(request.param)
-    yield request.param
-    kernels.set_isa(before)
+    try:
+        kernels.set_isa(request.param)
+        yield request.param
+    finally:
+        kernels.set_isa(before)

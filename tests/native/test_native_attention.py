@@ -74,7 +74,8 @@ def test_attention_matches_c_reference(B, T, Hq, Hkv, D, causal, use_alibi, dtyp
         assert_close(got, want, rel, name)
 
 
-@pytest.mark.parametrize("Hkv", [8, 2, 1])          # GQA ratios 1, 4, 8
+@pytest.mark.parametrize("Hkv", [pytest.param(8, marks=pytest.mark.slow), 2,  # GQA ratios 1, 4, 8
+                                 pytest.param(1, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("use_alibi", [False, True])
 def test_attention_matches_jax(Hkv, use_alibi):
     B, T, Hq, D = 1, 333, 8, 64

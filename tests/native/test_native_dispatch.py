@@ -10,24 +10,42 @@ import pytest
 from ratrain import kernels
 
 
+@pytest.fixture(scope="module", autouse=True)
+def isa_unchanged_by_this_module():
+    """Every test here that forces a path puts the previous one back: later tests in the
+    process must run on the dispatch start-up chose, not on the last path forced here."""
+    before = kernels.isa()
+    yield
+    assert kernels.isa() == before, f"a test left the ISA on {kernels.isa()}, not {before}"
+
+
+@pytest.fixture
+def restore_isa():
+    """The ISA of the process before the test; set back afterwards, whatever happened."""
+    before = kernels.isa()
+    try:
+        yield before
+    finally:
+        kernels.set_isa(before)
+
+
 @pytest.mark.parametrize("name", ["avx512", "avx2", "scalar"])
-def test_ratrain_isa_env_forces_path(name):
+def test_ratrain_isa_env_forces_path(name, restore_isa):
     env = dict(os.environ, RATRAIN_ISA=name)
     got = subprocess.run([sys.executable, "-c", "import ratrain.kernels as k; print(k.isa())"],
                          env=env, capture_output=True, text=True, check=True).stdout.strip()
     try:                                   # the CPU may lack the path: then it is not chosen
         kernels.set_isa(name)
-        available = True
+        available = kernels.isa() == name
     except RuntimeError:
         available = False
-    finally:
-        kernels.set_isa(kernels.isa())
     assert (got == name) == available
 
 
-def test_set_isa_rejects_unknown_name():
+def test_set_isa_rejects_unknown_name(restore_isa):
     with pytest.raises(RuntimeError):
         kernels.set_isa("sse9")
+    assert kernels.isa() == restore_isa
 
 
 GENERATED = '''
@@ -42,6 +60,7 @@ def run(float[:, ::1] a, float[:, ::1] b, float[:, ::1] out):
 '''
 
 
+@pytest.mark.slow
 def test_pxd_is_cimportable_by_generated_code(tmp_path):
     """The generated module needs only the package root on Cython's include path."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(kernels.__file__)))

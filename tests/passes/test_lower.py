@@ -1,6 +1,5 @@
 """lower: golden text of a two-stage toy's lowered program, and slot invariants."""
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -27,20 +26,13 @@ def toy(recompute="none", micro_batches=1, zero=0, dp=1):
     return run_pipeline(Program(graph, options))[0]
 
 
-def assert_text_equal(name: str, actual: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("RATRAIN_UPDATE_GOLDEN") == "1":
-        path.write_text(actual + "\n")
-    assert actual == path.read_text().rstrip("\n"), f"differs from {name}; actual:\n{actual}"
-
-
-def test_golden_schedule_of_two_stage_toy():
-    assert_text_equal("toy_schedule.txt", format_schedule(toy(micro_batches=2).tasks))
+def test_golden_schedule_of_two_stage_toy(golden):
+    golden(GOLDEN / "toy_schedule.txt", format_schedule(toy(micro_batches=2).tasks))
 
 
 @pytest.mark.parametrize("stage", [0, 1])
-def test_golden_lowered_program_of_two_stage_toy(stage):
-    assert_text_equal(f"toy_lowered_stage{stage}.txt", format_lowered(toy(), stage))
+def test_golden_lowered_program_of_two_stage_toy(stage, golden):
+    golden(GOLDEN / f"toy_lowered_stage{stage}.txt", format_lowered(toy(), stage))
 
 
 @pytest.mark.parametrize("recompute,zero,dp", [("none", 0, 1), ("full", 2, 2), ("selective", 1, 2)])

@@ -31,8 +31,12 @@ def test_reference_loss_falls_far_enough_to_tell_runs_apart(expected):
     assert expected[0] > 4.0 and expected[-1] < expected[0] / 4
 
 
-@pytest.mark.parametrize("pp,dp,zero,schedule", CASES,
-                         ids=[f"pp{p}-dp{d}-zero{z}-{s}" for p, d, z, s in CASES])
+QUICK = {(2, 1, 0, "ratrain")}                        # a pipeline run
+
+
+@pytest.mark.parametrize("pp,dp,zero,schedule", [
+    pytest.param(*case, id="pp{}-dp{}-zero{}-{}".format(*case),
+                 marks=() if case in QUICK else pytest.mark.slow) for case in CASES])
 def test_every_step_loss_matches_reference(workdir, expected, pp, dp, zero, schedule):
     program = workdir / f"pp{pp}-dp{dp}-zero{zero}-{schedule}"
     assert ratrain_main(["compile", str(workdir / "config.json"), "--seq-len", str(T),

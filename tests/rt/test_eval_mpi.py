@@ -67,7 +67,7 @@ def reference_eval(workdir):
             for k in range(1, STEPS + 1)]
 
 
-@pytest.mark.parametrize("pp,dp", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("pp,dp", [(2, 1), pytest.param(1, 2, marks=pytest.mark.slow)])
 def test_eval_loss_matches_reference_and_leaves_training_bit_identical(workdir, reference_eval,
                                                                        pp, dp):
     program = compile_program(workdir, pp, dp)
@@ -81,6 +81,7 @@ def test_eval_loss_matches_reference_and_leaves_training_bit_identical(workdir, 
     assert reference_eval[-1] < reference_eval[0]  # the weights moved between evaluations
 
 
+@pytest.mark.slow
 def test_fp16_eval_leaves_training_bit_identical(workdir, reference_eval):
     program = compile_program(workdir, 2, 1, "fp16")
     scale = ["--initial-loss-scale", 1024]

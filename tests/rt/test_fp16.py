@@ -96,6 +96,7 @@ def test_fp16_schedules_agree_and_the_loss_falls(workdir):
     assert f"{ours[-1]['skipped_steps']} skipped steps" in run.stdout.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_fp16_resume_continues_the_loss_scale_exactly(workdir):
     """Window 2 makes the growth count matter: resume right after a finite step that
     followed an overflow (count 1), before a finite step (which then doubles the scale)."""

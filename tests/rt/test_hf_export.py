@@ -60,7 +60,8 @@ def ratrain_loss(checkpoint, tokens: np.ndarray) -> float:
     return float(models.loss_fn(config)(params, tokens.astype(np.int32)))
 
 
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("tied", [pytest.param(False, id="untied"),
+                                  pytest.param(True, id="tied", marks=pytest.mark.slow)])
 def test_final_checkpoint_loads_in_transformers_with_the_same_loss(tmp_path, tied):
     from transformers import AutoTokenizer
     init, run = tmp_path / "init", tmp_path / "run"
@@ -80,6 +81,7 @@ def test_final_checkpoint_loads_in_transformers_with_the_same_loss(tmp_path, tie
     assert not np.array_equal(trained["model.norm.weight"], initial["model.norm.weight"])
 
 
+@pytest.mark.slow
 def test_resume_from_a_run_directory(tmp_path):
     init, run = tmp_path / "init", tmp_path / "run"
     write_init_dir(init, tied=False)
@@ -98,6 +100,7 @@ def test_resume_from_a_run_directory(tmp_path):
     assert (final / "tokenizer.json").read_bytes() == (init / "tokenizer.json").read_bytes()
 
 
+@pytest.mark.slow
 def test_unwritable_save_dir_stops_the_runtime_at_set_up(tmp_path):
     from rt_reference import mpirun
     init, run = tmp_path / "init", tmp_path / "run"

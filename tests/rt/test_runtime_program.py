@@ -65,10 +65,13 @@ def test_a_program_of_another_ratrain_version_is_one_line_error(tmp_path):
 
 
 @pytest.mark.parametrize("flags", [
-    ("--pp", "2", "--dp", "2", "--zero", "2", "--recompute", "selective"),
-    ("--pp", "4", "--recompute", "full", "--schedule", "baseline"),
-    ("--pp", "2", "--precision", "fp16", "--recompute", "auto"),
-], ids=["pp2dp2-zero2-selective", "pp4-baseline-full", "pp2-fp16-auto"])
+    pytest.param(("--pp", "2", "--dp", "2", "--zero", "2", "--recompute", "selective"),
+                 id="pp2dp2-zero2-selective", marks=pytest.mark.slow),
+    pytest.param(("--pp", "4", "--recompute", "full", "--schedule", "baseline"),
+                 id="pp4-baseline-full", marks=pytest.mark.slow),
+    pytest.param(("--pp", "2", "--precision", "fp16", "--recompute", "auto"), id="pp2-fp16-auto",
+                 marks=pytest.mark.slow),
+])
 def test_measured_arena_peak_equals_planned_peak(tmp_path, flags):
     flags = flags if "--precision" in flags else (*flags, "--precision", "fp32")
     program, ranks = compile_program(tmp_path, "p", *flags)
@@ -83,6 +86,7 @@ def test_measured_arena_peak_equals_planned_peak(tmp_path, flags):
     assert last["arena_peak_bytes"] == last["planned_peak_bytes"]
 
 
+@pytest.mark.slow
 def test_resume_with_other_data_is_one_line_error(tmp_path):
     import numpy as np
     program, ranks = compile_program(tmp_path, "p", "--precision", "fp32")

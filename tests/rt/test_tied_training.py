@@ -44,7 +44,9 @@ def _train(workdir, pp, dp, zero):
     return read_metrics(metrics), saved / f"step-{STEPS:06d}"
 
 
-@pytest.mark.parametrize("pp,dp,zero", CASES, ids=[f"pp{p}-dp{d}-zero{z}" for p, d, z in CASES])
+@pytest.mark.parametrize("pp,dp,zero", [
+    pytest.param(*case, id="pp{}-dp{}-zero{}".format(*case),
+                 marks=() if case == CASES[0] else pytest.mark.slow) for case in CASES])
 def test_tied_training_matches_reference_and_loads_in_transformers(workdir, expected, pp, dp,
                                                                   zero):
     torch = pytest.importorskip("torch")
