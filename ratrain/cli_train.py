@@ -219,20 +219,14 @@ def process_start(pid: int) -> int | None:
 
 def stopped(program_dir: Path, args) -> str:
     """What a user whose job ended early can do next."""
-    checkpoint = last_checkpoint(args.save_dir)
+    from ratrain.rt.checkpoint import latest_checkpoint
+    checkpoint = latest_checkpoint(args.save_dir)
     if checkpoint is not None:
         return (f"every rank stopped; the last checkpoint is {checkpoint}: continue with "
                 f"`ratrain run {program_dir} --resume {checkpoint}` and the same options")
     if args.save_dir:
         return f"every rank stopped; no checkpoint was written to {args.save_dir} yet"
     return "every rank stopped; no checkpoints (--save-dir and --save-every make runs resumable)"
-
-
-def last_checkpoint(save_dir: str | None) -> Path | None:
-    """The newest complete step-NNNNNN directory under save_dir (they are renamed into
-    place, ratrain.rt.checkpoint)."""
-    from ratrain.rt.checkpoint import latest_checkpoint
-    return latest_checkpoint(save_dir)
 
 
 # ---- ratrain run ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from safetensors.numpy import save_file
 from ratrain.models.config import fill_defaults
 
 INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 
 
@@ -33,9 +34,13 @@ def save_pretrained(path, config: dict, params: dict) -> Path:
     tensors = {k: np.ascontiguousarray(v) for k, v in params.items()}
     _replace_atomically(path / SINGLE_FILE,
                         lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    _replace_atomically(path / "config.json", lambda tmp: tmp.write_text(text))
+    _replace_atomically(path / CONFIG_FILE, lambda tmp: tmp.write_text(config_text(config)))
     return path
+
+
+def config_text(config: dict) -> str:
+    """config.json as checkpoints write it."""
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
 
 _WIDENED = ("bfloat16", "float16")   # HF release dtypes; our reference math is fp32

@@ -52,7 +52,7 @@ def _check_forward_backward(program, stage: int, tasks) -> None:
 
 def _check_ties(program, stage: int, tasks) -> None:
     """NOTE [tied weights]: one TIE on a stage holding a tied layer, before their SYNCs."""
-    tied = tied_layers_on(program, stage) if program.graph.tied else ()
+    tied = tied_layers_on(program, stage)
     ties = [i for i, t in enumerate(tasks) if t.kind == Kind.TIE]
     # insert_tied_sum runs before insert_prefetch: a PREF means it has run
     expected = 1 if tied and (ties or any(t.kind == Kind.PREF for t in tasks)) else 0
@@ -73,7 +73,7 @@ def _check_syncs(program, stage: int, tasks) -> None:
         if per_layer[layer] != 1:
             _fail(stage, f"layer {layer} is synced {per_layer[layer]} times, not once")
     # FREEs do not delay a sync; tied layers sync after their TIE (_check_ties)
-    tied = tied_layers_on(program, stage) if program.graph.tied else ()
+    tied = tied_layers_on(program, stage)
     tasks = [t for t in tasks if t.kind != Kind.FREE and
              not (t.kind == Kind.SYNC and t.layer in tied)]
     syncs = [i for i, t in enumerate(tasks) if t.kind == Kind.SYNC]

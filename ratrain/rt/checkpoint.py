@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 from ratrain.atomic import replace_dir
+from ratrain.models.checkpoint import CONFIG_FILE, INDEX_FILE, config_text
 
-INDEX_FILE = "model.safetensors.index.json"
 STATE_FILE = "trainer_state.json"
 MOMENTS = ("exp_avg", "exp_avg_sq")     # torch.optim.AdamW's state names
 STEP_DIR = re.compile(r"step-(\d+)")    # checkpoint_name's directories, and nothing else
@@ -109,7 +109,7 @@ def finish_checkpoint(program, staging: Path, path: Path, config: dict, state: d
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
     for file in tokenizer:
         shutil.copyfile(file, staging / file.name)
-    (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (staging / CONFIG_FILE).write_text(config_text(config))
     (staging / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
     os.chmod(staging, 0o755)
     replace_dir(staging, path)

@@ -226,8 +226,7 @@ class RankExecutor:
 
     def finish(self) -> None:
         """Complete everything still in flight (the last step's view all-gathers)."""
-        self._complete(self.in_flight)
-        self.in_flight = []
+        self.settle()
         if self.progress is not None:
             self.progress.stop()
 

@@ -284,8 +284,8 @@ def _save(args, comms, executor, job: dict) -> None:
     except Exception as e:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-        comm.abort_job(f"ratrain: writing checkpoint {path} failed: {type(e).__name__}: {e}"
-                       if not errors else f"ratrain: writing checkpoint {path} failed: {e}")
+        why = str(e) if errors else f"{type(e).__name__}: {e}"  # errors: already "rank R: ..."
+        comm.abort_job(f"ratrain: writing checkpoint {path} failed: {why}")
     if not args.quiet:
         print(f"saved {path}", flush=True)
 

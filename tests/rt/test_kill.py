@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from ratrain.cli import main as ratrain_main
-from ratrain.cli_train import last_checkpoint, process_start, rank_processes
+from ratrain.cli_train import process_start, rank_processes
+from ratrain.rt.checkpoint import latest_checkpoint
 from rt_reference import CONFIG, progression_rows, read_metrics
 
 pytestmark = pytest.mark.mpi
@@ -94,5 +95,5 @@ def test_last_checkpoint_is_the_highest_complete_step(tmp_path):
         (tmp_path / name / "trainer_state.json").write_text("{}")
     (tmp_path / "step-3000000").write_text("not a checkpoint directory")
     (tmp_path / "step-4000000").mkdir()  # no trainer_state.json: not one of ours
-    assert last_checkpoint(str(tmp_path)) == tmp_path / "step-1000000"
-    assert last_checkpoint(str(tmp_path / "none")) is None and last_checkpoint(None) is None
+    assert latest_checkpoint(str(tmp_path)) == tmp_path / "step-1000000"
+    assert latest_checkpoint(str(tmp_path / "none")) is None and latest_checkpoint(None) is None
