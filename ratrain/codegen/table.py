@@ -60,22 +60,21 @@ class StageTable:
     first_slots: list = field(default_factory=list)      # per function: its slots there
     layers: list = field(default_factory=list)           # per function: layers using it
 
-    def function_of(self, body: str, task, use: FunctionUse | None = None) -> int:
+    def function_of(self, body: str, task, use: FunctionUse) -> int:
         if body not in self._index:
             self._index[body] = len(self.functions)
             self.functions.append(body)
             self.comments.append(set())
-            self.legends.append([set() for _ in use.roles] if use else [])
-            self.first_users.append(f"{use.task} (L{use.layer})" if use and use.layer is not None
-                                    else use.task if use else str(task))
-            self.first_slots.append(use.slots if use else ())
+            self.legends.append([set() for _ in use.roles])
+            self.first_users.append(use.task if use.layer is None
+                                    else f"{use.task} (L{use.layer})")
+            self.first_slots.append(use.slots)
             self.layers.append(set())
         index = self._index[body]
-        self.comments[index].add((str(task.kind), use.kind if use else ""))
-        if use:
-            for roles, role in zip(self.legends[index], use.roles):
-                roles.add(role)
-            self.layers[index].add(use.layer)
+        self.comments[index].add((str(task.kind), use.kind))
+        for roles, role in zip(self.legends[index], use.roles):
+            roles.add(role)
+        self.layers[index].add(use.layer)
         return index
 
     def canonical(self) -> StageTable:
