@@ -267,7 +267,7 @@ def _backward(program, task: Task) -> Effects:
     layers = program.stages[s]
     # The step's first B is micro-batch 0's (verify_schedule checks B's run in order).
     creates = [grad_buffer(program, l) for l in layers] if m == 0 else []
-    if _syncs_inside_backward(program) and m == program.options.micro_batches - 1:
+    if _syncs_inside_backward(program) and m == program.micro_batches - 1:
         creates += [_shard_of(program, l) for l in layers if l not in program.scatter_grads]
     if s > 0:
         creates.append(Buffer(f"gout.mb{m}", "comm", _message_bytes(program, s - 1)))

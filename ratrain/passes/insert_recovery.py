@@ -62,7 +62,7 @@ def _recomputable(program) -> set[int]:
 
 def _stage_keys(program, stage: int) -> list[tuple[int, int]]:
     decoders = _recomputable(program)
-    return [(l, m) for m in range(program.options.micro_batches)
+    return [(l, m) for m in range(program.micro_batches)
             for l in program.stages[stage] if l in decoders]
 
 
@@ -140,7 +140,7 @@ def _auto_stage(program, stage: int):
     own = {k: v for k, v in forward.items() if k not in program.recompute}
     if not own or stage_recovers_in_backward(program, stage):
         return replace(program, recompute=forward)
-    everything = frozenset((stage, m) for m in range(program.options.micro_batches))
+    everything = frozenset((stage, m) for m in range(program.micro_batches))
     in_backward = replace(program, backward_recovery=program.backward_recovery | everything)
     backward = _escalate(in_backward, stage, program.recompute)
     # _escalate's choice fits unless it recomputes everything fully
@@ -163,7 +163,7 @@ def _forward_where_it_fits(program, stage: int):
         replace(program, backward_recovery=program.backward_recovery - moved), stage,
         program.recompute, exact)
     moved: frozenset = frozenset()
-    for m in reversed(range(program.options.micro_batches)):
+    for m in reversed(range(program.micro_batches)):
         if not fits(moved | {(stage, m)}, exact=False):
             break
         moved |= {(stage, m)}

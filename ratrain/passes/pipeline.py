@@ -63,8 +63,9 @@ def record_text(before: Program, after: Program) -> str:
     return "\n".join([text] + [format_lowered(after, s) for s in sorted(after.lowered)])
 
 
-def run_pipeline(program: Program, passes=None, *, verify: bool = True):
-    """Run `passes` (default: PIPELINE + plan_memory); return (program, records)."""
+def run_pipeline(program: Program, passes=None, *, verify: bool = True, record: bool = True):
+    """Run `passes` (default: PIPELINE + plan_memory + lower); return (program, records).
+    record=False leaves each record's text empty (the planner reads none of them)."""
     records, verified = [], None
     for compiler_pass in passes if passes is not None else PIPELINE + _late_passes():
         start, before = time.perf_counter(), program
@@ -76,5 +77,6 @@ def run_pipeline(program: Program, passes=None, *, verify: bool = True):
                        or verified[1] is not program.memory):
             verify_program(program)
             verified = (program.tasks, program.memory)
-        records.append(PassRecord(compiler_pass.__name__, seconds, record_text(before, program)))
+        records.append(PassRecord(compiler_pass.__name__, seconds,
+                                  record_text(before, program) if record else ""))
     return program, records

@@ -24,6 +24,9 @@ class Program:
     scatter_grads: frozenset = frozenset()  # layers reduce-scattered after every B (ZeRO-2)
     memory: object | None = None        # MemoryPlan from plan_memory
     lowered: dict | None = None         # stage -> kernel calls, from lower
+    built_micro_batches: int | None = None  # micro-batches the task lists hold, if fewer
+                                        # than options.micro_batches: an instance of the
+                                        # step (NOTE [periodic steps], sim/periodic.py)
 
     def __post_init__(self):
         g, o = self.graph, self.options
@@ -48,6 +51,13 @@ class Program:
     def coords(self, rank: int) -> tuple[int, int]:
         """(stage, replica) of a rank."""
         return rank % self.options.pp, rank // self.options.pp
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches the task lists run: options.micro_batches, or the instance's
+        built_micro_batches. Passes enumerate these; constants of the step (the loss
+        cotangent 1/M) keep options.micro_batches."""
+        return self.built_micro_batches or self.options.micro_batches
 
     @property
     def num_layers(self) -> int:

@@ -76,4 +76,4 @@ def schedule_pipeline(program):
     """
     from dataclasses import replace
     return replace(program, tasks=schedule_1f1b(len(program.stages),
-                                                program.options.micro_batches))
+                                                program.micro_batches))

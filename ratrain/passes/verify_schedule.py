@@ -40,7 +40,7 @@ class _Index:
 
 def _check_forward_backward(program, stage: int, tasks) -> None:
     counts = Counter((t.kind, t.micro_batch) for t in tasks if t.kind in (Kind.F, Kind.B))
-    for m in range(program.options.micro_batches):
+    for m in range(program.micro_batches):
         for kind in (Kind.F, Kind.B):
             if counts[(kind, m)] != 1:
                 _fail(stage, f"{counts[(kind, m)]} {kind} tasks for micro-batch {m}")

@@ -187,36 +187,47 @@ class Planner:
         return {}, failed
 
     def _compile(self, c: Candidate, micro_batches: int, simulate: bool = True):
-        """Compiled (and simulated, or memory-checked), or why it does not fit."""
+        """Compiled (and simulated, or memory-checked), or why it does not fit. The
+        simulated step is extended from instances of a few micro-batches (NOTE
+        [periodic steps], sim/periodic.py)."""
+        from ratrain.sim.periodic import simulate_periodic
+        s = self.search
+        options = replace(c.options(s), micro_batches=micro_batches)
+        try:
+            if not simulate:
+                program = self._instance(c, options, micro_batches, memory_only=True)
+                return Compiled(program.memory.peak_bytes, recompute_note(program),
+                                checked_with=micro_batches)
+            sim = simulate_periodic(lambda n: self._instance(c, options, n), micro_batches,
+                                    c.pp, s.profile)
+        except (PartitionError, MemoryBudgetError) as e:
+            return compile_reason(e)
+        return Compiled(max(sim.peaks.values()), recompute_note(sim.program), sim.step_time,
+                        sim.tokens_per_s)
+
+    def _instance(self, c: Candidate, options, built: int, memory_only: bool = False):
+        """The candidate's program holding `built` of its micro-batches."""
         from ratrain.passes.pipeline import PIPELINE, run_pipeline
         from ratrain.passes.plan_memory import plan_memory
         from ratrain.passes.program import Program
-        from ratrain.sim import simulate as simulate_step
-        s = self.search
-        options = replace(c.options(s), micro_batches=micro_batches)
-        program = Program(self.graphs.get(c.micro_batch_size), options)
-        try:
-            program = run_pipeline(program, None if simulate else PIPELINE + [plan_memory],
-                                   verify=False)[0]
-        except (PartitionError, MemoryBudgetError) as e:
-            return compile_reason(e)
-        if not simulate:
-            return Compiled(program.memory.peak_bytes, recompute_note(program),
-                            checked_with=micro_batches)
-        sim = simulate_step(program, s.profile)
-        return Compiled(program.memory.peak_bytes, recompute_note(program), sim.step_time,
-                        sim.tokens_per_s)
+        program = Program(self.graphs.get(c.micro_batch_size), options,
+                          built_micro_batches=None if built == options.micro_batches else built)
+        return run_pipeline(program, PIPELINE + [plan_memory] if memory_only else None,
+                            verify=False, record=False)[0]
 
 
 def recompute_note(program) -> str:
     """What auto recompute chose: `4473 of 5120 (layer, micro-batch) pairs recomputed
-    (full 3355, selective 1118)`."""
+    (full 3355, selective 1118)`. For an instance of the step (NOTE [periodic steps]),
+    counted over its micro-batches."""
     pairs = sum(program.graph.layers[l].kind == "decoder" for l in range(program.num_layers))
-    pairs *= program.options.micro_batches
+    pairs *= program.micro_batches
     modes = Counter(program.recompute.values())
     detail = ", ".join(f"{m} {n}" for m, n in sorted(modes.items()))
+    instance = ("" if program.built_micro_batches is None else
+                f" in an instance of {program.micro_batches} micro-batches")
     return (f"{len(program.recompute)} of {pairs} (layer, micro-batch) pairs recomputed"
-            + (f" ({detail})" if detail else ""))
+            + (f" ({detail})" if detail else "") + instance)
 
 
 def _order(c: Candidate) -> tuple:

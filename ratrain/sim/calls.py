@@ -121,6 +121,7 @@ class ProfileCosts:
                        for c in lt.calls if c.op in ASYNC_CALLS
                        for s in _slots(c.inputs) + list(c.outputs)}
         self._tables: dict = {}
+        self._steps: dict = {}          # task -> its steps: a replay of two steps asks twice
         self._cold = self._cold_fractions()
         self._early = early_syncs(program, self._calls) if o.schedule == "ratrain" else {}
         self._started_in_backward = {t for calls in self._early.values()
@@ -143,7 +144,9 @@ class ProfileCosts:
     def steps(self, task) -> tuple[Step, ...]:
         if task in self._started_in_backward:
             return ()
-        return tuple(_merged(self._task_steps(task)))
+        if task not in self._steps:
+            self._steps[task] = tuple(_merged(self._task_steps(task)))
+        return self._steps[task]
 
     def _task_steps(self, task):
         speed, cursor, touched = self.speeds[task.stage], {}, set()
