@@ -61,11 +61,42 @@ def gather_plan(program, stage: int, tasks=None) -> tuple[Gather, ...]:
     """The stage's gathers over `tasks` (default: its task list); empty unless ZeRO-3."""
     if program.options.zero != 3:
         return ()
-    tasks = program.tasks[stage] if tasks is None else tasks
-    return _plan(view_uses(program, stage, tasks), view_slot_count(program))
+    return _indexed(program, stage, tasks).plan
 
 
-@lru_cache(maxsize=256)
+@dataclass(frozen=True)
+class _Indexed:
+    tasks: tuple                        # the task list planned (kept alive: ids stay unique)
+    plan: tuple                         # its Gathers
+    slots: dict                         # (use task, layer) -> view slot
+    gathers: dict                       # GATH task -> its Gather
+    issued_in: dict                     # task -> the Gathers issued inside it, in order
+
+
+_RECENT: dict = {}                      # (id(tasks), stage, S) -> _Indexed, a few kept
+
+
+def _indexed(program, stage: int, tasks) -> _Indexed:
+    """The plan of a task list with its lookups, cached by the list's identity: the memory
+    passes ask for a slot per (task, layer) and rehashing the uses each time is quadratic."""
+    tasks = program.tasks[stage] if tasks is None else tuple(tasks)
+    key = (id(tasks), stage, view_slot_count(program), tuple(program.stages[stage]))
+    hit = _RECENT.get(key)
+    if hit is None or hit.tasks is not tasks:
+        plan = _plan(view_uses(program, stage, tasks), view_slot_count(program))
+        issued_in: dict = {}
+        for g in plan:
+            if g.after is not None:
+                issued_in.setdefault(g.after[0], []).append(g)
+        hit = _Indexed(tasks, plan, {use: g.slot for g in plan for use in g.uses},
+                       {g.task: g for g in plan}, issued_in)
+        if len(_RECENT) >= 64:
+            _RECENT.pop(next(iter(_RECENT)))
+        _RECENT[key] = hit
+    return hit
+
+
+@lru_cache(maxsize=64)
 def _plan(uses: tuple, slots: int) -> tuple[Gather, ...]:
     groups: list[list] = []
     for use in uses:
@@ -82,12 +113,7 @@ def _plan(uses: tuple, slots: int) -> tuple[Gather, ...]:
 
 def view_slot(program, stage: int, task: Task, layer: int) -> int:
     """The slot holding `layer`'s view when `task` uses it (ZeRO-3)."""
-    return _slot_index(gather_plan(program, stage))[(task, layer)]
-
-
-@lru_cache(maxsize=256)
-def _slot_index(plan: tuple[Gather, ...]) -> dict:
-    return {use: g.slot for g in plan for use in g.uses}
+    return _indexed(program, stage, None).slots[(task, layer)]
 
 
 def view_buffer(program, task: Task, layer: int) -> str:
@@ -98,12 +124,19 @@ def view_buffer(program, task: Task, layer: int) -> str:
     return f"zview.{view_slot(program, task.stage, task, layer)}"
 
 
+def gathers_issued_in(program, task: Task) -> list[Gather]:
+    """The gathers issued inside `task` (after one of its layers' use), in order."""
+    if program.options.zero != 3:
+        return []
+    return _indexed(program, task.stage, None).issued_in.get(task, [])
+
+
 def gather_of(program, task: Task) -> Gather:
     """The plan entry of a GATH task."""
-    for g in gather_plan(program, task.stage):
-        if g.task == task:
-            return g
-    raise ValueError(f"{task} is not a gather of stage {task.stage}'s plan")
+    gather = _indexed(program, task.stage, None).gathers.get(task)
+    if gather is None:
+        raise ValueError(f"{task} is not a gather of stage {task.stage}'s plan")
+    return gather
 
 
 def _with_gathers(program, stage: int, tasks) -> tuple[Task, ...]:

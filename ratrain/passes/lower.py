@@ -21,7 +21,7 @@ from ratrain.passes.buffers import (GRAD_OUTPUT, backward_workspace, cotangent_b
                                     cotangent_slots, fused_grad_ids, grad_layout,
                                     pinned_values, recovers_in_backward, residual_layout,
                                     shard_elements, view_layout)
-from ratrain.passes.insert_gathers import gather_of, gather_plan, view_buffer
+from ratrain.passes.insert_gathers import gather_of, gathers_issued_in, view_buffer
 from ratrain.passes.insert_recovery import nodes_rebuilding
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.passes.layout import align_up, graph_workspace
@@ -379,7 +379,7 @@ def _lower_gather(program, task: Task) -> list[Call]:
 def _with_gathers_issued(program, task: Task, calls: list[Call]) -> list[Call]:
     """NOTE [ZeRO-3 lifecycle]: a compute task's calls with the gathers it issues, each
     right after the last call of the layer whose use frees the gather's view slot."""
-    issued = [g for g in gather_plan(program, task.stage) if g.after and g.after[0] == task]
+    issued = gathers_issued_in(program, task)
     if not issued:
         return calls
     ends = {note_layer(c.note): i for i, c in enumerate(calls)}
