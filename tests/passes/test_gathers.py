@@ -123,3 +123,26 @@ def test_view_slots_need_less_than_zero2_views_where_views_dominate():
     assert zero3.memory.peak_bytes < zero2.memory.peak_bytes
     at_use = compiled(config, pp=1, micro_batches=1, zero3_prefetch=0)
     assert views(at_use) * 2 == views(zero3)
+
+
+# ---- semantics: the reference executor against the single-process reference ---------------
+
+ZERO3_CASES = [(1, 2, 3, "ratrain", 1, "none"), (2, 2, 3, "ratrain", 0, "full"),
+               (2, 2, 4, "baseline", 2, "selective"), (3, 2, 3, "ratrain", 1, "auto")]
+
+
+@pytest.mark.parametrize("pp,dp,m,schedule,prefetch,recompute", ZERO3_CASES)
+def test_zero3_programs_compute_the_reference_training(pp, dp, m, schedule, prefetch,
+                                                       recompute):
+    """Losses and weights of the reference (1e-6, test_compiled_semantics): gathers issued
+    inside other tasks deliver the right view to every use, in every layout."""
+    from test_compiled_semantics import (assert_matches_reference, auto_budget,
+                                         compile_program)
+    base = compile_program(pp, dp, m, schedule, 2, "none")
+    options = replace(base.options, zero=3, zero3_prefetch=prefetch, recompute=recompute)
+    program = Program(base.graph, options)
+    if recompute == "auto":
+        program = replace(program, options=replace(options, budget=auto_budget(program)))
+    program = run_pipeline(program)[0]
+    assert any(t.kind in GATHERS for ts in program.tasks.values() for t in ts)
+    assert_matches_reference(program, dp, m)
