@@ -30,9 +30,10 @@ FORWARD_KINDS = frozenset({Kind.F, Kind.POST_F, Kind.RECV_F, Kind.SEND_F})
 # NOTE [held-out loss]: the held-out loss runs the step's forward tasks only, in table
 # order: F (which records the last stage's loss), POST_F/RECV_F/SEND_F for the
 # activations; B, REC, SYNC, NORM, UPD, PREF and the FREEs are skipped. Under ZeRO-3 the
-# F rows run the view gathers issued inside them, and a gather for an F that training
-# issues inside a skipped B or REC runs at its GATH_F row (forward_gathers): every F
-# still reads views gathered after the slot's previous tenant was used. This is safe:
+# F rows run the view gathers issued inside them, and a gather serving an F that training
+# runs inside a skipped B or REC (or whose first use is a B the F shares it with) runs at
+# its GATH row (forward_gathers): every F still reads a view gathered after the slot's
+# previous tenant was last used. This is safe:
 # - memory plan: every buffer F or a forward message touches is created by one of these
 #   tasks and lives, in the plan, from its creator to its last reader, which is also a
 #   forward task or comes later; running a subsequence of the rows in the same order, no
@@ -104,14 +105,20 @@ def early_syncs(rows) -> dict[tuple[int, int], tuple[int, ...]]:
 
 
 def forward_gathers(program, stage: int, rows) -> dict[int, _Row]:
-    """NOTE [held-out loss] under ZeRO-3: GATH_F row -> a row running its gather call,
-    for the gathers that training issues inside a task the forward-only pass skips (a B or
-    REC; passes/lower._with_gathers_issued), so that pass runs them at their own row."""
+    """NOTE [held-out loss] under ZeRO-3: GATH row -> the row the forward-only pass runs
+    there, for each gather that serves an F but that training runs in a task that pass
+    skips: issued inside a B or REC (passes/lower._with_gathers_issued; its call is found
+    in that row), or standing before a B whose view the next F shares."""
     plan = gather_plan(program, stage, [row.task for row in rows])
     row_of = {row.task: r for r, row in enumerate(rows)}
     out = {}
     for g in plan:
-        if g.task.kind != Kind.GATH_F or g.after is None or g.after[0].kind in FORWARD_KINDS:
+        if not any(use.kind == Kind.F for use, _ in g.uses) or \
+                (g.after is not None and g.after[0].kind in FORWARD_KINDS):
+            continue
+        own = rows[row_of[g.task]]
+        if g.after is None:
+            out[row_of[g.task]] = own
             continue
         use = str(g.uses[0][0])
         call, = [s for s in rows[row_of[g.after[0]]].steps if not isinstance(s, _Native)
