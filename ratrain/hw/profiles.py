@@ -19,7 +19,7 @@ and the simulator turn tasks into seconds with `task_cost_model`.
 | am_bytes           | B         | per-core on-chip memory (AM; a CPU core's L1)            |
 | cores              | -         | compute cores per rank                                   |
 | default_precision  | fp32/fp16 | --precision when not given                               |
-| default_zero       | 0/1/2     | --zero when not given and --dp > 1                       |
+| default_zero       | 0/1/2/3   | --zero when not given and --dp > 1                       |
 
 Optional: description, calibrated (false until `ratrain calibrate` measured the numbers),
 sm_bytes, sources (field -> where the number comes from), and for the simulator (ratrain/sim):

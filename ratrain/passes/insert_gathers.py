@@ -20,11 +20,14 @@ from ratrain.ir.tasks import GATHERS, Kind, Task
 # gather g - S, the slot's previous tenant, has finished (the first S gathers at the
 # step start): so up to S - 1 gathers are in flight on the DP link while a layer
 # computes, and with zero3_prefetch = 0 each gather starts only when its use is next
-# (the GPU-style "gather at use"). The runtime and the simulator start a gather at that
-# issue point, inside the task that holds it, between two layers' calls, and the hazard
-# rule completes it right before its first use touches the slot. In the task list a
-# GATH task stands right before the first task that uses it. The slot is free again
-# (its view dead) after the gather's last use: the next gather into it starts there.
+# (the GPU-style "gather at use"). `lower` puts a gather's `gather_view` call (cast the
+# master shard, non-blocking all-gather) inside the task holding its issue point, right
+# after the last call of the layer whose use frees the slot; only the first S gathers are
+# calls of their own GATH rows. So the runtime, the reference executor and the simulator
+# all start it there, and the hazard rule completes it right before its first use
+# touches the slot. In the task list a GATH task stands right before the first task that
+# uses it (plan_memory and the verifier see it there). The slot is free again (its view
+# dead) after the gather's last use: the next gather into it starts there.
 # Memory: S slots of the stage's largest view replace ZeRO-2's persistent view of every
 # layer, in the `views` category of the plan.
 
