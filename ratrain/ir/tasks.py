@@ -1,8 +1,8 @@
 """Task IR: the schedule-level actions each rank runs, with a text form that parses back.
 
 schedule_1f1b creates the first per-rank task lists; later passes add lifecycle tasks
-(SYNC, UPD, PREF, REC, FREE, and the ZeRO-3 view gathers GATH_F/GATH_R/GATH_B). The dry run, memory checker, visualizer and runtime all
-read the same tasks. A task's identity is its text (`1F3`, `0SEND_F2`, `1SYNC[L7]`);
+(SYNC, UPD, PREF, REC, FREE, and the ZeRO-3 view gathers GATH_F/GATH_R/GATH_B). The
+dry run, memory checker, visualizer and runtime all read the same tasks. A task's identity is its text (`1F3`, `0SEND_F2`, `1SYNC[L7]`);
 its cost and memory delta are annotations that do not take part in equality or text.
 """
 from __future__ import annotations

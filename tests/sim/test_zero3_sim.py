@@ -1,10 +1,8 @@
 """ZeRO-3 in the simulator: a gather prefetched a layer ahead crosses the DP link while
 the previous layer computes, so on mt3000 (gathers exposed at dp 4) a step with
---zero3-prefetch >= 1 is shorter than with gathers at use (0), and the gathers are the
-only difference from ZeRO-2's step."""
+--zero3-prefetch >= 1 is shorter than with gathers at use (0); ZeRO-2, which gathers
+each view once per step, stays shorter still; and every shared use costs one gather."""
 from functools import lru_cache
-
-import pytest
 
 from ratrain import models
 from ratrain.cli_compile import compile_graph, trace_for
