@@ -85,7 +85,8 @@ def resolve_options(args, config: dict, profile: dict):
             micro_batch_size=args.micro_batch_size, seq_len=args.seq_len or min(128, context),
             schedule=args.schedule, recompute=args.recompute, zero=zero,
             budget=args.budget or int(profile["usable_memory"]), hw=profile["name"],
-            precision=precision, clip=args.clip, grad_accum=args.grad_accum)
+            precision=precision, clip=args.clip, grad_accum=args.grad_accum,
+            zero3_prefetch=getattr(args, "zero3_prefetch", 1))
         check_sequence_length(config, options.seq_len)  # a sliding window is refused here
     except ValueError as e:
         raise _user_error(str(e)) from None
@@ -507,9 +508,12 @@ def _add_policy_options(p) -> None:
     p.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="auto", help="activation"
                    " recovery: auto = the least recompute that fits --budget, run on the forward side "
                    "where that fits too, else in the backward (default: auto)")
-    p.add_argument("--zero", type=int, choices=(0, 1, 2), default=None, help="ZeRO stage over "
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage over "
                    "the DP group (default: the profile's default_zero when --dp > 1, else 0; "
-                   "2 for mt3000, 0 for cpu)")
+                   "2 for mt3000, 0 for cpu); 3 also shards the views, gathered at each use")
+    p.add_argument("--zero3-prefetch", type=int, default=1, metavar="K", help="--zero 3: "
+                   "gather each layer view K uses ahead, in K + 1 view slots (0 = gather at "
+                   "use, nothing overlapped) (default: 1)")
     p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="usable "
                    "memory per rank, e.g. 20GB (= 20 * 10^9 bytes) or 18GiB (= 18 * 2^30) "
                    "(default: the profile's usable_memory)")

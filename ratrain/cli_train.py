@@ -298,7 +298,8 @@ def compile_options(args, config: dict, layout):
                                micro_batch_size=layout.micro_batch_size,
                                seq_len=args.seq_len, schedule=args.schedule,
                                recompute=args.recompute, zero=args.zero, budget=args.budget,
-                               precision=args.precision, clip=args.clip, grad_accum="auto")
+                               precision=args.precision, clip=args.clip, grad_accum="auto",
+                               zero3_prefetch=args.zero3_prefetch)
     return resolve_options(flags, config, load_hw("cpu"))
 
 
@@ -403,8 +404,10 @@ def _add_layout_options(p) -> None:
     p.add_argument("--dp", type=int, default=None, metavar="D", help="data-parallel replicas "
                    "(default: the most that divide G, leave 2 micro-batches per replica and "
                    "fit pp x dp ranks on the cores)")
-    p.add_argument("--zero", type=int, choices=(0, 1, 2), default=None,
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
                    help="ZeRO stage over the DP group (default: 0)")
+    p.add_argument("--zero3-prefetch", type=int, default=1, metavar="K",
+                   help="--zero 3: gather each layer view K uses ahead (default: 1)")
     p.add_argument("--schedule", choices=SCHEDULES, default="ratrain", help="ratrain "
                    "(lifecycle scheduling) or baseline (everything at the step end) "
                    "(default: ratrain)")

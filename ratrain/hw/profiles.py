@@ -19,7 +19,7 @@ and the simulator turn tasks into seconds with `task_cost_model`.
 | am_bytes           | B         | per-core on-chip memory (AM; a CPU core's L1)            |
 | cores              | -         | compute cores per rank                                   |
 | default_precision  | fp32/fp16 | --precision when not given                               |
-| default_zero       | 0/1/2     | --zero when not given and --dp > 1                       |
+| default_zero       | 0/1/2/3   | --zero when not given and --dp > 1                       |
 
 Optional: description, calibrated (false until `ratrain calibrate` measured the numbers),
 sm_bytes, sources (field -> where the number comes from), and for the simulator (ratrain/sim):
@@ -152,11 +152,13 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
         Kind.REC: lambda t: recompute_flops(program, t.layer, t.micro_batch) / rate,
         Kind.SEND_F: lambda t: message_seconds(profile, cost(program.stages[t.stage][-1]).output_bytes),
         Kind.SEND_B: lambda t: message_seconds(profile, cost(program.stages[t.stage - 1][-1]).output_bytes),
-        Kind.SYNC: lambda t: ring_seconds(profile, 4 * params(t.layer), o.dp, 1 if o.zero == 2 else 2),
+        Kind.SYNC: lambda t: ring_seconds(profile, 4 * params(t.layer), o.dp, 1 if o.zero >= 2 else 2),
         Kind.UPD: lambda t: UPDATE_BYTES_PER_PARAM * shard(params(t.layer)) / profile["ddr_bandwidth"],
         Kind.PREF: lambda t: _prefetch_seconds(profile, o, cost(t.layer).param_bytes, params(t.layer)),
         Kind.NORM: lambda t: ring_seconds(profile, 8, o.dp * o.pp, 2),
         Kind.TIE: lambda t: _tie_seconds(program, profile),
+        **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), lambda t: _prefetch_seconds(
+            profile, o, cost(t.layer).param_bytes, params(t.layer))),
     }
     return lambda task: table[task.kind](task) if task.kind in table else 0.0
 
@@ -197,7 +199,7 @@ def _forward_flops(graph, skip_gemm: bool) -> int:
 
 def _prefetch_seconds(profile: dict, options, view_bytes: int, num_params: int) -> float:
     """Build a layer's next view: cast the (local) fp32 master to the compute dtype in
-    DDR, then under ZeRO 1/2 all-gather the shards of the view over the DP group."""
+    DDR, then under ZeRO 1-3 all-gather the shards of the view over the DP group."""
     local = num_params / options.dp if options.zero >= 1 else num_params
     cast = (4 * local + view_bytes * local / num_params) / profile["ddr_bandwidth"]
     gather = ring_seconds(profile, view_bytes, options.dp, 1) if options.zero >= 1 else 0.0

@@ -1,8 +1,8 @@
 """Task IR: the schedule-level actions each rank runs, with a text form that parses back.
 
 schedule_1f1b creates the first per-rank task lists; later passes add lifecycle tasks
-(SYNC, UPD, PREF, REC, FREE). The dry run, memory checker, visualizer and runtime all
-read the same tasks. A task's identity is its text (`1F3`, `0SEND_F2`, `1SYNC[L7]`);
+(SYNC, UPD, PREF, REC, FREE, and the ZeRO-3 view gathers GATH_F/GATH_R/GATH_B). The
+dry run, memory checker, visualizer and runtime all read the same tasks. A task's identity is its text (`1F3`, `0SEND_F2`, `1SYNC[L7]`);
 its cost and memory delta are annotations that do not take part in equality or text.
 """
 from __future__ import annotations
@@ -29,6 +29,9 @@ class Kind(StrEnum):
     FREE = "FREE"         # release a named buffer
     NORM = "NORM"         # step-level scalar all-reduce: global grad norm + overflow flag
     TIE = "TIE"           # sum a shared weight's gradient over the layers binding it
+    GATH_F = "GATH_F"     # ZeRO-3: all-gather one layer's view for the F of a micro-batch
+    GATH_R = "GATH_R"     # ZeRO-3: ... for the REC of (layer, micro-batch)
+    GATH_B = "GATH_B"     # ZeRO-3: ... for the B of a micro-batch
 
 
 # The whole grammar: one template per kind. It prints a task; compiled, it parses it back.
@@ -48,6 +51,9 @@ TEXT_FORMS: dict[Kind, str] = {
     Kind.FREE: "{stage}FREE[{buffer}]",
     Kind.NORM: "{stage}NORM",
     Kind.TIE: "{stage}TIE[L{layer}]",
+    Kind.GATH_F: "{stage}GATH_F[L{layer}]{micro_batch}",
+    Kind.GATH_R: "{stage}GATH_R[L{layer}]{micro_batch}",
+    Kind.GATH_B: "{stage}GATH_B[L{layer}]{micro_batch}",
 }
 
 # What each placeholder may hold; buffer names exclude spaces and brackets to parse back.
@@ -68,6 +74,7 @@ _EXPECTED = ", ".join(re.sub(r"\{(\w+)\}", r"<\1>", form) for form in TEXT_FORMS
 PIPELINE_COMMS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})
 SENDS = frozenset({Kind.SEND_F, Kind.SEND_B})
 RECVS = frozenset({Kind.RECV_F, Kind.RECV_B})
+GATHERS = frozenset({Kind.GATH_F, Kind.GATH_R, Kind.GATH_B})  # NOTE [ZeRO-3 lifecycle]
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ class Task:
     stage: int                          # pipeline stage that runs the task
     kind: Kind                          # what the task does
     micro_batch: int | None = None      # F, B, SEND_*/RECV_*, REC; None otherwise
-    layer: int | None = None            # global layer index: SYNC, UPD, PREF, REC, TIE
+    layer: int | None = None            # global layer index: SYNC, UPD, PREF, REC, TIE, GATH_*
     buffer: str | None = None           # FREE only: name of the released buffer
     cost: float | None = field(default=None, compare=False)  # est. seconds; None = unknown
     mem_delta: int = field(default=0, compare=False)          # bytes allocated (+) / freed (-)

@@ -3,8 +3,8 @@
 plan_memory, the memory checker, the simulator and the runtime all derive lifetimes from
 `task_effects`: a buffer lives from the task that creates it to the last task that reads
 it. Persistent buffers (master params, optimizer state, parameter views) live all step.
-Names: master.L7 opt.L7 view.L7 grad.L7 gshard.L7 act.L5.mb3 rec.L5.mb3 in.mb3 out.mb3
-gin.mb3 gout.mb3 ws.<task>.
+Names: master.L7 opt.L7 view.L7 zview.0 (ZeRO-3 view slots) grad.L7 gshard.L7
+act.L5.mb3 rec.L5.mb3 in.mb3 out.mb3 gin.mb3 gout.mb3 ws.<task>.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 
 from ratrain.ir.graph import Literal
 from ratrain.ir.tasks import Kind, Task
+from ratrain.passes.insert_gathers import gather_of, view_buffer, view_slot_count
 from ratrain.passes.insert_tied_sum import tied_layers_on
 from ratrain.passes.layout import align_up, graph_workspace, pack
 
@@ -45,15 +46,20 @@ def layer_param_count(program, layer: int) -> int:
 
 
 def persistent_buffers(program, stage: int) -> tuple[Buffer, ...]:
-    """Master params, Adam state and parameter views of the stage's layers."""
+    """Master params, Adam state and parameter views of the stage's layers; under ZeRO-3
+    the ring of view slots instead of a view per layer (NOTE [ZeRO-3 lifecycle])."""
     zero = program.options.zero
     out = []
     for layer in program.stages[stage]:
         n = layer_param_count(program, layer)
         shard = shard_elements(n, program, zero >= 1)
         out += [Buffer(f"master.L{layer}", "params", 4 * shard),
-                Buffer(f"opt.L{layer}", "optimizer", 2 * align_up(4 * shard)),
-                Buffer(f"view.L{layer}", "views", view_layout(program, layer)[1])]
+                Buffer(f"opt.L{layer}", "optimizer", 2 * align_up(4 * shard))]
+        if zero != 3:
+            out.append(Buffer(f"view.L{layer}", "views", view_layout(program, layer)[1]))
+    if zero == 3:
+        slot = max(view_layout(program, l)[1] for l in program.stages[stage])
+        out += [Buffer(f"zview.{k}", "views", slot) for k in range(view_slot_count(program))]
     return tuple(out)
 
 
@@ -249,7 +255,7 @@ def _forward(program, task: Task) -> Effects:
     if s < last:
         creates.append(Buffer(f"out.mb{m}", "comm", _message_bytes(program, s)))
     creates.append(Buffer(f"ws.{task}", "workspace", workspace_bytes(program, s, "fwd")))
-    reads = [f"view.L{l}" for l in layers] + ([f"in.mb{m}"] if s > 0 else [])
+    reads = [view_buffer(program, task, l) for l in layers] + ([f"in.mb{m}"] if s > 0 else [])
     return Effects(tuple(creates), tuple(reads))
 
 
@@ -272,7 +278,8 @@ def _backward(program, task: Task) -> Effects:
     if s > 0:
         creates.append(Buffer(f"gout.mb{m}", "comm", _message_bytes(program, s - 1)))
     creates.append(Buffer(f"ws.{task}", "workspace", backward_workspace(program, s, m)[1]))
-    reads = [f"view.L{l}" for l in layers] + [f"act.L{l}.mb{m}" for l in layers]
+    reads = [view_buffer(program, task, l) for l in layers] + \
+        [f"act.L{l}.mb{m}" for l in layers]
     if not recovers_in_backward(program, s, m):
         reads += [f"rec.L{l}.mb{m}" for l in layers if (l, m) in program.recompute]
     reads += [grad_buffer(program, l).name for l in layers] if m != 0 else []
@@ -285,14 +292,14 @@ def _recompute(program, task: Task) -> Effects:
     dropped = residual_split(program, l, m)[1]
     return Effects((Buffer(f"rec.L{l}.mb{m}", "activations", dropped),
                     Buffer(f"ws.{task}", "workspace", workspace_bytes(program, task.stage, "fwd"))),
-                   (f"act.L{l}.mb{m}", f"view.L{l}"))
+                   (f"act.L{l}.mb{m}", view_buffer(program, task, l)))
 
 
 def _syncs_inside_backward(program) -> bool:
     """NOTE [sync issue point] (insert_grad_sync.py): in ratrain mode the runtime starts
     SYNC[L] inside the step's last B, as soon as L's backward is done, so the shard a
     ZeRO-2 reduce-scatter writes is that B's buffer: nothing B uses may share its bytes."""
-    return program.options.schedule == "ratrain" and program.options.zero == 2
+    return program.options.schedule == "ratrain" and program.options.zero >= 2
 
 
 def _shard_of(program, layer: int) -> Buffer:
@@ -304,16 +311,16 @@ def _grad_sync(program, task: Task) -> Effects:
     l = task.layer
     if l in program.scatter_grads:
         return Effects((), (f"gshard.L{l}",))
-    if program.options.zero == 2 and not _syncs_inside_backward(program):
+    if program.options.zero >= 2 and not _syncs_inside_backward(program):
         return Effects((_shard_of(program, l),), (f"grad.L{l}",))
-    if program.options.zero == 2:
+    if program.options.zero >= 2:
         return Effects((), (f"grad.L{l}", f"gshard.L{l}"))
     return Effects((), (f"grad.L{l}",))
 
 
 def _update(program, task: Task) -> Effects:
     l = task.layer
-    grad = f"gshard.L{l}" if program.options.zero == 2 else f"grad.L{l}"
+    grad = f"gshard.L{l}" if program.options.zero >= 2 else f"grad.L{l}"
     return Effects((), (grad, f"master.L{l}", f"opt.L{l}"))
 
 
@@ -335,6 +342,8 @@ _EFFECTS = {
     Kind.NORM: lambda p, t: Effects((), ()),
     Kind.TIE: lambda p, t: Effects((), tuple(f"grad.L{l}" for l in tied_layers_on(p, t.stage))),
     Kind.FREE: lambda p, t: Effects((), ()),
+    **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), lambda p, t: Effects(
+        (), (f"master.L{t.layer}", f"zview.{gather_of(p, t).slot}"))),
 }
 
 

@@ -22,13 +22,13 @@ def _fits_locally(program, stage: int) -> bool:
 def choose_grad_accumulation(program):
     """Set `program.scatter_grads`.
 
-    Requires: stages and the 1F1B tasks. Guarantees: empty unless ZeRO-2; `scatter` puts
+    Requires: stages and the 1F1B tasks. Guarantees: empty unless ZeRO-2 or 3; `scatter` puts
     every layer there; `auto` puts a stage's layers there only if the stage cannot fit the
     budget with local accumulation under any recompute policy. A layer binding a tied
     weight always accumulates locally: its TIE sums the full gradient (NOTE [tied weights]).
     """
     o = program.options
-    if o.zero != 2 or o.grad_accum == "local":
+    if o.zero < 2 or o.grad_accum == "local":
         return replace(program, scatter_grads=frozenset())
     tied = {l for layers in program.graph.tied.values() for l in layers}
     layers = lambda stages: frozenset(l for s in stages for l in program.stages[s]

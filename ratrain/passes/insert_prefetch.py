@@ -30,5 +30,7 @@ def insert_prefetch(program):
     Requires: one UPD per layer. Guarantees: each layer has one PREF, after its UPD and
     (the task list being one step, run cyclically) before the next step's first F.
     """
+    if program.options.zero == 3:  # no persistent view: insert_gathers builds them at use
+        return program
     tasks = {s: _with_prefetch(program, s, ts) for s, ts in program.tasks.items()}
     return replace(program, tasks=tasks)

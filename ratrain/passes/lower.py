@@ -21,6 +21,7 @@ from ratrain.passes.buffers import (GRAD_OUTPUT, backward_workspace, cotangent_b
                                     cotangent_slots, fused_grad_ids, grad_layout,
                                     pinned_values, recovers_in_backward, residual_layout,
                                     shard_elements, view_layout)
+from ratrain.passes.insert_gathers import gather_of, gathers_issued_in, view_buffer
 from ratrain.passes.insert_recovery import nodes_rebuilding
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.passes.layout import align_up, graph_workspace
@@ -107,10 +108,11 @@ def _kind(program, layer: int):
     return program.graph.kinds[program.graph.layers[layer].kind]
 
 
-def _bind_params(placement: _Placement, program, layer: int, graph) -> None:
+def _bind_params(placement: _Placement, program, task: Task, layer: int, graph) -> None:
     offsets, _ = view_layout(program, layer)
+    view = view_buffer(program, task, layer)  # view.L, or a ZeRO-3 view slot
     for var, offset in zip(graph.params, offsets):
-        placement.bind(var, _slot(f"view.L{layer}", offset, var))
+        placement.bind(var, _slot(view, offset, var))
 
 
 def residual_slot(program, layer: int, micro_batch: int, index: int,
@@ -169,7 +171,7 @@ def _lower_forward(program, task: Task) -> list[Call]:
         kind = _kind(program, layer)
         mode = program.recompute.get((layer, m), "none")
         placement = _Placement(kind.fwd, pinned_values(kind, "F", mode), f"ws.{task}")
-        _bind_params(placement, program, layer, kind.fwd)
+        _bind_params(placement, program, task, layer, kind.fwd)
         _bind_residuals(placement, program, layer, m, _is_kept(program, layer, m))
         out = kind.fwd.outputs[0]
         if kind.kind != "head" and i + 1 < len(layers):
@@ -185,17 +187,17 @@ def _lower_forward(program, task: Task) -> list[Call]:
 
 
 def _lower_recompute(program, task: Task) -> list[Call]:
-    return _recompute_calls(program, task.layer, task.micro_batch, f"ws.{task}")
+    return _recompute_calls(program, task, task.layer, task.micro_batch, f"ws.{task}")
 
 
-def _recompute_calls(program, layer: int, m: int, workspace: str, base: int = 0,
+def _recompute_calls(program, task: Task, layer: int, m: int, workspace: str, base: int = 0,
                      rebuilt_in: tuple[str, int] | None = None) -> list[Call]:
     """The forward calls that rebuild (layer, m)'s dropped residuals (into rec.L.mb, or
     at (buffer, offset) `rebuilt_in`), with intermediates in `workspace` from `base` on."""
     kind = _kind(program, layer)
     mode = program.recompute[(layer, m)]
     placement = _Placement(kind.fwd, pinned_values(kind, "REC", mode), workspace, base)
-    _bind_params(placement, program, layer, kind.fwd)
+    _bind_params(placement, program, task, layer, kind.fwd)
     inputs = {_input_index(kind, p) for p in range(len(kind.fwd.inputs))}
     kept = _is_kept(program, layer, m)
     _bind_residuals(placement, program, layer, m, lambda i: True, rebuilt_in)
@@ -264,11 +266,11 @@ def _lower_backward(program, task: Task) -> list[Call]:
     for j, layer in enumerate(reversed(layers)):
         kind = _kind(program, layer)
         if rebuilt and (layer, m) in program.recompute:  # NOTE [backward-time recovery]
-            calls += _recompute_calls(program, layer, m, f"ws.{task}", base, rebuilt)
+            calls += _recompute_calls(program, task, layer, m, f"ws.{task}", base, rebuilt)
         fused = layer not in program.scatter_grads
         placement = _Placement(kind.bwd, pinned_values(kind, "B", fused=fused), f"ws.{task}",
                                base=base)
-        _bind_params(placement, program, layer, kind.bwd)
+        _bind_params(placement, program, task, layer, kind.bwd)
         if fused:
             _bind_fused_grads(placement, program, layer)
         n_res = len(kind.residuals)
@@ -329,7 +331,7 @@ def _lower_sync(program, task: Task) -> list[Call]:
     if layer in program.scatter_grads:  # already reduce-scattered inside each B: wait only
         shard_slot = _flat_slot(f"gshard.L{layer}", shard)
         return [Call("grad_sync", (shard_slot,), (shard_slot,), (("op", "wait"),), f"L{layer}")]
-    if program.options.zero == 2:
+    if program.options.zero >= 2:
         return [Call("grad_sync", (_flat_slot(f"gshard.L{layer}", shard),), (grad,),
                      (("op", "reduce_scatter"),), f"L{layer}")]
     return [Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), f"L{layer}")]
@@ -337,17 +339,17 @@ def _lower_sync(program, task: Task) -> list[Call]:
 
 def _lower_update(program, task: Task) -> list[Call]:
     master, m, v, n, shard = state_slots(program, task.layer)
-    grad = _flat_slot(f"gshard.L{task.layer}", shard) if program.options.zero == 2 else \
+    grad = _flat_slot(f"gshard.L{task.layer}", shard) if program.options.zero >= 2 else \
         _flat_slot(f"grad.L{task.layer}", n)
     return [Call("adamw", (master, m, v), (grad,), (("zero", program.options.zero),),
                  f"L{task.layer}")]
 
 
-def view_slots(program, layer: int) -> tuple[Slot, ...]:
-    """The layer's parameters in its view buffer, in parameter order."""
+def view_slots(program, layer: int, buffer: str | None = None) -> tuple[Slot, ...]:
+    """The layer's parameters in its view buffer (view.L, or `buffer`), in parameter order."""
     offsets, _ = view_layout(program, layer)
     params = _kind(program, layer).fwd.params
-    return tuple(_slot(f"view.L{layer}", o, p) for o, p in zip(offsets, params))
+    return tuple(_slot(buffer or f"view.L{layer}", o, p) for o, p in zip(offsets, params))
 
 
 def _lower_prefetch(program, task: Task) -> list[Call]:
@@ -356,6 +358,35 @@ def _lower_prefetch(program, task: Task) -> list[Call]:
     master = state_slots(program, layer)[0]
     return [Call("prefetch_view", views, (master,), (("gather", program.options.zero >= 1),),
                  f"L{layer}")]
+
+
+def gather_call(program, gather) -> Call:
+    """NOTE [ZeRO-3 lifecycle]: cast this rank's master shard, all-gather the cast shards
+    into the layer's view slot (non-blocking: the first call touching the slot waits)."""
+    layer = gather.task.layer
+    views = view_slots(program, layer, f"zview.{gather.slot}")
+    return [Call("gather_view", views, (state_slots(program, layer)[0],),
+                 (("use", str(gather.uses[0][0])),), f"L{layer} gather")][0]
+
+
+def _lower_gather(program, task: Task) -> list[Call]:
+    """A gather at the step start runs at its row; every other one is a call of the task
+    holding its issue point (_with_gathers_issued)."""
+    gather = gather_of(program, task)
+    return [gather_call(program, gather)] if gather.after is None else []
+
+
+def _with_gathers_issued(program, task: Task, calls: list[Call]) -> list[Call]:
+    """NOTE [ZeRO-3 lifecycle]: a compute task's calls with the gathers it issues, each
+    right after the last call of the layer whose use frees the gather's view slot."""
+    issued = gathers_issued_in(program, task)
+    if not issued:
+        return calls
+    ends = {note_layer(c.note): i for i, c in enumerate(calls)}
+    after: dict[int, list[Call]] = {}
+    for g in issued:
+        after.setdefault(ends[g.after[1]], []).append(gather_call(program, g))
+    return [c for i, call in enumerate(calls) for c in [call] + after.get(i, [])]
 
 
 def _loss_scaled(program, params: tuple) -> tuple:
@@ -435,6 +466,7 @@ def _lower_comm(program, task: Task) -> list[Call]:
 _LOWER = {Kind.F: _lower_forward, Kind.B: _lower_backward, Kind.REC: _lower_recompute,
           Kind.SYNC: _lower_sync, Kind.UPD: _lower_update, Kind.PREF: _lower_prefetch,
           Kind.NORM: _lower_norm, Kind.TIE: _lower_tie, Kind.FREE: lambda p, t: [],
+          **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), _lower_gather),
           **{k: _lower_comm for k in _PEER}}
 
 
@@ -445,7 +477,8 @@ def lower(program):
     `program.lowered[stage]` has one LoweredTask per task, in order; every slot names a
     buffer of the stage's memory plan and lies inside it.
     """
-    lowered = {s: tuple(LoweredTask(t, tuple(_LOWER[t.kind](program, t))) for t in tasks)
+    lowered = {s: tuple(LoweredTask(t, tuple(_with_gathers_issued(
+        program, t, _LOWER[t.kind](program, t)))) for t in tasks)
                for s, tasks in program.tasks.items()}
     return replace(program, lowered=lowered)
 

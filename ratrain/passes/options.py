@@ -22,13 +22,15 @@ class CompileOptions:
     seq_len: int = 128                  # tokens per sequence
     schedule: str = "ratrain"           # "ratrain" (lifecycle scheduling) or "baseline"
     recompute: str = "none"             # activation recovery policy, RECOMPUTE_POLICIES
-    zero: int = 0                       # ZeRO stage 0, 1 or 2 over the DP group
+    zero: int = 0                       # ZeRO stage 0, 1, 2 or 3 over the DP group
     budget: int | None = None           # usable bytes per rank; None = unlimited
     hw: str = "cpu"                     # hardware profile name
     precision: str = "fp32"             # "fp32" exact mode or "fp16" mixed precision
     clip: float | None = None           # global-norm gradient clipping; None = off
     grad_accum: str = "auto"            # ZeRO-2: "local", "scatter" or "auto" per stage
     stage_speeds: tuple[float, ...] | None = None  # relative speed per stage (hetero ranks)
+    zero3_prefetch: int = 1             # ZeRO-3: layer views gathered this many uses
+                                        # ahead (NOTE [ZeRO-3 lifecycle]); 0 = at use
 
     def __post_init__(self):
         _check_options(self)
@@ -47,14 +49,16 @@ def _check_options(o: CompileOptions) -> None:
         problems.append(f"--schedule must be one of {', '.join(SCHEDULES)}")
     if o.recompute not in RECOMPUTE_POLICIES:
         problems.append(f"--recompute must be one of {', '.join(RECOMPUTE_POLICIES)}")
-    if o.zero not in (0, 1, 2):
-        problems.append(f"--zero must be 0, 1 or 2 (got {o.zero})")
+    if o.zero not in (0, 1, 2, 3):
+        problems.append(f"--zero must be 0, 1, 2 or 3 (got {o.zero})")
+    if o.zero3_prefetch < 0:
+        problems.append(f"--zero3-prefetch must be >= 0 (got {o.zero3_prefetch})")
     if o.precision not in PRECISIONS:
         problems.append(f"--precision must be one of {', '.join(PRECISIONS)}")
     if o.grad_accum not in GRAD_ACCUMULATION:
         problems.append(f"--grad-accum must be one of {', '.join(GRAD_ACCUMULATION)}")
-    elif o.grad_accum == "scatter" and o.zero != 2:
-        problems.append("--grad-accum scatter reduce-scatters shards: it needs --zero 2")
+    elif o.grad_accum == "scatter" and o.zero < 2:
+        problems.append("--grad-accum scatter reduce-scatters shards: it needs --zero 2 or 3")
     if o.stage_speeds is not None and len(o.stage_speeds) != o.pp:
         problems.append(f"stage speeds give {len(o.stage_speeds)} values for {o.pp} stages")
     if problems:

@@ -92,7 +92,7 @@ def _layer_memory_terms(program: Program, layer: int) -> dict[str, int]:
     num_params = cost.param_bytes // np.dtype(program.graph.dtype).itemsize
     return {"params": _shard(program, 4 * num_params, options.zero >= 1),
             "optimizer": _shard(program, 8 * num_params, options.zero >= 1),
-            "views": cost.param_bytes,
+            "views": 0 if options.zero == 3 else cost.param_bytes,  # ZeRO-3: a ring per stage
             "grads": _shard(program, 4 * num_params, options.zero >= 2),
             "activations": _kept_activation_bytes(program, layer)}
 
@@ -249,7 +249,7 @@ def _over_budget_error(program: Program, table: _SplitTable) -> PartitionError:
 def _fixes(program: Program, stage: int, layers: tuple[int, ...]) -> list[str]:
     """Changes that lower the heaviest stage, each with what that stage would then need."""
     options, fixes = program.options, [_more_stages_fix(program)]
-    changes = [(f"--zero {z}", {"zero": z}) for z in range(options.zero + 1, 3) if options.dp > 1]
+    changes = [(f"--zero {z}", {"zero": z}) for z in range(options.zero + 1, 4) if options.dp > 1]
     if options.recompute != "full":
         changes.append(("--recompute full", {"recompute": "full"}))
     in_flight = _fewest_needed_in_flight(program, stage, layers)

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from ratrain.passes.choose_grad_accumulation import choose_grad_accumulation
+from ratrain.passes.insert_gathers import insert_gathers, verify_gathers
 from ratrain.passes.insert_grad_sync import insert_grad_sync
 from ratrain.passes.insert_prefetch import insert_prefetch
 from ratrain.passes.insert_recovery import insert_recovery
@@ -28,6 +29,7 @@ PIPELINE = [
     insert_update,      # each UPD after its SYNC (after NORM when global scalars rule)
     insert_tied_sum,    # a shared weight's gradient summed before its SYNC, NORM and UPD
     insert_prefetch,    # each PREF after its UPD: the view is built from updated params
+    insert_gathers,     # ZeRO-3: last, every F/REC/B is in place to gather its views for
 ]
 
 
@@ -42,6 +44,7 @@ def verify_program(program) -> None:
     """The one verifier run after every pass: schedule invariants, then the memory plan."""
     from ratrain.passes.plan_memory import verify_memory_plan
     verify_schedule(program)
+    verify_gathers(program)
     verify_memory_plan(program)
 
 

@@ -332,7 +332,21 @@ def _zero_fixes(program, stage: int, m: StageMemory) -> list[str]:
             sharded = replace(program, options=replace(options, zero=zero))
             saving = m.arena_bytes - _arena_with(sharded, stage)
             fixes.append(f"--zero {zero} would save {format_bytes(saving)}")
+    if options.zero < 3:
+        saving = m.arena_bytes - _arena_with(_gathering_views(program), stage)
+        if saving > 0:  # S view slots can outweigh a few small views
+            fixes.append(f"--zero 3 would save {format_bytes(saving)} (views gathered at "
+                         f"each use into {options.zero3_prefetch + 1} slots)")
     return fixes
+
+
+def _gathering_views(program):
+    """The same program under ZeRO-3: no PREF, a GATH per use (NOTE [ZeRO-3 lifecycle])."""
+    from ratrain.passes.insert_gathers import insert_gathers
+    tasks = {s: tuple(t for t in ts if t.kind not in (Kind.PREF, Kind.FREE))
+             for s, ts in program.tasks.items()}
+    return insert_gathers(replace(program, options=replace(program.options, zero=3),
+                                  tasks=tasks))
 
 
 def _recompute_all(program):

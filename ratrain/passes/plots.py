@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
-from ratrain.ir.tasks import Kind, Task  # noqa: E402
+from ratrain.ir.tasks import GATHERS, Kind, Task  # noqa: E402
 from ratrain.passes.buffers import CATEGORIES  # noqa: E402
 from ratrain.passes.dryrun import DryRunResult, dry_run  # noqa: E402
 
@@ -21,10 +21,11 @@ COMMS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B, Kind.POST
 # Relative durations when a task carries no estimate: a backward is two forwards, the
 # lifecycle tasks are cheaper than a layer pass, messages cheaper still, FREE is free.
 UNIT_COSTS = {Kind.F: 1.0, Kind.B: 2.0, Kind.REC: 1.0, Kind.SYNC: 0.5, Kind.UPD: 0.5,
-              Kind.PREF: 0.5, Kind.FREE: 0.0} | dict.fromkeys(COMMS, 0.1)
+              Kind.PREF: 0.5, Kind.FREE: 0.0} | dict.fromkeys(COMMS, 0.1) | \
+    dict.fromkeys(GATHERS, 0.1)
 # Bar colour and legend label per group of kinds (all comms share one colour).
 GROUPS = {"F": "#4c72b0", "B": "#55a868", "REC": "#dd8452", "SYNC": "#8172b3",
-          "UPD": "#c44e52", "PREF": "#937860", "SEND/RECV": "#a0a0a0"}
+          "UPD": "#c44e52", "PREF": "#937860", "GATH": "#da8bc3", "SEND/RECV": "#a0a0a0"}
 CATEGORY_COLORS = dict(zip(CATEGORIES, ("#4c72b0", "#8172b3", "#64b5cd", "#55a868",
                                         "#dd8452", "#a0a0a0", "#ccb974")))
 
@@ -41,7 +42,7 @@ def options_title(program) -> str:
 
 
 def _group(kind: Kind) -> str:
-    return "SEND/RECV" if kind in COMMS else str(kind)
+    return "SEND/RECV" if kind in COMMS else "GATH" if kind in GATHERS else str(kind)
 
 
 def schedule_png(program, path, timeline: DryRunResult | None = None,

@@ -1,9 +1,9 @@
 """The planner's search space: one Candidate per way to run a global batch on N ranks.
 
 pp x dp = N ranks, dp x micro_batches x micro_batch_size = the global batch, any ZeRO
-stage (0 without data parallelism), every recompute policy and the requested
-schedules. pp may be any divisor of N up to the number of layers (partition_stages
-balances uneven splits). Traced graphs depend only on the micro-batch size, so
+stage (0 without data parallelism; ZeRO-3 with the default zero3_prefetch, one layer
+view gathered ahead), every recompute policy and the requested schedules. pp may be
+any divisor of N up to the number of layers (partition_stages balances uneven splits). Traced graphs depend only on the micro-batch size, so
 GraphCache traces each size once for all candidates.
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ def candidates(clusters: int, global_batch: int, num_layers: int,
     out = []
     for pp, dp in layouts(clusters, global_batch, num_layers):
         for size in divisors(global_batch // dp):
-            for zero in (2, 1, 0) if dp > 1 else (0,):
+            for zero in (3, 2, 1, 0) if dp > 1 else (0,):
                 out += [Candidate(pp, dp, zero, size, global_batch // dp // size, policy,
                                   schedule)
                         for policy in POLICIES_BY_MEMORY for schedule in schedules]

@@ -134,7 +134,7 @@ def _sync_need(program, stage: int, need: dict, local: bool, one_micro_batch: in
     the shards of those synced, not yet consumed by their UPD, are alive. In ratrain
     mode every shard exists from the step's last B on (buffers._syncs_inside_backward),
     with that B's activations (`one_micro_batch`), messages and workspace."""
-    if program.options.zero != 2 or not local:
+    if program.options.zero < 2 or not local:
         return need
     full = [4 * layer_param_count(program, l) for l in reversed(program.stages[stage])]
     shard = [4 * -(-(n // 4) // program.options.dp) for n in full]
@@ -221,15 +221,30 @@ class _StageModel:
         self.port = sends * message / bandwidth + (0.0 if plan.local_grads else
                                                    sum(map(reduce, params)))
         self.message = p["link_latency"] + message / bandwidth
-        op = "reduce_scatter" if o.zero == 2 else "allreduce"
+        self._add_view_gathers(p, o, params, itemsize)
+        op = "reduce_scatter" if o.zero >= 2 else "allreduce"
         # what is left to reduce after the last B: under scatter its last reduce-scatter
         # (the stage's first layer), else every layer's
         self.sync = (reduce(params[0]) if not plan.local_grads else
                      sum(_port_seconds(p, op, o.dp, 4 * n) for n in params))
         shard = lambda n: n / o.dp if o.zero >= 1 else n
         self.update = sum(UPDATE_BYTES_PER_PARAM * shard(n) for n in params) / ddr
-        self.prefetch = sum(_port_seconds(p, "allgather", o.dp, itemsize * n) if o.zero >= 1 else
-                            (4 + itemsize) * n / ddr for n in params)
+        self.prefetch = 0.0 if o.zero == 3 else \
+            sum(_port_seconds(p, "allgather", o.dp, itemsize * n) if o.zero >= 1 else
+                (4 + itemsize) * n / ddr for n in params)
+
+    def _add_view_gathers(self, p: dict, o, params: list[int], itemsize: int) -> None:
+        """NOTE [ZeRO-3 lifecycle]: every micro-batch gathers each layer's view for its F
+        and again for its B (shared gathers ignored): on the port, overlapping compute
+        when prefetched, else waited for before each use; the shard casts in DDR."""
+        if o.zero != 3:
+            return
+        gathers = 2 * sum(_port_seconds(p, "allgather", o.dp, itemsize * n) for n in params)
+        self.compute += 2 * sum((4 + itemsize) * n / o.dp for n in params) / p["ddr_bandwidth"]
+        if o.zero3_prefetch == 0:
+            self.compute += gathers
+        else:
+            self.port += gathers
 
 
 def _port_seconds(profile: dict, op: str, members: int, nbytes: float) -> float:

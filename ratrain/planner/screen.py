@@ -36,8 +36,9 @@ def memory_key(c: Candidate) -> tuple:
 
 
 # NOTE [dominance]: a candidate needs at least as much memory as one with a higher ZeRO
-# stage, a smaller micro-batch size (the activations in flight, min(P - s, M) x B, only
-# grow with B at a fixed global batch) or a policy earlier in POLICIES_BY_MEMORY, all
+# stage up to 2 (ZeRO-3's view slots can outweigh few small persistent views, so it
+# dominates nothing and is screened on its own), a smaller micro-batch size (the
+# activations in flight, min(P - s, M) x B, only grow with B at a fixed global batch) or a policy earlier in POLICIES_BY_MEMORY, all
 # else equal. So once such a neighbour is out, so is the candidate, for the same reason.
 def dominators(c: Candidate, sizes: list[int]) -> list[tuple]:
     """Memory keys of the candidate's less-memory neighbours."""

@@ -99,7 +99,8 @@ def init_layer(program, st: RankState, layer: int, params: dict, moments=None) -
     mask = np.zeros(shard, np.float32)
     mask[:hi - lo] = decay[lo:hi]
     st.decay[layer] = decay_runs(mask)  # once: AdamW runs every step
-    write_view(st, program.view_slots(layer), flat)
+    if program.options.zero != 3:  # ZeRO-3 gathers a view before each use instead
+        write_view(st, program.view_slots(layer), flat)
 
 
 def _layer_moment(program, layer: int, moments, which: int):
@@ -361,12 +362,20 @@ def _prefetch_view(t: Transport, st: RankState, call) -> None:
         write_view(st, call.outputs, master)
 
 
+def _gather_view(t: Transport, st: RankState, call) -> None:
+    """NOTE [ZeRO-3 lifecycle]: all-gather the cast master shards into a view slot; the
+    view is written when the gather completes (the hazard rule: before its first use)."""
+    shard = st.view(call.inputs[0]).astype(call.outputs[0].dtype)
+    t.dp_gather(st, call, shard, lambda flat: write_view(st, call.outputs, flat))
+
+
 CALLS = {
     "load_ids": _load_ids, "load_targets": _load_targets, "record_loss": _record_loss,
     "fill": _fill, "copy": _copy, "accumulate_grad": _accumulate_grad,
     "send": _send, "post_recv": _post_recv, "wait_recv": _wait_recv,
     "grad_sync": _grad_sync, "grad_scatter": _grad_scatter, "global_norm": _global_norm,
     "tie_sum": _tie_sum, "adamw": _adamw, "prefetch_view": _prefetch_view,
+    "gather_view": _gather_view,
 }
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ratrain.codegen.table import NativeStep
 from ratrain.ir.tasks import Kind
+from ratrain.passes.insert_gathers import gather_plan
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.passes.lower import note_layer
 from ratrain.rt import comm
@@ -28,7 +29,11 @@ FORWARD_KINDS = frozenset({Kind.F, Kind.POST_F, Kind.RECV_F, Kind.SEND_F})
 
 # NOTE [held-out loss]: the held-out loss runs the step's forward tasks only, in table
 # order: F (which records the last stage's loss), POST_F/RECV_F/SEND_F for the
-# activations; B, REC, SYNC, NORM, UPD, PREF and the FREEs are skipped. This is safe:
+# activations; B, REC, SYNC, NORM, UPD, PREF and the FREEs are skipped. Under ZeRO-3 the
+# F rows run the view gathers issued inside them, and a gather serving an F that training
+# runs inside a skipped B or REC (or whose first use is a B the F shares it with) runs at
+# its GATH row (forward_gathers): every F still reads a view gathered after the slot's
+# previous tenant was last used. This is safe:
 # - memory plan: every buffer F or a forward message touches is created by one of these
 #   tasks and lives, in the plan, from its creator to its last reader, which is also a
 #   forward task or comes later; running a subsequence of the rows in the same order, no
@@ -99,6 +104,30 @@ def early_syncs(rows) -> dict[tuple[int, int], tuple[int, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
+def forward_gathers(program, stage: int, rows) -> dict[int, _Row]:
+    """NOTE [held-out loss] under ZeRO-3: GATH row -> the row the forward-only pass runs
+    there, for each gather that serves an F but that training runs in a task that pass
+    skips: issued inside a B or REC (passes/lower._with_gathers_issued; its call is found
+    in that row), or standing before a B whose view the next F shares."""
+    plan = gather_plan(program, stage, [row.task for row in rows])
+    row_of = {row.task: r for r, row in enumerate(rows)}
+    out = {}
+    for g in plan:
+        if not any(use.kind == Kind.F for use, _ in g.uses) or \
+                (g.after is not None and g.after[0].kind in FORWARD_KINDS):
+            continue
+        own = rows[row_of[g.task]]
+        if g.after is None:
+            out[row_of[g.task]] = own
+            continue
+        use = str(g.uses[0][0])
+        call, = [s for s in rows[row_of[g.after[0]]].steps if not isinstance(s, _Native)
+                 and s.op == "gather_view" and dict(s.params)["use"] == use
+                 and s.note == f"L{g.task.layer} gather"]
+        out[row_of[g.task]] = _Row(g.task, (call,), frozenset(), None)
+    return out
+
+
 def _waits_only(row: _Row) -> bool:
     return all(not isinstance(s, _Native) and dict(s.params).get("op") == "wait"
                for s in row.steps)
@@ -126,6 +155,7 @@ class RankExecutor:
         self.task_rows = tuple(self._row(*row) for row in table.rows)
         self.early_syncs = early_syncs(self.task_rows) if self.options.schedule == "ratrain" \
             else {}
+        self.forward_gathers = forward_gathers(program, stage, self.task_rows)
         self.planned_peak_bytes = plan.peak_bytes
         self.live = set(plan.persistent)   # buffers live now; their bytes, the peak so far
         self.peak_bytes = self.live_bytes = sum(plan.offsets[b][1] for b in self.live)
@@ -189,9 +219,9 @@ class RankExecutor:
         saved = self.tokens, st.losses
         self.tokens, st.losses = tokens, []
         try:
-            for row in self.task_rows:
-                if row.task.kind in FORWARD_KINDS:
-                    self._run_steps(-1, row)
+            for r, row in enumerate(self.task_rows):
+                if row.task.kind in FORWARD_KINDS or r in self.forward_gathers:
+                    self._run_steps(-1, self.forward_gathers.get(r, row))
             self._complete(self.sends)
             self.sends = []
             return list(st.losses)

@@ -10,7 +10,8 @@ import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT = "ratrain-program/3"            # runtime.pkl and code/ hold the program (3: TIE tasks, RoPE tables)
+# runtime.pkl and code/ hold the program (3: TIE tasks, RoPE tables; 4: ZeRO-3 gathers)
+FORMAT = "ratrain-program/4"
 
 
 def ratrain_version() -> str:

@@ -24,7 +24,7 @@ from ratrain.sim.residency import cold_fractions
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
                                WorldSum, posted_receive, send_channel)
 
-ASYNC_CALLS = ("grad_sync", "grad_scatter", "prefetch_view")
+ASYNC_CALLS = ("grad_sync", "grad_scatter", "prefetch_view", "gather_view")
 
 
 def slot_bytes(slot) -> int:
@@ -322,6 +322,20 @@ def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
                           f"allgather L{task.layer}")]
 
 
+def _gather_view(c: ProfileCosts, task, call) -> list[Step]:
+    """NOTE [ZeRO-3 lifecycle]: cast the master shard, all-gather the cast shards on the
+    DP link (a Start: later calls overlap it until one touches the view slot), and copy
+    the gathered view into the slot when it is waited for."""
+    master = call.inputs[0]
+    itemsize = np.dtype(call.outputs[0].dtype).itemsize
+    shard = slot_elements(master) * itemsize
+    full, view = shard * c.options.dp, sum(slot_bytes(s) for s in call.outputs)
+    return [Compute((slot_bytes(master) + shard) / c.ddr),
+            *c.collective("allgather", full, c.options.dp, {s.buffer for s in call.outputs},
+                          (full + view) / c.ddr, f"allgather {call.note} for "
+                          f"{dict(call.params)['use']}")]
+
+
 def _memory_bound(c: ProfileCosts, task, call) -> list[Step]:
     return [Compute(_moved_bytes(call) / c.ddr)]
 
@@ -338,4 +352,5 @@ _RUNTIME_CALLS = {
     "tie_sum": _tie_sum,
     "adamw": _adamw,
     "prefetch_view": _prefetch_view,
+    "gather_view": _gather_view,
 }

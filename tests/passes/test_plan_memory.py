@@ -169,6 +169,7 @@ def test_budget_error_names_zero_savings_with_dp_and_no_recompute_when_already_f
     message = str(caught.value)
     assert "--recompute full" not in message
     assert "--zero 1 would save" in message and "--zero 2 would save" in message
+    assert "--zero 3 would save" in message and "into 2 slots" in message
 
 
 def test_reading_a_buffer_no_task_created_is_an_error():

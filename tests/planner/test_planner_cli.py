@@ -51,8 +51,9 @@ def test_text_table_best_row_and_reasons(record, capsys):
     assert out.startswith("plan tiny on 4 cpu ranks: global batch 8 x 32 tokens, budget 30 MB")
     best = record["rows"][0]
     assert f"\n  1 {best['pp']:>4} {best['dp']:>5} {best['zero']:>4} " in out
+    batches = "micro-batch" if best["micro_batches"] == 1 else "micro-batches"
     name = (f"pp {best['pp']} x dp {best['dp']}, zero {best['zero']}, "
-            f"{best['micro_batches']} micro-batches of {best['micro_batch_size']}")
+            f"{best['micro_batches']} {batches} of {best['micro_batch_size']}")
     assert f"\nbest: {name}, recompute auto, ratrain schedule: peak" in out
     assert "\ndo not fit (" in out and "\n  pp 1 x dp 4, zero 2, 2 micro-batches of 1" in out
 

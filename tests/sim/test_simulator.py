@@ -32,6 +32,11 @@ CONFIGS = {
     "tied-pp1": dict(model="tiny-tied", pp=1),
     "tied-pp2": dict(model="tiny-tied", pp=2),
     "tied-pp3-dp2-zero2-clip": dict(model="tiny-tied", pp=3, dp=2, zero=2, clip=1.0),
+    "pp2-dp2-zero3": dict(pp=2, dp=2, zero=3),
+    "pp1-dp2-zero3-at-use-fp16-full": dict(pp=1, dp=2, zero=3, zero3_prefetch=0,
+                                           precision="fp16", recompute="full"),
+    "tied-pp2-dp2-zero3-prefetch2": dict(model="tiny-tied", pp=2, dp=2, zero=3,
+                                         zero3_prefetch=2),
 }
 
 
