@@ -20,6 +20,8 @@ CASES = {
     "tiny-pp3-baseline-full": dict(model="tiny", hw="mt3000", pp=3, schedule="baseline",
                                    recompute="full"),
     "tied-pp2-dp2-clip": dict(model="tiny-tied", hw="mt3000", pp=2, dp=2, zero=1, clip=1.0),
+    "tiny-pp2-dp2-zero3": dict(model="tiny", hw="mt3000", pp=2, dp=2, zero=3,
+                               precision="fp16"),
 }
 
 
