@@ -409,6 +409,11 @@ def _lower_commit(program, task: Task) -> list[Call]:
     return calls
 
 
+def rollback_only(call: Call) -> bool:
+    """Does the call run only when the step rolls back (NOTE [commit rule])?"""
+    return call.op == "redo_update" or bool(dict(call.params).get("redo"))
+
+
 def _lower_norm(program, task: Task) -> list[Call]:
     if commits_updates(program.options):
         return _lower_commit(program, task)

@@ -14,6 +14,7 @@ import numpy as np
 from ratrain import kernels
 from ratrain.ir.rules import lookup_rule
 from ratrain.optim import AdamW, LossScaler
+from ratrain.passes.lower import rollback_only
 
 
 def shard_bounds(n: int, dp: int, replica: int) -> tuple[int, int]:
@@ -448,6 +449,12 @@ CALLS = {
     "tie_sum": _tie_sum, "adamw": _adamw, "redo_update": _redo_update,
     "prefetch_view": _prefetch_view,
 }
+
+
+def skips(st: RankState, call) -> bool:
+    """A rollback-only call on a committed step: a no-op that must not even wait for the
+    collectives in flight on its buffers (the views' all-gathers)."""
+    return not st.rolled_back and rollback_only(call)
 
 
 def run_call(transport: Transport, st: RankState, call) -> None:

@@ -86,3 +86,61 @@ def test_commit_rule_is_bit_identical_to_after_norm(precision, clip, pp, dp, zer
         assert steps[0][0] and not all(o for o, _ in steps)  # overflowed, then stepped
     if clip == TINY_CLIP:
         assert all(coef < 1e-2 for o, coef in steps if not o)
+
+
+def test_commit_lowering_updates_speculatively_and_redoes_in_the_norm():
+    program = compile_program("commit", "fp16", None, 2, 2, 1)
+    text = format_lowered(program, 1)
+    upd = next(line for line in text.splitlines() if "adamw[" in line)
+    assert "= adamw[loss_scale=True speculative=True zero=1] grad.L3+0:f32[2080]" in upd
+    assert [w.split("+")[0] for w in upd.split(" = ")[0].split()] == \
+        ["master.L3", "opt.L3", "opt.L3", "undo.L3", "undo.L3", "undo.L3"]
+    norm = text[text.index("1NORM:"):].splitlines()[1:7]
+    assert norm[0].strip() == "global_norm[clip=None layers=(2,3) loss_scale=True]    # step"
+    assert [line.split("= ")[1].split(" ")[0] for line in norm[1:5]] == \
+        ["redo_update[zero=1]"] * 2 + ["prefetch_view[gather=True", "prefetch_view[gather=True"]
+    after = format_lowered(compile_program("after-norm", "fp16", None, 2, 2, 1), 1)
+    assert "speculative" not in after and "redo" not in after and "undo." not in after
+
+
+def test_undo_copies_are_planned_buffers_live_from_the_update_to_the_norm():
+    program = compile_program("commit", "fp32", TINY_CLIP, 2, 2, 1)
+    memory, tasks = program.memory.stages[0], [str(t) for t in program.tasks[0]]
+    shard = state_slots(program, 1)[4]
+    offset, nbytes = memory.offsets["undo.L1"]
+    assert nbytes == 3 * (-(-4 * shard // 64) * 64) and memory.categories["undo.L1"] == "optimizer"
+    first, last = memory.lifetimes["undo.L1"]
+    assert tasks[first] == "0UPD[L1]" and tasks[last] == "0NORM"
+    assert tasks[last + 1:] and all(t.startswith("0FREE[") for t in tasks[last + 1:])
+    assert "undo.L1" not in compile_program("after-norm", "fp32", TINY_CLIP, 2, 2, 1) \
+        .memory.stages[0].offsets
+
+
+def test_no_norm_no_commit_rule():
+    program = compile_program("commit", "fp32", None, 2, 1, 0)
+    assert not any(t.kind == Kind.NORM for ts in program.tasks.values() for t in ts)
+    assert "speculative" not in format_lowered(program, 0)
+
+
+def _words(program, stage=0):
+    return " ".join(str(t) for t in program.tasks[stage] if t.kind != Kind.FREE)
+
+
+def test_verify_schedule_takes_either_order_only_under_its_rule():
+    commit, after = (compile_program(r, "fp32", TINY_CLIP) for r in ("commit", "after-norm"))
+    text = _words(commit)
+    assert text.endswith("0SYNC[L1] 0SYNC[L0] 0UPD[L1] 0PREF[L1] 0UPD[L0] 0PREF[L0] 0NORM")
+    assert _words(after).endswith("0SYNC[L1] 0SYNC[L0] 0NORM 0UPD[L0] 0PREF[L0] 0UPD[L1] 0PREF[L1]")
+    broken = {  # program -> (task text, message)
+        "upd before its sync": (commit, "0UPD[L0] " + text.replace(" 0UPD[L0]", ""),
+                                "0UPD[L0] is not preceded by its SYNC"),
+        "commit upd after norm": (commit, text.replace("0UPD[L0] 0PREF[L0] 0NORM",
+                                                       "0NORM 0UPD[L0] 0PREF[L0]"),
+                                  "0UPD[L0] runs after 0NORM"),
+        "after-norm upd before norm": (after, text, "0UPD[L1] runs before 0NORM"),
+    }
+    for name, (program, words, message) in broken.items():
+        with pytest.raises(ScheduleInvariantError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            verify_schedule(replace(program, tasks={**program.tasks, 0: parse_tasks(words)}))
+    verify_schedule(commit)
+    verify_schedule(after)
