@@ -38,13 +38,17 @@ def commits_updates(options) -> bool:
 #   back and redoes after-norm's AdamW (with the coefficient; an overflow skips it and
 #   lowers the loss scale, as before), then its view is rebuilt.
 # The redo reads the same gradient, master and moments as after-norm's UPD, so losses
-# and weights are bit-identical under both rules. Memory: undo.L (3 x the shard's fp32
-# bytes) lives from UPD[L] to the NORM, the gradients until the NORM as under after-norm.
-# It is the least that stays exact: a staging copy of the new state costs the same bytes
-# and a copy on every commit, and AdamW cannot be inverted bit-exactly; undo.L lives only
-# in the step's tail, where the activations are gone, so it rarely raises the peak
-# (plan_memory counts it). The simulator assumes every step commits: the rollback calls
-# cost nothing there, the speculative AdamW the copy and the norm share it adds.
+# and weights are bit-identical under both rules. The rollback-only calls (redo_update,
+# prefetch_view[redo]) are skipped on a committed step before the runtime's hazard rule
+# would wait for the views' all-gathers. Memory: undo.L (3 x the shard's fp32 bytes)
+# lives from UPD[L] to the NORM, the gradients until the NORM as under after-norm. It is
+# the least that stays exact: a staging copy of the new state costs the same bytes plus a
+# copy on every commit, updating only the views speculatively would leave the whole AdamW
+# pass for the tail, and AdamW cannot be inverted bit-exactly. undo.L lives in the step's
+# tail, where the activations are gone, so under ZeRO 1/2 it rarely raises the peak; under
+# ZeRO 0 it can (plan_memory counts it, the budget error names --update-rule after-norm).
+# The simulator assumes every step commits: the rollback calls cost nothing there, the
+# speculative AdamW the copy and the norm share it adds, the NORM its world sum.
 
 
 def _update_order(program, layers: list[int]) -> list[int]:
