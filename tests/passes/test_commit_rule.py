@@ -144,3 +144,16 @@ def test_verify_schedule_takes_either_order_only_under_its_rule():
             verify_schedule(replace(program, tasks={**program.tasks, 0: parse_tasks(words)}))
     verify_schedule(commit)
     verify_schedule(after)
+
+
+def test_a_budget_only_after_norm_fits_names_the_rule():
+    from ratrain.passes.plan_memory import MemoryBudgetError
+    after = compile_program("after-norm", "fp32", TINY_CLIP, 1, 1, 0)
+    commit = compile_program("commit", "fp32", TINY_CLIP, 1, 1, 0)
+    assert commit.memory.arena_bytes > after.memory.arena_bytes
+    graph = trace_model(CONFIG, micro_batch_size=B, seq_len=T)
+    options = replace(commit.options, budget=after.memory.arena_bytes)
+    with pytest.raises(MemoryBudgetError, match=r"--update-rule after-norm would drop the "
+                                                r"commit rule's undo copies \("):
+        run_pipeline(Program(graph, options))
+    run_pipeline(Program(graph, replace(options, update_rule="after-norm")))
