@@ -22,7 +22,8 @@ from pathlib import Path
 
 from ratrain.cli_plan import add_search_options, apply_plan
 from ratrain.passes.buffers import CATEGORIES
-from ratrain.passes.options import GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
+from ratrain.passes.options import (GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES,
+                                    UPDATE_RULES)
 from ratrain.passes.plan_memory import format_bytes
 
 MANIFEST = "program.json"
@@ -86,7 +87,8 @@ def resolve_options(args, config: dict, profile: dict):
             schedule=args.schedule, recompute=args.recompute, zero=zero,
             budget=args.budget or int(profile["usable_memory"]), hw=profile["name"],
             precision=precision, clip=args.clip, grad_accum=args.grad_accum,
-            zero3_prefetch=getattr(args, "zero3_prefetch", 1))
+            zero3_prefetch=getattr(args, "zero3_prefetch", 1),
+            update_rule=getattr(args, "update_rule", "commit"))
         check_sequence_length(config, options.seq_len)  # a sliding window is refused here
     except ValueError as e:
         raise _user_error(str(e)) from None
@@ -527,6 +529,17 @@ def _add_policy_options(p) -> None:
                    "auto (scatter only where local cannot fit the budget)")
     p.add_argument("--clip", type=float, default=None, metavar="X",
                    help="clip gradients to global norm X (default: no clipping)")
+    add_update_rule_option(p)
+
+
+def add_update_rule_option(p) -> None:
+    """--update-rule, shared by compile and train (NOTE [commit rule])."""
+    p.add_argument("--update-rule", choices=UPDATE_RULES, default="commit", help="with "
+                   "--clip or fp16 loss scaling (a global norm): commit = each layer's AdamW "
+                   "runs speculatively right after its gradient sync and the step's norm "
+                   "commits it or rolls it back and redoes it exactly; after-norm = every "
+                   "update waits for the norm. Same numbers either way; the baseline "
+                   "schedule always uses after-norm (default: commit)")
 
 
 def add_program_inspect_options(p) -> None:

@@ -165,7 +165,8 @@ def cmd_plan(args) -> None:
 
 PLANNED = (("pp", 1), ("dp", 1), ("micro_batches", 1), ("micro_batch_size", 1),
            ("zero", None), ("recompute", "auto"))
-UNPLANNED = (("clip", None), ("grad_accum", "auto"))  # the planner assumes these defaults
+# the planner assumes these defaults
+UNPLANNED = (("clip", None), ("grad_accum", "auto"), ("update_rule", "commit"))
 
 
 def apply_plan(args) -> None:

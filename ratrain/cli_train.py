@@ -299,7 +299,8 @@ def compile_options(args, config: dict, layout):
                                seq_len=args.seq_len, schedule=args.schedule,
                                recompute=args.recompute, zero=args.zero, budget=args.budget,
                                precision=args.precision, clip=args.clip, grad_accum="auto",
-                               zero3_prefetch=args.zero3_prefetch)
+                               zero3_prefetch=args.zero3_prefetch,
+                               update_rule=args.update_rule)
     return resolve_options(flags, config, load_hw("cpu"))
 
 
@@ -421,3 +422,5 @@ def _add_layout_options(p) -> None:
                    "weights, dynamic loss scaling (default: fp32)")
     p.add_argument("--clip", type=float, default=None, metavar="X",
                    help="clip gradients to global norm X (default: no clipping)")
+    from ratrain.cli_compile import add_update_rule_option
+    add_update_rule_option(p)

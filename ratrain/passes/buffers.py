@@ -3,7 +3,7 @@
 plan_memory, the memory checker, the simulator and the runtime all derive lifetimes from
 `task_effects`: a buffer lives from the task that creates it to the last task that reads
 it. Persistent buffers (master params, optimizer state, parameter views) live all step.
-Names: master.L7 opt.L7 view.L7 zview.0 (ZeRO-3 view slots) grad.L7 gshard.L7
+Names: master.L7 opt.L7 view.L7 zview.0 (ZeRO-3 view slots) grad.L7 gshard.L7 undo.L7
 act.L5.mb3 rec.L5.mb3 in.mb3 out.mb3 gin.mb3 gout.mb3 ws.<task>.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ratrain.ir.graph import Literal
 from ratrain.ir.tasks import Kind, Task
 from ratrain.passes.insert_gathers import gather_of, view_buffer, view_slot_count
 from ratrain.passes.insert_tied_sum import tied_layers_on
+from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.layout import align_up, graph_workspace, pack
 
 CATEGORIES = ("params", "optimizer", "views", "grads", "activations", "comm", "workspace")
@@ -318,10 +319,32 @@ def _grad_sync(program, task: Task) -> Effects:
     return Effects((), (f"grad.L{l}",))
 
 
+def _update_grad(program, layer: int) -> str:
+    return f"gshard.L{layer}" if program.options.zero >= 2 else f"grad.L{layer}"
+
+
+def undo_buffer(program, layer: int) -> Buffer:
+    """NOTE [commit rule] (insert_update.py): a speculative UPD's copy of the layer's
+    master and Adam moments, [master | m | v] each at an aligned offset."""
+    shard = shard_elements(layer_param_count(program, layer), program, program.options.zero >= 1)
+    return Buffer(f"undo.L{layer}", "optimizer", 3 * align_up(4 * shard))
+
+
 def _update(program, task: Task) -> Effects:
     l = task.layer
-    grad = f"gshard.L{l}" if program.options.zero >= 2 else f"grad.L{l}"
-    return Effects((), (grad, f"master.L{l}", f"opt.L{l}"))
+    undo = (undo_buffer(program, l),) if commits_updates(program.options) else ()
+    return Effects(undo, (_update_grad(program, l), f"master.L{l}", f"opt.L{l}"))
+
+
+def _norm(program, task: Task) -> Effects:
+    """Under the commit rule the NORM may redo every update: it reads their gradients
+    and undo copies, which so live until it (NOTE [commit rule])."""
+    if not commits_updates(program.options):
+        return Effects((), ())
+    layers, views = program.stages[task.stage], program.options.zero < 3  # ZeRO-3: none
+    return Effects((), tuple(name for l in layers for name in
+                             (_update_grad(program, l), f"undo.L{l}", f"master.L{l}",
+                              f"opt.L{l}") + ((f"view.L{l}",) if views else ())))
 
 
 _EFFECTS = {
@@ -339,7 +362,7 @@ _EFFECTS = {
         (Buffer(f"gin.mb{t.micro_batch}", "comm", _message_bytes(p, t.stage)),), ()),
     Kind.RECV_F: lambda p, t: Effects((), (f"in.mb{t.micro_batch}",)),
     Kind.RECV_B: lambda p, t: Effects((), (f"gin.mb{t.micro_batch}",)),
-    Kind.NORM: lambda p, t: Effects((), ()),
+    Kind.NORM: _norm,
     Kind.TIE: lambda p, t: Effects((), tuple(f"grad.L{l}" for l in tied_layers_on(p, t.stage))),
     Kind.FREE: lambda p, t: Effects((), ()),
     **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), lambda p, t: Effects(

@@ -133,9 +133,10 @@ class Executor:
 
     def _key(self, call) -> tuple:
         target, params = (call.outputs or call.inputs)[0].buffer, dict(call.params)
-        # a ZeRO-3 view slot takes many gathers a step: the use and layer tell them apart
+        # a ZeRO-3 view slot takes many gathers a step: the use and layer tell them apart;
+        # a rolled-back step gathers a view twice (NOTE [commit rule]): two collectives
         return call.op, self.step, target, params.get("micro_batch"), params.get("use"), \
-            call.note
+            call.note, params.get("redo")
 
     def _dp_group(self, st: RankState) -> list[int]:
         return [self.program.rank(st.stage, d) for d in range(self.options.dp)]

@@ -4,23 +4,42 @@ Runs after insert_update. PREF[L] casts the updated master params to the compute
 (and all-gathers the shards under ZeRO 1/2) into view.L, so the next step's first F of L
 reads a ready view and never waits. In ratrain mode PREF[L] follows UPD[L] directly, in
 the step's tail, overlapping the remaining updates; the baseline builds all views after
-all updates.
+all updates. Under the commit rule with gathered views the PREFs follow the last UPD in
+layer order (NOTE [gather order under the commit rule]).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from ratrain.ir.tasks import Kind, Task
+from ratrain.passes.insert_update import commits_updates
+
+
+# NOTE [gather order under the commit rule]: speculative UPDs run in SYNC order, last
+# layer first, but the next step's forwards read the views first layer first, and the
+# all-gathers of ZeRO views queue on the same port as the gradient syncs. A PREF right
+# behind each UPD would send the first layer's view last, so the next step's first F
+# would wait for every gather of the stage. So the PREFs of gathered views follow the
+# stage's last UPD, in layer order (as after-norm's do, NOTE [update order after NORM]),
+# still before the NORM: they do not wait for the world sum. A PREF that only casts
+# (ZeRO 0) uses no port and follows its UPD at once.
+def _gathers_after_updates(program) -> bool:
+    o = program.options
+    return o.schedule == "ratrain" and commits_updates(o) and o.zero >= 1
 
 
 def _with_prefetch(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
     out: list[Task] = []
+    updates = [t for t in tasks if t.kind == Kind.UPD]
+    in_order = _gathers_after_updates(program)
     for task in tasks:
         out.append(task)
-        if task.kind == Kind.UPD and program.options.schedule == "ratrain":
+        if task.kind == Kind.UPD and program.options.schedule == "ratrain" and not in_order:
             out.append(Task(stage, Kind.PREF, layer=task.layer))
+        if in_order and updates and task is updates[-1]:
+            out += [Task(stage, Kind.PREF, layer=l) for l in sorted(t.layer for t in updates)]
     if program.options.schedule == "baseline":
-        out += [Task(stage, Kind.PREF, layer=t.layer) for t in tasks if t.kind == Kind.UPD]
+        out += [Task(stage, Kind.PREF, layer=t.layer) for t in updates]
     return tuple(out)
 
 

@@ -55,12 +55,15 @@ def _with_tie(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
     if not tied:
         return tasks
     moved = [t for t in tasks if t.kind == Kind.SYNC and t.layer in tied]
-    has_norm = any(t.kind == Kind.NORM for t in tasks)
-    if not has_norm:  # the tied UPDs follow their SYNCs to the end of the update block
+    kinds = [t.kind for t in tasks]
+    # after-norm: the NORM precedes the UPDs; under the commit rule it ends the step
+    norm_first = Kind.NORM in kinds and (Kind.UPD not in kinds or
+                                         kinds.index(Kind.NORM) < kinds.index(Kind.UPD))
+    if not norm_first:  # the tied UPDs follow their SYNCs to the end of the update block
         moved += [t for t in tasks if t.kind == Kind.UPD and t.layer in tied]
     first = min(tasks.index(t) for t in moved)
     rest = [t for t in tasks if t not in moved]
-    if has_norm:
+    if norm_first:
         at = next(i for i, t in enumerate(rest) if t.kind == Kind.NORM)
     else:
         updates = [i for i, t in enumerate(rest) if t.kind == Kind.UPD]
@@ -74,8 +77,9 @@ def insert_tied_sum(program):
 
     Requires: SYNC and UPD tasks (and NORM when global scalars rule). Guarantees: the TIE
     precedes the SYNCs of its stage's tied layers, which follow every other SYNC; with a
-    NORM it comes right before it (the norm needs the summed gradient), otherwise the
-    tied SYNCs and UPDs end the stage's update block (NOTE [tied weights]), so the other
+    NORM before the UPDs it comes right before it (the norm needs the summed gradient),
+    otherwise (also under the commit rule) the tied SYNCs and UPDs end the stage's update
+    block, before a NORM that ends the step (NOTE [tied weights]), so the other
     layers update while the TIE waits for the peer stage's backward.
     """
     if not program.graph.tied:

@@ -24,6 +24,7 @@ from ratrain.passes.buffers import (GRAD_OUTPUT, backward_workspace, cotangent_b
 from ratrain.passes.insert_gathers import gather_of, gathers_issued_in, view_buffer
 from ratrain.passes.insert_recovery import nodes_rebuilding
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
+from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.layout import align_up, graph_workspace
 from ratrain.passes.lower_comms import message_tag
 from ratrain.passes.plan_memory import arena_name
@@ -337,12 +338,31 @@ def _lower_sync(program, task: Task) -> list[Call]:
     return [Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), f"L{layer}")]
 
 
+def _update_grad_slot(program, layer: int) -> Slot:
+    _, _, _, n, shard = state_slots(program, layer)
+    return _flat_slot(f"gshard.L{layer}", shard) if program.options.zero >= 2 else \
+        _flat_slot(f"grad.L{layer}", n)
+
+
+def undo_slots(program, layer: int) -> tuple[Slot, Slot, Slot]:
+    """NOTE [commit rule]: where a speculative UPD keeps the old master, m and v."""
+    shard = state_slots(program, layer)[4]
+    return tuple(_flat_slot(f"undo.L{layer}", shard, k * align_up(4 * shard)) for k in range(3))
+
+
 def _lower_update(program, task: Task) -> list[Call]:
-    master, m, v, n, shard = state_slots(program, task.layer)
-    grad = _flat_slot(f"gshard.L{task.layer}", shard) if program.options.zero >= 2 else \
-        _flat_slot(f"grad.L{task.layer}", n)
-    return [Call("adamw", (master, m, v), (grad,), (("zero", program.options.zero),),
-                 f"L{task.layer}")]
+    """AdamW of one layer; under the commit rule a speculative one (NOTE [commit rule]):
+    outputs master, m, v and their undo copies, params say how to take the layer's
+    share of the norm (loss_scale: unscale first; skip: a tied weight's second copy)."""
+    layer, zero = task.layer, program.options.zero
+    master, m, v, _, _ = state_slots(program, layer)
+    grad, params = _update_grad_slot(program, layer), (("zero", zero),)
+    if not commits_updates(program.options):
+        return [Call("adamw", (master, m, v), (grad,), params, f"L{layer}")]
+    skip = tuple(_norm_skips(program, layer))
+    params += (("speculative", True),) + ((("skip", skip),) if skip else ())
+    return [Call("adamw", (master, m, v, *undo_slots(program, layer)), (grad,),
+                 _loss_scaled(program, params), f"L{layer}")]
 
 
 def view_slots(program, layer: int, buffer: str | None = None) -> tuple[Slot, ...]:
@@ -397,7 +417,39 @@ def _loss_scaled(program, params: tuple) -> tuple:
     return tuple(sorted(params + (("loss_scale", True),)))
 
 
+def _norm_skips(program, layer: int):
+    """(lo, hi, n) of each tied weight's copy the norm does not count in `layer`."""
+    return ((*tied_range(program, layer, w.name), grad_layout(program, layer)[1])
+            for w in tied_weights(program) if layer in w.layers[1:])
+
+
+def _lower_commit(program, task: Task) -> list[Call]:
+    """NOTE [commit rule]: the world sum of the UPDs' norm shares decides; on a rollback
+    every layer redoes its update from undo.L and rebuilds its view (no-ops otherwise).
+    Under ZeRO-3 there are no views to rebuild: each use gathers from the master shards
+    (NOTE [ZeRO-3 lifecycle])."""
+    layers = program.stages[task.stage]
+    params = (("clip", program.options.clip), ("layers", tuple(layers)))
+    calls = [Call("global_norm", (), (), _loss_scaled(program, params), "step")]
+    for layer in layers:
+        master, m, v, _, _ = state_slots(program, layer)
+        calls.append(Call("redo_update", (master, m, v),
+                          (_update_grad_slot(program, layer), *undo_slots(program, layer)),
+                          (("zero", program.options.zero),), f"L{layer}"))
+    for layer in layers if program.options.zero < 3 else ():
+        prefetch = _lower_prefetch(program, Task(task.stage, Kind.PREF, layer=layer))[0]
+        calls.append(replace(prefetch, params=tuple(sorted(prefetch.params + (("redo", True),)))))
+    return calls
+
+
+def rollback_only(call: Call) -> bool:
+    """Does the call run only when the step rolls back (NOTE [commit rule])?"""
+    return call.op == "redo_update" or bool(dict(call.params).get("redo"))
+
+
 def _lower_norm(program, task: Task) -> list[Call]:
+    if commits_updates(program.options):
+        return _lower_commit(program, task)
     layers = program.stages[task.stage]
     grads = tuple(_flat_slot(f"grad.L{l}", grad_layout(program, l)[1])
                   if program.options.zero < 2 else

@@ -11,6 +11,7 @@ SCHEDULES = ("ratrain", "baseline")
 RECOMPUTE_POLICIES = ("none", "full", "selective", "auto")
 PRECISIONS = ("fp32", "fp16")
 GRAD_ACCUMULATION = ("auto", "local", "scatter")
+UPDATE_RULES = ("commit", "after-norm")  # NOTE [commit rule] (passes/insert_update.py)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class CompileOptions:
     stage_speeds: tuple[float, ...] | None = None  # relative speed per stage (hetero ranks)
     zero3_prefetch: int = 1             # ZeRO-3: layer views gathered this many uses
                                         # ahead (NOTE [ZeRO-3 lifecycle]); 0 = at use
+    update_rule: str = "commit"         # with a NORM: "commit" (speculative UPDs, NOTE
+                                        # [commit rule]) or "after-norm"; baseline: after-norm
 
     def __post_init__(self):
         _check_options(self)
@@ -55,6 +58,8 @@ def _check_options(o: CompileOptions) -> None:
         problems.append(f"--zero3-prefetch must be >= 0 (got {o.zero3_prefetch})")
     if o.precision not in PRECISIONS:
         problems.append(f"--precision must be one of {', '.join(PRECISIONS)}")
+    if o.update_rule not in UPDATE_RULES:
+        problems.append(f"--update-rule must be one of {', '.join(UPDATE_RULES)}")
     if o.grad_accum not in GRAD_ACCUMULATION:
         problems.append(f"--grad-accum must be one of {', '.join(GRAD_ACCUMULATION)}")
     elif o.grad_accum == "scatter" and o.zero < 2:

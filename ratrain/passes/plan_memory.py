@@ -306,6 +306,10 @@ def _fixes(program, stage: int, m: StageMemory) -> list[str]:
         saving = m.arena_bytes - _arena_with(_recompute_all(program), stage)
         if saving > 0:
             fixes.append(f"--recompute full would save {format_bytes(saving)}")
+    undo = sum(n for name, (_, n) in m.offsets.items() if name.startswith("undo."))
+    if undo:  # NOTE [commit rule] (insert_update.py)
+        fixes.append(f"--update-rule after-norm would drop the commit rule's undo copies "
+                     f"({format_bytes(undo)} on this stage, live at the step's end)")
     fixes += _zero_fixes(program, stage, m)
     layers = len(program.stages[stage]) if program.stages else 0
     if layers > 1:

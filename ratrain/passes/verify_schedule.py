@@ -3,7 +3,8 @@
 It checks only what the tasks present so far promise (a pass that has not run yet adds
 no obligations): pipeline messages pair up and do not deadlock; each (stage, mb) has one
 F and one B; each layer is synced once, right after its last backward in ratrain mode;
-every UPD follows its SYNC; every PREF follows its UPD; every REC precedes its B (and,
+every UPD follows its SYNC; every PREF follows its UPD; a NORM precedes every UPD, or
+follows every UPD and PREF under the commit rule; every REC precedes its B (and,
 in ratrain mode, the RECV_B it overlaps); every RECV has an earlier POST once posted.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from functools import lru_cache
 from ratrain.ir.tasks import PIPELINE_COMMS, Kind
 from ratrain.passes.dryrun import dry_run
 from ratrain.passes.insert_tied_sum import tied_layers_on
+from ratrain.passes.insert_update import commits_updates
 
 
 class ScheduleInvariantError(ValueError):
@@ -97,6 +99,24 @@ def _check_follows(stage: int, tasks, later: Kind, earlier: Kind) -> None:
                 _fail(stage, f"{t} is not preceded by its {earlier}")
 
 
+def _check_norm(program, stage: int, tasks) -> None:
+    """At most one NORM; before every UPD (after-norm), or after every UPD and PREF when
+    the updates commit at the step end (NOTE [commit rule])."""
+    norms = [i for i, t in enumerate(tasks) if t.kind == Kind.NORM]
+    if len(norms) > 1:
+        _fail(stage, f"{len(norms)} NORM tasks, not one")
+    if not norms:
+        return
+    commit = commits_updates(program.options)
+    for i, t in enumerate(tasks):
+        if commit and t.kind in (Kind.UPD, Kind.PREF) and i > norms[0]:
+            _fail(stage, f"{t} runs after {tasks[norms[0]]}: under the commit rule the NORM "
+                         "ends the step's updates")
+        if not commit and t.kind == Kind.UPD and i < norms[0]:
+            _fail(stage, f"{t} runs before {tasks[norms[0]]}: under after-norm every update "
+                         "waits for the global norm")
+
+
 def _check_recovery(program, stage: int, tasks) -> None:
     forward_side = program.options.schedule == "ratrain"
     position = _Index(tasks)
@@ -134,6 +154,7 @@ def verify_schedule(program) -> None:
         _check_ties(program, stage, tasks)
         _check_follows(stage, tasks, Kind.UPD, Kind.SYNC)
         _check_follows(stage, tasks, Kind.PREF, Kind.UPD)
+        _check_norm(program, stage, tasks)
         _check_recovery(program, stage, tasks)
         _check_posts(stage, tasks)
     _check_pipeline_comms(program.tasks)

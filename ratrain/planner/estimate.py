@@ -16,9 +16,9 @@ import numpy as np
 
 from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.passes.buffers import (CATEGORIES, backward_workspace, layer_param_count,
-                                    persistent_buffers, recovers_in_backward)
+                                    persistent_buffers, recovers_in_backward, undo_buffer)
 from ratrain.passes.insert_recovery import kept_mask, nodes_rebuilding
-from ratrain.passes.insert_update import needs_global_norm
+from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.kernels import graph_seconds
@@ -124,7 +124,22 @@ def stage_bytes(est: Estimator, program, stage: int, level: str, local: bool) ->
     modes = {l: level for l, d in zip(layers, decoder) if d and level != "none"}
     need["workspace"] = backward_workspace(replace(program, scatter_grads=scatter), stage, 0,
                                            modes)[1]  # the modes count only in backward
-    return max(need, _sync_need(program, stage, need, local, kept + rebuilt), key=total)
+    return max(need, _sync_need(program, stage, need, local, kept + rebuilt),
+               _commit_need(program, stage, need), key=total)
+
+
+def _commit_need(program, stage: int, need: dict) -> dict:
+    """The bytes at the NORM under the commit rule (NOTE [commit rule]): the persistent
+    state, every gradient the updates read and every layer's undo copy."""
+    if not commits_updates(program.options):
+        return need
+    o, layers = program.options, program.stages[stage]
+    counts = [layer_param_count(program, l) for l in layers]
+    persistent = {c: b for c, b in need.items() if c in ("params", "optimizer", "views")}
+    grads = sum(4 * (-(-n // o.dp) if o.zero >= 2 else n) for n in counts)
+    undo = sum(undo_buffer(program, l).nbytes for l in layers)
+    return {**dict.fromkeys(CATEGORIES, 0), **persistent, "grads": grads,
+            "optimizer": persistent.get("optimizer", 0) + undo}
 
 
 def _sync_need(program, stage: int, need: dict, local: bool, one_micro_batch: int) -> dict:
@@ -281,6 +296,9 @@ def _step(stages: list[_StageModel], program, profile: dict) -> float:
         tails = [max(s.update, s.prefetch) for s in stages]
     else:
         tails = [s.update + s.prefetch for s in stages]
+    if commits_updates(o):  # updates before the norm, which ends the step (NOTE [commit rule])
+        world = _port_seconds(profile, "allreduce", o.world_size, 8)
+        return max(a + b for a, b in zip(synced, tails)) + world
     if needs_global_norm(o):
         world = _port_seconds(profile, "allreduce", o.world_size, 8)
         return max(synced) + world + max(tails)

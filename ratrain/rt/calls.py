@@ -14,6 +14,7 @@ import numpy as np
 from ratrain import kernels
 from ratrain.ir.rules import lookup_rule
 from ratrain.optim import AdamW, LossScaler
+from ratrain.passes.lower import rollback_only
 
 
 def shard_bounds(n: int, dp: int, replica: int) -> tuple[int, int]:
@@ -36,6 +37,9 @@ class RankState:
     grad_norm: float | None = None      # the step's global norm (unscaled), if computed
     overflow: bool = False              # the step found a non-finite gradient: no update
     skipped_steps: int = 0              # steps skipped so far (AdamW does not count them)
+    norm_shares: dict = field(default_factory=dict)  # layer -> its UPD's sums of squares
+                                        # (None: non-finite), NOTE [commit rule]
+    rolled_back: bool = False           # the step's NORM redoes the speculative updates
 
     def view(self, slot) -> np.ndarray:
         base, nbytes = self.offsets[slot.buffer]
@@ -263,8 +267,12 @@ def _owned(options, st: RankState, slot, skip=()) -> list[np.ndarray]:
 def _global_norm(t: Transport, st: RankState, call) -> None:
     """The world's gradient norm, hence the clip coefficient; with loss_scale (fp16) the
     norm is that of the unscaled gradients, which are then unscaled in place, and a
-    non-finite gradient anywhere skips the step on every rank (NOTE [overflow flag])."""
+    non-finite gradient anywhere skips the step on every rank (NOTE [overflow flag]).
+    With `layers` the shares come from the speculative UPDs (NOTE [commit rule])."""
     params = _params(call)
+    if "layers" in params:
+        _commit_or_roll_back(t, st, call, params)
+        return
     scaled = bool(params.get("loss_scale"))
     inverse = st.scaler.inverse() if scaled else np.float32(1)
     skips = {}
@@ -294,8 +302,33 @@ def _global_norm(t: Transport, st: RankState, call) -> None:
 
 def _sum_of_squares(grads, inverse: np.float32) -> float:
     """Of the unscaled gradients, in float64 (the float32 products unscale_ would store)."""
-    return sum(float(np.sum(np.square(g if inverse == 1 else g * inverse, dtype=np.float64)))
-               for g in grads)
+    return sum(_squares(grads, inverse))
+
+
+def _squares(grads, inverse: np.float32) -> list[float]:
+    """Each gradient part's sum of squares, unscaled, in the order _sum_of_squares adds."""
+    return [float(np.sum(np.square(g if inverse == 1 else g * inverse, dtype=np.float64)))
+            for g in grads]
+
+
+def _commit_or_roll_back(t: Transport, st: RankState, call, params: dict) -> None:
+    """NOTE [commit rule]: _global_norm's scalars from the UPDs' shares, summed in the
+    same order (stage layers, then parts); the step rolls back if clipped or overflowing.
+    The gradients are unscaled already (by the speculative UPDs)."""
+    shares = [st.norm_shares.get(layer) for layer in params["layers"]]
+    scaled = bool(params.get("loss_scale"))
+    finite = all(share is not None for share in shares)
+    squares = sum(x for share in shares for x in share) if finite else math.inf
+    # nothing is written before the world sum (the reference executor reruns the call)
+    total = math.sqrt(t.world_sum(st, call, squares))
+    st.grad_norm, clip = total, params["clip"]
+    st.clip_coef = 1.0 if clip is None else min(1.0, clip / (total + 1e-6))
+    if scaled:
+        st.overflow = not math.isfinite(total)
+        if st.overflow:
+            st.skipped_steps += 1
+        st.scaler.update(st.overflow)
+    st.rolled_back = st.overflow or st.clip_coef != 1.0
 
 
 def _unscale_or_skip(st: RankState, grads, inverse: np.float32, overflow: bool) -> None:
@@ -327,18 +360,61 @@ def _tie_sum(t: Transport, st: RankState, call) -> None:
 def _adamw(t: Transport, st: RankState, call) -> None:
     """AdamW on the layer's (shard of) master params, unless the step overflowed: then
     nothing changes and AdamW's own step count (bias correction) does not advance, as
-    when GradScaler skips optimizer.step()."""
-    if st.overflow:
+    when GradScaler skips optimizer.step(). A speculative one runs before the NORM
+    (NOTE [commit rule])."""
+    params = _params(call)
+    if params.get("speculative"):
+        _speculative_adamw(t, st, call, params)
+    elif not st.overflow:
+        _apply_adamw(t, st, call.outputs, call.inputs[0], params["zero"], st.clip_coef)
+
+
+def _speculative_adamw(t: Transport, st: RankState, call, params: dict) -> None:
+    """NOTE [commit rule] (passes/insert_update.py): the layer's share of the global norm
+    (and, fp16, its finite check and in-place unscaling, as _global_norm would do them),
+    a copy of master, m and v into undo.L, then AdamW with clip coefficient 1."""
+    grad_slot, layer = call.inputs[0], _layer_of(call.outputs[0])
+    scaled = bool(params.get("loss_scale"))
+    inverse = st.scaler.inverse() if scaled else np.float32(1)
+    owned = _owned(t.options, st, grad_slot, params.get("skip", ()))
+    finite = all(bool(np.isfinite(g).all()) for g in owned) if scaled else True
+    st.norm_shares[layer] = _squares(owned, inverse) if finite else None
+    if scaled and inverse != 1:
+        st.view(grad_slot)[...] *= inverse
+    for state, undo in zip(call.outputs[:3], call.outputs[3:]):
+        st.view(undo)[...] = st.view(state)
+    _apply_adamw(t, st, call.outputs[:3], grad_slot, params["zero"], 1.0)
+
+
+def _redo_update(t: Transport, st: RankState, call) -> None:
+    """NOTE [commit rule]: on a rolled-back step, master, m and v back from undo.L, then
+    after-norm's update (none if the step overflowed); nothing on a committed step."""
+    if not st.rolled_back:
         return
-    master, m, v = (st.view(s) for s in call.outputs)
-    grad = st.view(call.inputs[0])
-    if _params(call)["zero"] == 1:
+    grad_slot, *undo = call.inputs
+    for state, copy in zip(call.outputs, undo):
+        st.view(state)[...] = st.view(copy)
+    if not st.overflow:
+        _apply_adamw(t, st, call.outputs, grad_slot, _params(call)["zero"], st.clip_coef)
+
+
+def _layer_of(slot) -> int:
+    """The layer of a per-layer state slot (master.L3, undo.L3, ...)."""
+    return int(slot.buffer.split(".L")[1])
+
+
+def _apply_adamw(t: Transport, st: RankState, outputs, grad_slot, zero: int,
+                 clip_coef: float) -> None:
+    """The native AdamW step on master, m, v (`outputs`) from the gradient times clip_coef."""
+    master, m, v = (st.view(s) for s in outputs)
+    grad = st.view(grad_slot)
+    if zero == 1:
         lo, hi = shard_bounds(grad.size, t.options.dp, st.replica)
         grad = np.concatenate([grad[lo:hi], np.zeros(master.size - (hi - lo), np.float32)])
-    layer = int(call.outputs[0].buffer.split(".L")[1])
+    layer = _layer_of(outputs[0])
     step, opt = t.step - st.skipped_steps, t.optimizer
-    if st.clip_coef != 1.0:
-        grad = grad * np.float32(st.clip_coef)
+    if clip_coef != 1.0:
+        grad = grad * np.float32(clip_coef)
     for lo, hi, decays in st.decay[layer]:  # the native kernel's weight decay is a scalar
         kernels.adamw_step(master[lo:hi], m[lo:hi], v[lo:hi], grad[lo:hi], lr=opt.lr,
                            beta1=opt.beta1, beta2=opt.beta2, eps=opt.eps,
@@ -352,6 +428,10 @@ def decay_runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
 
 
 def _prefetch_view(t: Transport, st: RankState, call) -> None:
+    """The view from the master (cast; gathered under ZeRO); `redo`: only on a rolled
+    back step (NOTE [commit rule])."""
+    if _params(call).get("redo") and not st.rolled_back:
+        return
     master = st.view(call.inputs[0])
     if _params(call)["gather"]:
         # cast the shard first: the gather then moves view-dtype bytes (half of fp32 in
@@ -374,9 +454,15 @@ CALLS = {
     "fill": _fill, "copy": _copy, "accumulate_grad": _accumulate_grad,
     "send": _send, "post_recv": _post_recv, "wait_recv": _wait_recv,
     "grad_sync": _grad_sync, "grad_scatter": _grad_scatter, "global_norm": _global_norm,
-    "tie_sum": _tie_sum, "adamw": _adamw, "prefetch_view": _prefetch_view,
-    "gather_view": _gather_view,
+    "tie_sum": _tie_sum, "adamw": _adamw, "redo_update": _redo_update,
+    "prefetch_view": _prefetch_view, "gather_view": _gather_view,
 }
+
+
+def skips(st: RankState, call) -> bool:
+    """A rollback-only call on a committed step: a no-op that must not even wait for the
+    collectives in flight on its buffers (the views' all-gathers)."""
+    return not st.rolled_back and rollback_only(call)
 
 
 def run_call(transport: Transport, st: RankState, call) -> None:

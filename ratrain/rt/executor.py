@@ -21,7 +21,7 @@ from ratrain.passes.insert_gathers import gather_plan
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.passes.lower import note_layer
 from ratrain.rt import comm
-from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds
+from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds, skips
 
 KERNEL_STATUS = {-1: "bad arguments", -2: "scratch too small", -3: "ISA unavailable"}
 # the tasks a forward-only pass runs (NOTE [held-out loss])
@@ -240,6 +240,8 @@ class RankExecutor:
         for i, step in enumerate(row.steps):
             if isinstance(step, _Native):
                 self._run_native(row.task, step)
+            elif skips(self.state, step):  # NOTE [commit rule]: no wait for its buffers
+                pass
             else:
                 self.position = (row.task, step)
                 self._clear_hazards(step, self._ranges(step.inputs + step.outputs))

@@ -10,7 +10,8 @@ import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# runtime.pkl and code/ hold the program (3: TIE tasks, RoPE tables; 4: ZeRO-3 gathers)
+# runtime.pkl and code/ hold the program (3: TIE tasks, RoPE tables; 4: ZeRO-3 gathers,
+# and the commit rule's speculative adamw, redo_update and undo.L)
 FORMAT = "ratrain-program/4"
 
 

@@ -17,7 +17,7 @@ from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, counterpart
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
-from ratrain.passes.lower import RECOMPUTE_TAG, Slot, note_layer
+from ratrain.passes.lower import RECOMPUTE_TAG, Slot, note_layer, rollback_only
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.kernels import fitted_seconds, graph_seconds, op_costs
 from ratrain.sim.residency import cold_fractions
@@ -154,6 +154,8 @@ class ProfileCosts:
         for i, call in enumerate(self._calls[task.stage][task]):
             for sync in early.get(i, ()):  # NOTE [sync issue point]: before call i
                 yield from self._task_steps(sync)
+            if rollback_only(call):  # the simulated step commits: NOTE [commit rule]
+                continue
             hazards = {s.buffer for s in _slots(call.inputs) + list(call.outputs)} & self._async
             if hazards - touched:
                 yield Touch(tuple(sorted(hazards - touched)))
@@ -274,15 +276,23 @@ def _grad_scatter(c: ProfileCosts, task, call) -> list[Step]:
                           f"reduce_scatter {call.note} mb{task.micro_batch}")]
 
 
+def _owned_bytes(c: ProfileCosts, grads) -> float:
+    """Bytes of the gradient part this rank counts in the norm: its shard under ZeRO-2,
+    1/dp of a full gradient otherwise."""
+    return sum(slot_bytes(s) if s.buffer.startswith("gshard") else slot_bytes(s) / c.options.dp
+               for s in grads)
+
+
 def _global_norm(c: ProfileCosts, task, call) -> list[Step]:
-    """Sum of squares of the gradient part this rank owns (its shard under ZeRO-2, 1/dp
-    of a full gradient otherwise), an overflow check and in-place unscaling in fp16,
-    then the world-wide scalar sum."""
-    owned = sum(slot_bytes(s) if s.buffer.startswith("gshard") else slot_bytes(s) / c.options.dp
-                for s in call.inputs)
+    """Sum of squares of the gradient part this rank owns, an overflow check and in-place
+    unscaling in fp16, then the world-wide scalar sum. Under the commit rule the UPDs took
+    the shares already: only the world sum is left (NOTE [commit rule])."""
+    if "layers" in dict(call.params):
+        return [WorldSum(c.world_sum_seconds())]
     unscale = 2 * sum(slot_bytes(s) for s in call.outputs)
     checks = 2 if call.outputs else 1
-    return [Compute((checks * owned + unscale) / c.ddr), WorldSum(c.world_sum_seconds())]
+    return [Compute((checks * _owned_bytes(c, call.inputs) + unscale) / c.ddr),
+            WorldSum(c.world_sum_seconds())]
 
 
 def _tie_sum(c: ProfileCosts, task, call) -> list[Step]:
@@ -301,14 +311,26 @@ def _tie_sum(c: ProfileCosts, task, call) -> list[Step]:
 
 
 def _adamw(c: ProfileCosts, task, call) -> list[Step]:
-    return [Compute(c.memory_seconds("adamw",
-                                     UPDATE_BYTES_PER_PARAM * slot_elements(call.outputs[0])))]
+    """AdamW; a speculative one (NOTE [commit rule]) also reads its gradient share for the
+    norm (twice in fp16: finite check, then squares, and unscales it in place) and copies
+    master, m and v into undo.L."""
+    update = c.memory_seconds("adamw", UPDATE_BYTES_PER_PARAM * slot_elements(call.outputs[0]))
+    params = dict(call.params)
+    if not params.get("speculative"):
+        return [Compute(update)]
+    grad = call.inputs[0]
+    scaled = bool(params.get("loss_scale"))
+    share = (2 if scaled else 1) * _owned_bytes(c, (grad,)) + (2 * slot_bytes(grad) if scaled else 0)
+    undo = 2 * sum(slot_bytes(s) for s in call.outputs[3:])
+    return [Compute(update + (share + undo) / c.ddr)]
 
 
 def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
     """Cast the fp32 master to the view's dtype; under ZeRO the runtime casts its master
     shard, all-gathers the cast shards and copies them into the view when the gather is
-    waited for."""
+    waited for. A `redo` one (rollback only) costs nothing: NOTE [commit rule]."""
+    if dict(call.params).get("redo"):
+        return []
     master = call.inputs[0]
     view = sum(slot_bytes(s) for s in call.outputs)
     if not dict(call.params)["gather"]:
@@ -351,6 +373,7 @@ _RUNTIME_CALLS = {
     "global_norm": _global_norm,
     "tie_sum": _tie_sum,
     "adamw": _adamw,
+    "redo_update": lambda c, task, call: [],  # the simulated step commits: NOTE [commit rule]
     "prefetch_view": _prefetch_view,
     "gather_view": _gather_view,
 }

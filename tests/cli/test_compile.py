@@ -260,3 +260,24 @@ def test_failed_write_leaves_no_directory(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         compile_to(tmp_path / "prog")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_update_rule_flag_reaches_the_options(tmp_path, capsys):
+    """--update-rule (NOTE [commit rule]): commit by default, after-norm on request; the
+    lowered program of an fp16 run shows which."""
+    for rule in ("commit", "after-norm"):
+        out = tmp_path / rule
+        flags = ("--precision", "fp16") + (("--update-rule", rule) if rule != "commit" else ())
+        assert compile_to(out, *flags) == 0
+        assert manifest_of(out)["options"]["update_rule"] == rule
+    with pytest.raises(SystemExit) as exit_:
+        main(["compile", *TINY, "--update-rule", "later", "-o", str(tmp_path / "x")])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'later'" in capsys.readouterr().err
+
+
+def test_update_rule_help_says_what_it_does(capsys):
+    with pytest.raises(SystemExit):
+        main(["compile", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--update-rule {commit,after-norm}" in text and "rolls it back" in text

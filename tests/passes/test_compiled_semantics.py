@@ -88,10 +88,10 @@ def reference(dp: int, m: int, clip, model: str = "llama"):
 
 
 def compile_program(pp, dp, m, schedule, zero, recompute, clip=None, grad_accum="local",
-                    model="llama"):
+                    model="llama", update_rule="commit"):
     options = CompileOptions(pp=pp, dp=dp, micro_batches=m, micro_batch_size=B, seq_len=T,
                              schedule=schedule, zero=zero, recompute=recompute, clip=clip,
-                             grad_accum=grad_accum)
+                             grad_accum=grad_accum, update_rule=update_rule)
     program = Program(graph(model), options)
     if recompute == "auto":
         program = replace(program, options=replace(options, budget=auto_budget(program)))

@@ -30,11 +30,12 @@ HUGE = 2.0 ** 24
 
 
 @lru_cache(maxsize=None)
-def compile_program(precision, pp=2, dp=1, m=2, zero=0, clip=None):
+def compile_program(precision, pp=2, dp=1, m=2, zero=0, clip=None, update_rule="commit"):
     graph = trace_model(CONFIG, micro_batch_size=B, seq_len=T,
                         dtype="float16" if precision == "fp16" else "float32")
     options = CompileOptions(pp=pp, dp=dp, micro_batches=m, micro_batch_size=B, seq_len=T,
-                             precision=precision, zero=zero, clip=clip, recompute="none")
+                             precision=precision, zero=zero, clip=clip, recompute="none",
+                             update_rule=update_rule)
     return run_pipeline(Program(graph, options))[0]
 
 
@@ -67,7 +68,7 @@ def run_steps(ex: Executor, tokens, steps: int) -> list[tuple[float, bool]]:
 
 
 def test_fp16_lowering_scales_the_seed_and_unscales_in_place():
-    text = format_lowered(compile_program("fp16"), 1)
+    text = format_lowered(compile_program("fp16", update_rule="after-norm"), 1)
     assert "= fill[loss_scale=True value=0.5]    # loss cotangent" in text
     norm = next(line for line in text.splitlines() if "global_norm" in line)
     written, read = norm.split("#")[0].split(" = global_norm[clip=None loss_scale=True] ")

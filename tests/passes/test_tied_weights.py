@@ -20,9 +20,10 @@ EMBED = "model.embed_tokens.weight"
 HEAD = len(models.layer_specs(TIED)) - 1      # the head layer's index
 
 
-def compiled(pp, dp, zero=0, schedule="ratrain", clip=None, recompute="none", m=3):
+def compiled(pp, dp, zero=0, schedule="ratrain", clip=None, recompute="none", m=3,
+             update_rule="commit"):
     return semantics.compile_program(pp, dp, m, schedule, zero, recompute, clip=clip,
-                                     model="tied")
+                                     model="tied", update_rule=update_rule)
 
 
 def assert_matches_reference(program, dp, clip=None):
@@ -92,12 +93,17 @@ def test_pp1_sums_both_copies_on_one_stage():
 
 
 def test_with_a_norm_the_tie_comes_right_before_it():
-    program = compiled(2, 2, clip=0.05)
-    for stage in (0, 1):
-        words = [str(t) for t in program.tasks[stage] if t.kind != "FREE"]
-        norm = words.index(f"{stage}NORM")
-        layer = 0 if stage == 0 else HEAD
-        assert words[norm - 2:norm] == [f"{stage}TIE[L{layer}]", f"{stage}SYNC[L{layer}]"]
+    """After-norm: TIE and the tied SYNC right before the NORM; under the commit rule the
+    tied UPD and PREF follow them, and the NORM ends the step (NOTE [commit rule])."""
+    for rule, tail in (("after-norm", ["TIE", "SYNC"]), ("commit", ["TIE", "SYNC", "UPD", "PREF"])):
+        program = compiled(2, 2, clip=0.05, update_rule=rule)
+        for stage in (0, 1):
+            words = [str(t) for t in program.tasks[stage] if t.kind != "FREE"]
+            norm = words.index(f"{stage}NORM")
+            layer = 0 if stage == 0 else HEAD
+            expected = [f"{stage}{kind}[L{layer}]" for kind in tail]
+            assert words[norm - len(tail):norm] == expected, (rule, words)
+            assert (rule == "commit") == (norm == len(words) - 1)
 
 
 def test_the_head_copy_is_counted_in_the_last_stage_memory():
