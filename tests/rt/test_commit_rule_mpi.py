@@ -56,7 +56,8 @@ CASES = {  # name -> (pp, dp, compile flags, run flags)
 
 
 @pytest.mark.parametrize("name", [
-    "clip-pp2", "fp16-zero2", pytest.param("fp16-clip-pp2-dp2", marks=pytest.mark.slow)])
+    "clip-pp2", pytest.param("fp16-zero2", marks=pytest.mark.slow),
+    pytest.param("fp16-clip-pp2-dp2", marks=pytest.mark.slow)])
 def test_commit_and_after_norm_train_bit_identically(workdir, name):
     pp, dp, flags, run_flags = CASES[name]
     runs = {rule: train(workdir, compile_rule(workdir, name, rule, pp, dp, *flags), pp * dp,
