@@ -17,6 +17,9 @@ CONFIG = models.fill_defaults({
     "model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1})
+SEED = 3
+OPTIMIZER = AdamW(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-6, weight_decay=0.1)
+HYPER = ["--lr", "0.01", "--eps", "1e-6", "--weight-decay", "0.1", "--seed", str(SEED)]
 
 
 def reference(config: dict, seed: int, rows: np.ndarray, global_batch: int, steps: int,
@@ -60,6 +63,14 @@ def write_workdir(root, config: dict, rows: int, seq_len: int):
     """`root` holding config.json and tokens.npy (progression rows) for a training test."""
     (root / "config.json").write_text(json.dumps(config))
     np.save(root / "tokens.npy", progression_rows(rows, seq_len, config["vocab_size"]))
+    return root
+
+
+def random_workdir(root, seq_len: int):
+    """`root` holding CONFIG's config.json and 40 random token rows of seq_len + 1."""
+    (root / "config.json").write_text(json.dumps(CONFIG))
+    rows = np.random.default_rng(0).integers(0, CONFIG["vocab_size"], (40, seq_len + 1))
+    np.save(root / "tokens.npy", rows)
     return root
 
 

@@ -2,30 +2,23 @@
 lifecycle]) trains the tiny model in fp32 under mpiexec with the single-process JAX
 reference's losses and weights, and with exactly the losses of the same layout under
 --zero 2 (the same sums in the same order: only where the views live differs)."""
-import json
 
 import numpy as np
 import pytest
 
 from ratrain import models
 from ratrain.cli import main as ratrain_main
-from ratrain.optim import AdamW
-from rt_reference import CONFIG, mpirun, read_metrics, reference
+from rt_reference import (CONFIG, HYPER, OPTIMIZER, SEED, mpirun, random_workdir,
+                          read_metrics, reference)
 
 pytestmark = pytest.mark.mpi
 
-T, M, B, STEPS, SEED = 16, 2, 2, 4, 3
-OPTIMIZER = AdamW(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-6, weight_decay=0.1)
-HYPER = ["--lr", "0.01", "--eps", "1e-6", "--weight-decay", "0.1", "--seed", str(SEED)]
+T, M, B, STEPS = 16, 2, 2, 4
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("zero3")
-    (root / "config.json").write_text(json.dumps(CONFIG))
-    rows = np.random.default_rng(0).integers(0, CONFIG["vocab_size"], (40, T + 1))
-    np.save(root / "tokens.npy", rows)
-    return root
+    return random_workdir(tmp_path_factory.mktemp("zero3"), T)
 
 
 RUNS: dict = {}
