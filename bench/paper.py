@@ -23,13 +23,14 @@ from pathlib import Path
 
 from ratrain.cli_compile import format_budget, load_hw, load_model, parse_size
 from ratrain.ir.tasks import Kind
-from ratrain.passes.buffers import persistent_buffers
+from ratrain.passes.buffers import persistent_buffers, recovers_in_backward
 from ratrain.passes.partition_stages import PartitionError, partition_stages
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
 from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory
 from ratrain.passes.program import Program
 from ratrain.planner import Candidate, Planner, Search
 from ratrain.planner.compare import compare_strategies, config_text
+from ratrain.planner.estimate import Estimator
 from ratrain.planner.screen import compile_reason
 from ratrain.planner.search import recompute_note
 from ratrain.sim import Simulation, replay, simulate
@@ -322,7 +323,9 @@ def strategies(runs: Runs, model: str, clusters: int) -> list[Outcome]:
 # the most compute): F, B and REC compute, the other compute (gradient accumulation,
 # SYNC/UPD/PREF work on the stream), the idle time up to its last B (pipeline bubble
 # and waits for messages or collectives), and the tail after the pipeline's last B
-# (exposed sync, norm, update and prefetch). The columns add up to the step.
+# (exposed sync, norm, update and prefetch). The columns add up to the step. Recompute
+# at backward time runs inside B tasks; its share is moved from B to REC by the
+# planner's per-layer recompute seconds (the simulator's roofline of the same nodes).
 BREAKDOWN = ("F", "B", "REC", "other", "idle", "tail")
 
 
@@ -334,12 +337,23 @@ def breakdown(sim: Simulation) -> dict[str, float]:
     out = dict.fromkeys(BREAKDOWN, 0.0)
     for interval in r.intervals[rank]:
         if interval.lane == "compute":
-            kind = kinds[interval.label]
+            kind = kinds.get(interval.label.split(" ")[0])  # "3B0 (finish)": 3B0
             out[kind if kind in (Kind.F, Kind.B, Kind.REC) else "other"] += \
                 interval.end - interval.start
+    in_backward = backward_recompute(sim.program, sim.stage_of(rank), sim.profile)
+    out["B"] -= in_backward
+    out["REC"] += in_backward
     out["tail"] = sim.exposed_tail
     out["idle"] = sim.step_time - sum(out.values())
     return out
+
+
+def backward_recompute(program, stage: int, profile: dict) -> float:
+    """Seconds of the stage's recompute that runs inside its B tasks."""
+    estimator = Estimator(profile)
+    return sum(estimator.times(program, layer).recompute[mode]
+               for (layer, m), mode in program.recompute.items()
+               if layer in program.stages[stage] and recovers_in_backward(program, stage, m))
 
 
 def comparison(runs: Runs, clusters: int) -> list[str]:
