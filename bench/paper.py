@@ -29,6 +29,7 @@ from ratrain.passes.pipeline import PIPELINE, run_pipeline
 from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory
 from ratrain.passes.program import Program
 from ratrain.planner import Candidate, Planner, Search
+from ratrain.planner.candidates import layouts
 from ratrain.planner.compare import compare_strategies, config_text
 from ratrain.planner.estimate import Estimator
 from ratrain.planner.screen import compile_reason
@@ -241,6 +242,26 @@ def zero3_outcome(runs: Runs, model: str, c: Candidate) -> Outcome:
 
 # ---- the four parts ---------------------------------------------------------------------------
 
+# NOTE [1F1B bound]: no schedule of a layout beats (M + pp - 1) x T / pp per step, T the
+# forward and backward seconds of one sequence through every layer (mbs 1, M = G / dp
+# micro-batches): perfectly balanced stages, no recompute, communication, update or
+# tail. With pp x dp = N and dp dividing G = 4096, 768 = 3 x 256 clusters force pp >= 3,
+# so its best layout keeps a bubble of at least (pp - 1) / (M + pp - 1) = 2/18, while 512
+# and 1024 run pp 1 (no bubble) and 256 pp 4 with M = 64 (3/67).
+def bound_1f1b(runs: Runs, model: str, clusters: int) -> tuple[float, int]:
+    """(tokens/s, pp) of the best layout's NOTE [1F1B bound]."""
+    planner = runs.planner(model)
+    s = planner.search
+    c = Candidate(1, 1, 0, 1, 1, "none", "ratrain")
+    program = Program(planner.graphs.get(1), c.options(s))
+    seconds = sum(planner.estimator.times(program, l).forward +
+                  planner.estimator.times(program, l).backward
+                  for l in range(program.num_layers))
+    step = lambda pp, dp: (s.global_batch // dp + pp - 1) * seconds / pp
+    return max((s.global_batch * s.seq_len / step(pp, dp), pp)
+               for pp, dp in layouts(clusters, s.global_batch, s.num_layers))
+
+
 def scaling(runs: Runs) -> list[str]:
     rows = []
     for clusters in SCALING:
@@ -252,7 +273,7 @@ def scaling(runs: Runs) -> list[str]:
              f"= tokens/s per cluster against {base_clusters} clusters",
              f"{'clusters':>8}  {'configuration':<36} {'step s':>8} {'tokens/s':>10} "
              f"{'paper':>10} {'ours/paper':>10} {'/cluster':>8} {'efficiency':>10} "
-             f"{'bubble':>7} {'tail s':>7}"]
+             f"{'bubble':>7} {'tail s':>7} {'1F1B bound':>14}"]
     for clusters, o in rows:
         efficiency = o.tokens_per_s / clusters / per_cluster
         paper = PAPER_TOKENS.get(clusters)
@@ -260,7 +281,8 @@ def scaling(runs: Runs) -> list[str]:
                      f"{o.tokens_per_s:>10,.0f} {f'{paper:,.0f}' if paper else '-':>10} "
                      f"{f'{o.tokens_per_s / paper:.3f}' if paper else '-':>10} "
                      f"{o.tokens_per_s / clusters:>8.1f} {efficiency:>10.1%} "
-                     f"{o.sim.bubble_fraction:>7.1%} {o.sim.exposed_tail:>7.3g}")
+                     f"{o.sim.bubble_fraction:>7.1%} {o.sim.exposed_tail:>7.3g} "
+                     f"{bound_text(runs, clusters):>14}")
     for clusters, o in rows:
         if clusters in PAPER_TOKENS:
             error = o.tokens_per_s / PAPER_TOKENS[clusters] - 1
@@ -271,7 +293,14 @@ def scaling(runs: Runs) -> list[str]:
     lines.append(f"lowest scaling efficiency against {base_clusters}: {worst[0]:.1%} at "
                  f"{worst[1]} clusters (paper {PAPER_EFFICIENCY:.1%} at 1024; target >= "
                  f"{PAPER_EFFICIENCY:.1%} at every point): {mark(worst[0] >= PAPER_EFFICIENCY)}")
+    lines.append("1F1B bound: tokens/s no schedule of the best layout can beat, and its pp "
+                 "(NOTE [1F1B bound] in bench/paper.py)")
     return lines
+
+
+def bound_text(runs: Runs, clusters: int) -> str:
+    tokens, pp = bound_1f1b(runs, "llama2-7b", clusters)
+    return f"{tokens:,.0f} pp {pp}"
 
 
 def planned(plan):
