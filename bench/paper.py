@@ -32,6 +32,7 @@ from ratrain.planner import Candidate, Planner, Search
 from ratrain.planner.candidates import layouts
 from ratrain.planner.compare import compare_strategies, config_text
 from ratrain.planner.estimate import Estimator
+from ratrain.planner.strategies import STRATEGIES
 from ratrain.planner.screen import compile_reason
 from ratrain.planner.search import recompute_note
 from ratrain.sim import Simulation, replay, simulate
@@ -131,13 +132,13 @@ class Runs:
 # - time: every F, REC and B task's first read of view.L waits for an all-gather of that
 #   layer's whole fp16 view over the DP group (the simulator's collective cost: ring/tree
 #   by the profile, on the rank's one port, shared with pipeline messages and gradient
-#   syncs); the gather of the next use is started when a use begins (one layer of
-#   prefetch, as ZeRO-3 prefetches by module order, across tasks too); no unpacking cost
-#   is charged; PREF only casts the rank's fp32 master shard to an fp16 shard (no gather);
+#   syncs), started `ahead` uses early (across tasks too): the zero3-heavy strategy's
+#   zero3_prefetch, 0 = at the use itself, so each gather is exposed; 1 would prefetch
+#   one layer by module order as DeepSpeed's ZeRO-3 does; no unpacking cost is charged; PREF only casts the rank's fp32 master shard to an fp16 shard (no gather);
 #   gradients move as the ZeRO-2 program moves them (reduce-scattered at the step end, or
 #   after every micro-batch where the compiler chose scatter accumulation);
-# - memory: each stage holds two layers' views (the one in use and the one being gathered)
-#   instead of all of them, so the program is compiled with the budget raised by
+# - memory: each stage holds two layers' views (the one in use and the one being gathered;
+#   conservative when gathering at use) instead of all of them, so the program is compiled with the budget raised by
 #   min over stages of (its views - its two largest layer views), letting auto recompute
 #   and the partition use what ZeRO-3 frees; every stage's arena minus its own saving
 #   must then be within 20 GB (checked; the raise shrinks and it recompiles otherwise).
@@ -145,8 +146,9 @@ class Runs:
 class PerUseGatherCosts(ProfileCosts):
     """ProfileCosts with ZeRO-3 per-use gathers instead of persistent views."""
 
-    def __init__(self, program, profile: dict):
+    def __init__(self, program, profile: dict, ahead: int):
         super().__init__(program, profile)
+        self.ahead = ahead              # gathers started this many uses early
         self.view_bytes = {b.name: b.nbytes for s in range(program.options.pp)
                            for b in persistent_buffers(program, s) if b.category == "views"}
         self.uses = {s: self._uses(s) for s in program.tasks}
@@ -187,18 +189,18 @@ class PerUseGatherCosts(ProfileCosts):
                 continue
             cursor["zero3", view] = True
             i = self.use_index[task.stage, task, view]
-            if i == 0:
-                steps.append(self._gather(task.stage, 0))
+            starting = range(self.ahead + 1) if i == 0 else [i + self.ahead]
+            steps += [self._gather(task.stage, j) for j in starting
+                      if j < len(self.uses[task.stage])]
             steps.append(Touch((f"zero3.use{i}",)))
-            if i + 1 < len(self.uses[task.stage]):
-                steps.append(self._gather(task.stage, i + 1))
         return steps + list(super()._call_steps(task, call, cursor))
 
 
 def simulate_per_use_gather(program, profile: dict) -> Simulation:
-    """simulate() of `program` with PerUseGatherCosts (NOTE [ZeRO-3 model])."""
+    """simulate() of `program` with PerUseGatherCosts (NOTE [ZeRO-3 model]), gathers
+    started as early as the zero3-heavy strategy starts them."""
     profile = rank_profile(profile, program.options.world_size)
-    costs = PerUseGatherCosts(program, profile)
+    costs = PerUseGatherCosts(program, profile, STRATEGIES["zero3-heavy"].zero3_prefetch)
     pipeline = {program.rank(stage, 0): tasks for stage, tasks in program.tasks.items()}
     return Simulation(program, profile,
                       replay(pipeline, costs, bandwidth=profile["link_bandwidth"]))
@@ -217,7 +219,7 @@ def view_savings(program) -> dict[int, int]:
 def zero3_outcome(runs: Runs, model: str, c: Candidate) -> Outcome:
     """The ZeRO-3 model of candidate `c` (baseline schedule, ZeRO-2 program underneath),
     for trees whose compiler has no ZeRO-3."""
-    label = f"zero3-heavy [modelled], pp {c.pp}"
+    label = f"zero3-heavy [modelled, at use], pp {c.pp}"
     progress(f"{model}: modelling ZeRO-3 on {c}")
     planner = runs.planner(model, "baseline")
     unlimited = replace(c.options(planner.search), budget=None)
@@ -424,8 +426,8 @@ def verdict_lines(ours: Outcome, others: list[Outcome]) -> list[str]:
 ZERO3_MODEL = [
     "on the compiled ZeRO-2 baseline program: every F, REC and B all-gathers each layer's fp16",
     "parameters over the DP group (profile's collective cost, same port as pipeline messages",
-    "and gradient syncs) before its first use in the task, the next use's gather starting when",
-    "a use begins (one layer of prefetch); PREF only casts the shard; memory holds two layers'",
+    "and gradient syncs) at its first use in the task, as zero3-heavy does (zero3_prefetch",
+    "0: no gather ahead); PREF only casts the shard; memory holds two layers'",
     "views instead of all (budget raised by the freed views, each stage rechecked <= 20 GB);",
     "tried at the tuned strategy's layout and at each halving of its pipeline degree."]
 
