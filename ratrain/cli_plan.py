@@ -195,24 +195,31 @@ def strategy_lines(bests) -> list[str]:
     return lines
 
 
+def plan_everything(planner, args):
+    """--schedule all: (the plan of both schedules' rows, every strategy's best). The
+    ratrain and tuned strategies' plans hold every candidate of the two schedules; with
+    --min-clusters the smallest count is found first and the strategies compared there."""
+    from ratrain.planner.compare import compare_strategies, merged_plan
+    if args.min_clusters:
+        plan = run_plan(planner.search, args.clusters, True, planner=planner)
+        return plan, compare_strategies(planner, plan.clusters)
+    bests = compare_strategies(planner, args.clusters)
+    return merged_plan(bests), bests
+
+
 def cmd_plan(args) -> None:
     from ratrain.planner import Planner
     _check_search_flags(args)
-    everything = args.schedule == "all"
-    schedules = SCHEDULES if everything else \
-        (args.schedule,) if args.schedule in SCHEDULES else ()
-    strategy = None if everything or args.schedule in SCHEDULES else args.schedule
-    planner = Planner(search_for(args, schedules or (STRATEGIES[strategy].schedule,)))
-    bests = None
-    if everything and not args.min_clusters:  # the two schedules' plans hold every row
-        from ratrain.planner.compare import compare_strategies, merged_plan
-        bests = compare_strategies(planner, args.clusters)
-        plan = merged_plan(bests)
+    name = args.schedule
+    strategy = None if name in SCHEDULES + ("all",) else name
+    schedules = SCHEDULES if name == "all" else \
+        (STRATEGIES[strategy].schedule,) if strategy else (name,)
+    planner = Planner(search_for(args, schedules))
+    if name == "all":
+        plan, bests = plan_everything(planner, args)
     else:
-        plan = run_plan(planner.search, args.clusters, args.min_clusters, strategy, planner)
-    if everything and bests is None:
-        from ratrain.planner.compare import compare_strategies
-        bests = compare_strategies(planner, plan.clusters)
+        plan, bests = run_plan(planner.search, args.clusters, args.min_clusters, strategy,
+                               planner), None
     if args.json:
         print(json.dumps(plan_json(plan, args.top, args.min_clusters, bests), indent=1))
     else:
