@@ -125,23 +125,26 @@ class Runs:
 
 # ---- (b): ZeRO-3 per-use parameter gathering, modelled ---------------------------------------
 
-# NOTE [ZeRO-3 model]: the compiler has ZeRO stages 0-2 only: views W[l] are persistent and
-# built once per step by PREF. ZeRO-3 keeps no views and all-gathers W[l] before every use.
-# It is modelled on a compiled ZeRO-2 *baseline* program (step-end sync and update, REC
-# right before B) by re-costing it, not by changing the program:
+# NOTE [ZeRO-3 model]: used only where the compiler has no ZeRO-3 (zero3-heavy skipped):
+# views W[l] are then persistent and built once per step by PREF, while ZeRO-3 keeps no
+# views and all-gathers W[l] before every use. It is modelled on a compiled ZeRO-2
+# *baseline* program (step-end sync and update, REC right before B) by re-costing it,
+# not by changing the program:
 # - time: every F, REC and B task's first read of view.L waits for an all-gather of that
 #   layer's whole fp16 view over the DP group (the simulator's collective cost: ring/tree
 #   by the profile, on the rank's one port, shared with pipeline messages and gradient
 #   syncs), started `ahead` uses early (across tasks too): the zero3-heavy strategy's
-#   zero3_prefetch, 0 = at the use itself, so each gather is exposed; 1 would prefetch
-#   one layer by module order as DeepSpeed's ZeRO-3 does; no unpacking cost is charged; PREF only casts the rank's fp32 master shard to an fp16 shard (no gather);
-#   gradients move as the ZeRO-2 program moves them (reduce-scattered at the step end, or
-#   after every micro-batch where the compiler chose scatter accumulation);
-# - memory: each stage holds two layers' views (the one in use and the one being gathered;
-#   conservative when gathering at use) instead of all of them, so the program is compiled with the budget raised by
-#   min over stages of (its views - its two largest layer views), letting auto recompute
-#   and the partition use what ZeRO-3 frees; every stage's arena minus its own saving
-#   must then be within 20 GB (checked; the raise shrinks and it recompiles otherwise).
+#   zero3_prefetch, 0 = at the use itself, so each gather is exposed (1 would prefetch
+#   one layer by module order, as DeepSpeed's ZeRO-3 does); no unpacking cost is
+#   charged; PREF only casts the rank's fp32 master shard to an fp16 shard (no gather);
+#   gradients move as the ZeRO-2 program moves them (reduce-scattered at the step end,
+#   or after every micro-batch where the compiler chose scatter accumulation);
+# - memory: each stage holds two layers' views (the one in use and the one being
+#   gathered; conservative when gathering at use) instead of all of them, so the
+#   program is compiled with the budget raised by min over stages of (its views - its
+#   two largest layer views), letting auto recompute and the partition use what ZeRO-3
+#   frees; every stage's arena minus its own saving must then be within 20 GB (checked;
+#   the raise shrinks and it recompiles otherwise).
 
 class PerUseGatherCosts(ProfileCosts):
     """ProfileCosts with ZeRO-3 per-use gathers instead of persistent views."""

@@ -64,7 +64,8 @@ def merged_plan(bests: tuple[StrategyBest, ...], names=("ratrain", "tuned")) -> 
     simulated by step time, then by estimate, then the infeasible ones."""
     plans = [b.plan for b in bests if b.strategy in names]
     rows = [r for p in plans for r in p.rows]
-    order = lambda r: (0, r.step_time_s) if r.simulated else (1, 0.0) if r.feasible else (2, r.peak_bytes)
+    order = lambda r: ((0, r.step_time_s) if r.simulated else (1, 0.0) if r.feasible
+                       else (2, r.peak_bytes))
     rows = sorted(rows, key=order)  # stable: each plan's own order within a group
     notes = {c: n for p in plans for c, n in p.notes.items()}
     best = rows[0] if rows and rows[0].simulated else None
