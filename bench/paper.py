@@ -222,7 +222,7 @@ def view_savings(program) -> dict[int, int]:
 def zero3_outcome(runs: Runs, model: str, c: Candidate) -> Outcome:
     """The ZeRO-3 model of candidate `c` (baseline schedule, ZeRO-2 program underneath),
     for trees whose compiler has no ZeRO-3."""
-    label = f"zero3-heavy [modelled, at use], pp {c.pp}"
+    label = "zero3-heavy [modelled]"
     progress(f"{model}: modelling ZeRO-3 on {c}")
     planner = runs.planner(model, "baseline")
     unlimited = replace(c.options(planner.search), budget=None)
