@@ -3,14 +3,19 @@
 plan runs the planner (ratrain/planner) and prints the candidates ranked by simulated
 step time, the ones only estimated, and why the infeasible ones do not fit; --json gives
 every row as a record. --min-clusters finds the smallest cluster count that fits first.
-compile --plan takes the best row's options and compiles them.
+--schedule STRATEGY plans one strategy of planner/strategies.py; --schedule all adds
+every strategy's best in one table. compile --plan takes the best row's options.
 """
 from __future__ import annotations
 
 import json
 
 from ratrain.passes.options import SCHEDULES
+from ratrain.planner.strategies import STRATEGIES
 from ratrain.units import format_bytes
+
+# --schedule: a compiler schedule (all its candidates), a strategy, or everything
+SCHEDULE_CHOICES = SCHEDULES + tuple(n for n in STRATEGIES if n not in SCHEDULES) + ("all",)
 
 DEFAULT_SEQ_LEN = 2048
 DEFAULT_SIMULATE = 3
@@ -47,10 +52,14 @@ def search_for(args, schedules: tuple[str, ...]):
                   args.simulate or DEFAULT_SIMULATE)
 
 
-def run_plan(search, clusters: int | None, smallest: bool):
-    """The plan at `clusters`, or (smallest) at the least count up to `clusters` that fits."""
+def run_plan(search, clusters: int | None, smallest: bool, strategy: str | None = None,
+             planner=None):
+    """The plan at `clusters`, or (smallest) at the least count up to `clusters` that fits;
+    of one strategy (by name) if given."""
     from ratrain.planner import Planner
-    planner = Planner(search)
+    planner = planner or Planner(search)
+    if strategy is not None:
+        return _strategy_plan(planner, clusters, strategy, smallest)
     if not smallest:
         return planner.plan(clusters)
     limit = clusters or search.global_batch * search.num_layers
@@ -62,6 +71,14 @@ def run_plan(search, clusters: int | None, smallest: bool):
     return plan
 
 
+def _strategy_plan(planner, clusters: int | None, name: str, smallest: bool):
+    from ratrain.planner.compare import strategy_plan
+    if smallest:
+        raise _user_error(f"--min-clusters searches every candidate: give --schedule "
+                          f"ratrain, baseline or all with it, not {name}")
+    return strategy_plan(planner, clusters, name)
+
+
 def _check_search_flags(args) -> None:
     if args.clusters is None and not args.min_clusters:
         raise _user_error("give --clusters N, or --min-clusters to find the smallest count")
@@ -71,13 +88,17 @@ def _check_search_flags(args) -> None:
 
 # ---- output -------------------------------------------------------------------------------
 
-def plan_json(plan, top: int, smallest: bool) -> dict:
-    """The --json record: the search, then every row (feasible rows: the best `top`)."""
+def plan_json(plan, top: int, smallest: bool, strategies=None) -> dict:
+    """The --json record: the search, every strategy's best (--schedule all), then every
+    row (feasible rows: the best `top`)."""
     feasible = [r for r in plan.rows if r.feasible][:top]
     record = {"model": plan.model, "clusters": plan.clusters, "global_batch": plan.global_batch,
-              "seq_len": plan.seq_len, "hw": plan.hw, "budget": plan.budget}
+              "seq_len": plan.seq_len, "hw": plan.hw, "budget": plan.budget,
+              "strategy": plan.strategy}
     if smallest:
         record["smallest_clusters"] = plan.clusters
+    if strategies is not None:
+        record["strategies"] = [s.to_json() for s in strategies]
     return record | {"rows": [r.to_json() for r in feasible + [r for r in plan.rows
                                                                if not r.feasible]]}
 
@@ -107,7 +128,8 @@ def format_plan(plan, top: int, smallest: bool) -> str:
              + (", the others estimated" if len(feasible) > simulated + checked else "")]
     if smallest:
         lines.insert(0, f"smallest cluster count that fits: {plan.clusters}")
-    shown = [r for r in feasible if r.recompute == "auto" or r.candidate in plan.notes]
+    policy = STRATEGIES[plan.strategy].simulated_policy if plan.strategy else "auto"
+    shown = [r for r in feasible if r.recompute == policy or r.candidate in plan.notes]
     if feasible:
         lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'zero':>4} {'mbs':>4} {'M':>5} "
                      f"{'recompute':<9} {'schedule':<8} {'peak':>10} {'step s':>9} "
@@ -151,14 +173,55 @@ def _best_lines(plan) -> list[str]:
             f"  {plan.notes[best.candidate]}"]
 
 
+def strategy_lines(bests) -> list[str]:
+    """The --schedule all table: each strategy's best, and ratrain's over it."""
+    from ratrain.planner.compare import config_text
+    lines = ["strategies, each at its best configuration (compiled and simulated; "
+             "ratrain/x: ratrain's tokens/s over x's):",
+             f"  {'strategy':<22} {'configuration':<36} {'peak':>10} {'step s':>9} "
+             f"{'tokens/s':>11} {'ratrain/x':>9}"]
+    for b in bests:
+        if b.row is None:
+            lines.append(f"  {b.strategy:<22} {b.note}")
+            continue
+        r, ratio = b.row, "-" if b.speedup is None else f"{b.speedup:.3f}x"
+        lines.append(f"  {b.strategy:<22} {config_text(r.candidate):<36} "
+                     f"{format_bytes(r.peak_bytes):>10} {r.step_time_s:>9.4g} "
+                     f"{r.tokens_per_s:>11,.0f} {ratio:>9}")
+    lines += [f"  {b.strategy}: {b.note}" for b in bests if b.row is not None]
+    return lines
+
+
+def plan_everything(planner, args):
+    """--schedule all: (the plan of both schedules' rows, every strategy's best). The
+    ratrain and tuned strategies' plans hold every candidate of the two schedules; with
+    --min-clusters the smallest count is found first and the strategies compared there."""
+    from ratrain.planner.compare import compare_strategies, merged_plan
+    if args.min_clusters:
+        plan = run_plan(planner.search, args.clusters, True, planner=planner)
+        return plan, compare_strategies(planner, plan.clusters)
+    bests = compare_strategies(planner, args.clusters)
+    return merged_plan(bests), bests
+
+
 def cmd_plan(args) -> None:
+    from ratrain.planner import Planner
     _check_search_flags(args)
-    schedules = SCHEDULES if args.schedule == "all" else (args.schedule,)
-    plan = run_plan(search_for(args, schedules), args.clusters, args.min_clusters)
-    if args.json:
-        print(json.dumps(plan_json(plan, args.top, args.min_clusters), indent=1))
+    name = args.schedule
+    strategy = None if name in SCHEDULES + ("all",) else name
+    schedules = SCHEDULES if name == "all" else \
+        (STRATEGIES[strategy].schedule,) if strategy else (name,)
+    planner = Planner(search_for(args, schedules))
+    if name == "all":
+        plan, bests = plan_everything(planner, args)
     else:
-        print(format_plan(plan, args.top, args.min_clusters))
+        plan, bests = run_plan(planner.search, args.clusters, args.min_clusters, strategy,
+                               planner), None
+    if args.json:
+        print(json.dumps(plan_json(plan, args.top, args.min_clusters, bests), indent=1))
+    else:
+        print(format_plan(plan, args.top, args.min_clusters)
+              + ("\n" + "\n".join(strategy_lines(bests)) if bests else ""))
 
 
 # ---- compile --plan --------------------------------------------------------------------------
@@ -235,12 +298,20 @@ def add_plan_parser(sub, model_help: str) -> None:
                    "memory per rank, e.g. 20GB (default: the profile's usable_memory)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="fp32 or fp16 (default: the profile's)")
-    p.add_argument("--schedule", choices=SCHEDULES + ("all",), default="ratrain",
-                   help="which schedules to search (default: ratrain)")
+    p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="ratrain",
+                   help="what to search: a schedule (ratrain: lifecycle scheduling; "
+                   "baseline: GPU-style 1F1B, sync and update at the step end) with every "
+                   "configuration, or one strategy: tuned (baseline, any configuration), "
+                   "backward-checkpointing (baseline, full recompute at backward time), "
+                   "keep-all (baseline, no recompute), zero3-heavy (baseline, ZeRO-3 "
+                   "gathering parameters at each use); all: both schedules, then every "
+                   "strategy's best in one table with ratrain's speedup over it (default: "
+                   "ratrain)")
     p.add_argument("--top", type=_positive, default=10, metavar="K",
                    help="show the K best rows that fit (default: 10)")
     p.add_argument("--json", action="store_true", help="print the search and its rows as "
                    "one JSON object (rows: pp, dp, zero, micro_batch_size, micro_batches, "
-                   "recompute, schedule, feasible, reason, peak_bytes, step_time_s, "
-                   "tokens_per_s)")
+                   "recompute, schedule, zero3_prefetch, feasible, reason, peak_bytes, "
+                   "step_time_s, tokens_per_s; with --schedule all, strategies: strategy, "
+                   "paper, best (a row or null), note, speedup)")
     p.set_defaults(func=cmd_plan)

@@ -27,18 +27,24 @@ class Candidate:
     micro_batches: int                  # micro-batches per step
     recompute: str                      # recompute policy
     schedule: str                       # "ratrain" or "baseline"
+    zero3_prefetch: int | None = None   # ZeRO-3 gathers issued ahead (0: at use); None:
+                                        # the compiler's default (strategies.py)
 
     def options(self, search) -> CompileOptions:
         """The CompileOptions of this candidate in `search` (search.Search)."""
+        extra = {} if self.zero3_prefetch is None else {"zero3_prefetch": self.zero3_prefetch}
         return CompileOptions(
             pp=self.pp, dp=self.dp, micro_batches=self.micro_batches,
             micro_batch_size=self.micro_batch_size, seq_len=search.seq_len,
             schedule=self.schedule, recompute=self.recompute, zero=self.zero,
-            budget=search.budget, hw=search.profile["name"], precision=search.precision)
+            budget=search.budget, hw=search.profile["name"], precision=search.precision,
+            **extra)
 
     def __str__(self) -> str:
         batches = "micro-batch" if self.micro_batches == 1 else "micro-batches"
-        return (f"pp {self.pp} x dp {self.dp}, zero {self.zero}, {self.micro_batches} "
+        ahead = self.zero3_prefetch
+        gather = "" if ahead is None else f" (gathers {f'{ahead} ahead' if ahead else 'at use'})"
+        return (f"pp {self.pp} x dp {self.dp}, zero {self.zero}{gather}, {self.micro_batches} "
                 f"{batches} of {self.micro_batch_size}, recompute {self.recompute}, "
                 f"{self.schedule} schedule")
 

@@ -18,6 +18,7 @@ from ratrain.planner.candidates import (Candidate, GraphCache, candidates, clust
                                         divisors)
 from ratrain.planner.estimate import Estimator
 from ratrain.planner.screen import Screen, compile_reason
+from ratrain.planner.strategies import Strategy
 
 # NOTE [simulation margin]: the estimate has been within about 10% of the simulator on
 # LLaMA-2 7B to 70B (it is exact for neither recompute placement nor port sharing), so
@@ -37,6 +38,7 @@ class Row:
     micro_batches: int
     recompute: str
     schedule: str
+    zero3_prefetch: int | None          # ZeRO-3 gathers ahead (0: at use); None: default
     feasible: bool                      # fits the budget (compiled, or estimated)
     reason: str | None                  # why not, or why it was not simulated
     peak_bytes: int                     # compiled peak, else estimated (a dominated
@@ -47,7 +49,8 @@ class Row:
     @property
     def candidate(self) -> Candidate:
         return Candidate(self.pp, self.dp, self.zero, self.micro_batch_size,
-                         self.micro_batches, self.recompute, self.schedule)
+                         self.micro_batches, self.recompute, self.schedule,
+                         self.zero3_prefetch)
 
     @property
     def simulated(self) -> bool:
@@ -69,6 +72,7 @@ class Plan:
     best: Row | None                    # the best compiled row that fits
     notes: dict = field(default_factory=dict)  # compiled candidate -> what auto chose
     seconds: float = 0.0                # wall time of the search
+    strategy: str | None = None         # the strategy searched (strategies.py), if one
 
 
 @dataclass(frozen=True)
@@ -108,32 +112,40 @@ class Planner:
         self.graphs = GraphCache(search.config, search.name, search.seq_len, search.precision)
         self.estimator = Estimator(search.profile)
         self.screen = Screen(self.estimator, self.graphs, search)
+        self._compiled: dict = {}       # (candidate, micro-batches, simulate) -> outcome
 
-    def candidates(self, clusters: int) -> list[Candidate]:
+    def candidates(self, clusters: int, strategy: Strategy | None = None) -> list[Candidate]:
+        """The search's candidates, or only those `strategy` allows (its schedule)."""
         s = self.search
-        return candidates(clusters, s.global_batch, s.num_layers, s.schedules)
+        if strategy is None:
+            return candidates(clusters, s.global_batch, s.num_layers, s.schedules)
+        return strategy.candidates(candidates(clusters, s.global_batch, s.num_layers,
+                                              (strategy.schedule,)))
 
     def may_fit(self, clusters: int) -> bool:
         """Does any candidate on `clusters` ranks pass the memory screen?"""
         return any(self._verdict(c).fits for c in self.candidates(clusters)
                    if c.recompute == "auto")
 
-    def plan(self, clusters: int, simulate: bool = True) -> Plan:
-        """Every candidate's row on `clusters` ranks. simulate=False only checks the
-        memory of the best candidate by estimate (NOTE [memory check])."""
+    def plan(self, clusters: int, simulate: bool = True,
+             strategy: Strategy | None = None) -> Plan:
+        """Every candidate's row on `clusters` ranks (of `strategy`, if given).
+        simulate=False only checks the memory of the best candidate by estimate (NOTE
+        [memory check])."""
         start, s = time.perf_counter(), self.search
-        judged = [(c, self._verdict(c)) for c in self.candidates(clusters)]
+        policy = strategy.simulated_policy if strategy else "auto"
+        judged = [(c, self._verdict(c)) for c in self.candidates(clusters, strategy)]
         estimates = {c: self.estimator.step_seconds(v.program, list(v.plans))
                      for c, v in judged if v.fits}
-        queue = sorted((c for c, v in judged if v.fits and c.recompute == "auto"),
+        queue = sorted((c for c, v in judged if v.fits and c.recompute == policy),
                        key=lambda c: (estimates[c], _order(c)))
         compiled, failed = (self._simulate(queue, dict(judged), estimates) if simulate
                             else self._check(queue))
-        rows = _rows(judged, estimates, compiled, failed)
+        rows = _rows(judged, estimates, compiled, failed, policy)
         best = rows[0] if rows and rows[0].candidate in compiled else None
         return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget, s.profile["name"],
                     rows, best, {c: r.note for c, r in compiled.items()},
-                    time.perf_counter() - start)
+                    time.perf_counter() - start, strategy.name if strategy else None)
 
     def smallest(self, limit: int) -> Plan | None:
         """The plan (memory checked, not simulated) at the smallest cluster count up to
@@ -151,7 +163,8 @@ class Planner:
         return self.screen.judge(c, sizes)
 
     def _simulate(self, queue, verdicts, estimates):
-        """Compile and simulate the best `auto` candidates by estimate (NOTE [simulation
+        """Compile and simulate the best candidates of `queue` (those of the simulated
+        policy: auto, unless a strategy fixes one) by estimate (NOTE [simulation
         margin]); other policies of a configuration never beat its auto, which
         recomputes the least that fits. Returns the compiled and the failed ones."""
         compiled, failed, best = {}, {}, float("inf")
@@ -187,8 +200,15 @@ class Planner:
         return {}, failed
 
     def _compile(self, c: Candidate, micro_batches: int, simulate: bool = True):
-        """Compiled (and simulated, or memory-checked), or why it does not fit. The
-        simulated step is extended from instances of a few micro-batches (NOTE
+        """Compiled (and simulated, or memory-checked), or why it does not fit; each
+        once per planner (strategies share candidates: ratrain, tuned)."""
+        key = (c, micro_batches, simulate)
+        if key not in self._compiled:
+            self._compiled[key] = self._compile_once(c, micro_batches, simulate)
+        return self._compiled[key]
+
+    def _compile_once(self, c: Candidate, micro_batches: int, simulate: bool):
+        """The simulated step is extended from instances of a few micro-batches (NOTE
         [periodic steps], sim/periodic.py)."""
         from ratrain.sim.periodic import simulate_periodic
         s = self.search
@@ -234,19 +254,21 @@ def _order(c: Candidate) -> tuple:
     return (c.pp, c.dp, -c.zero, c.micro_batch_size, c.recompute, c.schedule)
 
 
-def _rows(judged, estimates, compiled, failed) -> tuple[Row, ...]:
+def _rows(judged, estimates, compiled, failed, policy: str = "auto") -> tuple[Row, ...]:
     best = min((r.step_time_s for r in compiled.values() if r.step_time_s), default=None)
-    rows = [_row(c, v, estimates, compiled, failed, best) for c, v in judged]
+    rows = [_row(c, v, estimates, compiled, failed, best, policy) for c, v in judged]
     key = lambda r: ((0, r.step_time_s or 0.0) if r.candidate in compiled else
                      (1, estimates[r.candidate]) if r.feasible else (2, r.peak_bytes),
                      _order(r.candidate))
     return tuple(sorted(rows, key=key))
 
 
-def _row(c: Candidate, verdict, estimates, compiled, failed, best) -> Row:
+def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str) -> Row:
+    """The row of `c`; `policy` is the recompute policy whose candidates were compiled."""
     base = dict(pp=c.pp, dp=c.dp, zero=c.zero, micro_batch_size=c.micro_batch_size,
-                micro_batches=c.micro_batches, recompute=c.recompute, schedule=c.schedule)
-    auto = replace(c, recompute="auto")
+                micro_batches=c.micro_batches, recompute=c.recompute, schedule=c.schedule,
+                zero3_prefetch=c.zero3_prefetch)
+    auto = replace(c, recompute=policy)
     if c in compiled:
         r = compiled[c]
         reason = None if r.checked_with is None else (
@@ -259,16 +281,16 @@ def _row(c: Candidate, verdict, estimates, compiled, failed, best) -> Row:
                    step_time_s=None, tokens_per_s=None)
     if auto in failed:
         reason = failed[auto] if c == auto else \
-            f"needs more than with recompute auto, which does not fit: {failed[auto]}"
+            f"needs more than with recompute {policy}, which does not fit: {failed[auto]}"
         return Row(**base, feasible=False, reason=reason, peak_bytes=verdict.peak,
                    step_time_s=None, tokens_per_s=None)
-    return Row(**base, feasible=True, reason=_not_simulated(c, estimates, best),
+    return Row(**base, feasible=True, reason=_not_simulated(c, estimates, best, policy),
                peak_bytes=verdict.peak, step_time_s=None, tokens_per_s=None)
 
 
-def _not_simulated(c: Candidate, estimates, best) -> str:
+def _not_simulated(c: Candidate, estimates, best, policy: str) -> str:
     estimate = f"estimated step {estimates[c]:.4g} s"
-    if c.recompute != "auto":
+    if c.recompute != policy:
         return f"not simulated: recompute auto recomputes no more here ({estimate})"
     if best is not None and estimates[c] > best:
         return f"not simulated: {estimate}, slower than the best simulated {best:.4g} s"

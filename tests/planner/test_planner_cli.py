@@ -8,6 +8,7 @@ from ratrain.cli import main
 PLAN = ["plan", "tiny", "--clusters", "4", "--global-batch", "8", "--seq-len", "32",
         "--budget", "30MB"]
 ROW_KEYS = {"pp", "dp", "zero", "micro_batch_size", "micro_batches", "recompute", "schedule",
+            "zero3_prefetch",
             "feasible", "reason", "peak_bytes", "step_time_s", "tokens_per_s"}
 
 
@@ -91,7 +92,9 @@ def test_compile_plan_uses_the_best_row(record, tmp_path, capsys):
       "-o", "{tmp}/b"], "--plan chooses the configuration without --pp"),
     (["compile", "tiny", "--plan", "--clusters", "1", "--global-batch", "8",
       "--seq-len", "32", "--budget", "5MB", "-o", "{tmp}/c"],
-     "no configuration of tiny on 1 rank(s) fits --budget 4.77 MiB")])
+     "no configuration of tiny on 1 rank(s) fits --budget 4.77 MiB"),
+    (PLAN + ["--schedule", "keep-all", "--min-clusters"],
+     "--min-clusters searches every candidate: give --schedule ratrain, baseline or all")])
 def test_errors_are_one_line(argv, message, tmp_path, capsys):
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
@@ -104,3 +107,35 @@ def test_nothing_fits_is_said(capsys):
     out = capsys.readouterr().out
     assert "16 candidates" in out and ": 0 fit, 16 do not\n" in out
     assert "no candidate compiled within the budget" in out
+
+
+STRATEGY_KEYS = {"strategy", "paper", "best", "note", "speedup"}
+
+
+def test_schedule_all_lists_every_strategys_best(capsys):
+    record = run_json(PLAN + ["--schedule", "all"], capsys)
+    names = [s["strategy"] for s in record["strategies"]]
+    assert names == ["ratrain", "tuned", "backward-checkpointing", "keep-all", "zero3-heavy"]
+    assert all(set(s) == STRATEGY_KEYS for s in record["strategies"])
+    ours = record["strategies"][0]["best"]
+    for s in record["strategies"]:
+        if s["best"] is not None:
+            assert set(s["best"]) == ROW_KEYS and s["paper"]
+            assert s["speedup"] == pytest.approx(ours["tokens_per_s"] / s["best"]["tokens_per_s"])
+    # the rows are both schedules', the best of them first
+    assert {r["schedule"] for r in record["rows"]} == {"ratrain", "baseline"}
+    assert record["rows"][0]["step_time_s"] == min(
+        s["best"]["step_time_s"] for s in record["strategies"][:2])
+    main(PLAN + ["--schedule", "all"])
+    out = capsys.readouterr().out
+    table = out[out.index("\nstrategies, each at its best configuration"):]
+    bc = next(s for s in record["strategies"] if s["strategy"] == "backward-checkpointing")
+    assert f"\n  backward-checkpointing pp {bc['best']['pp']} x dp {bc['best']['dp']}, " in table
+    assert f"{bc['speedup']:.3f}x\n" in table
+
+
+def test_one_strategy_plans_only_its_candidates(capsys):
+    record = run_json(PLAN + ["--schedule", "backward-checkpointing"], capsys)
+    assert record["strategy"] == "backward-checkpointing"
+    assert {(r["schedule"], r["recompute"]) for r in record["rows"]} == {("baseline", "full")}
+    assert record["rows"][0]["step_time_s"] > 0
