@@ -176,16 +176,18 @@ def _best_lines(plan) -> list[str]:
 def strategy_lines(bests) -> list[str]:
     """The --schedule all table: each strategy's best, and ratrain's over it."""
     from ratrain.planner.compare import config_text
+    width = max([len("configuration")] + [len(config_text(b.row.candidate))
+                                          for b in bests if b.row is not None])
     lines = ["strategies, each at its best configuration (compiled and simulated; "
              "ratrain/x: ratrain's tokens/s over x's):",
-             f"  {'strategy':<22} {'configuration':<36} {'peak':>10} {'step s':>9} "
+             f"  {'strategy':<22} {'configuration':<{width}} {'peak':>10} {'step s':>9} "
              f"{'tokens/s':>11} {'ratrain/x':>9}"]
     for b in bests:
         if b.row is None:
             lines.append(f"  {b.strategy:<22} {b.note}")
             continue
         r, ratio = b.row, "-" if b.speedup is None else f"{b.speedup:.3f}x"
-        lines.append(f"  {b.strategy:<22} {config_text(r.candidate):<36} "
+        lines.append(f"  {b.strategy:<22} {config_text(r.candidate):<{width}} "
                      f"{format_bytes(r.peak_bytes):>10} {r.step_time_s:>9.4g} "
                      f"{r.tokens_per_s:>11,.0f} {ratio:>9}")
     lines += [f"  {b.strategy}: {b.note}" for b in bests if b.row is not None]
