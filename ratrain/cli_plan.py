@@ -313,7 +313,7 @@ def add_plan_parser(sub, model_help: str) -> None:
                    help="show the K best rows that fit (default: 10)")
     p.add_argument("--json", action="store_true", help="print the search and its rows as "
                    "one JSON object (rows: pp, dp, zero, micro_batch_size, micro_batches, "
-                   "recompute, schedule, zero3_prefetch, feasible, reason, peak_bytes, "
+                   "recompute, schedule, zero3_prefetch, update_rule, feasible, reason, peak_bytes, "
                    "step_time_s, tokens_per_s; with --schedule all, strategies: strategy, "
                    "paper, best (a row or null), note, speedup)")
     p.set_defaults(func=cmd_plan)

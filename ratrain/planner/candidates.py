@@ -29,10 +29,15 @@ class Candidate:
     schedule: str                       # "ratrain" or "baseline"
     zero3_prefetch: int | None = None   # ZeRO-3 gathers issued ahead (0: at use); None:
                                         # the compiler's default (strategies.py)
+    update_rule: str | None = None      # None: the compiler's default (commit where a NORM
+                                        # rules); "after-norm" where its undo copies do
+                                        # not fit (NOTE [update rule fallback], search.py)
 
     def options(self, search) -> CompileOptions:
         """The CompileOptions of this candidate in `search` (search.Search)."""
-        extra = {} if self.zero3_prefetch is None else {"zero3_prefetch": self.zero3_prefetch}
+        extra = {name: value for name, value in (("zero3_prefetch", self.zero3_prefetch),
+                                                 ("update_rule", self.update_rule))
+                 if value is not None}
         return CompileOptions(
             pp=self.pp, dp=self.dp, micro_batches=self.micro_batches,
             micro_batch_size=self.micro_batch_size, seq_len=search.seq_len,
@@ -44,9 +49,10 @@ class Candidate:
         batches = "micro-batch" if self.micro_batches == 1 else "micro-batches"
         ahead = self.zero3_prefetch
         gather = "" if ahead is None else f" (gathers {f'{ahead} ahead' if ahead else 'at use'})"
+        rule = "" if self.update_rule is None else f", {self.update_rule} updates"
         return (f"pp {self.pp} x dp {self.dp}, zero {self.zero}{gather}, {self.micro_batches} "
                 f"{batches} of {self.micro_batch_size}, recompute {self.recompute}, "
-                f"{self.schedule} schedule")
+                f"{self.schedule} schedule{rule}")
 
 
 def divisors(n: int) -> list[int]:

@@ -5,7 +5,7 @@ compiler's first pass) finds no split that fits, or when the estimate of estimat
 (equal to plan_memory's peaks for fixed recompute policies, tests/planner) puts a stage
 over the budget, or when a less-memory neighbour is out (NOTE [dominance]). The reason
 names the stage, its ranks and layers, and the memory categories largest first. The
-memory key leaves the schedule out: both schedules hold the same buffers at the peak.
+memory key leaves the schedule out but for the commit rule's undo copies (memory_key).
 """
 from __future__ import annotations
 
@@ -32,7 +32,11 @@ class Verdict:
 
 
 def memory_key(c: Candidate) -> tuple:
-    return (c.pp, c.dp, c.zero, c.micro_batch_size, c.recompute)
+    """What a candidate's memory depends on. The schedules hold the same buffers at the
+    peak, but for the undo copies of the commit rule (NOTE [commit rule]), which only the
+    ratrain schedule under its default update rule may keep."""
+    undo = c.schedule == "ratrain" and c.update_rule is None
+    return (c.pp, c.dp, c.zero, c.micro_batch_size, c.recompute, undo)
 
 
 # NOTE [dominance]: a candidate needs at least as much memory as one with a higher ZeRO

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
+from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.partition_stages import PartitionError
 from ratrain.passes.plan_memory import MemoryBudgetError
 from ratrain.planner.candidates import (Candidate, GraphCache, candidates, cluster_counts,
@@ -39,6 +40,7 @@ class Row:
     recompute: str
     schedule: str
     zero3_prefetch: int | None          # ZeRO-3 gathers ahead (0: at use); None: default
+    update_rule: str | None             # "after-norm" where commit's undo copies do not fit
     feasible: bool                      # fits the budget (compiled, or estimated)
     reason: str | None                  # why not, or why it was not simulated
     peak_bytes: int                     # compiled peak, else estimated (a dominated
@@ -50,7 +52,7 @@ class Row:
     def candidate(self) -> Candidate:
         return Candidate(self.pp, self.dp, self.zero, self.micro_batch_size,
                          self.micro_batches, self.recompute, self.schedule,
-                         self.zero3_prefetch)
+                         self.zero3_prefetch, self.update_rule)
 
     @property
     def simulated(self) -> bool:
@@ -124,7 +126,7 @@ class Planner:
 
     def may_fit(self, clusters: int) -> bool:
         """Does any candidate on `clusters` ranks pass the memory screen?"""
-        return any(self._verdict(c).fits for c in self.candidates(clusters)
+        return any(self._judge(c)[1].fits for c in self.candidates(clusters)
                    if c.recompute == "auto")
 
     def plan(self, clusters: int, simulate: bool = True,
@@ -134,7 +136,7 @@ class Planner:
         [memory check])."""
         start, s = time.perf_counter(), self.search
         policy = strategy.simulated_policy if strategy else "auto"
-        judged = [(c, self._verdict(c)) for c in self.candidates(clusters, strategy)]
+        judged = [self._judge(c) for c in self.candidates(clusters, strategy)]
         estimates = {c: self.estimator.step_seconds(v.program, list(v.plans))
                      for c, v in judged if v.fits}
         queue = sorted((c for c, v in judged if v.fits and c.recompute == policy),
@@ -161,6 +163,23 @@ class Planner:
     def _verdict(self, c: Candidate):
         sizes = divisors(self.search.global_batch // c.dp)
         return self.screen.judge(c, sizes)
+
+    # NOTE [update rule fallback]: the commit rule (NOTE [commit rule], insert_update.py)
+    # keeps an undo copy of every updated layer's master and moments until the NORM: 12
+    # bytes per parameter of the stage's (shard of) state. With ZeRO 0 on few clusters that
+    # is gigabytes and the candidate no longer fits, while the NORM-then-UPD rule it falls
+    # back to needs nothing extra, is exactly as exact, and only leaves the updates in the
+    # tail. So a candidate that does not fit under commit is judged again under after-norm.
+    def _judge(self, c: Candidate) -> tuple[Candidate, object]:
+        """(candidate, verdict); after-norm in its place where only that fits (NOTE
+        [update rule fallback])."""
+        verdict = self._verdict(c)
+        if verdict.fits or c.update_rule is not None or \
+                not commits_updates(c.options(self.search)):
+            return c, verdict
+        fallback = replace(c, update_rule="after-norm")
+        other = self._verdict(fallback)
+        return (fallback, other) if other.fits else (c, verdict)
 
     def _simulate(self, queue, verdicts, estimates):
         """Compile and simulate the best candidates of `queue` (those of the simulated
@@ -267,7 +286,7 @@ def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str) 
     """The row of `c`; `policy` is the recompute policy whose candidates were compiled."""
     base = dict(pp=c.pp, dp=c.dp, zero=c.zero, micro_batch_size=c.micro_batch_size,
                 micro_batches=c.micro_batches, recompute=c.recompute, schedule=c.schedule,
-                zero3_prefetch=c.zero3_prefetch)
+                zero3_prefetch=c.zero3_prefetch, update_rule=c.update_rule)
     auto = replace(c, recompute=policy)
     if c in compiled:
         r = compiled[c]

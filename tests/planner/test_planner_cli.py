@@ -8,7 +8,7 @@ from ratrain.cli import main
 PLAN = ["plan", "tiny", "--clusters", "4", "--global-batch", "8", "--seq-len", "32",
         "--budget", "30MB"]
 ROW_KEYS = {"pp", "dp", "zero", "micro_batch_size", "micro_batches", "recompute", "schedule",
-            "zero3_prefetch",
+            "zero3_prefetch", "update_rule",
             "feasible", "reason", "peak_bytes", "step_time_s", "tokens_per_s"}
 
 
