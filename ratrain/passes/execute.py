@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 
 from ratrain.optim import AdamW, LossScaler, starting_scaler
-from ratrain.passes.lower import state_slots
+from ratrain.passes.lower_state import state_slots
 from ratrain.rt.calls import (RankState, init_layer, run_call, shard_bounds,  # noqa: F401
                               unflatten_layer)
 

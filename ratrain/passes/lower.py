@@ -4,73 +4,29 @@ Runs last, after plan_memory fixed each buffer's arena offset. Compute tasks (F,
 become one call per IR node, with every value addressed: parameters in view.L, kept
 residuals in act.L.mb, rebuilt ones in rec.L.mb (or in B's workspace when B recomputes
 them), intermediates in the task's workspace (layout.py), messages in in/out/gin/gout.
-Other tasks become one runtime call. This is the input of codegen and of the reference
-executor.
+Other tasks become one runtime call (the training-state ones in lower_state.py). This
+is the input of codegen and of the reference executor; the types are in lowered.py.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-import numpy as np
-
-from ratrain.ir.graph import DTYPE_SHORT, Literal
-from ratrain.ir.printer import format_param
+from ratrain.ir.graph import Literal
 from ratrain.ir.tasks import Kind, Task
 from ratrain.passes.buffers import (GRAD_OUTPUT, backward_workspace, cotangent_bytes,
                                     cotangent_slots, fused_grad_ids, grad_layout,
                                     pinned_values, recovers_in_backward, residual_layout,
-                                    shard_elements, view_layout)
-from ratrain.passes.insert_gathers import gather_of, gathers_issued_in, view_buffer
+                                    view_layout)
+from ratrain.passes.insert_gathers import view_buffer
 from ratrain.passes.insert_recovery import nodes_rebuilding
-from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
-from ratrain.passes.insert_update import commits_updates
-from ratrain.passes.layout import align_up, graph_workspace
+from ratrain.passes.layout import graph_workspace
 from ratrain.passes.lower_comms import message_tag
+from ratrain.passes.lower_state import (_loss_scaled, _lower_gather, _lower_norm, _lower_prefetch,
+                                        _lower_sync, _lower_tie, _lower_update,
+                                        _with_gathers_issued, state_slots)
+from ratrain.passes.lowered import (RECOMPUTE_TAG, Call, LoweredTask, Slot, flat_slot,
+                                    var_slot)
 from ratrain.passes.plan_memory import arena_name
-
-
-@dataclass(frozen=True)
-class Slot:
-    buffer: str                         # arena buffer name ("act.L5.mb3")
-    offset: int                         # bytes from the buffer's start
-    dtype: str                          # numpy dtype name
-    shape: tuple[int, ...]              # tensor shape
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
-
-    def __str__(self) -> str:
-        dims = ",".join(map(str, self.shape))
-        return f"{self.buffer}+{self.offset}:{DTYPE_SHORT.get(self.dtype, self.dtype)}[{dims}]"
-
-
-@dataclass(frozen=True)
-class Call:
-    op: str                             # IR op, or a runtime action (send_activation, ...)
-    outputs: tuple[Slot, ...]           # where results are written
-    inputs: tuple = ()                  # Slots or Literals read
-    params: tuple = ()                  # sorted (name, value) pairs
-    note: str = ""                      # where it came from: "L3 rms_norm" etc.
-
-    def __str__(self) -> str:
-        params = " ".join(f"{k}={format_param(v)}" for k, v in self.params)
-        op = f"{self.op}[{params}]" if params else self.op
-        args = " ".join(str(x) if isinstance(x, Slot) else f"{x.value!r}" for x in self.inputs)
-        outs = " ".join(map(str, self.outputs))
-        text = f"{outs} = {op} {args}".strip(" =") if outs else f"{op} {args}".strip()
-        return f"{text}    # {self.note}" if self.note else text
-
-
-@dataclass(frozen=True)
-class LoweredTask:
-    task: Task                          # the task these calls implement
-    calls: tuple[Call, ...]             # in order
-
-
-def _slot(buffer: str, offset: int, var) -> Slot:
-    return Slot(arena_name(buffer), offset, var.dtype, tuple(var.shape))
 
 
 class _Placement:
@@ -82,7 +38,7 @@ class _Placement:
         for node in graph.nodes:
             for o in node.outputs:
                 if o.id in offsets:
-                    self.slots[o.id] = _slot(workspace, base + offsets[o.id], o)
+                    self.slots[o.id] = var_slot(workspace, base + offsets[o.id], o)
 
     def bind(self, var, slot: Slot) -> None:
         self.slots[var.id] = slot
@@ -94,17 +50,6 @@ class _Placement:
                 for n in self.graph.nodes]
 
 
-# Note suffix of the forward calls a B runs to rebuild a layer (NOTE [backward-time
-# recovery]): the simulator costs them as forward graph nodes.
-RECOMPUTE_TAG = " (recompute)"
-
-
-def note_layer(note: str) -> int | None:
-    """The layer a call's note names ("L3 rms_norm" -> 3), None for a step-wide call."""
-    head = note.split(" ", 1)[0]
-    return int(head[1:]) if head[:1] == "L" and head[1:].isdigit() else None
-
-
 def _kind(program, layer: int):
     return program.graph.kinds[program.graph.layers[layer].kind]
 
@@ -113,7 +58,7 @@ def _bind_params(placement: _Placement, program, task: Task, layer: int, graph) 
     offsets, _ = view_layout(program, layer)
     view = view_buffer(program, task, layer)  # view.L, or a ZeRO-3 view slot
     for var, offset in zip(graph.params, offsets):
-        placement.bind(var, _slot(view, offset, var))
+        placement.bind(var, var_slot(view, offset, var))
 
 
 def residual_slot(program, layer: int, micro_batch: int, index: int,
@@ -124,10 +69,10 @@ def residual_slot(program, layer: int, micro_batch: int, index: int,
     var = _kind(program, layer).residuals[index]
     kept, _ = residual_layout(program, layer, micro_batch, True)
     if index in kept:
-        return _slot(f"act.L{layer}.mb{micro_batch}", kept[index], var)
+        return var_slot(f"act.L{layer}.mb{micro_batch}", kept[index], var)
     dropped, _ = residual_layout(program, layer, micro_batch, False)
     buffer, base = rebuilt or (f"rec.L{layer}.mb{micro_batch}", 0)
-    return _slot(buffer, base + dropped[index], var)
+    return var_slot(buffer, base + dropped[index], var)
 
 
 def _input_index(kind, position: int) -> int:
@@ -158,7 +103,7 @@ def _forward_inputs(program, task: Task, layer: int) -> list[Call]:
         return [Call("load_ids", (slot(0),), (), (("micro_batch", m),), f"L{layer} ids")]
     calls = []
     if layer == program.stages[task.stage][0]:
-        message = _slot(f"in.mb{m}", 0, kind.fwd.inputs[0])
+        message = var_slot(f"in.mb{m}", 0, kind.fwd.inputs[0])
         calls.append(Call("copy", (slot(0),), (message,), (), f"L{layer} input"))
     if kind.kind == "head":
         calls.append(Call("load_targets", (slot(1),), (), (("micro_batch", m),),
@@ -179,7 +124,7 @@ def _lower_forward(program, task: Task) -> list[Call]:
             nxt = _kind(program, layers[i + 1])
             placement.bind(out, residual_slot(program, layers[i + 1], m, _input_index(nxt, 0)))
         elif kind.kind != "head":
-            placement.bind(out, _slot(f"out.mb{m}", 0, out))
+            placement.bind(out, var_slot(f"out.mb{m}", 0, out))
         calls += _forward_inputs(program, task, layer) + placement.calls(layer)
         if kind.kind == "head":
             calls.append(Call("record_loss", (), (placement.slots[out.id],),
@@ -211,7 +156,7 @@ def _recompute_calls(program, task: Task, layer: int, m: int, workspace: str, ba
 
 def _cotangent_slots(program, task: Task, var) -> tuple[Slot, Slot]:
     size = cotangent_bytes(program)
-    return _slot(f"ws.{task}", 0, var), _slot(f"ws.{task}", size, var)
+    return var_slot(f"ws.{task}", 0, var), var_slot(f"ws.{task}", size, var)
 
 
 def _accumulate_grads(program, task: Task, layer: int, placement: _Placement) -> list[Call]:
@@ -220,7 +165,7 @@ def _accumulate_grads(program, task: Task, layer: int, placement: _Placement) ->
     if layer in program.scatter_grads:  # NOTE [gradient accumulation]
         grads = tuple(placement.slots[kind.bwd.output("grad:" + n).id] for n in kind.fwd.param_names)
         shard = state_slots(program, layer)[4]
-        return [Call("grad_scatter", (_flat_slot(f"gshard.L{layer}", shard),), grads,
+        return [Call("grad_scatter", (flat_slot(f"gshard.L{layer}", shard),), grads,
                      (("first", task.micro_batch == first_b), ("micro_batch", task.micro_batch)),
                      f"L{layer}")]
     targets = _grad_slots(program, layer)
@@ -256,12 +201,12 @@ def _lower_backward(program, task: Task) -> list[Call]:
     turn = 0
     if last_stage:
         loss = _kind(program, layers[-1]).bwd.inputs[-1]
-        current = _slot(f"ws.{task}", 0, loss)
+        current = var_slot(f"ws.{task}", 0, loss)
         calls.append(Call("fill", (current,), (), _loss_scaled(
             program, (("value", 1.0 / program.options.micro_batches),)), "loss cotangent"))
         turn = 1
     else:
-        current = _slot(f"gin.mb{m}", 0, _kind(program, layers[-1]).fwd.outputs[0])
+        current = var_slot(f"gin.mb{m}", 0, _kind(program, layers[-1]).fwd.outputs[0])
     rebuilt = (f"ws.{task}", backward_workspace(program, stage, m)[0]) \
         if recovers_in_backward(program, stage, m) else None
     for j, layer in enumerate(reversed(layers)):
@@ -282,14 +227,13 @@ def _lower_backward(program, task: Task) -> list[Call]:
         if "ct:h" in kind.bwd.output_names:
             out = kind.bwd.output("ct:h")
             first_layer = j == len(layers) - 1
-            current = _slot(f"gout.mb{m}", 0, out) if first_layer else \
+            current = var_slot(f"gout.mb{m}", 0, out) if first_layer else \
                 replace(ping_pong[turn % 2], dtype=out.dtype, shape=tuple(out.shape))
             placement.bind(out, current)
             turn += 1
         calls += fuse_grad_accumulation(
             placement.calls(layer) + _accumulate_grads(program, task, layer, placement))
     return calls
-
 
 
 def fuse_grad_accumulation(calls: list[Call]) -> list[Call]:
@@ -313,183 +257,6 @@ def fuse_grad_accumulation(calls: list[Call]) -> list[Call]:
     return [c for i, c in enumerate(out) if i not in fused]
 
 
-def _flat_slot(buffer: str, elements: int, offset: int = 0) -> Slot:
-    return Slot(arena_name(buffer), offset, "float32", (elements,))
-
-
-def state_slots(program, layer: int) -> tuple[Slot, Slot, Slot, int, int]:
-    """master, m, v slots of a layer on this rank, the full size and the shard size."""
-    _, n = grad_layout(program, layer)
-    shard = shard_elements(n, program, program.options.zero >= 1)
-    return (_flat_slot(f"master.L{layer}", shard), _flat_slot(f"opt.L{layer}", shard),
-            _flat_slot(f"opt.L{layer}", shard, align_up(4 * shard)), n, shard)
-
-
-def _lower_sync(program, task: Task) -> list[Call]:
-    layer = task.layer
-    _, _, _, n, shard = state_slots(program, layer)
-    grad = _flat_slot(f"grad.L{layer}", n)
-    if layer in program.scatter_grads:  # already reduce-scattered inside each B: wait only
-        shard_slot = _flat_slot(f"gshard.L{layer}", shard)
-        return [Call("grad_sync", (shard_slot,), (shard_slot,), (("op", "wait"),), f"L{layer}")]
-    if program.options.zero >= 2:
-        return [Call("grad_sync", (_flat_slot(f"gshard.L{layer}", shard),), (grad,),
-                     (("op", "reduce_scatter"),), f"L{layer}")]
-    return [Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), f"L{layer}")]
-
-
-def _update_grad_slot(program, layer: int) -> Slot:
-    _, _, _, n, shard = state_slots(program, layer)
-    return _flat_slot(f"gshard.L{layer}", shard) if program.options.zero >= 2 else \
-        _flat_slot(f"grad.L{layer}", n)
-
-
-def undo_slots(program, layer: int) -> tuple[Slot, Slot, Slot]:
-    """NOTE [commit rule]: where a speculative UPD keeps the old master, m and v."""
-    shard = state_slots(program, layer)[4]
-    return tuple(_flat_slot(f"undo.L{layer}", shard, k * align_up(4 * shard)) for k in range(3))
-
-
-def _lower_update(program, task: Task) -> list[Call]:
-    """AdamW of one layer; under the commit rule a speculative one (NOTE [commit rule]):
-    outputs master, m, v and their undo copies, params say how to take the layer's
-    share of the norm (loss_scale: unscale first; skip: a tied weight's second copy)."""
-    layer, zero = task.layer, program.options.zero
-    master, m, v, _, _ = state_slots(program, layer)
-    grad, params = _update_grad_slot(program, layer), (("zero", zero),)
-    if not commits_updates(program.options):
-        return [Call("adamw", (master, m, v), (grad,), params, f"L{layer}")]
-    skip = tuple(_norm_skips(program, layer))
-    params += (("speculative", True),) + ((("skip", skip),) if skip else ())
-    return [Call("adamw", (master, m, v, *undo_slots(program, layer)), (grad,),
-                 _loss_scaled(program, params), f"L{layer}")]
-
-
-def view_slots(program, layer: int, buffer: str | None = None) -> tuple[Slot, ...]:
-    """The layer's parameters in its view buffer (view.L, or `buffer`), in parameter order."""
-    offsets, _ = view_layout(program, layer)
-    params = _kind(program, layer).fwd.params
-    return tuple(_slot(buffer or f"view.L{layer}", o, p) for o, p in zip(offsets, params))
-
-
-def _lower_prefetch(program, task: Task) -> list[Call]:
-    layer = task.layer
-    views = view_slots(program, layer)
-    master = state_slots(program, layer)[0]
-    return [Call("prefetch_view", views, (master,), (("gather", program.options.zero >= 1),),
-                 f"L{layer}")]
-
-
-def gather_call(program, gather) -> Call:
-    """NOTE [ZeRO-3 lifecycle]: cast this rank's master shard, all-gather the cast shards
-    into the layer's view slot (non-blocking: the first call touching the slot waits)."""
-    layer = gather.task.layer
-    views = view_slots(program, layer, f"zview.{gather.slot}")
-    return [Call("gather_view", views, (state_slots(program, layer)[0],),
-                 (("use", str(gather.uses[0][0])),), f"L{layer} gather")][0]
-
-
-def _lower_gather(program, task: Task) -> list[Call]:
-    """A gather at the step start runs at its row; every other one is a call of the task
-    holding its issue point (_with_gathers_issued)."""
-    gather = gather_of(program, task)
-    return [gather_call(program, gather)] if gather.after is None else []
-
-
-def _with_gathers_issued(program, task: Task, calls: list[Call]) -> list[Call]:
-    """NOTE [ZeRO-3 lifecycle]: a compute task's calls with the gathers it issues, each
-    right after the last call of the layer whose use frees the gather's view slot."""
-    issued = gathers_issued_in(program, task)
-    if not issued:
-        return calls
-    ends = {note_layer(c.note): i for i, c in enumerate(calls)}
-    after: dict[int, list[Call]] = {}
-    for g in issued:
-        after.setdefault(ends[g.after[1]], []).append(gather_call(program, g))
-    return [c for i, call in enumerate(calls) for c in [call] + after.get(i, [])]
-
-
-def _loss_scaled(program, params: tuple) -> tuple:
-    """fp16 programs scale the loss cotangent by the dynamic loss scale, and their
-    global_norm unscales the gradients (in place) and checks them for overflow."""
-    if program.options.precision != "fp16":
-        return params
-    return tuple(sorted(params + (("loss_scale", True),)))
-
-
-def _norm_skips(program, layer: int):
-    """(lo, hi, n) of each tied weight's copy the norm does not count in `layer`."""
-    return ((*tied_range(program, layer, w.name), grad_layout(program, layer)[1])
-            for w in tied_weights(program) if layer in w.layers[1:])
-
-
-def _lower_commit(program, task: Task) -> list[Call]:
-    """NOTE [commit rule]: the world sum of the UPDs' norm shares decides; on a rollback
-    every layer redoes its update from undo.L and rebuilds its view (no-ops otherwise).
-    Under ZeRO-3 there are no views to rebuild: each use gathers from the master shards
-    (NOTE [ZeRO-3 lifecycle])."""
-    layers = program.stages[task.stage]
-    params = (("clip", program.options.clip), ("layers", tuple(layers)))
-    calls = [Call("global_norm", (), (), _loss_scaled(program, params), "step")]
-    for layer in layers:
-        master, m, v, _, _ = state_slots(program, layer)
-        calls.append(Call("redo_update", (master, m, v),
-                          (_update_grad_slot(program, layer), *undo_slots(program, layer)),
-                          (("zero", program.options.zero),), f"L{layer}"))
-    for layer in layers if program.options.zero < 3 else ():
-        prefetch = _lower_prefetch(program, Task(task.stage, Kind.PREF, layer=layer))[0]
-        calls.append(replace(prefetch, params=tuple(sorted(prefetch.params + (("redo", True),)))))
-    return calls
-
-
-def rollback_only(call: Call) -> bool:
-    """Does the call run only when the step rolls back (NOTE [commit rule])?"""
-    return call.op == "redo_update" or bool(dict(call.params).get("redo"))
-
-
-def _lower_norm(program, task: Task) -> list[Call]:
-    if commits_updates(program.options):
-        return _lower_commit(program, task)
-    layers = program.stages[task.stage]
-    grads = tuple(_flat_slot(f"grad.L{l}", grad_layout(program, l)[1])
-                  if program.options.zero < 2 else
-                  _flat_slot(f"gshard.L{l}", state_slots(program, l)[4])
-                  for l in layers)
-    unscaled = grads if program.options.precision == "fp16" else ()  # written in place
-    params = (("clip", program.options.clip),)
-    skip = tuple((i, *tied_range(program, l, w.name), grad_layout(program, l)[1])
-                 for i, l in enumerate(layers) for w in tied_weights(program)
-                 if l in w.layers[1:])
-    if skip:  # NOTE [tied weights]: the norm counts a shared weight's gradient once
-        params += (("skip", skip),)
-    return [Call("global_norm", unscaled, grads, _loss_scaled(program, params), "step")]
-
-
-def tied_range(program, layer: int, name: str) -> tuple[int, int]:
-    """[lo, hi) of parameter `name` in the layer's flat parameter order (elements)."""
-    offsets, _ = grad_layout(program, layer)
-    for (param, shape), offset in zip(program.layer_params(layer), offsets):
-        if param == name:
-            return offset, offset + math.prod(shape)
-    raise KeyError(f"layer {layer} does not bind {name}")
-
-
-def _lower_tie(program, task: Task) -> list[Call]:
-    """NOTE [tied weights]: the stage's copies of each tied weight's gradient, summed
-    in place with the copies on the other tie stages."""
-    calls = []
-    for w in tied_weights(program):
-        slots = tuple(Slot(arena_name(f"grad.L{l}"), 4 * tied_range(program, l, w.name)[0],
-                           "float32", shape)
-                      for l in w.layers if program.stage_of_layer(l) == task.stage
-                      for shape in [dict(program.layer_params(l))[w.name]])
-        if slots:
-            calls.append(Call("tie_sum", slots, slots,
-                              (("stages", tie_stages(program)), ("weight", w.name)),
-                              f"L{task.layer}"))
-    return calls
-
-
 def _message(program, task: Task) -> Slot:
     layers, m = program.stages[task.stage], task.micro_batch
     first, last = _kind(program, layers[0]), _kind(program, layers[-1])
@@ -498,7 +265,7 @@ def _message(program, task: Task) -> Slot:
                  Kind.SEND_B: ("gout", first.fwd.inputs[0]),
                  Kind.RECV_B: ("gin", last.fwd.outputs[0]),
                  Kind.POST_B: ("gin", last.fwd.outputs[0])}[task.kind]
-    return _slot(f"{name}.mb{m}", 0, var)
+    return var_slot(f"{name}.mb{m}", 0, var)
 
 
 _PEER = {Kind.SEND_F: 1, Kind.RECV_F: -1, Kind.POST_F: -1,

@@ -65,11 +65,11 @@ class Program:
 
     def state_slots(self, layer: int) -> tuple:
         """master, m, v slots of a layer, its full and shard sizes (lower.state_slots)."""
-        from ratrain.passes.lower import state_slots
+        from ratrain.passes.lower_state import state_slots
         return state_slots(self, layer)
 
     def view_slots(self, layer: int) -> tuple:
-        from ratrain.passes.lower import view_slots
+        from ratrain.passes.lower_state import view_slots
         return view_slots(self, layer)
 
     def layer_params(self, layer: int) -> tuple:

@@ -14,7 +14,8 @@ from ratrain.ir.tasks import Kind, parse_tasks
 from ratrain.ir.train_graph import trace_model
 from ratrain.optim import AdamW, LossScaler
 from ratrain.passes.execute import Executor
-from ratrain.passes.lower import format_lowered, state_slots
+from ratrain.passes.lower import format_lowered
+from ratrain.passes.lower_state import state_slots
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 from ratrain.passes.verify_schedule import ScheduleInvariantError, verify_schedule

@@ -11,7 +11,7 @@ from ratrain.cli_compile import compile_graph, trace_for
 from ratrain.hw import load_profile
 from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.tasks import Kind
-from ratrain.passes.lower import state_slots
+from ratrain.passes.lower_state import state_slots
 from ratrain.passes.program import CompileOptions
 from ratrain.sim import simulate
 from ratrain.sim.calls import ProfileCosts

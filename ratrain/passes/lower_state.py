@@ -1,0 +1,189 @@
+"""lower, part 2: the training-state tasks as calls (SYNC, UPD, NORM, PREF, GATH, TIE).
+
+lower.py lowers the compute and message tasks and runs the pass; these are the
+lifecycle tasks of DESIGN section 5 over the flat fp32 slots of master, moments and
+gradients and the layers' view slots: gradient syncs, AdamW (speculative under the
+commit rule, NOTE [commit rule]), the NORM that commits or rolls back, the views' casts
+and gathers (NOTE [ZeRO-3 lifecycle]) and the tied weights' sums (NOTE [tied weights]).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from ratrain.ir.tasks import Kind, Task
+from ratrain.passes.buffers import grad_layout, shard_elements, view_layout
+from ratrain.passes.insert_gathers import gather_of, gathers_issued_in
+from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
+from ratrain.passes.insert_update import commits_updates
+from ratrain.passes.layout import align_up
+from ratrain.passes.lowered import Call, Slot, flat_slot, note_layer, var_slot
+from ratrain.passes.plan_memory import arena_name
+
+
+def state_slots(program, layer: int) -> tuple[Slot, Slot, Slot, int, int]:
+    """master, m, v slots of a layer on this rank, the full size and the shard size."""
+    _, n = grad_layout(program, layer)
+    shard = shard_elements(n, program, program.options.zero >= 1)
+    return (flat_slot(f"master.L{layer}", shard), flat_slot(f"opt.L{layer}", shard),
+            flat_slot(f"opt.L{layer}", shard, align_up(4 * shard)), n, shard)
+
+
+def _lower_sync(program, task: Task) -> list[Call]:
+    layer = task.layer
+    _, _, _, n, shard = state_slots(program, layer)
+    grad = flat_slot(f"grad.L{layer}", n)
+    if layer in program.scatter_grads:  # already reduce-scattered inside each B: wait only
+        shard_slot = flat_slot(f"gshard.L{layer}", shard)
+        return [Call("grad_sync", (shard_slot,), (shard_slot,), (("op", "wait"),), f"L{layer}")]
+    if program.options.zero >= 2:
+        return [Call("grad_sync", (flat_slot(f"gshard.L{layer}", shard),), (grad,),
+                     (("op", "reduce_scatter"),), f"L{layer}")]
+    return [Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), f"L{layer}")]
+
+
+def _update_grad_slot(program, layer: int) -> Slot:
+    _, _, _, n, shard = state_slots(program, layer)
+    return flat_slot(f"gshard.L{layer}", shard) if program.options.zero >= 2 else \
+        flat_slot(f"grad.L{layer}", n)
+
+
+def undo_slots(program, layer: int) -> tuple[Slot, Slot, Slot]:
+    """NOTE [commit rule]: where a speculative UPD keeps the old master, m and v."""
+    shard = state_slots(program, layer)[4]
+    return tuple(flat_slot(f"undo.L{layer}", shard, k * align_up(4 * shard)) for k in range(3))
+
+
+def _lower_update(program, task: Task) -> list[Call]:
+    """AdamW of one layer; under the commit rule a speculative one (NOTE [commit rule]):
+    outputs master, m, v and their undo copies, params say how to take the layer's
+    share of the norm (loss_scale: unscale first; skip: a tied weight's second copy)."""
+    layer, zero = task.layer, program.options.zero
+    master, m, v, _, _ = state_slots(program, layer)
+    grad, params = _update_grad_slot(program, layer), (("zero", zero),)
+    if not commits_updates(program.options):
+        return [Call("adamw", (master, m, v), (grad,), params, f"L{layer}")]
+    skip = tuple(_norm_skips(program, layer))
+    params += (("speculative", True),) + ((("skip", skip),) if skip else ())
+    return [Call("adamw", (master, m, v, *undo_slots(program, layer)), (grad,),
+                 _loss_scaled(program, params), f"L{layer}")]
+
+
+def view_slots(program, layer: int, buffer: str | None = None) -> tuple[Slot, ...]:
+    """The layer's parameters in its view buffer (view.L, or `buffer`), in parameter order."""
+    offsets, _ = view_layout(program, layer)
+    params = program.graph.kinds[program.graph.layers[layer].kind].fwd.params
+    return tuple(var_slot(buffer or f"view.L{layer}", o, p) for o, p in zip(offsets, params))
+
+
+def _lower_prefetch(program, task: Task) -> list[Call]:
+    layer = task.layer
+    views = view_slots(program, layer)
+    master = state_slots(program, layer)[0]
+    return [Call("prefetch_view", views, (master,), (("gather", program.options.zero >= 1),),
+                 f"L{layer}")]
+
+
+def gather_call(program, gather) -> Call:
+    """NOTE [ZeRO-3 lifecycle]: cast this rank's master shard, all-gather the cast shards
+    into the layer's view slot (non-blocking: the first call touching the slot waits)."""
+    layer = gather.task.layer
+    views = view_slots(program, layer, f"zview.{gather.slot}")
+    return [Call("gather_view", views, (state_slots(program, layer)[0],),
+                 (("use", str(gather.uses[0][0])),), f"L{layer} gather")][0]
+
+
+def _lower_gather(program, task: Task) -> list[Call]:
+    """A gather at the step start runs at its row; every other one is a call of the task
+    holding its issue point (_with_gathers_issued)."""
+    gather = gather_of(program, task)
+    return [gather_call(program, gather)] if gather.after is None else []
+
+
+def _with_gathers_issued(program, task: Task, calls: list[Call]) -> list[Call]:
+    """NOTE [ZeRO-3 lifecycle]: a compute task's calls with the gathers it issues, each
+    right after the last call of the layer whose use frees the gather's view slot."""
+    issued = gathers_issued_in(program, task)
+    if not issued:
+        return calls
+    ends = {note_layer(c.note): i for i, c in enumerate(calls)}
+    after: dict[int, list[Call]] = {}
+    for g in issued:
+        after.setdefault(ends[g.after[1]], []).append(gather_call(program, g))
+    return [c for i, call in enumerate(calls) for c in [call] + after.get(i, [])]
+
+
+def _loss_scaled(program, params: tuple) -> tuple:
+    """fp16 programs scale the loss cotangent by the dynamic loss scale, and their
+    global_norm unscales the gradients (in place) and checks them for overflow."""
+    if program.options.precision != "fp16":
+        return params
+    return tuple(sorted(params + (("loss_scale", True),)))
+
+
+def _norm_skips(program, layer: int):
+    """(lo, hi, n) of each tied weight's copy the norm does not count in `layer`."""
+    return ((*tied_range(program, layer, w.name), grad_layout(program, layer)[1])
+            for w in tied_weights(program) if layer in w.layers[1:])
+
+
+def _lower_commit(program, task: Task) -> list[Call]:
+    """NOTE [commit rule]: the world sum of the UPDs' norm shares decides; on a rollback
+    every layer redoes its update from undo.L and rebuilds its view (no-ops otherwise).
+    Under ZeRO-3 there are no views to rebuild: each use gathers from the master shards
+    (NOTE [ZeRO-3 lifecycle])."""
+    layers = program.stages[task.stage]
+    params = (("clip", program.options.clip), ("layers", tuple(layers)))
+    calls = [Call("global_norm", (), (), _loss_scaled(program, params), "step")]
+    for layer in layers:
+        master, m, v, _, _ = state_slots(program, layer)
+        calls.append(Call("redo_update", (master, m, v),
+                          (_update_grad_slot(program, layer), *undo_slots(program, layer)),
+                          (("zero", program.options.zero),), f"L{layer}"))
+    for layer in layers if program.options.zero < 3 else ():
+        prefetch = _lower_prefetch(program, Task(task.stage, Kind.PREF, layer=layer))[0]
+        calls.append(replace(prefetch, params=tuple(sorted(prefetch.params + (("redo", True),)))))
+    return calls
+
+
+def _lower_norm(program, task: Task) -> list[Call]:
+    if commits_updates(program.options):
+        return _lower_commit(program, task)
+    layers = program.stages[task.stage]
+    grads = tuple(flat_slot(f"grad.L{l}", grad_layout(program, l)[1])
+                  if program.options.zero < 2 else
+                  flat_slot(f"gshard.L{l}", state_slots(program, l)[4])
+                  for l in layers)
+    unscaled = grads if program.options.precision == "fp16" else ()  # written in place
+    params = (("clip", program.options.clip),)
+    skip = tuple((i, *tied_range(program, l, w.name), grad_layout(program, l)[1])
+                 for i, l in enumerate(layers) for w in tied_weights(program)
+                 if l in w.layers[1:])
+    if skip:  # NOTE [tied weights]: the norm counts a shared weight's gradient once
+        params += (("skip", skip),)
+    return [Call("global_norm", unscaled, grads, _loss_scaled(program, params), "step")]
+
+
+def tied_range(program, layer: int, name: str) -> tuple[int, int]:
+    """[lo, hi) of parameter `name` in the layer's flat parameter order (elements)."""
+    offsets, _ = grad_layout(program, layer)
+    for (param, shape), offset in zip(program.layer_params(layer), offsets):
+        if param == name:
+            return offset, offset + math.prod(shape)
+    raise KeyError(f"layer {layer} does not bind {name}")
+
+
+def _lower_tie(program, task: Task) -> list[Call]:
+    """NOTE [tied weights]: the stage's copies of each tied weight's gradient, summed
+    in place with the copies on the other tie stages."""
+    calls = []
+    for w in tied_weights(program):
+        slots = tuple(Slot(arena_name(f"grad.L{l}"), 4 * tied_range(program, l, w.name)[0],
+                           "float32", shape)
+                      for l in w.layers if program.stage_of_layer(l) == task.stage
+                      for shape in [dict(program.layer_params(l))[w.name]])
+        if slots:
+            calls.append(Call("tie_sum", slots, slots,
+                              (("stages", tie_stages(program)), ("weight", w.name)),
+                              f"L{task.layer}"))
+    return calls
