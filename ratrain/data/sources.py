@@ -5,7 +5,6 @@ field). Each yields text pieces with their byte counts, for tokenizing and its p
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -14,7 +14,6 @@ from ratrain.cli import main
 from ratrain.cli_calibrate import write_profile
 from ratrain.codegen.emit import EMITTERS
 from ratrain.hw import load_profile
-from ratrain.sim.kernels import fitted_seconds
 
 MACHINE = {"node_cores": 2, "memory_bytes": 16 << 30, "last_level_cache": 32 << 20,
            "l1_data_cache": 48 << 10}
