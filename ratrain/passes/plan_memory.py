@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ratrain.ir.tasks import Kind, Task
+from ratrain.ir.tasks import GATHERS, Kind, Task
 from ratrain.units import format_bytes  # noqa: F401  (re-exported)
 from ratrain.passes.buffers import CATEGORIES, Buffer, persistent_buffers, task_effects
 
@@ -354,13 +354,15 @@ def _gathering_views(program):
 
 
 def _recompute_all(program):
-    """The same program with every decoder activation recomputed (REC tasks re-placed)."""
+    """The same program with every decoder activation recomputed (REC tasks re-placed,
+    and under ZeRO-3 the gathers of their uses: NOTE [ZeRO-3 lifecycle])."""
+    from ratrain.passes.insert_gathers import insert_gathers
     from ratrain.passes.insert_recovery import insert_recovery
     options = replace(program.options, recompute="full", budget=None)
-    tasks = {s: tuple(t for t in ts if t.kind not in (Kind.REC, Kind.FREE))
+    tasks = {s: tuple(t for t in ts if t.kind not in (Kind.REC, Kind.FREE, *GATHERS))
              for s, ts in program.tasks.items()}
-    return insert_recovery(replace(program, options=options, tasks=tasks, recompute={},
-                                   backward_recovery=frozenset()))
+    return insert_gathers(insert_recovery(replace(program, options=options, tasks=tasks,
+                                                  recompute={}, backward_recovery=frozenset())))
 
 
 def _arena_with(program, stage: int) -> int:

@@ -146,3 +146,18 @@ def test_zero3_programs_compute_the_reference_training(pp, dp, m, schedule, pref
     program = run_pipeline(program)[0]
     assert any(t.kind in GATHERS for ts in program.tasks.values() for t in ts)
     assert_matches_reference(program, dp, m)
+
+
+def test_an_over_budget_zero3_program_gets_the_budget_message():
+    """The budget message replans the program with full recompute: under ZeRO-3 that
+    re-places the gathers of the new RECs too (it raised 'not a gather of the plan')."""
+    from ratrain.cli_compile import trace_for
+    from ratrain.passes.pipeline import PIPELINE, run_pipeline
+    from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory
+    options = CompileOptions(pp=3, dp=2, zero=3, micro_batches=6, seq_len=32,
+                             recompute="none")
+    graph = trace_for(models.get_config("tiny"), "tiny", options)
+    program = run_pipeline(Program(graph, options), PIPELINE + [plan_memory])[0]
+    budget = program.memory.arena_bytes - 1
+    with pytest.raises(MemoryBudgetError, match="over the budget .* by 1 B"):
+        plan_memory(replace(program, options=replace(options, budget=budget)))
