@@ -130,10 +130,11 @@ class Planner:
                    if c.recompute == "auto")
 
     def plan(self, clusters: int, simulate: bool = True,
-             strategy: Strategy | None = None) -> Plan:
+             strategy: Strategy | None = None, seeds: tuple = ()) -> Plan:
         """Every candidate's row on `clusters` ranks (of `strategy`, if given).
         simulate=False only checks the memory of the best candidate by estimate (NOTE
-        [memory check])."""
+        [memory check]); `seeds`: candidates simulated as well as the best few by
+        estimate, where they fit (NOTE [seeded search], compare.py)."""
         start, s = time.perf_counter(), self.search
         policy = strategy.simulated_policy if strategy else "auto"
         judged = [self._judge(c) for c in self.candidates(clusters, strategy)]
@@ -141,8 +142,8 @@ class Planner:
                      for c, v in judged if v.fits}
         queue = sorted((c for c, v in judged if v.fits and c.recompute == policy),
                        key=lambda c: (estimates[c], _order(c)))
-        compiled, failed = (self._simulate(queue, dict(judged), estimates) if simulate
-                            else self._check(queue))
+        compiled, failed = (self._simulate(queue, dict(judged), estimates, seeds)
+                            if simulate else self._check(queue))
         rows = _rows(judged, estimates, compiled, failed, policy)
         best = rows[0] if rows and rows[0].candidate in compiled else None
         return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget, s.profile["name"],
@@ -181,7 +182,7 @@ class Planner:
         other = self._verdict(fallback)
         return (fallback, other) if other.fits else (c, verdict)
 
-    def _simulate(self, queue, verdicts, estimates):
+    def _simulate(self, queue, verdicts, estimates, seeds=()):
         """Compile and simulate the best candidates of `queue` (those of the simulated
         policy: auto, unless a strategy fixes one) by estimate (NOTE [simulation
         margin]); other policies of a configuration never beat its auto, which
@@ -199,6 +200,12 @@ class Planner:
                 continue
             compiled[c] = outcome
             best = min(best, outcome.step_time_s)
+        for seed in seeds:
+            c = next((c for c in (seed, replace(seed, update_rule="after-norm"))
+                      if c in verdicts and verdicts[c].fits), None)
+            if c is not None and c not in compiled and c not in failed:
+                outcome = self._compile(c, c.micro_batches)
+                (failed if isinstance(outcome, str) else compiled)[c] = outcome
         return compiled, failed
 
     # NOTE [memory check]: in 1F1B stage s holds at most min(P - s, M) micro-batches in

@@ -113,3 +113,22 @@ def test_strategy_filters_and_texts():
     assert all(c.dp > 1 for c in moved)
     assert config_text(moved[0]).startswith(f"pp {moved[0].pp} x dp {moved[0].dp}, zero 3/at use, ")
     assert "zero 3 (gathers at use), " in str(moved[0])
+
+
+def test_seeds_are_simulated_beside_the_best_by_estimate():
+    """NOTE [seeded search]: a seed that the estimate does not rank first is simulated
+    too, and compare_strategies seeds ratrain's plan with the others' best configurations,
+    so ratrain's best is at least as fast as each of theirs."""
+    from dataclasses import replace as replaced
+    planner = Planner(replaced(search(30 * MB), simulate=1))
+    ratrain = STRATEGIES["ratrain"]
+    plain = planner.plan(4, strategy=ratrain)
+    assert sum(r.simulated for r in plain.rows) == 1
+    seed = next(r.candidate for r in plain.rows
+                if r.feasible and not r.simulated and r.recompute == "auto")
+    seeded = planner.plan(4, strategy=ratrain, seeds=(seed,))
+    rows = {r.candidate: r for r in seeded.rows}
+    assert rows[seed].simulated and sum(r.simulated for r in seeded.rows) == 2
+    _, bests = compared(30 * MB)
+    ours = next(b for b in bests if b.strategy == "ratrain").row
+    assert all(ours.tokens_per_s >= b.row.tokens_per_s for b in bests if b.row is not None)
