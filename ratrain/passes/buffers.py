@@ -57,11 +57,44 @@ def persistent_buffers(program, stage: int) -> tuple[Buffer, ...]:
         out += [Buffer(f"master.L{layer}", "params", 4 * shard),
                 Buffer(f"opt.L{layer}", "optimizer", 2 * align_up(4 * shard))]
         if zero != 3:
-            out.append(Buffer(f"view.L{layer}", "views", view_layout(program, layer)[1]))
+            out.append(Buffer(f"view.L{layer}", "views", view_bytes(program, layer)))
     if zero == 3:
         slot = max(view_layout(program, l)[1] for l in program.stages[stage])
         out += [Buffer(f"zview.{k}", "views", slot) for k in range(view_slot_count(program))]
     return tuple(out)
+
+
+# NOTE [views gathered in place]: under ZeRO 1/2 PREF all-gathers the cast master shards,
+# which concatenate to the layer's parameters in order, padded to D equal shards. When the
+# view layout packs the parameters with no gap (every parameter's bytes a multiple of the
+# alignment, true of every LLaMA-family layer) that concatenation *is* the view, so the
+# gather receives straight into view.L, made as large as D shards, and no copy follows it:
+# measured in the simulator on LLaMA-2-7B, pp 1 x dp 1024, ZeRO 2, the copies were 0.90 s
+# of a 1.38 s exposed tail (the next step's forwards wait for each view in turn).
+def gathers_in_place(program, layer: int) -> bool:
+    """Does PREF all-gather layer's view straight into view.L (NOTE [views gathered in
+    place])?"""
+    o = program.options
+    if o.zero not in (1, 2) or o.dp == 1:
+        return False
+    params = _kind(program, layer).fwd.params
+    offsets, _ = view_layout(program, layer)
+    return all(at == sum(p.nbytes for p in params[:i]) for i, at in enumerate(offsets))
+
+
+def view_gather_elements(program, layer: int) -> int:
+    """Elements an all-gather of the layer's view shards delivers: D equal shards."""
+    return program.options.dp * shard_elements(layer_param_count(program, layer), program, True)
+
+
+def view_bytes(program, layer: int) -> int:
+    """Bytes of view.L: the packed parameters, or D gathered shards when larger and
+    gathered in place."""
+    size = view_layout(program, layer)[1]
+    if not gathers_in_place(program, layer):
+        return size
+    itemsize = np.dtype(program.graph.dtype).itemsize
+    return max(size, align_up(view_gather_elements(program, layer) * itemsize))
 
 
 def view_layout(program, layer: int) -> tuple[tuple[int, ...], int]:

@@ -151,7 +151,7 @@ class Executor:
         finish(self._collective(self._key(call), self._dp_group(st), st.rank,
                                 np.array(value), total))
 
-    def dp_gather(self, st: RankState, call, shard, finish) -> None:
+    def dp_gather(self, st: RankState, call, shard, finish, into=None) -> None:
         finish(self._collective(self._key(call), self._dp_group(st), st.rank, shard.copy(),
                                 lambda shards: [np.concatenate(shards)] * len(shards)))
 

@@ -12,7 +12,8 @@ import math
 from dataclasses import replace
 
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.buffers import grad_layout, shard_elements, view_layout
+from ratrain.passes.buffers import (gathers_in_place, grad_layout, shard_elements,
+                                    view_gather_elements, view_layout)
 from ratrain.passes.insert_gathers import gather_of, gathers_issued_in
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.passes.insert_update import commits_updates
@@ -77,10 +78,17 @@ def view_slots(program, layer: int, buffer: str | None = None) -> tuple[Slot, ..
 
 
 def _lower_prefetch(program, task: Task) -> list[Call]:
+    """The view from the master: cast, and all-gathered under ZeRO 1/2, into view.L as one
+    flat slot of D shards where that is the view (NOTE [views gathered in place])."""
     layer = task.layer
-    views = view_slots(program, layer)
     master = state_slots(program, layer)[0]
-    return [Call("prefetch_view", views, (master,), (("gather", program.options.zero >= 1),),
+    params = (("gather", program.options.zero >= 1),)
+    if not gathers_in_place(program, layer):
+        return [Call("prefetch_view", view_slots(program, layer), (master,), params,
+                     f"L{layer}")]
+    flat = Slot(arena_name(f"view.L{layer}"), 0, program.graph.dtype,
+                (view_gather_elements(program, layer),))
+    return [Call("prefetch_view", (flat,), (master,), params + (("in_place", True),),
                  f"L{layer}")]
 
 

@@ -69,7 +69,8 @@ class Transport(Protocol):
     def post_receive(self, st: RankState, call, target: np.ndarray) -> None: ...
     def receive(self, st: RankState, call, target: np.ndarray) -> None: ...
     def dp_sum(self, st: RankState, call, value, scatter: bool, finish: Finish) -> None: ...
-    def dp_gather(self, st: RankState, call, shard, finish: Finish) -> None: ...
+    def dp_gather(self, st: RankState, call, shard, finish: Finish,
+                  into: np.ndarray | None = None) -> None: ...
     def world_sum(self, st: RankState, call, value: float) -> float: ...
     def tie_sum(self, st: RankState, call, value: np.ndarray) -> None: ...
 
@@ -124,10 +125,13 @@ def unflatten_layer(program, layer: int, flat) -> dict:
 
 
 def write_view(st: RankState, slots, flat) -> None:
+    """The flat parameters into the view slots, in order; nothing to do for a gather that
+    received in place (NOTE [views gathered in place], passes/buffers.py)."""
     at = 0
     for slot in slots:
-        n = math.prod(slot.shape)
-        st.view(slot)[...] = flat[at:at + n].reshape(slot.shape)
+        n, view = math.prod(slot.shape), st.view(slot)
+        if not (at == 0 and np.shares_memory(view, flat)):
+            view[...] = flat[at:at + n].reshape(slot.shape)
         at += n
 
 
@@ -437,7 +441,8 @@ def _prefetch_view(t: Transport, st: RankState, call) -> None:
         # cast the shard first: the gather then moves view-dtype bytes (half of fp32 in
         # fp16 programs), and rounding per element commutes with concatenation
         shard = master.astype(call.outputs[0].dtype)
-        t.dp_gather(st, call, shard, lambda flat: write_view(st, call.outputs, flat))
+        into = st.view(call.outputs[0]) if _params(call).get("in_place") else None
+        t.dp_gather(st, call, shard, lambda flat: write_view(st, call.outputs, flat), into)
     else:
         write_view(st, call.outputs, master)
 

@@ -100,9 +100,11 @@ def start_grad_reduce_scatter(comms: Communicators, grad: np.ndarray, counts, ra
     return InFlight(request, ranges, lambda: finish(part), keep=(grad, part))
 
 
-def start_param_allgather(comms: Communicators, shard: np.ndarray, ranges, finish) -> InFlight:
-    """Concatenate the DP group's master shards (equal, padded sizes); finish(full)."""
-    full = np.empty(shard.size * comms.dp.Get_size(), shard.dtype)
+def start_param_allgather(comms: Communicators, shard: np.ndarray, ranges, finish,
+                          into: np.ndarray | None = None) -> InFlight:
+    """Concatenate the DP group's master shards (equal, padded sizes) into `into` (an
+    arena view of D shards) or a new array; finish(full)."""
+    full = np.empty(shard.size * comms.dp.Get_size(), shard.dtype) if into is None else into
     request = comms.dp.Iallgather(shard, full)
     return InFlight(request, ranges, lambda: finish(full), keep=(full,))
 

@@ -353,8 +353,9 @@ class RankExecutor:
             op = comm.start_grad_allreduce(self.comms, value, ranges, finish)
         self.in_flight.append(op)
 
-    def dp_gather(self, st: RankState, call, shard, finish) -> None:
-        op = comm.start_param_allgather(self.comms, shard, self._touched(call, shard), finish)
+    def dp_gather(self, st: RankState, call, shard, finish, into=None) -> None:
+        op = comm.start_param_allgather(self.comms, shard, self._touched(call, shard), finish,
+                                        into)
         self.in_flight.append(op)
 
     def world_sum(self, st: RankState, call, value: float) -> float:

@@ -328,7 +328,7 @@ def _adamw(c: ProfileCosts, task, call) -> list[Step]:
 def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
     """Cast the fp32 master to the view's dtype; under ZeRO the runtime casts its master
     shard, all-gathers the cast shards and copies them into the view when the gather is
-    waited for. A `redo` one (rollback only) costs nothing: NOTE [commit rule]."""
+    waited for, unless it gathered in place. A `redo` one (rollback only) costs nothing: NOTE [commit rule]."""
     if dict(call.params).get("redo"):
         return []
     master = call.inputs[0]
@@ -339,8 +339,10 @@ def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
     shard = slot_elements(master) * itemsize
     full = shard * c.options.dp
     buffers = {s.buffer for s in call.outputs}
+    # NOTE [views gathered in place] (passes/buffers.py): no copy after such a gather
+    unpack = 0.0 if dict(call.params).get("in_place") else (full + view) / c.ddr
     return [Compute((slot_bytes(master) + shard) / c.ddr),
-            *c.collective("allgather", full, c.options.dp, buffers, (full + view) / c.ddr,
+            *c.collective("allgather", full, c.options.dp, buffers, unpack,
                           f"allgather L{task.layer}")]
 
 
