@@ -17,22 +17,27 @@ from ratrain.sim.simulate import Simulation, simulate
 # their messages) to every stage, while the warm-up and the cool-down (the drained tail, the
 # syncs, updates and prefetches) stay the same. The replay is deterministic, so once the
 # rounds repeat, every later one does: the step time grows by the same amount per round and
-# the exposed tail does not change. A round may span k > 1 micro-batches: insert_recovery's
-# auto escalates (layer, micro-batch) pairs in a fixed order until the packed arena fits,
-# and plan_memory's packing cycles with the micro-batches in flight on a stage (P - s), so
-# a stage can recompute one pair more or less in some micro-batches; where that stage sets
-# the pace, the step time repeats every k micro-batches. This is checked, not assumed:
-# instances n, n + 1, ... are replayed until the last 2 k + 1 show, for some k <= MAX_PERIOD,
-# one growth over every k consecutive micro-batches (to PERIOD_TOLERANCE) and one tail; the
-# step of M is then the instance with M's residue mod k plus whole rounds. Past
-# MAX_INSTANCES instances or M / 2 micro-batches the whole step is replayed. The busy time
-# (the bubble) is extended the same way; each rank's memory peak is its largest over the
-# window (exact when the recompute choices repeat too; a stage off the pace can differ by a
-# pair's activations). Tested against full replays (tests/sim/test_periodic.py).
+# the exposed tail does not change. Two things can look like a repeat and are not:
+# - A round may span k > 1 micro-batches: insert_recovery's auto escalates (layer,
+#   micro-batch) pairs in a fixed order until the packed arena fits, and plan_memory's
+#   packing cycles with the micro-batches in flight on a stage (P - s), so a stage can
+#   recompute one pair more or less in some micro-batches.
+# - The step can grow by less than a stage's work per micro-batch for many micro-batches
+#   while that stage's idle time at the pipeline's ends absorbs the extra (LLaMA-2-7B, pp 8:
+#   2.431 s per micro-batch from 11 to 16 micro-batches, 2.624 s from 24 to 32, the rate of
+#   stage 0's work). That is a transient: it ends when the idle time is used up.
+# So the instances n, n + 1, ... (at most WINDOW of them) must show, for some k <=
+# MAX_PERIOD, one step-time growth over every k consecutive micro-batches in the last 2 k + 1
+# (to PERIOD_TOLERANCE), a growth no smaller than any rank's busy time grew by, and one
+# tail; else n doubles. The step of M is then the instance with M's residue mod k plus
+# whole rounds. Past M / 2 micro-batches the whole step is replayed. The busy time (the
+# bubble) is extended the same way; each rank's memory peak is its largest over the window
+# (exact when the recompute choices repeat too). Tested against full replays
+# (tests/sim/test_periodic.py).
 PERIOD_TOLERANCE = 1e-9                 # relative: float sums of the same costs in a new order
 FIRST_INSTANCE = lambda pp: pp + 3      # micro-batches of the first instance tried
 MAX_PERIOD = 4                          # micro-batches a repeating round may span
-MAX_INSTANCES = 12                      # instances replayed before the whole step is
+WINDOW = 2 * MAX_PERIOD + 1             # consecutive instances tried before n doubles
 
 
 @dataclass(frozen=True)
@@ -65,8 +70,9 @@ class PeriodicSimulation:
 
 
 def _facts(sim: Simulation) -> tuple:
+    """(step time, exposed tail, busy seconds by rank, peak bytes by rank)."""
     replay = sim.replay
-    return (sim.step_time, sim.exposed_tail, sum(replay.busy(r) for r in replay.ends),
+    return (sim.step_time, sim.exposed_tail, {r: replay.busy(r) for r in replay.ends},
             sim.memory_peaks())
 
 
@@ -76,15 +82,17 @@ def _close(a: float, b: float, scale: float) -> bool:
 
 def _period(facts: list[tuple]) -> int | None:
     """The smallest k <= MAX_PERIOD such that the last 2 k + 1 replays (of consecutive
-    instance sizes) grow by one step time every k micro-batches, with one tail (NOTE
-    [periodic steps]); None if there is none yet."""
-    times, tails = [f[0] for f in facts], [f[1] for f in facts]
+    instance sizes) grow by one step time every k micro-batches, no less than any rank's
+    busy time grows, with one tail (NOTE [periodic steps]); None if there is none yet."""
+    times, tails, busy = ([f[i] for f in facts] for i in range(3))
     j, scale = len(facts) - 1, times[-1]
     for k in range(1, MAX_PERIOD + 1):
         if j < 2 * k:
             break
         growth = [times[i] - times[i - k] for i in range(j - k, j + 1)]
+        work = max(busy[i][r] - busy[i - k][r] for i in range(j - k, j + 1) for r in busy[i])
         if all(_close(g, growth[0], scale) for g in growth) and \
+                growth[0] >= work - PERIOD_TOLERANCE * scale and \
                 all(_close(t, tails[j], scale) for t in tails[j - 2 * k:]):
             return k
     return None
@@ -92,7 +100,8 @@ def _period(facts: list[tuple]) -> int | None:
 
 def _full(sim: Simulation, micro_batches: int) -> PeriodicSimulation:
     step, tail, busy, peaks = _facts(sim)
-    return PeriodicSimulation(sim, micro_batches, micro_batches, 0.0, step, tail, busy, peaks)
+    return PeriodicSimulation(sim, micro_batches, micro_batches, 0.0, step, tail,
+                              sum(busy.values()), peaks)
 
 
 def simulate_periodic(compile_instance, micro_batches: int, pp: int, profile: dict,
@@ -104,14 +113,16 @@ def simulate_periodic(compile_instance, micro_batches: int, pp: int, profile: di
     `pp`: pipeline stages; `first`: the first instance size to try (default P + 3).
     """
     n = first or FIRST_INSTANCE(pp)
-    sims: list[Simulation] = []
-    facts: list[tuple] = []
-    while n + len(sims) <= micro_batches // 2 and len(sims) < MAX_INSTANCES:
-        sims.append(simulate(compile_instance(n + len(sims)), profile))
-        facts.append(_facts(sims[-1]))
-        k = _period(facts)
-        if k is not None:
-            return _extended(sims, facts, n, k, micro_batches)
+    while n + WINDOW <= micro_batches // 2:
+        sims: list[Simulation] = []
+        facts: list[tuple] = []
+        while len(sims) < WINDOW:
+            sims.append(simulate(compile_instance(n + len(sims)), profile))
+            facts.append(_facts(sims[-1]))
+            k = _period(facts)
+            if k is not None:
+                return _extended(sims, facts, n, k, micro_batches)
+        n *= 2
     return _full(simulate(compile_instance(micro_batches), profile), micro_batches)
 
 
@@ -122,6 +133,7 @@ def _extended(sims, facts, n: int, k: int, micro_batches: int) -> PeriodicSimula
     base = j - (j - (micro_batches - n)) % k        # in (j - k, j], base = M - n (mod k)
     rounds = (micro_batches - n - base) // k
     (t, tail, busy, _), (t_k, _, busy_k, _) = facts[base], facts[base - k]
+    busy, busy_k = sum(busy.values()), sum(busy_k.values())
     window = facts[j - 2 * k:]
     peaks = {r: max(f[3][r] for f in window) for r in facts[-1][3]}
     return PeriodicSimulation(sims[base], micro_batches, n + base, (t - t_k) / k,

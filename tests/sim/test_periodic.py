@@ -92,3 +92,28 @@ def test_auto_recompute_under_a_budget():
     assert periodic.built < 24
     assert periodic.step_time == pytest.approx(whole.step_time, rel=1e-9)
     assert periodic.exposed_tail == pytest.approx(whole.exposed_tail, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_transient_that_grows_like_a_period_is_not_taken_for_one():
+    """NOTE [periodic steps]: LLaMA-2-7B, pp 8, one sequence per micro-batch at 20 GB:
+    stage 0 recomputes fully and sets the pace, but for the first micro-batches past P its
+    idle time absorbs the extra work, and the step grows by one constant, smaller amount
+    per micro-batch. Extending that would undercount the step; the extension must wait
+    for growth no smaller than stage 0's work, and then equal the whole replay."""
+    options = CompileOptions(pp=8, micro_batches=64, seq_len=2048, precision="fp16",
+                             hw="mt3000", recompute="auto", budget=20 * 10**9,
+                             update_rule="after-norm")
+    graph = trace_for(models.get_config("llama2-7b"), "llama2-7b", options)
+    compile_instance = lambda n: run_pipeline(
+        Program(graph, options, built_micro_batches=None if n == 64 else n),
+        verify=False, record=False)[0]
+    profile = load_profile("mt3000")
+    early = [simulate(compile_instance(n), profile) for n in (11, 12, 13)]
+    growth = [b.step_time - a.step_time for a, b in zip(early, early[1:])]
+    work = early[2].replay.busy(0) - early[1].replay.busy(0)
+    assert growth[0] == pytest.approx(growth[1], rel=1e-9) and growth[1] < 0.95 * work
+    periodic = simulate_periodic(compile_instance, 64, 8, profile)
+    whole = simulate(compile_instance(64), profile)
+    assert 13 < periodic.built < 32
+    assert periodic.step_time == pytest.approx(whole.step_time, rel=1e-9)
