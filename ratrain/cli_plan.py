@@ -228,10 +228,11 @@ def cmd_plan(args) -> None:
 
 # ---- compile --plan --------------------------------------------------------------------------
 
+# (option, its default): a row's None keeps the default (NOTE [update rule fallback])
 PLANNED = (("pp", 1), ("dp", 1), ("micro_batches", 1), ("micro_batch_size", 1),
-           ("zero", None), ("recompute", "auto"))
-# the planner assumes these defaults
-UNPLANNED = (("clip", None), ("grad_accum", "auto"), ("update_rule", "commit"))
+           ("zero", None), ("recompute", "auto"), ("update_rule", "commit"),
+           ("zero3_prefetch", 1))
+UNPLANNED = (("clip", None), ("grad_accum", "auto"))  # the planner assumes these defaults
 
 
 def apply_plan(args) -> None:
@@ -255,8 +256,9 @@ def apply_plan(args) -> None:
         raise _user_error(f"no configuration of {plan.model} on {plan.clusters} rank(s) fits "
                           f"--budget {format_bytes(plan.budget)}; see `ratrain plan`")
     best = plan.best
-    for dest, _ in PLANNED:
-        setattr(args, dest, getattr(best, dest))
+    for dest, default in PLANNED:
+        value = getattr(best, dest)
+        setattr(args, dest, default if value is None else value)
     args.seq_len = plan.seq_len
     print(f"planned for {plan.clusters} ranks: {best.candidate} ({_timing(best)})")
 

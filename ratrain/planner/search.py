@@ -201,9 +201,8 @@ class Planner:
             compiled[c] = outcome
             best = min(best, outcome.step_time_s)
         for seed in seeds:
-            c = next((c for c in (seed, replace(seed, update_rule="after-norm"))
-                      if c in verdicts and verdicts[c].fits), None)
-            if c is not None and c not in compiled and c not in failed:
+            c, verdict = self._judge(seed)
+            if c in verdicts and verdict.fits and c not in compiled and c not in failed:
                 outcome = self._compile(c, c.micro_batches)
                 (failed if isinstance(outcome, str) else compiled)[c] = outcome
         return compiled, failed

@@ -199,20 +199,14 @@ def test_smallest_cluster_count_matches_brute_force(budget):
     assert smaller and not any(least_memory_fits(pp, dp, budget) for pp, dp in smaller)
 
 
-def test_a_candidate_the_commit_rule_does_not_fit_falls_back_to_after_norm():
+def test_a_candidate_the_commit_rule_does_not_fit_falls_back_to_after_norm(
+        after_norm_only_budget):
     """NOTE [update rule fallback]: fp16 on one rank, a budget between the after-norm
     program's arena and the commit rule's (its undo copies): the planner keeps the
     candidate under after-norm, and the row compiles within the budget."""
-    config, profile = models.get_config("tiny"), load_profile("cpu")
-    arenas = {}
-    for rule in ("commit", "after-norm"):
-        options = CompileOptions(micro_batches=2, micro_batch_size=4, seq_len=32,
-                                 precision="fp16", update_rule=rule, recompute="auto")
-        program, _ = compile_graph(trace_for(config, "tiny", options), options)
-        arenas[rule] = program.memory.arena_bytes
-    assert arenas["commit"] > arenas["after-norm"]
-    budget = (arenas["commit"] + arenas["after-norm"]) // 2
-    planner = Planner(Search(config, "tiny", 8, 32, profile, budget, precision="fp16"))
+    budget = after_norm_only_budget
+    planner = Planner(Search(models.get_config("tiny"), "tiny", 8, 32, load_profile("cpu"),
+                             budget, precision="fp16"))
     plan = planner.plan(1)
     assert plan.best is not None and plan.best.update_rule == "after-norm"
     assert plan.best.peak_bytes <= budget

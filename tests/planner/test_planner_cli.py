@@ -139,3 +139,14 @@ def test_one_strategy_plans_only_its_candidates(capsys):
     assert record["strategy"] == "backward-checkpointing"
     assert {(r["schedule"], r["recompute"]) for r in record["rows"]} == {("baseline", "full")}
     assert record["rows"][0]["step_time_s"] > 0
+
+
+def test_compile_plan_takes_the_update_rule_of_the_best_row(tmp_path, after_norm_only_budget):
+    """NOTE [update rule fallback]: where only after-norm fits, the planned row says so and
+    compile --plan compiles it that way (with commit it would not fit the budget)."""
+    out = tmp_path / "prog"
+    assert main(["compile", "tiny", "--plan", "--clusters", "1", "--global-batch", "8",
+                 "--seq-len", "32", "--precision", "fp16", "--budget",
+                 str(after_norm_only_budget), "-o", str(out)]) == 0
+    options = json.loads((out / "program.json").read_text())["options"]
+    assert options["update_rule"] == "after-norm"
