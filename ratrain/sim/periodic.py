@@ -35,7 +35,6 @@ from ratrain.sim.simulate import Simulation, simulate
 # (exact when the recompute choices repeat too). Tested against full replays
 # (tests/sim/test_periodic.py).
 PERIOD_TOLERANCE = 1e-9                 # relative: float sums of the same costs in a new order
-FIRST_INSTANCE = lambda pp: pp + 3      # micro-batches of the first instance tried
 MAX_PERIOD = 4                          # micro-batches a repeating round may span
 WINDOW = 2 * MAX_PERIOD + 1             # consecutive instances tried before n doubles
 
@@ -46,7 +45,6 @@ class PeriodicSimulation:
     instance: Simulation                # the replay of the smallest instance used
     micro_batches: int                  # M of the step
     built: int                          # micro-batches of that instance (M if full)
-    period: float                       # seconds each further micro-batch adds
     step_time: float                    # of the M micro-batches
     exposed_tail: float                 # the same for every instance
     busy: float                         # compute seconds of all replayed ranks, extended
@@ -64,9 +62,6 @@ class PeriodicSimulation:
     def bubble_fraction(self) -> float:
         total = len(self.peaks) * self.step_time
         return 1 - self.busy / total if total else 0.0
-
-    def memory_peaks(self) -> dict[int, int]:
-        return dict(self.peaks)
 
 
 def _facts(sim: Simulation) -> tuple:
@@ -100,19 +95,19 @@ def _period(facts: list[tuple]) -> int | None:
 
 def _full(sim: Simulation, micro_batches: int) -> PeriodicSimulation:
     step, tail, busy, peaks = _facts(sim)
-    return PeriodicSimulation(sim, micro_batches, micro_batches, 0.0, step, tail,
+    return PeriodicSimulation(sim, micro_batches, micro_batches, step, tail,
                               sum(busy.values()), peaks)
 
 
-def simulate_periodic(compile_instance, micro_batches: int, pp: int, profile: dict,
-                      first: int | None = None) -> PeriodicSimulation:
+def simulate_periodic(compile_instance, micro_batches: int, pp: int,
+                      profile: dict) -> PeriodicSimulation:
     """The step of `micro_batches` on `profile` (NOTE [periodic steps]).
 
     `compile_instance(n)`: the compiled Program holding n of the step's micro-batches
     (n == micro_batches: the step itself); it may raise, as compiling the step would.
-    `pp`: pipeline stages; `first`: the first instance size to try (default P + 3).
+    `pp`: pipeline stages (the first instance holds P + 3 micro-batches).
     """
-    n = first or FIRST_INSTANCE(pp)
+    n = pp + 3
     while n + WINDOW <= micro_batches // 2:
         sims: list[Simulation] = []
         facts: list[tuple] = []
@@ -136,6 +131,5 @@ def _extended(sims, facts, n: int, k: int, micro_batches: int) -> PeriodicSimula
     busy, busy_k = sum(busy.values()), sum(busy_k.values())
     window = facts[j - 2 * k:]
     peaks = {r: max(f[3][r] for f in window) for r in facts[-1][3]}
-    return PeriodicSimulation(sims[base], micro_batches, n + base, (t - t_k) / k,
-                              t + rounds * (t - t_k), tail, busy + rounds * (busy - busy_k),
-                              peaks)
+    return PeriodicSimulation(sims[base], micro_batches, n + base, t + rounds * (t - t_k),
+                              tail, busy + rounds * (busy - busy_k), peaks)
