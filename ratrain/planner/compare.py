@@ -17,10 +17,9 @@ from ratrain.planner.strategies import OURS, STRATEGIES
 class StrategyBest:
     strategy: str                       # name in STRATEGIES
     row: Row | None                     # its best compiled and simulated row
-    note: str                           # what recompute chose, why nothing fits, or why
-                                        # the strategy was skipped
+    note: str                           # what recompute chose, or why nothing fits
     speedup: float | None               # ratrain's best tokens/s over this one's
-    plan: Plan | None = None            # the strategy's plan (None: skipped)
+    plan: Plan                          # the strategy's plan
 
     def to_json(self) -> dict:
         return {"strategy": self.strategy, "paper": STRATEGIES[self.strategy].paper,

@@ -32,13 +32,11 @@ def test_each_plan_holds_only_its_strategys_candidates():
     _, bests = compared(30 * MB)
     for best in bests:
         strategy = STRATEGIES[best.strategy]
-        if best.plan is None:
-            continue
         assert best.plan.strategy == best.strategy and best.plan.rows
         assert all(strategy.allows(r.candidate) for r in best.plan.rows), best.strategy
-    schedules = {b.strategy: {r.schedule for r in b.plan.rows} for b in bests if b.plan}
+    schedules = {b.strategy: {r.schedule for r in b.plan.rows} for b in bests}
     assert schedules["ratrain"] == {"ratrain"} and schedules["tuned"] == {"baseline"}
-    policies = {b.strategy: {r.recompute for r in b.plan.rows} for b in bests if b.plan}
+    policies = {b.strategy: {r.recompute for r in b.plan.rows} for b in bests}
     assert policies["backward-checkpointing"] == {"full"} and policies["keep-all"] == {"none"}
     assert policies["tuned"] == {"auto", "full", "selective", "none"}
 
