@@ -25,7 +25,7 @@ from ratrain.passes.insert_update import commits_updates
 # (ZeRO 0) uses no port and follows its UPD at once.
 def _gathers_after_updates(program) -> bool:
     o = program.options
-    return o.schedule == "ratrain" and commits_updates(o) and o.zero >= 1
+    return commits_updates(o) and o.zero >= 1  # commits_updates: ratrain schedule only
 
 
 def _with_prefetch(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:

@@ -326,38 +326,33 @@ def _adamw(c: ProfileCosts, task, call) -> list[Step]:
 
 
 def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
-    """Cast the fp32 master to the view's dtype; under ZeRO the runtime casts its master
-    shard, all-gathers the cast shards and copies them into the view when the gather is
-    waited for, unless it gathered in place. A `redo` one (rollback only) costs nothing: NOTE [commit rule]."""
+    """Cast the fp32 master to the view's dtype; under ZeRO 1/2 gather it (_view_gather).
+    A `redo` one (rollback only) costs nothing: NOTE [commit rule]."""
     if dict(call.params).get("redo"):
         return []
-    master = call.inputs[0]
-    view = sum(slot_bytes(s) for s in call.outputs)
     if not dict(call.params)["gather"]:
-        return [Compute(c.memory_seconds("prefetch_view", slot_bytes(master) + view))]
-    itemsize = np.dtype(call.outputs[0].dtype).itemsize
-    shard = slot_elements(master) * itemsize
-    full = shard * c.options.dp
-    buffers = {s.buffer for s in call.outputs}
-    # NOTE [views gathered in place] (passes/buffers.py): no copy after such a gather
-    unpack = 0.0 if dict(call.params).get("in_place") else (full + view) / c.ddr
-    return [Compute((slot_bytes(master) + shard) / c.ddr),
-            *c.collective("allgather", full, c.options.dp, buffers, unpack,
-                          f"allgather L{task.layer}")]
+        view = sum(slot_bytes(s) for s in call.outputs)
+        return [Compute(c.memory_seconds("prefetch_view", slot_bytes(call.inputs[0]) + view))]
+    return _view_gather(c, call, f"allgather L{task.layer}")
 
 
 def _gather_view(c: ProfileCosts, task, call) -> list[Step]:
-    """NOTE [ZeRO-3 lifecycle]: cast the master shard, all-gather the cast shards on the
-    DP link (a Start: later calls overlap it until one touches the view slot), and copy
-    the gathered view into the slot when it is waited for."""
+    """NOTE [ZeRO-3 lifecycle]: a view gathered for one use (_view_gather)."""
+    return _view_gather(c, call, f"allgather {call.note} for {dict(call.params)['use']}")
+
+
+def _view_gather(c: ProfileCosts, call, label: str) -> list[Step]:
+    """Cast the master shard, all-gather the cast shards on the DP link (a Start: later
+    calls overlap it until one touches the view), and copy the gathered view into place
+    when it is waited for, unless it was gathered in place (NOTE [views gathered in
+    place], passes/buffers.py)."""
     master = call.inputs[0]
-    itemsize = np.dtype(call.outputs[0].dtype).itemsize
-    shard = slot_elements(master) * itemsize
+    shard = slot_elements(master) * np.dtype(call.outputs[0].dtype).itemsize
     full, view = shard * c.options.dp, sum(slot_bytes(s) for s in call.outputs)
+    unpack = 0.0 if dict(call.params).get("in_place") else (full + view) / c.ddr
     return [Compute((slot_bytes(master) + shard) / c.ddr),
             *c.collective("allgather", full, c.options.dp, {s.buffer for s in call.outputs},
-                          (full + view) / c.ddr, f"allgather {call.note} for "
-                          f"{dict(call.params)['use']}")]
+                          unpack, label)]
 
 
 def _memory_bound(c: ProfileCosts, task, call) -> list[Step]:
