@@ -3,8 +3,9 @@
 pp x dp = N ranks, dp x micro_batches x micro_batch_size = the global batch, any ZeRO
 stage (0 without data parallelism; ZeRO-3 with the default zero3_prefetch, one layer
 view gathered ahead), every recompute policy and the requested schedules. pp may be
-any divisor of N up to the number of layers (partition_stages balances uneven splits). Traced graphs depend only on the micro-batch size, so
-GraphCache traces each size once for all candidates.
+any divisor of N up to the number of layers (partition_stages balances uneven splits).
+Traced graphs depend only on the micro-batch size, so GraphCache traces each size once
+for all candidates.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ import numpy as np
 
 from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.passes.buffers import (CATEGORIES, backward_workspace, layer_param_count,
-                                    persistent_buffers, recovers_in_backward, undo_buffer)
+                                    persistent_buffers, recovers_in_backward,
+                                    shard_elements, undo_buffer)
 from ratrain.passes.insert_recovery import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
@@ -136,7 +137,7 @@ def _commit_need(program, stage: int, need: dict) -> dict:
     o, layers = program.options, program.stages[stage]
     counts = [layer_param_count(program, l) for l in layers]
     persistent = {c: b for c, b in need.items() if c in ("params", "optimizer", "views")}
-    grads = sum(4 * (-(-n // o.dp) if o.zero >= 2 else n) for n in counts)
+    grads = sum(4 * shard_elements(n, program, o.zero >= 2) for n in counts)
     undo = sum(undo_buffer(program, l).nbytes for l in layers)
     return {**dict.fromkeys(CATEGORIES, 0), **persistent, "grads": grads,
             "optimizer": persistent.get("optimizer", 0) + undo}
