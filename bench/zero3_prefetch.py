@@ -17,23 +17,6 @@ from ratrain.sim import simulate  # noqa: E402
 from ratrain.units import format_bytes  # noqa: E402
 
 
-def compiled(runs: Runs, model: str, candidate, prefetch: int):
-    """The Program of `candidate` with the given prefetch depth, or why it does not fit."""
-    planner = runs.planner(model)
-    original = planner.search
-    options = replace(candidate.options(original), zero3_prefetch=prefetch)
-    from ratrain.passes.pipeline import run_pipeline
-    from ratrain.passes.program import Program
-    from ratrain.passes.partition_stages import PartitionError
-    from ratrain.passes.plan_memory import MemoryBudgetError
-    from ratrain.planner.screen import compile_reason
-    try:
-        return run_pipeline(Program(planner.graphs.get(candidate.micro_batch_size), options),
-                            verify=False)[0]
-    except (PartitionError, MemoryBudgetError) as e:
-        return compile_reason(e)
-
-
 def best_zero3(runs: Runs, model: str, clusters: int, count: int):
     """(candidate, tokens/s, peak) of the best of the planner's first `count` feasible
     ZeRO-3 auto candidates under prefetch 1."""
@@ -42,7 +25,7 @@ def best_zero3(runs: Runs, model: str, clusters: int, count: int):
     best = None
     for row in rows[:count]:
         progress(f"{model}: compiling {config_text(row.candidate)} with prefetch 1")
-        program = compiled(runs, model, row.candidate, 1)
+        program = runs.compile(model, replace(row.candidate, zero3_prefetch=1))
         if isinstance(program, str):
             progress(f"  does not fit: {program}")
             continue
@@ -68,7 +51,7 @@ def main():
             print(f"{model:<15} no ZeRO-3 candidate fits")
             continue
         candidate, ahead, peak = best
-        program = compiled(runs, model, candidate, 0)
+        program = runs.compile(model, replace(candidate, zero3_prefetch=0))
         at_use = None if isinstance(program, str) else simulate(program, runs.profile).tokens_per_s
         text = f"{model:<15} {config_text(candidate):<52} {ahead:>12,.0f} "
         text += f"{at_use:>12,.0f} {ahead / at_use:>7.2f}x" if at_use else f"{'-':>12}"
