@@ -75,11 +75,13 @@ def gathers_in_place(program, layer: int) -> bool:
     """Does PREF all-gather layer's view straight into view.L (NOTE [views gathered in
     place])?"""
     o = program.options
-    if o.zero not in (1, 2) or o.dp == 1:
-        return False
-    params = _kind(program, layer).fwd.params
-    offsets, _ = view_layout(program, layer)
-    return all(at == sum(p.nbytes for p in params[:i]) for i, at in enumerate(offsets))
+    return o.zero in (1, 2) and o.dp > 1 and _packs_without_gaps(_kind(program, layer))
+
+
+@lru_cache(maxsize=256)
+def _packs_without_gaps(kind) -> bool:
+    _, size = _view_layout(kind)
+    return size == sum(p.nbytes for p in kind.fwd.params)
 
 
 def view_gather_elements(program, layer: int) -> int:
