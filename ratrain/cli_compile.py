@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
@@ -103,19 +104,50 @@ def trace_for(config: dict, name: str, options):
                        seq_len=options.seq_len, dtype=dtype, name=name)
 
 
-def compile_graph(graph, options):
-    """Run the pass pipeline; (program, records). Over-budget programs are user errors."""
+def compile_graph(graph, options, expand: bool = False):
+    """Run the pass pipeline; (program, records). A long step compiles as a periodic
+    program (NOTE [periodic programs]) unless `expand`; over-budget programs are user
+    errors."""
     from ratrain.passes.partition_stages import PartitionError
-    from ratrain.passes.pipeline import run_pipeline
     from ratrain.passes.plan_memory import MemoryBudgetError
-    from ratrain.passes.program import Program
     try:
-        return run_pipeline(Program(graph, options))
+        if not expand:
+            found = _compile_periodic(graph, options)
+            if found is not None:
+                return found
+        return _compile_instance(graph, options, None)
     except (PartitionError, MemoryBudgetError) as e:
         over_budget = isinstance(e, MemoryBudgetError) or e.peak > 0
         raise _user_error(f"the {options.schedule} program does not fit --budget "
                           f"{format_budget(options.budget)} per rank:\n{e}" if over_budget
                           else str(e)) from None
+
+
+def _compile_instance(graph, options, micro_batches: int | None):
+    from ratrain.passes.pipeline import run_pipeline
+    from ratrain.passes.program import Program
+    return run_pipeline(Program(graph, options, built_micro_batches=micro_batches))
+
+
+def _compile_periodic(graph, options):
+    """(periodic program, stage 0's instance's records), or None when the step is short
+    or shows no period (the caller then compiles it whole)."""
+    from ratrain.passes.periodic_program import find_periods, periodic_program, worth_it
+    if not worth_it(options.micro_batches, options.pp):
+        return None
+    compiled = {}
+
+    def instance(n: int):
+        compiled[n] = _compile_instance(graph, options, n)
+        return compiled[n][0]
+
+    periods = find_periods(instance, options.micro_batches, options.pp,
+                           lambda text: print(f"ratrain: {text}", file=sys.stderr, flush=True))
+    if periods is None:
+        print(f"ratrain: no repeating period found; compiling all {options.micro_batches} "
+              "micro-batches", file=sys.stderr, flush=True)
+        return None
+    return periodic_program(periods), compiled[periods[0][1].instance][1]
 
 
 def load_model(model: str) -> tuple[dict, str]:
@@ -152,8 +184,10 @@ def load_hw(name_or_path: str) -> dict:
 def program_files(program, records) -> dict[str, str | bytes]:
     """Relative path -> contents of every file except the manifest."""
     from ratrain.rt.program import code_files
+    from ratrain.passes.periodic_program import describe_periods
+    periodic = "".join(f"{line}\n" for line in describe_periods(program))
     files = {f"passes/{i:02d}_{r.name}.txt": f"# after: {r.name} ({r.seconds * 1e3:.1f} ms)\n"
-             f"{r.text}\n" for i, r in enumerate(records, 1)}
+             f"{periodic}{r.text}\n" for i, r in enumerate(records, 1)}
     stage_text = {s: "".join(f"{t}\n" for t in tasks) for s, tasks in program.tasks.items()}
     for rank in range(program.options.world_size):
         files[f"rank{rank}.txt"] = stage_text[program.coords(rank)[0]]
@@ -186,6 +220,7 @@ def build_manifest(program, records, profile: dict, hashes: dict[str, str],
         "ranks": {str(r): dict(zip(("stage", "replica"), program.coords(r)))
                   for r in range(o.world_size)},
         "stages": _stage_summary(program),
+        "periods": {str(s): asdict(p) for s, p in sorted((program.periods or {}).items())},
         "passes": [{"name": r.name, "seconds": r.seconds} for r in records],
         "files": hashes}
 
@@ -282,10 +317,14 @@ def format_stage_memory(program) -> list[str]:
 
 
 def simulate(program, profile: dict):
-    """dry_run of the stage task lists with the profile's cost model (seconds)."""
+    """dry_run of the stage task lists with the profile's cost model (seconds); a
+    periodic program's whole step, each repeated task costed as the one it repeats."""
     from ratrain.hw import task_cost_model
     from ratrain.passes.dryrun import dry_run
-    return dry_run(program.tasks, task_cost_model(program, profile))
+    from ratrain.passes.periodic_program import expanded_schedule
+    schedule, base = expanded_schedule(program)
+    cost = task_cost_model(program, profile)
+    return dry_run(schedule, lambda task: cost(base[task]))
 
 
 def format_dry_run(program, profile: dict, result) -> list[str]:
@@ -353,7 +392,7 @@ def cmd_compile(args) -> None:
     apply_plan(args)
     options = resolve_options(args, config, profile)
     graph = trace_for(config, name, options)
-    program, records = compile_graph(graph, options)
+    program, records = compile_graph(graph, options, expand=args.expand)
     files = program_files(program, records)
     hf_config = read_hf_config(args.model)
     write_program_dir(out, files, lambda hashes: build_manifest(program, records, profile,
@@ -415,15 +454,18 @@ def rank_lowered(text: str, manifest: dict, rank: int) -> str:
     return f"# lowered program of stage {stage} (rank {rank})\n{calls}\n"
 
 
-def recompile(manifest: dict):
-    """The Program a manifest describes, rebuilt from its model config and options."""
+def recompile(manifest: dict, instance: int | None = None):
+    """The Program a manifest describes, rebuilt from its model config and options: the
+    whole step, or its instance of `instance` micro-batches."""
     from ratrain.passes.program import CompileOptions
     options = dict(manifest["options"])
     if options.get("stage_speeds") is not None:
         options["stage_speeds"] = tuple(options["stage_speeds"])
     options = CompileOptions(**options)
     graph = trace_for(manifest["model"]["config"], manifest["model"]["name"], options)
-    return compile_graph(graph, options)[0]
+    if instance is not None:
+        return _compile_instance(graph, options, instance)[0]
+    return compile_graph(graph, options, expand=True)[0]
 
 
 def cmd_inspect_program(args) -> None:
@@ -435,7 +477,12 @@ def cmd_inspect_program(args) -> None:
                 + rank_lowered(text, manifest, args.rank))
     print(text, end="")
     if args.schedule_png or args.memory_png:
-        write_pictures(recompile(manifest), manifest["hw"], args)
+        instance = None
+        if manifest.get("periods"):  # a step of M micro-batches would be a wall of bars
+            instance = manifest["periods"]["0"]["instance"]
+            print(f"(pictures of an instance of {instance} micro-batches: the step repeats "
+                  "its period, NOTE [periodic programs])")
+        write_pictures(recompile(manifest, instance), manifest["hw"], args)
 
 
 def reject_program_options(args) -> None:
@@ -480,6 +527,11 @@ def add_compile_parser(sub, model_help: str) -> None:
     p.add_argument("--build", action="store_true", help="also build the generated Cython "
                    "modules now (default: the first run builds what is missing; builds are "
                    "cached by content hash, so identical stages build once)")
+    p.add_argument("--expand", action="store_true", help="compile every micro-batch of the "
+                   "step into the program and its pass outputs; by default a long step (40 "
+                   "micro-batches or more for 2 stages, 10 P + 8 from 4 stages) is written "
+                   "as an instance of a few micro-batches with a period that repeats, "
+                   "which runs the same calls")
     p.add_argument("--report", action="store_true", help="print pass times, per-stage peak "
                    "memory, a dry run on the --hw profile (bubble, exposed tail) and the "
                    "peaks of ratrain vs baseline scheduling")

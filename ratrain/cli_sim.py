@@ -20,7 +20,7 @@ def _user_error(message: str) -> Exception:
 
 
 def _program_and_profile(args):
-    from ratrain.cli_compile import MANIFEST, is_program_dir, load_hw, read_manifest, recompile
+    from ratrain.cli_compile import MANIFEST, is_program_dir, load_hw, read_manifest
     directory = Path(args.program)
     if not is_program_dir(directory):
         raise _user_error(f"{directory} is not a program directory (no {MANIFEST}); write "
@@ -30,7 +30,7 @@ def _program_and_profile(args):
     from ratrain.cluster.scaling import with_link
     if args.cluster:
         profile = {**profile, **_cluster_link(args.cluster)}
-    return recompile(manifest), with_link(profile, args.link_bandwidth, args.link_latency)
+    return manifest, with_link(profile, args.link_bandwidth, args.link_latency)
 
 
 def _cluster_link(name: str) -> dict:
@@ -50,8 +50,13 @@ def _cluster_link(name: str) -> dict:
 def cmd_simulate(args) -> None:
     from ratrain.sim import simulate
     from ratrain.sim.report import format_summary, summary, write_schedule_png, write_trace
-    program, profile = _program_and_profile(args)
-    sim = simulate(program, profile, overlap=not args.serialize, algorithm=args.algorithm)
+    from ratrain.cli_compile import recompile
+    manifest, profile = _program_and_profile(args)
+    how = dict(overlap=not args.serialize, algorithm=args.algorithm)
+    if manifest.get("periods") and not (args.trace or args.schedule_png):
+        _simulate_periodic(manifest, profile, how, args.json)
+        return
+    sim = simulate(recompile(manifest), profile, **how)
     print(json.dumps(summary(sim), indent=1) if args.json else format_summary(sim))
     notes = []
     if args.trace:
@@ -62,6 +67,20 @@ def cmd_simulate(args) -> None:
                      "task bars, simulated seconds)")
     for note in notes:  # on stderr under --json, so stdout stays one JSON document
         print(note, file=sys.stderr if args.json else sys.stdout)
+
+
+def _simulate_periodic(manifest: dict, profile: dict, how: dict, as_json: bool) -> None:
+    """A periodic program's step (NOTE [periodic programs]) extended from replays of
+    instances (NOTE [periodic steps]), so the cost does not grow with M; --trace and
+    --schedule-png replay the whole step instead."""
+    from ratrain.cli_compile import recompile
+    from ratrain.sim.periodic import simulate_periodic
+    from ratrain.sim.report import format_periodic_summary, periodic_summary
+    options = manifest["options"]
+    sim = simulate_periodic(lambda n: recompile(manifest, n), options["micro_batches"],
+                            options["pp"], profile, **how)
+    print(json.dumps(periodic_summary(sim), indent=1) if as_json
+          else format_periodic_summary(sim))
 
 
 def add_simulate_parser(sub) -> None:

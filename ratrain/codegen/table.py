@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from ratrain.codegen.emit import C_TYPES, emit_call
 from ratrain.codegen.legend import slot_legend, slot_role
-from ratrain.passes.lowered import note_layer
+from ratrain.passes.lowered import StagePeriod, note_layer, shifted_call, shifted_task
 
 ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4}
 
@@ -59,6 +59,8 @@ class StageTable:
     first_users: list = field(default_factory=list)      # per function: "0F0 (L1)"
     first_slots: list = field(default_factory=list)      # per function: its slots there
     layers: list = field(default_factory=list)           # per function: layers using it
+    period: StagePeriod | None = None   # rows of a periodic program (NOTE [periodic
+                                        # programs]); None: the rows are the whole step
 
     def function_of(self, body: str, task, use: FunctionUse) -> int:
         if body not in self._index:
@@ -94,10 +96,25 @@ class StageTable:
                           [self.first_users[i] for i in order],
                           [self.first_slots[i] for i in order],
                           [tuple(sorted(self.layers[i], key=lambda l: -1 if l is None else l))
-                           for i in order])
+                           for i in order], self.period)
 
     def __post_init__(self):
         self._index: dict[str, int] = {}
+
+
+def expanded_rows(table: StageTable):
+    """The rows the step runs, in order: the table's rows, or for a periodic program
+    (NOTE [periodic programs]) its period repeated, each repetition's tasks and Python
+    steps shifted to their micro-batches. Native steps take arena offsets only, which a
+    repetition shares with the period it repeats."""
+    if table.period is None:
+        yield from table.rows
+        return
+    for first, end, d in table.period.segments():
+        for task, steps, touched in table.rows[first:end]:
+            yield (shifted_task(task, d),
+                   tuple(PythonStep(shifted_call(s.call, d)) if isinstance(s, PythonStep)
+                         else s for s in steps) if d else steps, touched)
 
 
 def _used_by(uses) -> str:
@@ -173,7 +190,7 @@ def _layer(call) -> str:
 def build_stage_table(program, stage: int) -> StageTable:
     """The table of `stage` from the lowered program and its memory plan."""
     offsets = program.memory.stages[stage].offsets
-    table = StageTable(stage)
+    table = StageTable(stage, period=(program.periods or {}).get(stage))
     for lowered in program.lowered[stage]:
         steps: list = []
         run, pointers = [], _Pointers(offsets)

@@ -20,12 +20,11 @@ from ratrain.passes.buffers import (GRAD_OUTPUT, backward_workspace, cotangent_b
 from ratrain.passes.insert_gathers import view_buffer
 from ratrain.passes.insert_recovery import nodes_rebuilding
 from ratrain.passes.layout import graph_workspace
-from ratrain.passes.lower_comms import message_tag
 from ratrain.passes.lower_state import (_loss_scaled, _lower_gather, _lower_norm, _lower_prefetch,
                                         _lower_sync, _lower_tie, _lower_update,
                                         _with_gathers_issued, state_slots)
 from ratrain.passes.lowered import (RECOMPUTE_TAG, Call, LoweredTask, Slot, flat_slot,
-                                    var_slot)
+                                    message_tag, var_slot)
 from ratrain.passes.plan_memory import arena_name
 
 

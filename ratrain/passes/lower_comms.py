@@ -15,13 +15,6 @@ _POST = {Kind.RECV_F: Kind.POST_F, Kind.RECV_B: Kind.POST_B}
 _COMPUTE = {Kind.F, Kind.B, Kind.REC}
 
 
-def message_tag(task: Task) -> int:
-    """MPI tag of a pipeline message: unique per (micro-batch, direction) within a step,
-    the same on the sending and the receiving side."""
-    backward = task.kind in (Kind.SEND_B, Kind.RECV_B, Kind.POST_B)
-    return 2 * task.micro_batch + int(backward)
-
-
 def _with_posts(stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
     out: list[Task] = []
     for task in tasks:

@@ -27,6 +27,9 @@ class Program:
     built_micro_batches: int | None = None  # micro-batches the task lists hold, if fewer
                                         # than options.micro_batches: an instance of the
                                         # step (NOTE [periodic steps], sim/periodic.py)
+    periods: dict | None = None         # stage -> StagePeriod of a periodic program, whose
+                                        # stages may come from different instances (NOTE
+                                        # [periodic programs], passes/periodic_program.py)
 
     def __post_init__(self):
         g, o = self.graph, self.options

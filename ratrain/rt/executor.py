@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ratrain.codegen.table import NativeStep
+from ratrain.codegen.table import NativeStep, expanded_rows
 from ratrain.ir.tasks import Kind
 from ratrain.passes.insert_gathers import gather_plan
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
@@ -74,8 +74,8 @@ class _Native:
 class _Row:
     task: object                        # the Task
     steps: tuple                        # _Native or Call
-    buffers: frozenset                  # arena buffers the task touches
-    frees: str | None                   # the buffer a FREE task releases
+    buffers: frozenset                  # (offset, nbytes) of the arena buffers it touches
+    frees: tuple | None                 # (offset, nbytes) of the buffer a FREE releases
 
 
 def _native(step: NativeStep) -> _Native:
@@ -152,13 +152,14 @@ class RankExecutor:
                                np.empty(plan.arena_bytes, np.uint8), plan.offsets)
         table, self.module = program.stage_code(stage)
         self.threads, self.address = _threads(), self.state.arena.ctypes.data
-        self.task_rows = tuple(self._row(*row) for row in table.rows)
+        self.task_rows = tuple(self._row(plan.offsets, *row) for row in expanded_rows(table))
         self.early_syncs = early_syncs(self.task_rows) if self.options.schedule == "ratrain" \
             else {}
         self.forward_gathers = forward_gathers(program, stage, self.task_rows)
         self.planned_peak_bytes = plan.peak_bytes
-        self.live = set(plan.persistent)   # buffers live now; their bytes, the peak so far
-        self.peak_bytes = self.live_bytes = sum(plan.offsets[b][1] for b in self.live)
+        # buffers live now, by their (offset, nbytes); their bytes, the peak so far
+        self.live = {plan.offsets[b] for b in plan.persistent}
+        self.peak_bytes = self.live_bytes = sum(n for _, n in self.live)
         for layer in program.stages[stage]:
             init_layer(program, self.state, layer, params, moments)
         comms.split_dp_group(stage, replica)
@@ -178,22 +179,25 @@ class RankExecutor:
         return self.state.arena.nbytes
 
     @staticmethod
-    def _row(task, steps, buffers) -> _Row:
+    def _row(offsets: dict, task, steps, buffers) -> _Row:
         ready = tuple(_native(s) if isinstance(s, NativeStep) else s.call for s in steps)
-        return _Row(task, ready, buffers, task.buffer if task.kind == "FREE" else None)
+        return _Row(task, ready, frozenset(offsets[b] for b in buffers),
+                    offsets[task.buffer] if task.kind == "FREE" else None)
 
     def _count_live(self, row: _Row) -> None:
         """A buffer is live from the first task touching it to its FREE (plan_memory's
-        convention), so the measured peak can be checked against the planned one."""
-        sizes = self.state.offsets
+        convention), so the measured peak can be checked against the planned one. Buffers
+        are told apart by their arena bytes, not their names: no two live at once share
+        them, and a periodic program's later periods name the buffers of the period they
+        repeat (NOTE [periodic programs])."""
         if row.frees is not None:
             if row.frees in self.live:
                 self.live.discard(row.frees)
-                self.live_bytes -= sizes[row.frees][1]
+                self.live_bytes -= row.frees[1]
             return
-        for name in row.buffers - self.live:
-            self.live.add(name)
-            self.live_bytes += sizes[name][1]
+        for key in row.buffers - self.live:
+            self.live.add(key)
+            self.live_bytes += key[1]
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     # --- driving --------------------------------------------------------------------------

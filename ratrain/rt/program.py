@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # runtime.pkl and code/ hold the program (3: TIE tasks, RoPE tables; 4: ZeRO-3 gathers,
-# and the commit rule's speculative adamw, redo_update and undo.L)
-FORMAT = "ratrain-program/4"
+# and the commit rule's speculative adamw, redo_update and undo.L; 5: periodic stage
+# tables, NOTE [periodic programs])
+FORMAT = "ratrain-program/5"
 
 
 def ratrain_version() -> str:

@@ -100,25 +100,26 @@ def _full(sim: Simulation, micro_batches: int) -> PeriodicSimulation:
 
 
 def simulate_periodic(compile_instance, micro_batches: int, pp: int,
-                      profile: dict) -> PeriodicSimulation:
+                      profile: dict, **how) -> PeriodicSimulation:
     """The step of `micro_batches` on `profile` (NOTE [periodic steps]).
 
     `compile_instance(n)`: the compiled Program holding n of the step's micro-batches
     (n == micro_batches: the step itself); it may raise, as compiling the step would.
-    `pp`: pipeline stages (the first instance holds P + 3 micro-batches).
+    `pp`: pipeline stages (the first instance holds P + 3 micro-batches). `how`: the
+    keywords of simulate (overlap, algorithm).
     """
     n = pp + 3
     while n + WINDOW <= micro_batches // 2:
         sims: list[Simulation] = []
         facts: list[tuple] = []
         while len(sims) < WINDOW:
-            sims.append(simulate(compile_instance(n + len(sims)), profile))
+            sims.append(simulate(compile_instance(n + len(sims)), profile, **how))
             facts.append(_facts(sims[-1]))
             k = _period(facts)
             if k is not None:
                 return _extended(sims, facts, n, k, micro_batches)
         n *= 2
-    return _full(simulate(compile_instance(micro_batches), profile), micro_batches)
+    return _full(simulate(compile_instance(micro_batches), profile, **how), micro_batches)
 
 
 def _extended(sims, facts, n: int, k: int, micro_batches: int) -> PeriodicSimulation:

@@ -16,17 +16,22 @@ def stage_rows(sim) -> list[dict]:
              "peak_bytes": peaks[rank]} for rank in sorted(r.ends)]
 
 
+def _record(sim, profile: dict) -> dict:
+    """What a simulation's JSON record says of the program it replayed."""
+    o = sim.program.options
+    return {"model": sim.program.graph.name, "hw": profile["name"], "pp": o.pp, "dp": o.dp,
+            "zero": o.zero, "micro_batches": o.micro_batches,
+            "micro_batch_size": o.micro_batch_size, "seq_len": o.seq_len,
+            "schedule": o.schedule, "precision": o.precision}
+
+
 def summary(sim) -> dict:
     """The JSON record of a simulation (`ratrain simulate --json`)."""
-    o = sim.program.options
-    return {"model": sim.program.graph.name, "hw": sim.profile["name"], "pp": o.pp,
-            "dp": o.dp, "zero": o.zero, "micro_batches": o.micro_batches,
-            "micro_batch_size": o.micro_batch_size, "seq_len": o.seq_len,
-            "schedule": o.schedule, "precision": o.precision,
-            "step_time_s": sim.step_time, "tokens_per_step": sim.tokens_per_step,
-            "tokens_per_s": sim.tokens_per_s, "bubble_fraction": sim.bubble_fraction,
-            "exposed_tail_s": sim.exposed_tail,
-            "step_alone_s": max(sim.replay.ends.values(), default=0.0), "ranks": stage_rows(sim)}
+    return _record(sim, sim.profile) | {
+        "step_time_s": sim.step_time, "tokens_per_step": sim.tokens_per_step,
+        "tokens_per_s": sim.tokens_per_s, "bubble_fraction": sim.bubble_fraction,
+        "exposed_tail_s": sim.exposed_tail,
+        "step_alone_s": max(sim.replay.ends.values(), default=0.0), "ranks": stage_rows(sim)}
 
 
 def _alone(sim) -> str:
@@ -39,18 +44,48 @@ def _alone(sim) -> str:
            f"overlap the next step; one step alone takes {alone:.4g} s)"
 
 
-def format_summary(sim) -> str:
-    o, p = sim.program.options, sim.profile
-    budget = format_bytes(o.budget) if o.budget else "unlimited"
-    lines = [
-        f"simulated {sim.program.graph.name} on {p['name']} "
-        f"({'calibrated' if p.get('calibrated') else 'uncalibrated'} profile): pp {o.pp} x "
-        f"dp {o.dp} = {o.world_size} ranks, {o.micro_batches} micro-batches of "
+def _headline(sim, profile: dict, tokens_per_step: int) -> list[str]:
+    o = sim.program.options
+    return [
+        f"simulated {sim.program.graph.name} on {profile['name']} "
+        f"({'calibrated' if profile.get('calibrated') else 'uncalibrated'} profile): pp "
+        f"{o.pp} x dp {o.dp} = {o.world_size} ranks, {o.micro_batches} micro-batches of "
         f"{o.micro_batch_size} x {o.seq_len} tokens, schedule {o.schedule}, zero {o.zero}, "
         f"{o.precision}",
         f"step {sim.step_time:.4g} s, {sim.tokens_per_s:,.0f} tokens/s "
-        f"({sim.tokens_per_step:,} tokens per step), bubble {sim.bubble_fraction:.1%}, "
-        f"exposed tail {sim.exposed_tail:.4g} s" + _alone(sim),
+        f"({tokens_per_step:,} tokens per step), bubble {sim.bubble_fraction:.1%}, "
+        f"exposed tail {sim.exposed_tail:.4g} s"]
+
+
+def periodic_summary(sim) -> dict:
+    """The JSON record of a PeriodicSimulation (sim/periodic.py)."""
+    instance = sim.instance
+    return _record(sim, instance.profile) | {
+        "step_time_s": sim.step_time, "tokens_per_step": instance.tokens_per_step,
+        "tokens_per_s": sim.tokens_per_s, "bubble_fraction": sim.bubble_fraction,
+        "exposed_tail_s": sim.exposed_tail, "extended_from": sim.built,
+        "ranks": [{"rank": r, "stage": instance.stage_of(r), "peak_bytes": b}
+                  for r, b in sorted(sim.peaks.items())]}
+
+
+def format_periodic_summary(sim) -> str:
+    """The text summary of a PeriodicSimulation: the step, and each stage's peak."""
+    o, instance = sim.program.options, sim.instance
+    budget = format_bytes(o.budget) if o.budget else "unlimited"
+    lines = _headline(sim, instance.profile, instance.tokens_per_step)
+    lines.append(f"(extended from replays of instances of {sim.built} micro-batches and "
+                 "more, NOTE [periodic steps]; --trace or --schedule-png replay the whole step)")
+    lines.append(f"  {'stage':>5} {'peak':>10}  (budget {budget})")
+    lines += [f"  {instance.stage_of(r):>5} {format_bytes(b):>10}" for r, b in sorted(sim.peaks.items())]
+    return "\n".join(lines)
+
+
+def format_summary(sim) -> str:
+    o = sim.program.options
+    budget = format_bytes(o.budget) if o.budget else "unlimited"
+    lines = _headline(sim, sim.profile, sim.tokens_per_step)
+    lines[-1] += _alone(sim)
+    lines += [
         f"  {'stage':>5} {'busy s':>10} {'last B s':>10} {'end s':>10} {'peak':>10}  (budget {budget})"]
     for row in stage_rows(sim):
         last_b = row["last_backward_end_s"]

@@ -281,3 +281,23 @@ def test_update_rule_help_says_what_it_does(capsys):
         main(["compile", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--update-rule {commit,after-norm}" in text and "rolls it back" in text
+
+
+def test_a_long_step_is_written_as_a_periodic_program(tmp_path, capsys):
+    """NOTE [periodic programs]: 48 micro-batches on 2 stages compile from instances; the
+    manifest holds each stage's period, the dumps say what they show, and --expand writes
+    the whole step."""
+    out = tmp_path / "periodic"
+    assert compile_to(out, "--pp", "2", "--micro-batches", "48") == 0
+    assert "compiling an instance of 8 micro-batches" in capsys.readouterr().err
+    periods = json.loads((out / "program.json").read_text())["periods"]
+    assert {s: (p["shift"], p["instance"] + (p["count"] - 1) * p["shift"])
+            for s, p in periods.items()} == {"0": (2, 48), "1": (1, 48)}
+    lower = (out / "passes" / f"{len(PASS_NAMES):02d}_lower.txt").read_text().splitlines()
+    assert lower[1] == "# periodic program of 48 micro-batches (NOTE [periodic programs]); " \
+                       "`ratrain compile --expand` writes the whole step"
+    assert max(t.micro_batch or 0 for t in parse_tasks((out / "rank0.txt").read_text())) < 12
+    whole = tmp_path / "whole"
+    assert compile_to(whole, "--pp", "2", "--micro-batches", "48", "--expand") == 0
+    assert json.loads((whole / "program.json").read_text())["periods"] == {}
+    assert max(t.micro_batch or 0 for t in parse_tasks((whole / "rank0.txt").read_text())) == 47

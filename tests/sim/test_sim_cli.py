@@ -51,3 +51,23 @@ def test_errors_are_one_line(program_dir, tmp_path, capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_periodic_program_simulates_as_its_whole_step(tmp_path, capsys):
+    """NOTE [periodic programs]: a long step is written as instances with periods; its
+    simulation extends replays of instances and must equal the whole step's replay (the
+    --trace path replays the whole step)."""
+    out = tmp_path / "periodic"
+    assert main(["compile", "tiny", "--seq-len", "32", "--pp", "2", "--micro-batches", "48",
+                 "--hw", "mt3000", "-o", str(out)]) == 0
+    assert json.loads((out / "program.json").read_text())["periods"]
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--json"]) == 0
+    periodic = json.loads(capsys.readouterr().out)
+    assert main(["simulate", str(out), "--json", "--trace", str(tmp_path / "t.json")]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert periodic["extended_from"] < 48
+    assert periodic["step_time_s"] == pytest.approx(whole["step_time_s"], rel=1e-9)
+    assert periodic["exposed_tail_s"] == pytest.approx(whole["exposed_tail_s"], rel=1e-9)
+    assert [r["peak_bytes"] for r in periodic["ranks"]] == \
+        [r["peak_bytes"] for r in whole["ranks"]]
