@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ratrain.cli_plan import add_search_options, apply_plan
 from ratrain.passes.buffers import CATEGORIES
-from ratrain.passes.options import (GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES,
+from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES,
                                     UPDATE_RULES)
 from ratrain.passes.plan_memory import format_bytes
 

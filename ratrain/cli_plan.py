@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from ratrain.passes.options import SCHEDULES
+from ratrain.program_format.options import SCHEDULES
 from ratrain.planner.strategies import STRATEGIES
 from ratrain.units import format_bytes
 
@@ -283,7 +283,7 @@ def add_search_options(p, *, required: bool) -> None:
 
 def add_plan_parser(sub, model_help: str) -> None:
     from ratrain.cli_compile import SIZE_HELP, _size_arg
-    from ratrain.passes.options import PRECISIONS
+    from ratrain.program_format.options import PRECISIONS
     p = sub.add_parser("plan", help="search configurations for N ranks under a memory budget "
                        "and rank them by simulated step time",
                        description="Search pipeline and DP degrees (pp x dp = N), ZeRO stage, "

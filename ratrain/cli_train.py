@@ -20,7 +20,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from ratrain.passes.options import PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
+from ratrain.program_format.options import PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
 from ratrain.rt.train_options import add_training_options, forward_argv
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from ratrain.calibrate.cases import Case
 from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.optim import AdamW
-from ratrain.passes.lowered import Call, Slot
+from ratrain.program_format.lowered import Call, Slot
 from ratrain.passes.program import CompileOptions
 
 SIZES = (1 << 16, 1 << 18, 1 << 20)     # parameters of a layer, tiny to small models

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from ratrain.codegen.emit import C_TYPES, emit_call
 from ratrain.codegen.legend import slot_legend, slot_role
-from ratrain.passes.lowered import StagePeriod, note_layer, shifted_call, shifted_task
+from ratrain.program_format.lowered import StagePeriod, note_layer, shifted_call, shifted_task
 
 ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4}
 

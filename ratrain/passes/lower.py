@@ -5,7 +5,8 @@ become one call per IR node, with every value addressed: parameters in view.L, k
 residuals in act.L.mb, rebuilt ones in rec.L.mb (or in B's workspace when B recomputes
 them), intermediates in the task's workspace (layout.py), messages in in/out/gin/gout.
 Other tasks become one runtime call (the training-state ones in lower_state.py). This
-is the input of codegen and of the reference executor; the types are in lowered.py.
+is the input of codegen and of the reference executor; the types are in
+program_format/lowered.py.
 """
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ from ratrain.passes.layout import graph_workspace
 from ratrain.passes.lower_state import (_loss_scaled, _lower_gather, _lower_norm, _lower_prefetch,
                                         _lower_sync, _lower_tie, _lower_update,
                                         _with_gathers_issued, state_slots)
-from ratrain.passes.lowered import (RECOMPUTE_TAG, Call, LoweredTask, Slot, flat_slot,
+from ratrain.program_format.lowered import (RECOMPUTE_TAG, Call, LoweredTask, Slot, flat_slot,
                                     message_tag, var_slot)
-from ratrain.passes.plan_memory import arena_name
+from ratrain.program_format.lowered import arena_name
 
 
 class _Placement:

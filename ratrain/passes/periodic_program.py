@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ratrain.passes.lowered import Slot, StagePeriod, shifted_call, shifted_task
+from ratrain.program_format.lowered import Slot, StagePeriod, shifted_call, shifted_task
 from ratrain.passes.plan_memory import MemoryPlan
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from ratrain.ir.tasks import GATHERS, Kind, Task
 from ratrain.units import format_bytes  # noqa: F401  (re-exported)
 from ratrain.passes.buffers import CATEGORIES, Buffer, persistent_buffers, task_effects
+from ratrain.program_format.lowered import arena_name
 
 ALIGNMENT = 64                          # bytes; every arena offset is a multiple of it
 
@@ -74,13 +75,6 @@ class MemoryPlan:
                          f"{m.peak_task} ({m.peak_task_name}), arena {format_bytes(m.arena_bytes)}")
             lines.append("  " + m.breakdown())
         return "\n".join(lines)
-
-
-def arena_name(name: str) -> str:
-    """A buffer's name in the plan and in FREE tasks. Task text forbids brackets in a
-    FREE's operand, but workspace names embed task text (`ws.0REC[L1]0`): map them to
-    parentheses (`ws.0REC(L1)0`). The identity for every other name."""
-    return name.replace("[", "(").replace("]", ")")
 
 
 def align(nbytes: int) -> int:

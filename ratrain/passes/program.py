@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ratrain.ir.costs import LayerCost
 from ratrain.ir.tasks import Schedule
 from ratrain.ir.train_graph import TrainGraph
-from ratrain.passes.options import CompileOptions  # noqa: F401  (re-exported)
+from ratrain.program_format.options import CompileOptions  # noqa: F401  (re-exported)
 
 @dataclass(frozen=True)
 class Program:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ratrain.passes.options import RECOMPUTE_POLICIES, CompileOptions
+from ratrain.program_format.options import RECOMPUTE_POLICIES, CompileOptions
 
 # least memory first: insert_recovery's auto needs no more than full, which needs no
 # more than selective, which needs no more than none (NOTE [dominance] in screen.py)

@@ -14,7 +14,7 @@ import numpy as np
 from ratrain import kernels
 from ratrain.ir.rules import lookup_rule
 from ratrain.optim import AdamW, LossScaler
-from ratrain.passes.lowered import rollback_only
+from ratrain.program_format.lowered import rollback_only
 
 
 def shard_bounds(n: int, dp: int, replica: int) -> tuple[int, int]:

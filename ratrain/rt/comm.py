@@ -1,6 +1,6 @@
 """Everything the runtime says to other ranks, and the only module that imports mpi4py.
 
-Pipeline messages are point-to-point on COMM_WORLD (tag = passes/lowered.message_tag of the task); DP
+Pipeline messages are point-to-point on COMM_WORLD (tag = program_format/lowered.message_tag); DP
 collectives run on a communicator per stage split from COMM_WORLD. Non-blocking calls
 return an `InFlight` that the executor completes before anything touches its memory.
 """

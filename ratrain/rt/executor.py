@@ -19,7 +19,7 @@ from ratrain.codegen.table import NativeStep, expanded_rows
 from ratrain.ir.tasks import Kind
 from ratrain.passes.insert_gathers import gather_plan
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
-from ratrain.passes.lowered import note_layer
+from ratrain.program_format.lowered import note_layer
 from ratrain.rt import comm
 from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds, skips
 

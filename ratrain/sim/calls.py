@@ -17,7 +17,7 @@ from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, counterpart
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
-from ratrain.passes.lowered import RECOMPUTE_TAG, Slot, note_layer, rollback_only
+from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, note_layer, rollback_only
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.kernels import fitted_seconds, graph_seconds, op_costs
 from ratrain.sim.residency import cold_fractions

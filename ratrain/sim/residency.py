@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ratrain.passes.lowered import Slot
+from ratrain.program_format.lowered import Slot
 
 BLOCK = 4096                            # bytes per tracked block of the arena, at least
 MAX_BLOCKS = 1 << 16                    # blocks per arena, at most (larger blocks beyond)

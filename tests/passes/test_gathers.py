@@ -9,7 +9,7 @@ from ratrain import models
 from ratrain.ir.tasks import GATHERS, Kind, parse_task
 from ratrain.ir.train_graph import trace_model
 from ratrain.passes.insert_gathers import GatherError, gather_plan, verify_gathers
-from ratrain.passes.lowered import Slot, note_layer
+from ratrain.program_format.lowered import Slot, note_layer
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 

@@ -9,7 +9,7 @@ from ratrain import models
 from ratrain.ir.tasks import format_schedule
 from ratrain.ir.train_graph import trace_model
 from ratrain.passes.lower import format_lowered
-from ratrain.passes.lowered import Slot
+from ratrain.program_format.lowered import Slot
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 

@@ -8,8 +8,8 @@ import pytest
 
 from ratrain import models
 from ratrain.cli_compile import trace_for
-from ratrain.codegen.table import NativeStep, PythonStep, build_stage_table, expanded_rows
-from ratrain.passes.lowered import Slot, StagePeriod
+from ratrain.codegen.table import NativeStep, build_stage_table, expanded_rows
+from ratrain.program_format.lowered import Slot, StagePeriod
 from ratrain.passes.periodic_program import (find_periods, periodic_program, row_keys,
                                              stage_period)
 from ratrain.passes.pipeline import run_pipeline

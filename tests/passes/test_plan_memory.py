@@ -11,9 +11,9 @@ from ratrain.ir.train_graph import trace_model
 from ratrain.passes.buffers import CATEGORIES, persistent_buffers, stage_peak, task_effects
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
 from ratrain.passes.plan_memory import (ALIGNMENT, MemoryBudgetError, MemoryPlanError,
-                                        arena_name, format_bytes, plan_memory,
-                                        verify_memory_plan)
+                                        format_bytes, plan_memory, verify_memory_plan)
 from ratrain.passes.program import CompileOptions, Program
+from ratrain.program_format.lowered import arena_name
 
 MiB = 1 << 20
 

@@ -3,7 +3,7 @@ import pytest
 
 from ratrain import models
 from ratrain.cli_compile import compile_graph, trace_for
-from ratrain.passes.options import CompileOptions
+from ratrain.program_format.options import CompileOptions
 
 
 @pytest.fixture(scope="session")

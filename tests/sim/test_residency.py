@@ -7,7 +7,7 @@ import pytest
 from ratrain import models
 from ratrain.cli_compile import compile_graph, trace_for
 from ratrain.hw import load_profile
-from ratrain.passes.lowered import Call, Slot
+from ratrain.program_format.lowered import Call, Slot
 from ratrain.passes.program import CompileOptions
 from ratrain.sim import simulate
 from ratrain.sim.residency import BLOCK, cold_fractions

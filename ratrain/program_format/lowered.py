@@ -1,9 +1,9 @@
 """The lowered program's types: Slot (a tensor at a byte offset of an arena buffer), Call
 (one kernel or runtime call over slots) and LoweredTask, with the helpers that read them.
 
-`lower` (lower.py, lower_state.py) makes them; codegen, the simulator, the reference
-executor and the runtime read them. Kept apart from the lowering passes so that readers
-import only these definitions.
+`lower` (passes/lower.py, lower_state.py) makes them; codegen, the simulator, the
+reference executor and the runtime read them. Part of the program format, so that readers
+import only these definitions and never the passes.
 """
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ import numpy as np
 from ratrain.ir.graph import DTYPE_SHORT
 from ratrain.ir.printer import format_param
 from ratrain.ir.tasks import Kind, Task, parse_task
-from ratrain.passes.plan_memory import arena_name
+
+
+def arena_name(name: str) -> str:
+    """A buffer's name in the plan and in FREE tasks. Task text forbids brackets in a
+    FREE's operand, but workspace names embed task text (`ws.0REC[L1]0`): map them to
+    parentheses (`ws.0REC(L1)0`). The identity for every other name."""
+    return name.replace("[", "(").replace("]", ")")
 
 
 @dataclass(frozen=True)
