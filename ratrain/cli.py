@@ -14,16 +14,13 @@ from ratrain.cli_cluster import add_cluster_parser
 from ratrain.cli_compile import add_compile_parser, add_program_inspect_options
 from ratrain.cli_plan import add_plan_parser
 from ratrain.cli_sim import add_simulate_parser
+from ratrain.errors import UserError
 from ratrain.units import format_bytes
 from ratrain.cli_train import add_run_parser, add_train_parser
 from ratrain.models.config import preset_names
 
 MODEL_HELP = (f"a preset name ({', '.join(preset_names())}), a Hugging Face config.json, "
               "or a directory holding one")
-
-
-class UserError(Exception):
-    """An error caused by the command's input; printed without a traceback."""
 
 
 def _trace(args):

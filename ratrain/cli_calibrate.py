@@ -12,14 +12,10 @@ import re
 import time
 from pathlib import Path
 
+from ratrain.errors import UserError
 from ratrain.hw.profiles import PROFILE_DIR
 
 BUSY_LOAD = 0.5                         # 1-minute load average above which times are noisy
-
-
-def _user_error(message: str) -> Exception:
-    from ratrain.cli import UserError
-    return UserError(message)
 
 
 def profile_text(profile: dict) -> str:
@@ -42,7 +38,7 @@ def cmd_calibrate(args) -> None:
     from ratrain.hw import load_profile
     out = Path(args.output)
     if out.suffix != ".json":
-        raise _user_error(f"-o {out}: a profile is a .json file")
+        raise UserError(f"-o {out}: a profile is a .json file")
     load = os.getloadavg()[0]
     print(f"calibrating this machine (1-minute load average {load:.2f}"
           + (": other processes make the times slower and noisier)" if load > BUSY_LOAD
@@ -51,7 +47,7 @@ def cmd_calibrate(args) -> None:
     try:
         profile = calibrate(lambda line: print(line, flush=True), evict=args.evict)
     except (RuntimeError, ValueError) as e:
-        raise _user_error(str(e)) from None
+        raise UserError(str(e)) from None
     write_profile(profile, out)
     load_profile(out)
     print(summary(profile, out, time.perf_counter() - started))

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def _user_error(message: str) -> Exception:
-    from ratrain.cli import UserError
-    return UserError(message)
+from ratrain.errors import UserError
 
 
 def link_type(parse):
@@ -46,7 +43,7 @@ def cmd_status(args) -> None:
     from ratrain.cluster.harness import describe, link_counters, read_cluster
     cluster = read_cluster(args.name)
     if cluster is None:
-        raise _user_error(f"no cluster {args.name} is up: `ratrain cluster up {args.name} "
+        raise UserError(f"no cluster {args.name} is up: `ratrain cluster up {args.name} "
                           "-n N` makes one")
     print(f"cluster {cluster.name}: {describe(cluster)}")
     print(f"{'rank':>4} {'namespace':<18} {'address':<12} {'sent bytes':>14} "
@@ -60,7 +57,7 @@ def cmd_probe(args) -> None:
     from ratrain.cluster.harness import describe_link, probe, read_cluster
     cluster = read_cluster(args.name)
     if cluster is None:
-        raise _user_error(f"no cluster {args.name} is up: `ratrain cluster up {args.name} "
+        raise UserError(f"no cluster {args.name} is up: `ratrain cluster up {args.name} "
                           "-n N` makes one")
     print(f"probing cluster {cluster.name} from ranks 0 and 1 (a few seconds)...", flush=True)
     cluster = probe(cluster)
@@ -74,7 +71,7 @@ def run_cluster_command(args) -> None:
     try:
         args.action(args)
     except (ClusterError, NetnsError) as e:
-        raise _user_error(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 def add_cluster_parser(sub) -> None:

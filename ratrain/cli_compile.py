@@ -2,11 +2,11 @@
 
 compile traces the model, runs the pass PIPELINE (passes/pipeline.py) and writes DIR
 atomically: program.json (manifest with sha256 of every file), passes/NN_<pass>.txt,
-rank<R>.txt, memory.txt, and what the runtime runs: runtime.pkl and code/stage<N>.pyx
-(generated Cython, built into build/ before DIR appears) with its task table
-code/stage<N>.pkl and code/stage<N>.legend.txt (what each generated function's offsets
-are). inspect reads those files; for pictures it recompiles from the
-manifest's config and options (compiling is deterministic and fast).
+rank<R>.txt, memory.txt, and what the runtime runs (NOTE [program format], JSON and
+Cython, no pickle): runtime.json and code/stage<N>.pyx (generated Cython, built into build/
+with --build) with its rows code/stage<N>.tasks.json and code/stage<N>.legend.txt (what
+each generated function's offsets are). inspect reads those files; for pictures it
+recompiles from the manifest's config and options (compiling is deterministic and fast).
 """
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ratrain.cli_plan import add_search_options, apply_plan
+from ratrain.errors import UserError
 from ratrain.passes.buffers import CATEGORIES
-from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES,
-                                    UPDATE_RULES)
 from ratrain.passes.plan_memory import format_bytes
+from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES,
+                                            SCHEDULES, UPDATE_RULES)
 
 MANIFEST = "program.json"
 SIZE_UNITS = {"": 1, "b": 1} | {f"{p}{s}": 1000 ** (i + 1) for i, p in enumerate("kmgt")
@@ -41,11 +42,6 @@ def format_budget(nbytes: int) -> str:
     scale, unit = next((s, u) for s, u in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"),
                                            (1, "B")) if nbytes >= s or u == "B")
     return f"{nbytes / scale:.4g} {unit} ({format_bytes(nbytes)})"
-
-
-def _user_error(message: str) -> Exception:
-    from ratrain.cli import UserError
-    return UserError(message)
 
 
 def parse_size(text: str) -> int:
@@ -79,7 +75,7 @@ def resolve_options(args, config: dict, profile: dict):
     zero = args.zero if args.zero is not None else (
         profile.get("default_zero", 0) if args.dp > 1 else 0)
     if args.clip is not None and not args.clip > 0:
-        raise _user_error(f"--clip must be a positive gradient norm (got {args.clip})")
+        raise UserError(f"--clip must be a positive gradient norm (got {args.clip})")
     from ratrain.models import check_sequence_length
     try:
         options = CompileOptions(
@@ -92,7 +88,7 @@ def resolve_options(args, config: dict, profile: dict):
             update_rule=getattr(args, "update_rule", "commit"))
         check_sequence_length(config, options.seq_len)  # a sliding window is refused here
     except ValueError as e:
-        raise _user_error(str(e)) from None
+        raise UserError(str(e)) from None
     return options
 
 
@@ -118,7 +114,7 @@ def compile_graph(graph, options, expand: bool = False):
         return _compile_instance(graph, options, None)
     except (PartitionError, MemoryBudgetError) as e:
         over_budget = isinstance(e, MemoryBudgetError) or e.peak > 0
-        raise _user_error(f"the {options.schedule} program does not fit --budget "
+        raise UserError(f"the {options.schedule} program does not fit --budget "
                           f"{format_budget(options.budget)} per rank:\n{e}" if over_budget
                           else str(e)) from None
 
@@ -155,7 +151,7 @@ def load_model(model: str) -> tuple[dict, str]:
     try:
         return models.get_config(model), model
     except (ValueError, FileNotFoundError, OSError) as e:
-        raise _user_error(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 def read_hf_config(model: str) -> dict | None:
@@ -176,14 +172,14 @@ def load_hw(name_or_path: str) -> dict:
     try:
         return load_profile(name_or_path)
     except ProfileError as e:
-        raise _user_error(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 # ---- the program directory ----------------------------------------------------------------
 
 def program_files(program, records) -> dict[str, str | bytes]:
     """Relative path -> contents of every file except the manifest."""
-    from ratrain.rt.program import code_files
+    from ratrain.codegen.program_dir import code_files
     from ratrain.passes.periodic_program import describe_periods
     periodic = "".join(f"{line}\n" for line in describe_periods(program))
     files = {f"passes/{i:02d}_{r.name}.txt": f"# after: {r.name} ({r.seconds * 1e3:.1f} ms)\n"
@@ -209,7 +205,7 @@ def build_manifest(program, records, profile: dict, hashes: dict[str, str],
                    hf_config: dict | None = None) -> dict:
     """program.json; `hf_config` is the model's config as read (read_hf_config), kept
     next to the filled-in one for the runtime's checkpoints."""
-    from ratrain.rt.program import FORMAT, ratrain_version
+    from ratrain.program_format.runtime import FORMAT
     o = program.options
     model = {"name": program.graph.name, "config": program.graph.config}
     return {
@@ -225,6 +221,14 @@ def build_manifest(program, records, profile: dict, hashes: dict[str, str],
         "files": hashes}
 
 
+def ratrain_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("ratrain")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def is_program_dir(path: Path) -> bool:
     return (path / MANIFEST).is_file()
 
@@ -237,10 +241,10 @@ def check_output(out: Path, force: bool) -> None:
         return
     if out.is_dir() and is_program_dir(out):
         if not force:
-            raise _user_error(f"{out} already holds a compiled program; pass --force to "
+            raise UserError(f"{out} already holds a compiled program; pass --force to "
                               "overwrite it")
         return
-    raise _user_error(f"{out} exists and is not a program directory (no {MANIFEST}); "
+    raise UserError(f"{out} exists and is not a program directory (no {MANIFEST}); "
                       "refusing to overwrite it: choose another -o")
 
 
@@ -280,13 +284,13 @@ def _build_code(root: Path, sources: dict[str, str]) -> None:
     """Build every distinct generated module into root/build, two at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ratrain.codegen.build import BuildError, build_module
+    from ratrain.program_format.build import BuildError, build_module
     distinct = sorted(set(sources.values()))
     try:
         with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
             list(pool.map(lambda source: build_module(source, root), distinct))
     except BuildError as e:
-        raise _user_error(f"the generated code did not build (a C compiler and the Python "
+        raise UserError(f"the generated code did not build (a C compiler and the Python "
                           f"headers are needed): {str(e).splitlines()[-1]}") from None
 
 
@@ -410,7 +414,7 @@ def read_manifest(directory: Path) -> dict:
     try:
         return json.loads((directory / MANIFEST).read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise _user_error(f"cannot read {directory / MANIFEST}: {e}") from None
+        raise UserError(f"cannot read {directory / MANIFEST}: {e}") from None
 
 
 def pass_file(directory: Path, manifest: dict, after: str | None) -> Path:
@@ -423,7 +427,7 @@ def pass_file(directory: Path, manifest: dict, after: str | None) -> Path:
     elif after in names:
         index = names.index(after) + 1
     else:
-        raise _user_error(f"--after {after!r} names no pass of this program; passes: "
+        raise UserError(f"--after {after!r} names no pass of this program; passes: "
                           + ", ".join(f"{i} {n}" for i, n in enumerate(names, 1)))
     return directory / "passes" / f"{index:02d}_{names[index - 1]}.txt"
 
@@ -431,13 +435,13 @@ def pass_file(directory: Path, manifest: dict, after: str | None) -> Path:
 def rank_line(text: str, manifest: dict, rank: int) -> str:
     """The task-list line of `rank`'s stage in a pass's text, labelled with the rank."""
     if str(rank) not in manifest["ranks"]:
-        raise _user_error(f"--rank {rank} is out of range: the program has ranks "
+        raise UserError(f"--rank {rank} is out of range: the program has ranks "
                           f"0..{manifest['world_size'] - 1}")
     stage = manifest["ranks"][str(rank)]["stage"]
     for line in text.splitlines():
         if line.startswith(f"rank {stage}:"):
             return f"rank {rank}:" + line[len(f"rank {stage}:"):]
-    raise _user_error(f"this pass's output has no task lists yet (stage {stage} of rank "
+    raise UserError(f"this pass's output has no task lists yet (stage {stage} of rank "
                       f"{rank}); try a later --after")
 
 
@@ -458,10 +462,7 @@ def recompile(manifest: dict, instance: int | None = None):
     """The Program a manifest describes, rebuilt from its model config and options: the
     whole step, or its instance of `instance` micro-batches."""
     from ratrain.passes.program import CompileOptions
-    options = dict(manifest["options"])
-    if options.get("stage_speeds") is not None:
-        options["stage_speeds"] = tuple(options["stage_speeds"])
-    options = CompileOptions(**options)
+    options = CompileOptions.from_dict(manifest["options"])
     graph = trace_for(manifest["model"]["config"], manifest["model"]["name"], options)
     if instance is not None:
         return _compile_instance(graph, options, instance)[0]
@@ -491,7 +492,7 @@ def reject_program_options(args) -> None:
              ("--schedule-png", args.schedule_png), ("--memory-png", args.memory_png))
              if value is not None]
     if given:
-        raise _user_error(f"{', '.join(given)} need a program DIR written by `ratrain "
+        raise UserError(f"{', '.join(given)} need a program DIR written by `ratrain "
                           f"compile`; {args.model!r} has no {MANIFEST}")
 
 
@@ -515,8 +516,9 @@ def add_compile_parser(sub, model_help: str) -> None:
                        description="Trace MODEL, run the pass pipeline (partition, 1F1B, "
                        "recovery, gradient sync, update, prefetch, memory plan) and write a "
                        "program directory: program.json, passes/NN_<pass>.txt, rank<R>.txt, "
-                       "memory.txt, and what the runtime runs: runtime.pkl and the generated "
-                       f"code/stage<N>.pyx with its task table. Sizes: {SIZE_HELP}.")
+                       "memory.txt, and what the runtime runs: runtime.json and the generated "
+                       "code/stage<N>.pyx with its rows, code/stage<N>.tasks.json (JSON, no "
+                       f"pickle). Sizes: {SIZE_HELP}.")
     p.add_argument("model", help=f"the model: {model_help}")
     _add_parallel_options(p)
     _add_policy_options(p)

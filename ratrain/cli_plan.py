@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from ratrain.errors import UserError
 from ratrain.program_format.options import SCHEDULES
 from ratrain.planner.strategies import STRATEGIES
 from ratrain.units import format_bytes
@@ -19,11 +20,6 @@ SCHEDULE_CHOICES = SCHEDULES + tuple(n for n in STRATEGIES if n not in SCHEDULES
 
 DEFAULT_SEQ_LEN = 2048
 DEFAULT_SIMULATE = 3
-
-
-def _user_error(message: str) -> Exception:
-    from ratrain.cli import UserError
-    return UserError(message)
 
 
 def _positive(text: str) -> int:
@@ -65,7 +61,7 @@ def run_plan(search, clusters: int | None, smallest: bool, strategy: str | None 
     limit = clusters or search.global_batch * search.num_layers
     plan = planner.smallest(limit)
     if plan is None:
-        raise _user_error(f"{search.name} fits on no cluster count up to {limit} with a "
+        raise UserError(f"{search.name} fits on no cluster count up to {limit} with a "
                           f"global batch of {search.global_batch} under "
                           f"{format_bytes(search.budget)} per rank")
     return plan
@@ -74,16 +70,16 @@ def run_plan(search, clusters: int | None, smallest: bool, strategy: str | None 
 def _strategy_plan(planner, clusters: int | None, name: str, smallest: bool):
     from ratrain.planner.compare import strategy_plan
     if smallest:
-        raise _user_error(f"--min-clusters searches every candidate: give --schedule "
+        raise UserError(f"--min-clusters searches every candidate: give --schedule "
                           f"ratrain, baseline or all with it, not {name}")
     return strategy_plan(planner, clusters, name)
 
 
 def _check_search_flags(args) -> None:
     if args.clusters is None and not args.min_clusters:
-        raise _user_error("give --clusters N, or --min-clusters to find the smallest count")
+        raise UserError("give --clusters N, or --min-clusters to find the smallest count")
     if args.global_batch is None:
-        raise _user_error("give --global-batch G (sequences per step)")
+        raise UserError("give --global-batch G (sequences per step)")
 
 
 # ---- output -------------------------------------------------------------------------------
@@ -243,17 +239,17 @@ def apply_plan(args) -> None:
                         args.global_batch), ("--min-clusters", args.min_clusters),
                         ("--simulate", args.simulate)) if v]
         if search_flags:
-            raise _user_error(f"{', '.join(search_flags)} need --plan")
+            raise UserError(f"{', '.join(search_flags)} need --plan")
         return
     given = [f"--{dest.replace('_', '-')}" for dest, default in PLANNED + UNPLANNED
              if getattr(args, dest) != default]
     if given:
-        raise _user_error(f"--plan chooses the configuration without {', '.join(given)}: "
+        raise UserError(f"--plan chooses the configuration without {', '.join(given)}: "
                           "give either those or --plan")
     _check_search_flags(args)
     plan = run_plan(search_for(args, (args.schedule,)), args.clusters, args.min_clusters)
     if plan.best is None:
-        raise _user_error(f"no configuration of {plan.model} on {plan.clusters} rank(s) fits "
+        raise UserError(f"no configuration of {plan.model} on {plan.clusters} rank(s) fits "
                           f"--budget {format_bytes(plan.budget)}; see `ratrain plan`")
     best = plan.best
     for dest, default in PLANNED:

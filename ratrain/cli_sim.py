@@ -11,19 +11,15 @@ import json
 import sys
 from pathlib import Path
 
+from ratrain.errors import UserError
 from ratrain.hw.profiles import ALGORITHMS
-
-
-def _user_error(message: str) -> Exception:
-    from ratrain.cli import UserError
-    return UserError(message)
 
 
 def _program_and_profile(args):
     from ratrain.cli_compile import MANIFEST, is_program_dir, load_hw, read_manifest
     directory = Path(args.program)
     if not is_program_dir(directory):
-        raise _user_error(f"{directory} is not a program directory (no {MANIFEST}); write "
+        raise UserError(f"{directory} is not a program directory (no {MANIFEST}); write "
                           "one with `ratrain compile MODEL -o DIR`")
     manifest = read_manifest(directory)
     profile = load_hw(args.hw) if args.hw else manifest["hw"]
@@ -40,9 +36,9 @@ def _cluster_link(name: str) -> dict:
     try:
         cluster = read_cluster(name)
     except ClusterError as e:
-        raise _user_error(str(e)) from None
+        raise UserError(str(e)) from None
     if cluster is None:
-        raise _user_error(f"no cluster {name} is up: `ratrain cluster up {name} -n N` (and "
+        raise UserError(f"no cluster {name} is up: `ratrain cluster up {name} -n N` (and "
                           f"`ratrain cluster probe {name}`) first")
     return link_fields(cluster)
 

@@ -20,13 +20,9 @@ import threading
 from collections import deque
 from pathlib import Path
 
+from ratrain.errors import UserError
 from ratrain.program_format.options import PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
 from ratrain.rt.train_options import add_training_options, forward_argv
-
-
-def _user_error(message: str) -> Exception:
-    from ratrain.cli import UserError
-    return UserError(message)
 
 
 def find_mpiexec() -> str:
@@ -34,7 +30,7 @@ def find_mpiexec() -> str:
     beside = Path(sys.executable).parent / "mpiexec"
     found = str(beside) if beside.is_file() else shutil.which("mpiexec")
     if found is None:
-        raise _user_error("no mpiexec found: `pip install mpich` provides one, or put your "
+        raise UserError("no mpiexec found: `pip install mpich` provides one, or put your "
                           "MPI's mpiexec on PATH")
     return found
 
@@ -242,7 +238,7 @@ def cmd_run(args) -> int:
         ranks = args.ranks if args.ranks is not None else manifest["world_size"]
         check_world_size(program, manifest, ranks)
     except SetupError as e:
-        raise _user_error(str(e)) from None
+        raise UserError(str(e)) from None
     tokenize_data(args, manifest["model"]["config"], manifest["options"]["seq_len"])
     if args.cluster is None:
         return launch(program, ranks, args)
@@ -251,7 +247,7 @@ def cmd_run(args) -> int:
         with cluster_for_run(args.cluster, ranks) as cluster:
             return launch(program, ranks, args, cluster=cluster)
     except ClusterError as e:
-        raise _user_error(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 def add_run_parser(sub) -> None:
@@ -284,7 +280,7 @@ def check_checkpoint_options(args, save_dir_given: bool = True) -> None:
     if problem is None and args.save_dir:
         problem = check_save_dir(args.save_dir)
     if problem is not None:
-        raise _user_error(problem)
+        raise UserError(problem)
 
 
 # ---- ratrain train -----------------------------------------------------------------------------
@@ -316,7 +312,7 @@ def compile_run(args, run_dir: Path, config: dict, name: str, options) -> None:
                           lambda h: build_manifest(program, records, load_hw("cpu"), h,
                                                    hf_config))
     except OSError as e:
-        raise _user_error(f"cannot write the run directory {run_dir}: {e.strerror or e}") \
+        raise UserError(f"cannot write the run directory {run_dir}: {e.strerror or e}") \
             from None
 
 
@@ -353,9 +349,9 @@ def tokenize_data(args, config: dict, seq_len: int) -> None:
     try:
         prepare_text_data(args, config, seq_len)
     except DataError as e:
-        raise _user_error(str(e)) from None
+        raise UserError(str(e)) from None
     except OSError as e:
-        raise _user_error(f"cannot read {e.filename}: {e.strerror}") from None
+        raise UserError(f"cannot read {e.filename}: {e.strerror}") from None
 
 
 def summary(metrics: Path, run_dir: Path) -> str:

@@ -9,13 +9,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from ratrain.errors import UserError
+
 DEFAULT_GLOBAL_BATCH = 8
 MAX_DEFAULT_MICRO_BATCHES = 4   # more, smaller micro-batches only add per-call overhead
-
-
-def _user_error(message: str) -> Exception:
-    from ratrain.cli import UserError
-    return UserError(message)
 
 
 def check_layout_numbers(args) -> None:
@@ -25,11 +22,11 @@ def check_layout_numbers(args) -> None:
                         ("--global-batch", args.global_batch),
                         ("--micro-batches", args.micro_batches)):
         if value is not None and value < 1:
-            raise _user_error(f"{flag} must be at least 1, got {value}")
+            raise UserError(f"{flag} must be at least 1, got {value}")
     try:
         check_eval_options(args)
     except ValueError as e:
-        raise _user_error(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 def load_checked_model(model: str) -> tuple[dict, str]:
@@ -41,9 +38,9 @@ def load_checked_model(model: str) -> tuple[dict, str]:
         config, name = load_model(model)
         models.param_shapes(config)
     except KeyError as e:
-        raise _user_error(f"cannot read model {model}: its config has no {e}") from None
+        raise UserError(f"cannot read model {model}: its config has no {e}") from None
     except (ValueError, TypeError) as e:
-        raise _user_error(f"cannot read model {model}: {e}") from None
+        raise UserError(f"cannot read model {model}: {e}") from None
     return config, name
 
 
@@ -66,18 +63,18 @@ def check_run_dir(out: str | None) -> Path:
     run_dir = new_run_dir(out)
     where = f"--out {out}" if out is not None else f"run directory {run_dir}"
     if (run_dir / "program").exists():
-        raise _user_error(f"{run_dir} already holds a run; choose another --out")
+        raise UserError(f"{run_dir} already holds a run; choose another --out")
     if run_dir.exists() and not run_dir.is_dir():
-        raise _user_error(f"{where} is a file, not a directory; choose another --out")
+        raise UserError(f"{where} is a file, not a directory; choose another --out")
     ancestor = next(p for p in (run_dir.absolute(), *run_dir.absolute().parents)
                     if p.exists())
     if not ancestor.is_dir():
-        raise _user_error(f"{where}: {ancestor} is a file, not a directory; choose another "
+        raise UserError(f"{where}: {ancestor} is a file, not a directory; choose another "
                           "--out")
     try:
         Path(tempfile.mkdtemp(prefix=".ratrain-probe-", dir=ancestor)).rmdir()
     except OSError as e:
-        raise _user_error(f"cannot create {where}: {e.strerror or e} in {ancestor}; choose "
+        raise UserError(f"cannot create {where}: {e.strerror or e} in {ancestor}; choose "
                           "another --out") from None
     return run_dir
 
@@ -108,7 +105,7 @@ def resolve_layout(pp: int | None, dp: int | None, micro_batches: int | None,
     """The layout of a train run (NOTE [default layout]); None = not given. `max_pp` is
     the model's layer count (embedding + decoders + head), partition_stages' limit."""
     if pp is not None and pp > max_pp:
-        raise _user_error(f"--pp {pp} is more stages than the model has layers ({max_pp}, "
+        raise UserError(f"--pp {pp} is more stages than the model has layers ({max_pp}, "
                           f"with the embedding and the head): use --pp <= {max_pp}")
     batch = global_batch or DEFAULT_GLOBAL_BATCH
     if pp is None:
@@ -142,13 +139,13 @@ def resolve_batch(batch: int, dp: int, micro_batches: int | None,
         f"the default global batch of {batch} sequences"
     per_replica, rest = divmod(batch, dp)
     if rest or per_replica == 0:  # only a given --dp can: the default divides the batch
-        raise _user_error(f"--dp {dp} does not divide {batch_text}: choose a --dp that "
+        raise UserError(f"--dp {dp} does not divide {batch_text}: choose a --dp that "
                           f"divides it{'' if batch_given else ' or pass --global-batch'}")
     m = micro_batches or _default_micro_batches(per_replica)
     if per_replica % m:  # only a given --micro-batches can
         share = f"{batch_text}" if dp == 1 else \
             f"the {per_replica} sequences of each replica ({batch_text} / --dp {dp})"
-        raise _user_error(f"--micro-batches {m} does not divide {share}: choose a divisor "
+        raise UserError(f"--micro-batches {m} does not divide {share}: choose a divisor "
                           f"of {per_replica}")
     return m, per_replica // m
 

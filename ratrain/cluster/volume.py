@@ -1,13 +1,16 @@
 """Planned communication volume: the bytes each rank of a compiled program puts on its
-link per training step, read from the per-stage task tables the runtime walks (code/
-stage<N>.pkl): pipeline SENDs and the DP collectives with the algorithm's bytes per member.
+link per training step, read from the per-stage rows the runtime walks (code/
+stage<N>.tasks.json, a periodic program's expanded): pipeline SENDs and the DP collectives
+with the algorithm's bytes per member.
 The cluster's traffic test compares it with what the link's qdisc counted.
 """
 from __future__ import annotations
 
 import math
-import pickle
 from pathlib import Path
+
+from ratrain.program_format.codec import read_runtime, read_stage_rows
+from ratrain.program_format.table import PythonStep, expanded_rows
 
 
 # NOTE [collective bytes]: what one member of an n-member group sends, for S bytes of
@@ -45,34 +48,37 @@ def _call_bytes(call, options) -> float:
     return 0.0
 
 
-def stage_bytes(table, options) -> float:
-    """Bytes a rank of the table's stage sends in one step."""
-    from ratrain.codegen.table import PythonStep
-    return sum(_call_bytes(step.call, options) for _, steps, _ in table.rows
+def stage_bytes(rows, options) -> float:
+    """Bytes a rank of the rows' stage sends in one step."""
+    return sum(_call_bytes(step.call, options) for _, steps, _ in expanded_rows(rows)
                for step in steps if isinstance(step, PythonStep))
+
+
+def _read(directory: Path):
+    """(RuntimeProgram, stage -> StageRows) of a program directory."""
+    runtime = read_runtime((directory / "runtime.json").read_text(), str(directory))
+    rows = {}
+    for stage in range(runtime.options.pp):
+        path = directory / "code" / f"stage{stage}.tasks.json"
+        rows[stage] = read_stage_rows(path.read_text(), str(path))
+    return runtime, rows
 
 
 def planned_volume(program_dir) -> dict[int, float]:
     """rank -> bytes it sends per step, for a program directory of `ratrain compile`."""
-    directory = Path(program_dir)
-    runtime = pickle.loads((directory / "runtime.pkl").read_bytes())
+    runtime, rows = _read(Path(program_dir))
     options = runtime.options
-    per_stage = {stage: stage_bytes(pickle.loads((directory / "code" / f"stage{stage}.pkl")
-                                                 .read_bytes()), options)
-                 for stage in range(options.pp)}
+    per_stage = {stage: stage_bytes(rows[stage], options) for stage in range(options.pp)}
     return {runtime.rank(stage, replica): per_stage[stage]
             for stage in range(options.pp) for replica in range(options.dp)}
 
 
 def message_bytes(program_dir) -> dict[str, int]:
     """Task text of every pipeline SEND ("0SEND_F3") -> bytes of its message."""
-    from ratrain.codegen.table import PythonStep
-    directory = Path(program_dir)
-    options = pickle.loads((directory / "runtime.pkl").read_bytes()).options
+    _, rows = _read(Path(program_dir))
     sizes = {}
-    for stage in range(options.pp):
-        table = pickle.loads((directory / "code" / f"stage{stage}.pkl").read_bytes())
-        for task, steps, _ in table.rows:
+    for stage_rows in rows.values():
+        for task, steps, _ in expanded_rows(stage_rows):
             for step in steps:
                 if isinstance(step, PythonStep) and step.call.op == "send":
                     sizes[str(task)] = slot_bytes(step.call.inputs[0])

@@ -1,7 +1,8 @@
 """Code generation: a lowered program's stages become static task tables (table.py) and
 Cython modules calling the native kernels (emit.py templates, module.py), built and cached
 by content hash (build.py)."""
-from ratrain.codegen.table import NativeStep, PythonStep, StageTable, build_stage_table
+from ratrain.codegen.table import StageTable, build_stage_table
+from ratrain.program_format.table import NativeStep, PythonStep
 
 
 def generate(program, header: str) -> dict[int, tuple[StageTable, str]]:

@@ -12,28 +12,10 @@ from dataclasses import dataclass, field, replace
 
 from ratrain.codegen.emit import C_TYPES, emit_call
 from ratrain.codegen.legend import slot_legend, slot_role
-from ratrain.program_format.lowered import StagePeriod, note_layer, shifted_call, shifted_task
+from ratrain.program_format.lowered import StagePeriod, note_layer
+from ratrain.program_format.table import CallLabel, NativeStep, PythonStep
 
 ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4}
-
-
-@dataclass(frozen=True)
-class CallLabel:
-    op: str                             # IR op of a call a native step runs
-    note: str                           # where it came from ("L3 rms_norm")
-
-
-@dataclass(frozen=True)
-class NativeStep:
-    function: int                       # index of the generated function
-    offsets: tuple[int, ...]            # arena byte offset of each pointer it takes
-    nbytes: tuple[int, ...]             # bytes each pointer covers (the hazard ranges)
-    calls: tuple[CallLabel, ...]        # the lowered calls it runs, in order
-
-
-@dataclass(frozen=True)
-class PythonStep:
-    call: object                        # a lowered Call run by rt/calls.py
 
 
 @dataclass(frozen=True)
@@ -100,21 +82,6 @@ class StageTable:
 
     def __post_init__(self):
         self._index: dict[str, int] = {}
-
-
-def expanded_rows(table: StageTable):
-    """The rows the step runs, in order: the table's rows, or for a periodic program
-    (NOTE [periodic programs]) its period repeated, each repetition's tasks and Python
-    steps shifted to their micro-batches. Native steps take arena offsets only, which a
-    repetition shares with the period it repeats."""
-    if table.period is None:
-        yield from table.rows
-        return
-    for first, end, d in table.period.segments():
-        for task, steps, touched in table.rows[first:end]:
-            yield (shifted_task(task, d),
-                   tuple(PythonStep(shifted_call(s.call, d)) if isinstance(s, PythonStep)
-                         else s for s in steps) if d else steps, touched)
 
 
 def _used_by(uses) -> str:

@@ -24,9 +24,8 @@ from ratrain.passes.layout import graph_workspace
 from ratrain.passes.lower_state import (_loss_scaled, _lower_gather, _lower_norm, _lower_prefetch,
                                         _lower_sync, _lower_tie, _lower_update,
                                         _with_gathers_issued, state_slots)
-from ratrain.program_format.lowered import (RECOMPUTE_TAG, Call, LoweredTask, Slot, flat_slot,
-                                    message_tag, var_slot)
-from ratrain.program_format.lowered import arena_name
+from ratrain.program_format.lowered import (RECOMPUTE_TAG, Call, LoweredTask, Slot,
+                                            arena_name, flat_slot, message_tag, var_slot)
 
 
 class _Placement:

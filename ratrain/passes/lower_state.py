@@ -18,8 +18,8 @@ from ratrain.passes.insert_gathers import gather_of, gathers_issued_in
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.layout import align_up
-from ratrain.program_format.lowered import Call, Slot, flat_slot, note_layer, var_slot
-from ratrain.program_format.lowered import arena_name
+from ratrain.program_format.lowered import (Call, Slot, arena_name, flat_slot, note_layer,
+                                            var_slot)
 
 
 def state_slots(program, layer: int) -> tuple[Slot, Slot, Slot, int, int]:

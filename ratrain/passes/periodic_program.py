@@ -22,7 +22,8 @@ micro-batches are compiled by the whole pipeline (verified after every pass, mem
 included), and the rows of the last two must equal the instance of n pumped once and
 twice, call by call, offsets included (row_keys). The first k that passes is the stage's
 (tried in the order P - s, then 1, 2, ...); stages may differ in k and in their instance.
-Without one, the caller compiles the whole step. The runtime expands the rows
+The step's last B comes after the period, so the SYNCs it starts run once. Without a
+period, the caller compiles the whole step. The runtime expands the rows
 (codegen/table.expanded_rows) and tells buffers apart by arena bytes, since a later period
 names the buffers of the period it repeats. Tests compare the pumped rows with the
 whole step's for M up to 64 and the losses of both under mpiexec.
@@ -31,8 +32,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ratrain.program_format.lowered import Slot, StagePeriod, shifted_call, shifted_task
+from ratrain.ir.tasks import Kind
 from ratrain.passes.plan_memory import MemoryPlan
+from ratrain.program_format.lowered import Slot, StagePeriod, shifted_call, shifted_task
 
 
 def first_instance(pp: int) -> int:
@@ -81,6 +83,13 @@ def pumped_keys(program, stage: int, start: int, length: int, shift: int, times:
     return out + row_keys(program, stage, times * shift, start)
 
 
+def _last_backward(program, stage: int) -> int:
+    """Row of the stage's last B: the SYNCs started inside it (NOTE [sync issue point])
+    must come after the period, each run once (codegen/program_dir.early_syncs)."""
+    return max((i for i, lowered in enumerate(program.lowered[stage])
+                if lowered.task.kind == Kind.B), default=len(program.lowered[stage]))
+
+
 def stage_period(base, once, twice, stage: int, shift: int,
                  micro_batches: int) -> StagePeriod | None:
     """The StagePeriod of `stage` if the instances of n, n + shift and n + 2 shift
@@ -96,7 +105,7 @@ def stage_period(base, once, twice, stage: int, shift: int,
     while suffix < n and later[n - 1 - suffix] == grown[len(grown) - 1 - suffix]:
         suffix += 1
     start = n - suffix
-    if start > prefix - length:
+    if start > prefix - length or _last_backward(base, stage) < start + length:
         return None
     if pumped_keys(base, stage, start, length, shift, 2) != row_keys(twice, stage):
         return None

@@ -42,6 +42,12 @@ class CompileOptions:
     def world_size(self) -> int:
         return self.pp * self.dp
 
+    @classmethod
+    def from_dict(cls, fields: dict) -> CompileOptions:
+        """The options a manifest or runtime.json holds (asdict of them, through JSON)."""
+        speeds = fields.get("stage_speeds")
+        return cls(**{**fields, "stage_speeds": None if speeds is None else tuple(speeds)})
+
 
 def _check_options(o: CompileOptions) -> None:
     problems = [f"--{name} must be >= 1 (got {value})" for name, value in

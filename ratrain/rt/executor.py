@@ -15,17 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ratrain.codegen.table import NativeStep, expanded_rows
-from ratrain.ir.tasks import Kind
-from ratrain.passes.insert_gathers import gather_plan
-from ratrain.passes.insert_grad_sync import syncs_started_in_backward
-from ratrain.program_format.lowered import note_layer
+from ratrain.program_format.lowered import shifted_call, shifted_task
+from ratrain.program_format.table import (FORWARD_KINDS, FORWARD_ROW, NativeStep,
+                                          shifted_steps, walk)
 from ratrain.rt import comm
 from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds, skips
+from ratrain.rt.program import stage_code
 
 KERNEL_STATUS = {-1: "bad arguments", -2: "scratch too small", -3: "ISA unavailable"}
-# the tasks a forward-only pass runs (NOTE [held-out loss])
-FORWARD_KINDS = frozenset({Kind.F, Kind.POST_F, Kind.RECV_F, Kind.SEND_F})
 
 # NOTE [held-out loss]: the held-out loss runs the step's forward tasks only, in table
 # order: F (which records the last stage's loss), POST_F/RECV_F/SEND_F for the
@@ -84,53 +81,27 @@ def _native(step: NativeStep) -> _Native:
                    tuple((lo, lo + n) for lo, n in zip(step.offsets, step.nbytes)))
 
 
-def early_syncs(rows) -> dict[tuple[int, int], tuple[int, ...]]:
-    """NOTE [sync issue point] (passes/insert_grad_sync.py): (row of the step's last B,
-    index of the step that ends layer L's backward in it) -> the rows of the SYNCs of L
-    to start right there, so the gradient of L crosses the link while the backward of
-    the layers before it runs."""
-    last, syncs = syncs_started_in_backward([row.task for row in rows],
-                                            lambda r: _waits_only(rows[r]))
-    if last is None:
-        return {}
-    ends = {}  # layer -> index of its last step in the last B
-    for i, step in enumerate(rows[last].steps):
-        for label in (step.calls if isinstance(step, _Native) else (step,)):
-            ends[note_layer(label.note)] = i
-    out = {}
-    for r in syncs:
-        if rows[r].task.layer in ends:
-            out.setdefault((last, ends[rows[r].task.layer]), []).append(r)
-    return {k: tuple(v) for k, v in out.items()}
-
-
-def forward_gathers(program, stage: int, rows) -> dict[int, _Row]:
-    """NOTE [held-out loss] under ZeRO-3: GATH row -> the row the forward-only pass runs
-    there, for each gather that serves an F but that training runs in a task that pass
-    skips: issued inside a B or REC (passes/lower._with_gathers_issued; its call is found
-    in that row), or standing before a B whose view the next F shares."""
-    plan = gather_plan(program, stage, [row.task for row in rows])
-    row_of = {row.task: r for r, row in enumerate(rows)}
-    out = {}
-    for g in plan:
-        if not any(use.kind == Kind.F for use, _ in g.uses) or \
-                (g.after is not None and g.after[0].kind in FORWARD_KINDS):
-            continue
-        own = rows[row_of[g.task]]
-        if g.after is None:
-            out[row_of[g.task]] = own
-            continue
-        use = str(g.uses[0][0])
-        call, = [s for s in rows[row_of[g.after[0]]].steps if not isinstance(s, _Native)
-                 and s.op == "gather_view" and dict(s.params)["use"] == use
-                 and s.note == f"L{g.task.layer} gather"]
-        out[row_of[g.task]] = _Row(g.task, (call,), frozenset(), None)
-    return out
-
-
-def _waits_only(row: _Row) -> bool:
-    return all(not isinstance(s, _Native) and dict(s.params).get("op") == "wait"
-               for s in row.steps)
+def expand(stage_rows, offsets: dict) -> tuple[tuple, dict, dict]:
+    """(the rows the step runs, NOTE [sync issue point]'s (row, step) -> SYNC rows, NOTE
+    [held-out loss]'s row -> what the forward-only pass runs there) of a stage's rows,
+    a periodic program's expanded (NOTE [periodic programs]). The SYNCs started inside
+    the last B lie after the period (periodic_program checks it), so their rows, each
+    run once, map to one place."""
+    rows, where = [], {}
+    forward = dict(stage_rows.forward)
+    forward_rows = {}
+    for i, d in walk(len(stage_rows.rows), stage_rows.period):
+        task, steps, touched = stage_rows.rows[i]
+        where[i] = len(rows)
+        rows.append(RankExecutor.row(offsets, shifted_task(task, d), shifted_steps(steps, d),
+                                     touched))
+        if i in forward:
+            what = forward[i]
+            forward_rows[len(rows) - 1] = rows[-1] if what == FORWARD_ROW else \
+                _Row(rows[-1].task, (shifted_call(what, d),), frozenset(), None)
+    syncs = {(where[r], step): tuple(where[s] for s in rs)
+             for r, step, rs in stage_rows.early_syncs}
+    return tuple(rows), syncs, forward_rows
 
 
 def _threads() -> int:
@@ -150,12 +121,10 @@ class RankExecutor:
         plan = program.memory.stages[stage]
         self.state = RankState(comms.rank, stage, replica,
                                np.empty(plan.arena_bytes, np.uint8), plan.offsets)
-        table, self.module = program.stage_code(stage)
+        stage_rows, self.module = stage_code(program, stage)
         self.threads, self.address = _threads(), self.state.arena.ctypes.data
-        self.task_rows = tuple(self._row(plan.offsets, *row) for row in expanded_rows(table))
-        self.early_syncs = early_syncs(self.task_rows) if self.options.schedule == "ratrain" \
-            else {}
-        self.forward_gathers = forward_gathers(program, stage, self.task_rows)
+        self.task_rows, self.early_syncs, self.forward_gathers = expand(stage_rows,
+                                                                         plan.offsets)
         self.planned_peak_bytes = plan.peak_bytes
         # buffers live now, by their (offset, nbytes); their bytes, the peak so far
         self.live = {plan.offsets[b] for b in plan.persistent}
@@ -179,7 +148,9 @@ class RankExecutor:
         return self.state.arena.nbytes
 
     @staticmethod
-    def _row(offsets: dict, task, steps, buffers) -> _Row:
+    def row(offsets: dict, task, steps, buffers) -> _Row:
+        """A row ready to run: native steps with their offsets as arrays, buffers by
+        their arena bytes."""
         ready = tuple(_native(s) if isinstance(s, NativeStep) else s.call for s in steps)
         return _Row(task, ready, frozenset(offsets[b] for b in buffers),
                     offsets[task.buffer] if task.kind == "FREE" else None)

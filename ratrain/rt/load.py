@@ -1,12 +1,16 @@
-"""Open a program directory for running: the manifest, the world-size, format and version
-checks, the files' hashes, and the RuntimeProgram (rt/program.py) the compiler wrote.
+"""Open a program directory for running: the manifest, the world-size and format checks,
+the files' hashes, and the RuntimeProgram the compiler wrote (runtime.json, NOTE [program
+format] in program_format/runtime.py).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import pickle
+from dataclasses import replace
 from pathlib import Path
+
+from ratrain.program_format.codec import FormatError, read_runtime
+from ratrain.program_format.runtime import format_problem
 
 MANIFEST = "program.json"
 
@@ -47,31 +51,30 @@ def check_hashes(directory: Path, manifest: dict) -> None:
                              "recompile it")
 
 
-def check_versions(directory: Path, manifest: dict) -> None:
-    """The program's format and compiler version are this runtime's (its pickled tables
-    name classes of this ratrain)."""
-    from ratrain.rt.program import FORMAT, ratrain_version
-    found = (manifest.get("format"), manifest.get("ratrain_version"))
-    if found != (FORMAT, ratrain_version()):
-        raise SetupError(f"{directory} was compiled by ratrain {found[1]} ({found[0]}), this "
-                         f"is ratrain {ratrain_version()} ({FORMAT}): recompile it")
+def check_format(directory: Path, manifest: dict) -> None:
+    """The program's format is one this runtime reads (NOTE [program format])."""
+    problem = format_problem(manifest.get("format"))
+    if problem:
+        raise SetupError(f"{directory} {problem}")
 
 
 def read_program(directory: Path):
     """The RuntimeProgram of a checked program directory."""
+    path = directory / "runtime.json"
     try:
-        program = pickle.loads((directory / "runtime.pkl").read_bytes())
-    except (OSError, pickle.UnpicklingError, AttributeError, EOFError) as e:
-        raise SetupError(f"{directory}/runtime.pkl cannot be read ({e}); recompile it") from None
-    program.directory = directory
-    return program
+        program = read_runtime(path.read_text(), str(path))
+    except OSError as e:
+        raise SetupError(f"{path} cannot be read ({e.strerror or e}); recompile it") from None
+    except FormatError as e:
+        raise SetupError(f"{e}; recompile it") from None
+    return replace(program, directory=str(directory))
 
 
 def open_program(directory: str, world_size: int):
     """(manifest, Program) of a checked program directory, or a SetupError."""
     path = Path(directory)
     manifest = read_manifest(path)
+    check_format(path, manifest)
     check_world_size(path, manifest, world_size)
-    check_versions(path, manifest)
     check_hashes(path, manifest)
     return manifest, read_program(path)

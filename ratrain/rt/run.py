@@ -62,16 +62,12 @@ def initial_state(args, config: dict, names=None):
 
 def prepare(args, world_size: int, rank: int = 0) -> dict:
     """Everything a job starts from (program, initial state, batches), or a SetupError."""
-    from ratrain.cli import UserError
     if args.progress_us < 0:
         raise SetupError(f"--progress-us must be 0 (off) or a positive number of "
                          f"microseconds, got {args.progress_us}")
     if (problem := check_run_length(args)) is not None:
         raise SetupError(problem)
-    try:
-        manifest, program = open_program(args.program, world_size)
-    except UserError as e:
-        raise SetupError(str(e).splitlines()[0]) from None
+    manifest, program = open_program(args.program, world_size)
     o, config = program.options, program.graph.config
     if args.resume:
         try:

@@ -71,8 +71,9 @@ def test_hashes_match_files(program_dir):
     on_disk = sorted(str(p.relative_to(program_dir)) for p in program_dir.rglob("*")
                      if p.is_file() and "build" not in p.parts and p.name != "program.json")
     assert sorted(files) == on_disk  # everything but the manifest and the build cache
-    assert {"runtime.pkl", "code/stage0.pyx", "code/stage1.pkl",
+    assert {"runtime.json", "code/stage0.pyx", "code/stage1.tasks.json",
             "code/stage1.legend.txt"} <= set(files)
+    assert not [f for f in files if f.endswith(".pkl")]  # NOTE [program format]
     for relative, digest in files.items():
         assert hashlib.sha256((program_dir / relative).read_bytes()).hexdigest() == digest
 

@@ -12,7 +12,7 @@ import pytest
 
 from ratrain import models
 from ratrain.codegen import NativeStep, build_stage_table, generate
-from ratrain.codegen.build import build_module, load_module
+from ratrain.program_format.build import build_module, load_module
 from ratrain.codegen.module import render_module
 from ratrain.ir.train_graph import trace_model
 from ratrain.optim import AdamW

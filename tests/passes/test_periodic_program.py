@@ -8,7 +8,8 @@ import pytest
 
 from ratrain import models
 from ratrain.cli_compile import trace_for
-from ratrain.codegen.table import NativeStep, build_stage_table, expanded_rows
+from ratrain.codegen.table import build_stage_table
+from ratrain.program_format.table import NativeStep, expanded_rows
 from ratrain.program_format.lowered import Slot, StagePeriod
 from ratrain.passes.periodic_program import (find_periods, periodic_program, row_keys,
                                              stage_period)

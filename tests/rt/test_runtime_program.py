@@ -1,15 +1,21 @@
-"""What a rank runs from: the program directory alone (no JAX, no compiler imported, no
-recompile), version checks with a one-line error, and the arena peak measured while
-running equal to plan_memory's peak on every rank."""
+"""What a rank runs from: the program directory alone (no JAX, no passes, no CLI imported,
+no recompile, no pickle), format checks with a one-line error, a program of this format
+checked into tests/fixtures, and the arena peak measured while running equal to
+plan_memory's peak on every rank."""
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from ratrain.cli import main as ratrain_main
 
 pytestmark = pytest.mark.mpi
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURE_LOSSES = [5.518395304679871, 5.516389846801758]  # as it ran when checked in
 
 CONFIG = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -22,7 +28,8 @@ try:
     runpy.run_module("ratrain.rt", run_name="__main__")
 except SystemExit as e:
     assert not e.code, e.code
-heavy = sorted(m for m in ("jax", "ratrain.passes.pipeline", "ratrain.ir.trace") if m in sys.modules)
+heavy = sorted(m for m in sys.modules if m == "jax" or m.startswith(
+    ("jax.", "ratrain.passes", "ratrain.cli", "ratrain.ir.trace")))
 import os  # one file per rank: two ranks' prints interleave on mpiexec's stdout
 with open(os.path.join(os.environ["PROBE_DIR"], "rank" + os.environ["PMI_RANK"]), "w") as f:
     f.write(f"imported: {heavy}")
@@ -52,16 +59,55 @@ def test_a_rank_imports_neither_jax_nor_the_compiler(tmp_path, monkeypatch):
     assert found == ["imported: []"] * ranks, found
 
 
-def test_a_program_of_another_ratrain_version_is_one_line_error(tmp_path):
+def test_a_program_of_another_ratrain_version_runs_if_it_knows_the_format(tmp_path):
+    """NOTE [program format]: the format, not the version, decides."""
     program, ranks = compile_program(tmp_path, "p", "--precision", "fp32")
     manifest = json.loads((program / "program.json").read_text())
     manifest["ratrain_version"] = "0.0.0-other"
     (program / "program.json").write_text(json.dumps(manifest))
+    run = mpirun(ranks, "-m", "ratrain.rt", program, "--steps", "1", "--quiet")
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.parametrize("found, says", [
+    ("ratrain-program/5", "older ratrain in ratrain-program/5 (pickled tables), which this "
+                          "ratrain (ratrain-program/6) no longer reads: recompile it"),
+    ("ratrain-program/99", "written in ratrain-program/99, which this ratrain does not know "
+                           "(it reads ratrain-program/6)")])
+def test_a_format_this_runtime_does_not_read_is_one_line_error(tmp_path, found, says):
+    program, ranks = compile_program(tmp_path, "p", "--precision", "fp32")
+    manifest = json.loads((program / "program.json").read_text())
+    manifest["format"] = found
+    (program / "program.json").write_text(json.dumps(manifest))
     run = mpirun(ranks, "-m", "ratrain.rt", program, "--steps", "1")
     assert run.returncode == 2
     errors = [line for line in run.stderr.splitlines() if line.startswith("ratrain: error:")]
-    assert len(errors) == 1 and "0.0.0-other" in errors[0] and "recompile" in errors[0], \
-        run.stderr
+    assert len(errors) == 1 and says in errors[0], run.stderr
+
+
+def test_the_checked_in_program_of_format_6_still_runs(tmp_path):
+    """tests/fixtures/program-format-6: a program this version wrote (tiny model, pp 2,
+    4 micro-batches). Runtimes of later formats must read it (or the format rule must
+    say it is no longer read, and this test change with it)."""
+    fixture = tmp_path / "program"  # a copy: the runtime builds its module in build/
+    shutil.copytree(FIXTURES / "program-format-6", fixture)
+    manifest = json.loads((fixture / "program.json").read_text())
+    assert manifest["format"] == "ratrain-program/6"
+    metrics = tmp_path / "m.jsonl"
+    run = mpirun(manifest["world_size"], "-m", "ratrain.rt", fixture, "--steps", "2",
+                 "--quiet", "--metrics", metrics, "--seed", "0")
+    assert run.returncode == 0, run.stderr
+    losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    assert losses == pytest.approx(FIXTURE_LOSSES, rel=1e-6)
+
+
+def test_no_pickle_in_the_load_path():
+    """The runtime and the program format read JSON and Cython only."""
+    import ratrain.program_format as fmt
+    import ratrain.rt as rt
+    for package in (fmt, rt):
+        for path in Path(package.__file__).parent.glob("*.py"):
+            assert "import pickle" not in path.read_text(), path
 
 
 @pytest.mark.parametrize("flags", [

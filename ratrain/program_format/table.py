@@ -1,0 +1,75 @@
+"""What a rank walks: one stage's task rows. A row is a task and its steps, each a native
+step (a generated function with the arena offsets of its pointers) or a Python step (one
+lowered call that rt/calls.py runs). codegen/table.py builds the rows; the compiler adds
+what the runtime would otherwise re-derive (StageRows: the SYNCs started inside the last
+backward, the forward-only pass's gathers) and codec.py stores them as JSON.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ratrain.ir.tasks import Kind
+from ratrain.program_format.lowered import StagePeriod, shifted_call, shifted_task
+
+
+@dataclass(frozen=True)
+class CallLabel:
+    op: str                             # IR op of a call a native step runs
+    note: str                           # where it came from ("L3 rms_norm")
+
+
+@dataclass(frozen=True)
+class NativeStep:
+    function: int                       # index of the generated function
+    offsets: tuple[int, ...]            # arena byte offset of each pointer it takes
+    nbytes: tuple[int, ...]             # bytes each pointer covers (the hazard ranges)
+    calls: tuple[CallLabel, ...]        # the lowered calls it runs, in order
+
+
+@dataclass(frozen=True)
+class PythonStep:
+    call: object                        # a lowered Call run by rt/calls.py
+
+
+# NOTE [held-out loss] (rt/executor.py): the tasks the forward-only pass runs, and what
+# it runs at a row whose task it would skip: the row itself (a ZeRO-3 gather standing
+# alone), or one gather call that training issues inside another row.
+FORWARD_KINDS = frozenset({Kind.F, Kind.POST_F, Kind.RECV_F, Kind.SEND_F})
+FORWARD_ROW = "row"
+
+
+@dataclass(frozen=True)
+class StageRows:
+    """A stage's rows as the runtime reads them (code/stage<N>.tasks.json)."""
+    stage: int
+    rows: tuple                         # (Task, steps, names of the buffers it touches)
+    period: StagePeriod | None = None   # NOTE [periodic programs]; None: the whole step
+    early_syncs: tuple = ()             # (row, step, SYNC rows) of NOTE [sync issue point]
+    forward: tuple = ()                 # (row, FORWARD_ROW or a Call) of NOTE [held-out loss]
+
+
+def walk(rows: int, period: StagePeriod | None):
+    """(row, micro-batch shift) of every row the step runs, in order: the rows as they
+    are, or a periodic program's period repeated (NOTE [periodic programs])."""
+    if period is None:
+        yield from ((i, 0) for i in range(rows))
+        return
+    for first, end, d in period.segments():
+        yield from ((i, d) for i in range(first, rows if end is None else end))
+
+
+def shifted_steps(steps: tuple, d: int) -> tuple:
+    """A row's steps `d` micro-batches later: Python steps' calls shift; native steps
+    take arena offsets only, which a repetition shares with the period it repeats."""
+    if not d:
+        return steps
+    return tuple(PythonStep(shifted_call(s.call, d)) if isinstance(s, PythonStep) else s
+                 for s in steps)
+
+
+def expanded_rows(table):
+    """The rows the step runs, in order, of a table with `rows` and `period`: each
+    repetition's tasks and Python steps shifted to their micro-batches."""
+    for i, d in walk(len(table.rows), table.period):
+        task, steps, touched = table.rows[i]
+        yield shifted_task(task, d), shifted_steps(steps, d), touched
