@@ -65,7 +65,7 @@ def ratrain(*argv):
 
 def model_config(args, work):
     """The model to compile: the preset or config with --layers decoder layers."""
-    from ratrain.cli_compile import load_model
+    from ratrain.inputs import load_model
     config, _ = load_model(args.model)
     if args.layers:
         config = {**config, "num_hidden_layers": args.layers}

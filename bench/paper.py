@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ratrain.cli_compile import format_budget, load_hw, load_model, parse_size
+from ratrain.inputs import load_hw, load_model
+from ratrain.units import format_budget, parse_size
 from ratrain.ir.tasks import Kind
 from ratrain.passes.buffers import recovers_in_backward
 from ratrain.passes.partition_stages import PartitionError

@@ -25,7 +25,7 @@ MODEL_HELP = (f"a preset name ({', '.join(preset_names())}), a Hugging Face conf
 
 def _trace(args):
     from ratrain import models
-    from ratrain.ir.train_graph import trace_model
+    from ratrain.models.trace import trace_model
     try:
         config = models.get_config(args.model)
     except (ValueError, FileNotFoundError, OSError) as e:

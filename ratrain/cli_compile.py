@@ -23,46 +23,14 @@ from pathlib import Path
 
 from ratrain.cli_plan import add_search_options, apply_plan
 from ratrain.errors import UserError
+from ratrain.inputs import load_hw, load_model, read_hf_config
 from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.plan_memory import format_bytes
 from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES,
                                             SCHEDULES, UPDATE_RULES)
+from ratrain.units import SIZE_HELP, format_budget, size_arg
 
 MANIFEST = "program.json"
-SIZE_UNITS = {"": 1, "b": 1} | {f"{p}{s}": 1000 ** (i + 1) for i, p in enumerate("kmgt")
-                                 for s in ("", "b")} \
-    | {f"{p}i{s}": 1024 ** (i + 1) for i, p in enumerate("kmgt") for s in ("", "b")}
-SIZE_HELP = ("decimal units are powers of 10 (KB/MB/GB/TB, or K/M/G/T: 20GB = 20 * 10^9 "
-             "bytes, as in the MT-3000's '20 GB'); binary units need an i (KiB/MiB/GiB/TiB: "
-             "20GiB = 20 * 2^30); a plain number is bytes")
-
-
-def format_budget(nbytes: int) -> str:
-    """Both readings of a budget: `20 GB (18.63 GiB)`."""
-    scale, unit = next((s, u) for s, u in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"),
-                                           (1, "B")) if nbytes >= s or u == "B")
-    return f"{nbytes / scale:.4g} {unit} ({format_bytes(nbytes)})"
-
-
-def parse_size(text: str) -> int:
-    """Bytes of a size like `20GB` (10^9), `20GiB` (2^30), `1.5G`, `512MB`, `4096`."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*([a-z]*)\s*",
-                         str(text), re.I)
-    unit = match and match[3].lower()
-    if not match or unit not in SIZE_UNITS:
-        raise ValueError(f"cannot read size {text!r}: {SIZE_HELP}")
-    nbytes = round(float(match[1] + (f"e{match[2]}" if match[2] else "")) * SIZE_UNITS[unit])
-    if nbytes < 1:
-        raise ValueError(f"size {text!r} must be at least one byte")
-    return nbytes
-
-
-def _size_arg(text: str) -> int:
-    import argparse
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # ---- compiling ---------------------------------------------------------------------------
@@ -94,7 +62,7 @@ def resolve_options(args, config: dict, profile: dict):
 
 def trace_for(config: dict, name: str, options):
     """The TrainGraph the options ask for: fp16 programs trace in float16."""
-    from ratrain.ir.train_graph import trace_model
+    from ratrain.models.trace import trace_model
     dtype = "float16" if options.precision == "fp16" else "float32"
     return trace_model(config, micro_batch_size=options.micro_batch_size,
                        seq_len=options.seq_len, dtype=dtype, name=name)
@@ -144,35 +112,6 @@ def _compile_periodic(graph, options):
               "micro-batches", file=sys.stderr, flush=True)
         return None
     return periodic_program(periods), compiled[periods[0][1].instance][1]
-
-
-def load_model(model: str) -> tuple[dict, str]:
-    from ratrain import models
-    try:
-        return models.get_config(model), model
-    except (ValueError, FileNotFoundError, OSError) as e:
-        raise UserError(str(e)) from None
-
-
-def read_hf_config(model: str) -> dict | None:
-    """The model's config dict as its file or preset holds it, before defaults are filled
-    in: what checkpoints write back as config.json (NOTE [checkpoints transformers loads]
-    in rt/run.py). None if it cannot be read (load_model reports why)."""
-    from ratrain.models.config import _config_file
-    try:
-        with open(_config_file(model)) as f:
-            raw = json.load(f)
-    except (ValueError, OSError):
-        return None
-    return raw if isinstance(raw, dict) else None
-
-
-def load_hw(name_or_path: str) -> dict:
-    from ratrain.hw import ProfileError, load_profile
-    try:
-        return load_profile(name_or_path)
-    except ProfileError as e:
-        raise UserError(str(e)) from None
 
 
 # ---- the program directory ----------------------------------------------------------------
@@ -570,7 +509,7 @@ def _add_policy_options(p) -> None:
     p.add_argument("--zero3-prefetch", type=int, default=1, metavar="K", help="--zero 3: "
                    "gather each layer view K uses ahead, in K + 1 view slots (0 = gather at "
                    "use, nothing overlapped) (default: 1)")
-    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="usable "
+    p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE", help="usable "
                    "memory per rank, e.g. 20GB (= 20 * 10^9 bytes) or 18GiB (= 18 * 2^30) "
                    "(default: the profile's usable_memory)")
     p.add_argument("--hw", default="cpu", metavar="PROFILE", help="hardware profile: mt3000, "

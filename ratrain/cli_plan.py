@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 
 from ratrain.errors import UserError
-from ratrain.program_format.options import SCHEDULES
+from ratrain.inputs import load_hw, load_model
 from ratrain.planner.strategies import STRATEGIES
-from ratrain.units import format_bytes
+from ratrain.program_format.options import SCHEDULES
+from ratrain.units import SIZE_HELP, format_budget, format_bytes, size_arg
 
 # --schedule: a compiler schedule (all its candidates), a strategy, or everything
 SCHEDULE_CHOICES = SCHEDULES + tuple(n for n in STRATEGIES if n not in SCHEDULES) + ("all",)
@@ -37,7 +38,6 @@ def _positive(text: str) -> int:
 
 def search_for(args, schedules: tuple[str, ...]):
     """The planner's Search from the command's model, hardware and batch flags."""
-    from ratrain.cli_compile import load_hw, load_model
     from ratrain.planner import Search
     config, name = load_model(args.model)
     profile = load_hw(args.hw)
@@ -109,7 +109,6 @@ def _row_line(index: int, row) -> str:
 
 
 def format_plan(plan, top: int, smallest: bool) -> str:
-    from ratrain.cli_compile import format_budget
     feasible = [r for r in plan.rows if r.feasible]
     infeasible = [r for r in plan.rows if not r.feasible]
     simulated = sum(r.simulated for r in plan.rows)
@@ -278,7 +277,6 @@ def add_search_options(p, *, required: bool) -> None:
 
 
 def add_plan_parser(sub, model_help: str) -> None:
-    from ratrain.cli_compile import SIZE_HELP, _size_arg
     from ratrain.program_format.options import PRECISIONS
     p = sub.add_parser("plan", help="search configurations for N ranks under a memory budget "
                        "and rank them by simulated step time",
@@ -294,7 +292,7 @@ def add_plan_parser(sub, model_help: str) -> None:
                    f"sequence (default: the model's context, at most {DEFAULT_SEQ_LEN})")
     p.add_argument("--hw", default="cpu", metavar="PROFILE", help="hardware profile: mt3000, "
                    "cpu or a path to a profile .json (default: cpu)")
-    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="usable "
+    p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE", help="usable "
                    "memory per rank, e.g. 20GB (default: the profile's usable_memory)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="fp32 or fp16 (default: the profile's)")

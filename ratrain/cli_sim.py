@@ -13,10 +13,11 @@ from pathlib import Path
 
 from ratrain.errors import UserError
 from ratrain.hw.profiles import ALGORITHMS
+from ratrain.inputs import load_hw
 
 
 def _program_and_profile(args):
-    from ratrain.cli_compile import MANIFEST, is_program_dir, load_hw, read_manifest
+    from ratrain.cli_compile import MANIFEST, is_program_dir, read_manifest
     directory = Path(args.program)
     if not is_program_dir(directory):
         raise UserError(f"{directory} is not a program directory (no {MANIFEST}); write "

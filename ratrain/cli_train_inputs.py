@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ratrain.errors import UserError
+from ratrain.inputs import load_model
 
 DEFAULT_GLOBAL_BATCH = 8
 MAX_DEFAULT_MICRO_BATCHES = 4   # more, smaller micro-batches only add per-call overhead
@@ -33,7 +34,6 @@ def load_checked_model(model: str) -> tuple[dict, str]:
     """(config, name) of a model whose parameter shapes can be computed: a config.json
     that is wrong is reported as one line here, not as a traceback while tracing."""
     from ratrain import models
-    from ratrain.cli_compile import load_model
     try:
         config, name = load_model(model)
         models.param_shapes(config)

@@ -8,11 +8,10 @@ of seconds over (FLOPs, bytes) is in the simulator's own units.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 
+from ratrain.calibrate.case import Case
+from ratrain.calibrate.rt_cases import runtime_cases
 from ratrain.ir.costs import coarse_bwd_flops, node_flops
 from ratrain.ir.graph import Node, Var
 from ratrain.models.rope import RopeSpec, inv_freq
@@ -26,17 +25,6 @@ WIDTHS = ((256, 688), (512, 1376))          # hidden, intermediate
 ATTENTION = tuple((b, t, h, d) for t in (128, 256, 512) for b in (1, 2, 4) if b * t <= 1024
                   for h, d in ((4, 64), (8, 32)))
 VOCAB = (256, 1024)
-
-
-@dataclass(frozen=True)
-class Case:
-    op: str                             # IR op the simulator costs (matmul_bwd, rope, ...)
-    shape: str                          # for progress lines and the profile's sources
-    flops: int                          # what the simulator charges the node
-    nbytes: int
-    run: Callable[[int], object]        # run(threads): one call, as the generated code
-    cold: bool = False                  # sweeps whole-model state: time it with cold
-                                        # caches (NOTE [warm operands], profile.py)
 
 
 def _node(op: str, inputs, outputs, **params) -> Node:
@@ -192,7 +180,6 @@ def memory_cases(kernels, rng) -> list[Case]:
 
 def _groups() -> dict:
     """op names -> the function making their cases."""
-    from ratrain.calibrate.rt_cases import runtime_cases
     return {("matmul", "matmul_bwd"): matmul_cases, ("attention", "attention_bwd"): attention_cases,
             ("rms_norm", "rms_norm_bwd"): norm_cases, ("rope", "rope_bwd"): rope_cases,
             ("swiglu", "swiglu_bwd"): swiglu_cases, ("embedding", "embedding_bwd"): embedding_cases,

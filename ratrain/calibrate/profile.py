@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ratrain.calibrate.fit import fit_link, fit_op
+from ratrain.rt.launch import find_mpiexec, rank_python
 from ratrain.sim.kernels import fitted_seconds
 
 PRECISION = "fp32"                      # what the cases run (the cpu profile's default)
@@ -169,7 +170,6 @@ def machine_facts() -> dict:
 def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0,
               evict_kernels: bool = False) -> dict:
     """`mpiexec -n ranks python -m ratrain.calibrate.probe` with `threads` per rank."""
-    from ratrain.cli_train import find_mpiexec, rank_python
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS="1",
                MKL_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as scratch:

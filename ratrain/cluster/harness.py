@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ratrain.cluster import netns
+from ratrain.rt.launch import find_mpiexec, rank_python
 
 PREFIX = "rtc"
 NAME = re.compile(r"[a-z0-9]{1,12}")
@@ -199,7 +200,6 @@ def probe(cluster: Cluster) -> Cluster:
     """Measure the cluster's links from two of its ranks (ratrain/cluster/probe.py) and
     record the result in its state; the updated cluster."""
     import subprocess
-    from ratrain.cli_train import find_mpiexec, rank_python
     if cluster.ranks < 2:
         raise ClusterError(f"cluster {cluster.name} has one rank: probing needs two")
     options, command = cluster.placement(rank_python("ratrain.cluster.probe"))

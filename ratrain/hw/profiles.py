@@ -183,7 +183,7 @@ def _recomputed_in_backward(program, task: Task, layer: int) -> int:
 
 def recompute_flops(program, layer: int, micro_batch: int) -> int:
     """FLOPs a REC spends: the whole forward under full recompute; under selective only
-    the non-GEMM ops (GEMM outputs are kept, see insert_recovery.kept_mask)."""
+    the non-GEMM ops (GEMM outputs are kept, see residuals.kept_mask)."""
     mode = program.recompute.get((layer, micro_batch), "full")
     kind = program.graph.kinds[program.graph.layers[layer].kind]
     return _forward_flops(kind.fwd, skip_gemm=mode == "selective")

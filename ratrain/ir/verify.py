@@ -7,8 +7,7 @@ every graph output is defined.
 from __future__ import annotations
 
 from ratrain.ir.autodiff import output_types
-from ratrain.ir.graph import LayerGraph, Literal
-from ratrain.ir.printer import _Namer, format_node
+from ratrain.ir.graph import LayerGraph, Literal, _Namer, format_node
 from ratrain.ir.rules import lookup_rule
 
 

@@ -19,6 +19,7 @@ from ratrain.passes.insert_gathers import gather_of, view_buffer, view_slot_coun
 from ratrain.passes.insert_tied_sum import tied_layers_on
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.layout import align_up, graph_workspace, pack
+from ratrain.passes.residuals import kept_mask
 
 CATEGORIES = ("params", "optimizer", "views", "grads", "activations", "comm", "workspace")
 
@@ -133,7 +134,6 @@ def residual_layout(program, layer: int, micro_batch: int, kept: bool) -> tuple[
 
 @lru_cache(maxsize=4096)
 def _residual_layout(kind, mode: str, kept: bool) -> tuple[dict, int]:
-    from ratrain.passes.insert_recovery import kept_mask
     chosen = [i for i, k in enumerate(kept_mask(kind, mode)) if k == kept]
     offsets, total = pack(kind.residuals[i].nbytes for i in chosen)
     return dict(zip(chosen, offsets)), total
@@ -146,7 +146,6 @@ def residual_split(program, layer: int, micro_batch: int) -> tuple[int, int]:
 
 
 def residual_ids(kind, mode: str, kept: bool) -> set[int]:
-    from ratrain.passes.insert_recovery import kept_mask
     return {r.id for r, k in zip(kind.residuals, kept_mask(kind, mode)) if k == kept}
 
 

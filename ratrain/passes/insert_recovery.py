@@ -9,51 +9,9 @@ stage the backward recomputes each layer right before differentiating it.
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
 
-from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, Task
 from ratrain.passes.buffers import recovers_in_backward, stage_recovers_in_backward
-
-
-@lru_cache(maxsize=1024)
-def kept_mask(kind, mode: str) -> tuple[bool, ...]:
-    """Which of a layer kind's residuals survive from F to B under `mode`.
-
-    none: all; full: only the layer's inputs; selective: NOTE [selective keeps what a
-    GEMM made]: the inputs and every residual whose rebuild would run a GEMM, so a REC
-    recomputes only norms, RoPE, attention, SwiGLU and the like. A value computed from a
-    GEMM output through cheap ops (reshape, RoPE, the residual add) counts as made by
-    that GEMM: the GEMM output itself is often not a residual, so dropping the value
-    would mean running the GEMM again.
-    """
-    inputs = {v.id for v in kind.fwd.inputs}
-    if mode != "selective":
-        return tuple(mode == "none" or r.id in inputs for r in kind.residuals)
-    available = set(inputs)
-    for r in kind.residuals:  # forward order: later values may rebuild from earlier kept ones
-        if r.id not in available and any(_is_gemm(n) for n in
-                                          nodes_rebuilding(kind.fwd, {r.id}, available)):
-            available.add(r.id)
-    return tuple(r.id in available for r in kind.residuals)
-
-
-def _is_gemm(node) -> bool:
-    return (lookup_rule(node.op).kernel or "") == "gemm"
-
-
-def nodes_rebuilding(graph, targets: set, available: set) -> list:
-    """NOTE [selective recovery]: the forward nodes that rebuild the values `targets`
-    from the `available` ones, in graph order: walking backwards, a node is needed if it
-    makes a target or a value a needed node reads that is not available (a kept
-    residual is read, never recomputed)."""
-    wanted, needed = set(targets), []
-    for node in reversed(graph.nodes):
-        if not any(o.id in wanted for o in node.outputs):
-            continue
-        needed.append(node)
-        wanted |= {x.id for x in node.inputs if hasattr(x, "id") and x.id not in available}
-    return needed[::-1]
 
 
 def _recomputable(program) -> set[int]:

@@ -19,7 +19,7 @@ from ratrain.passes.buffers import (GRAD_OUTPUT, backward_workspace, cotangent_b
                                     pinned_values, recovers_in_backward, residual_layout,
                                     view_layout)
 from ratrain.passes.insert_gathers import view_buffer
-from ratrain.passes.insert_recovery import nodes_rebuilding
+from ratrain.passes.residuals import nodes_rebuilding
 from ratrain.passes.layout import graph_workspace
 from ratrain.passes.lower_state import (_loss_scaled, _lower_gather, _lower_norm, _lower_prefetch,
                                         _lower_sync, _lower_tie, _lower_update,

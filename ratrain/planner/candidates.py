@@ -94,7 +94,7 @@ class GraphCache:
         self._graphs: dict[int, object] = {}
 
     def get(self, micro_batch_size: int):
-        from ratrain.ir.train_graph import trace_model
+        from ratrain.models.trace import trace_model
         if micro_batch_size not in self._graphs:
             self._graphs[micro_batch_size] = trace_model(
                 self.config, micro_batch_size=micro_batch_size, seq_len=self.seq_len,

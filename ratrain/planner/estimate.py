@@ -18,7 +18,7 @@ from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.passes.buffers import (CATEGORIES, backward_workspace, layer_param_count,
                                     persistent_buffers, recovers_in_backward,
                                     shard_elements, undo_buffer)
-from ratrain.passes.insert_recovery import kept_mask, nodes_rebuilding
+from ratrain.passes.residuals import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
 from ratrain.sim.collectives import collective_cost

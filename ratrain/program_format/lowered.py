@@ -12,8 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ratrain.ir.graph import DTYPE_SHORT
-from ratrain.ir.printer import format_param
+from ratrain.ir.graph import DTYPE_SHORT, format_param
 from ratrain.ir.tasks import Kind, Task, parse_task
 
 

@@ -1,5 +1,5 @@
 """What every lowered call does to one rank's arena: the single definition of the call
-semantics, shared by the reference executor (passes/execute.py, all ranks in one process)
+semantics, shared by the reference executor (rt/reference.py, all ranks in one process)
 and the MPI runtime (rt/executor.py). A `Transport` supplies what crosses ranks (data rows,
 pipeline messages, DP and world collectives); everything else here is local numpy.
 """

@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from ratrain.cli import main
-from ratrain.cli_compile import parse_size
 from ratrain.hw import ProfileError, load_profile
 from ratrain.ir.tasks import Kind, parse_tasks
 from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.pipeline import PIPELINE, _late_passes
+from ratrain.units import parse_size
 
 PASS_NAMES = [p.__name__ for p in PIPELINE + _late_passes()]
 TINY = ["tiny", "--seq-len", "32"]

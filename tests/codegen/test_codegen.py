@@ -14,9 +14,9 @@ from ratrain import models
 from ratrain.codegen import NativeStep, build_stage_table, generate
 from ratrain.program_format.build import build_module, load_module
 from ratrain.codegen.module import render_module
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.optim import AdamW
-from ratrain.passes.execute import Executor
+from ratrain.rt.reference import Executor
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 from ratrain.rt.calls import run_call

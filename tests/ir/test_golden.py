@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ratrain import models
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 
 GOLDEN = Path(__file__).parent / "golden"
 ONE_LAYER = {"model_type": "llama", "hidden_size": 16, "intermediate_size": 24,

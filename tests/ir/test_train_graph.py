@@ -6,7 +6,7 @@ import pytest
 
 from ratrain import models
 from ratrain.ir.interp import run_train_graph
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.ir.verify import verify_graph
 
 BASE = {"hidden_size": 96, "intermediate_size": 160, "num_hidden_layers": 2,

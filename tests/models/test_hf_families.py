@@ -145,7 +145,7 @@ def test_new_preset_parameter_counts_are_exact(name):
 
 @pytest.mark.parametrize("name", sorted(PRESET_COUNTS))
 def test_traced_graph_counts_the_same(name):
-    from ratrain.ir.train_graph import trace_model
+    from ratrain.models.trace import trace_model
     tg = trace_model(preset_without_rope_scaling(name), micro_batch_size=1, seq_len=8)
     assert tg.num_params() == PRESET_COUNTS[name]
 

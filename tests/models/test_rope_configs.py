@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
 from ratrain import models  # noqa: E402
-from ratrain.ir.train_graph import trace_model  # noqa: E402
+from ratrain.models.trace import trace_model  # noqa: E402
 from ratrain.models.rope import attention_scaling, inv_freq, rope_spec  # noqa: E402
 
 B, T = 2, 24

@@ -10,9 +10,9 @@ import pytest
 
 from ratrain import models
 from ratrain.ir.interp import run_train_graph
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.optim import AdamW, adamw_step
-from ratrain.passes.execute import Executor
+from ratrain.rt.reference import Executor
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 

@@ -7,7 +7,7 @@ import pytest
 
 from ratrain import models
 from ratrain.ir.tasks import GATHERS, Kind, parse_task
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.passes.insert_gathers import GatherError, gather_plan, verify_gathers
 from ratrain.program_format.lowered import Slot, note_layer
 from ratrain.passes.pipeline import run_pipeline

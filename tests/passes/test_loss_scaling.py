@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ratrain import models
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.optim import AdamW, LossScaler
-from ratrain.passes.execute import Executor
+from ratrain.rt.reference import Executor
 from ratrain.passes.lower import format_lowered
 from ratrain.passes.lower_state import state_slots
 from ratrain.passes.pipeline import run_pipeline

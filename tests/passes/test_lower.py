@@ -7,7 +7,7 @@ import pytest
 
 from ratrain import models
 from ratrain.ir.tasks import format_schedule
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.passes.lower import format_lowered
 from ratrain.program_format.lowered import Slot
 from ratrain.passes.pipeline import run_pipeline

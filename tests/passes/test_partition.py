@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.models import get_config
 from ratrain.passes.partition_stages import (PartitionError, format_bytes, partition_stages,
                                              stage_memory_estimate, stage_time_estimate)

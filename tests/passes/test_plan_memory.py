@@ -7,7 +7,7 @@ import pytest
 
 from ratrain import models
 from ratrain.ir.tasks import Kind, format_tasks, parse_task
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.passes.buffers import CATEGORIES, persistent_buffers, stage_peak, task_effects
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
 from ratrain.passes.plan_memory import (ALIGNMENT, MemoryBudgetError, MemoryPlanError,

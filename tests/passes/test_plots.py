@@ -7,7 +7,7 @@ import pytest
 
 from ratrain import models
 from ratrain.ir.tasks import Kind, parse_schedule
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.passes.dryrun import dry_run
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
 from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory

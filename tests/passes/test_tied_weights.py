@@ -11,7 +11,7 @@ import pytest
 import test_compiled_semantics as semantics
 from ratrain import models
 from ratrain.ir.tasks import parse_schedule
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.passes.dryrun import ScheduleDeadlock, dry_run
 from ratrain.passes.verify_schedule import ScheduleInvariantError, verify_schedule
 

@@ -5,7 +5,7 @@ import pytest
 
 from ratrain import models
 from ratrain.ir.tasks import parse_tasks
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.passes.dryrun import ScheduleDeadlock, UnmatchedComm
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
 from ratrain.passes.program import CompileOptions, Program

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ratrain.cli import main as ratrain_main
-from ratrain.cli_train import process_start, rank_processes
+from ratrain.rt.launch import process_start, rank_processes
 from ratrain.rt.checkpoint import latest_checkpoint
 from rt_reference import CONFIG, progression_rows, read_metrics
 

@@ -5,7 +5,7 @@ import pytest
 from ratrain import models
 from ratrain.ir.costs import coarse_bwd_flops, layer_cost, node_flops
 from ratrain.ir.tasks import Kind, counterpart, parse_schedule
-from ratrain.ir.train_graph import trace_model
+from ratrain.models.trace import trace_model
 from ratrain.sim import UnitCosts, replay
 from ratrain.sim.collectives import Cost, collective_cost
 from ratrain.sim.engine import Engine, Link, Signal
