@@ -105,6 +105,8 @@ def gemm(a, b, *, trans_a=False, trans_b=False, out=None, out_dtype=None,
     accumulation. op transposes when trans_*; accumulate adds into `out`, which must then be
     float32 [M, N]. out_dtype defaults to bf16 (uint16) for bf16 inputs, else float16."""
     cdef int dt = _gdt(a, "a")
+    if (dt == 2) != (np.asarray(b).dtype == BF16):
+        raise TypeError("gemm: bf16 (uint16) operands go together: a and b must both be uint16")
     if out_dtype is None:
         out_dtype = BF16 if dt == 2 else np.float16
     a = _c(a, a.dtype); b = _c(b, a.dtype)

@@ -29,7 +29,7 @@ def restore_isa():
         kernels.set_isa(before)
 
 
-@pytest.mark.parametrize("name", ["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("name", ["amx", "avx512_bf16", "avx512", "avx2", "scalar"])
 def test_ratrain_isa_env_forces_path(name, restore_isa):
     env = dict(os.environ, RATRAIN_ISA=name)
     got = subprocess.run([sys.executable, "-c", "import ratrain.kernels as k; print(k.isa())"],
