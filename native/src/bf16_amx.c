@@ -2,7 +2,7 @@
  * tiles into 4 fp32 C tiles, and the per-thread tile configuration. Compiled for amx-tile and
  * amx-bf16 via a file-wide target pragma; dispatch.c selects it only when the CPU has AMX
  * and the kernel granted this process the tile data state (Linux arch_prctl). */
-#pragma GCC target("amx-tile,amx-bf16,avx512f")
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw")
 #include <immintrin.h>
 #include "internal.h"
 
@@ -53,6 +53,48 @@ static void ukr_amx(int kcp, const rt_bf16 *a, const rt_bf16 *b, float *c, int l
     _tile_stored(2, c + 16 * ldc, ldcb); _tile_stored(3, c + 16 * ldc + 16, ldcb);
 }
 
+/* r[i] (16 words) <- column i of the 16 x 16 word matrix r: 32-bit, 64-bit, then 128-bit lane
+ * interleaves */
+static inline void transpose_16x16_epi32(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int j = 0; j < 4; j++) {
+            t[h + j] = _mm512_shuffle_i32x4(r[h + j], r[h + j + 4], 0x88);
+            t[h + j + 4] = _mm512_shuffle_i32x4(r[h + j], r[h + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+/* the TN (weight gradient) A panel: rows k, k+1 of a [K, M] make 16 pair words per 16 rows of
+ * op(a); a word transpose turns them into 16 rows of 32 bf16 of the [MR][kc] panel */
+static void pack_a_trans_amx(rt_bf16 *dst, const rt_bf16 *a, size_t lda, int kc) {
+    for (int k = 0; k < kc; k += TK)
+        for (int h = 0; h < MR; h += 16) {
+            __m512i w[16];
+            for (int p = 0; p < 16; p++) {
+                const rt_bf16 *r0 = a + (size_t)(k + 2 * p) * lda + h;
+                __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)r0));
+                __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + lda)));
+                w[p] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+            }
+            transpose_16x16_epi32(w);
+            for (int r = 0; r < 16; r++) _mm512_storeu_si512(dst + (size_t)(h + r) * kc + k, w[r]);
+        }
+}
+
 const rt_bf16_gemm rt_bf16_gemm_amx = {
-    "amx", MR, NR, TK, 512, 1, begin_amx, end_amx, ukr_amx,
+    "amx", MR, NR, TK, 512, 1, begin_amx, end_amx, pack_a_trans_amx, ukr_amx,
 };

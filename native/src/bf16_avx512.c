@@ -35,7 +35,7 @@ static int begin_none(void) { return RT_OK; }
 static void end_none(void) {}
 
 const rt_bf16_gemm rt_bf16_gemm_avx512 = {
-    "avx512_bf16", MR, NR, 2, 256, 0, begin_none, end_none, ukr_dpbf16,
+    "avx512_bf16", MR, NR, 2, 256, 0, begin_none, end_none, NULL, ukr_dpbf16,
 };
 
 /* VCVTNEPS2BF16 rounds to nearest even and quiets NaN like rt_f2bf, but reads subnormal inputs

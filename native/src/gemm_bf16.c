@@ -10,7 +10,8 @@
 #include "gemm.h"
 
 #define MC_PANELS 4                /* MC = 4 micro-panels of MR rows */
-#define B_PANEL_BYTES (4u << 20)   /* packed op(b) per column block: stays in L2/L3 */
+#define B_PANEL_BYTES (8u << 20)   /* packed op(b) per column block: one block for a layer's
+                                      * K x N up to 4M elements, so A is packed once */
 
 typedef struct { int mr, nr, mc, kp, kc, nc, ncp; size_t b_elems, a_elems, c_floats; } plan_bf16;
 
@@ -65,10 +66,15 @@ static void pack_b_strip(rt_bf16 *dst, const rt_gemm_args *g, const plan_bf16 *p
 
 /* rows [i0, i0+MR) x K chunk [k0, k0+kc) of op(a) as the path's A micro-panel: [MR][kc] rows
  * (element (i, k) at i*kc + k) or [kc/2][MR] pairs (at (k/2)*2MR + 2i + k%2); zero padded */
-static void pack_a_panel(rt_bf16 *dst, const rt_gemm_args *g, const plan_bf16 *p, int rows_layout,
-                         int i0, int k0, int kc) {
+static void pack_a_panel(rt_bf16 *dst, const rt_gemm_args *g, const plan_bf16 *p,
+                         const rt_bf16_gemm *P, int i0, int k0, int kc) {
     int mr = p->mr, rows = rt_max(0, rt_min(mr, g->M - i0)), ks = rt_max(0, rt_min(kc, g->K - k0));
+    int rows_layout = P->a_rows;
     const rt_bf16 *a = g->a;
+    if ((g->flags & RT_TRANS_A) && P->pack_a_trans && rows == mr && ks == kc) {
+        P->pack_a_trans(dst, a + (size_t)k0 * g->lda + i0, (size_t)g->lda, kc);
+        return;
+    }
     if (rows < mr || ks < kc) memset(dst, 0, (size_t)mr * kc * 2);
     size_t rs = rows_layout ? (size_t)kc : 2, kpair = rows_layout ? 2 : (size_t)2 * mr;
     if (rows_layout && !(g->flags & RT_TRANS_A)) {
@@ -107,7 +113,7 @@ static void run_block(const rt_gemm_args *g, const rt_bf16_gemm *P, const plan_b
     for (int k0 = 0; k0 < p->kp; k0 += p->kc) {
         int kc = rt_min(p->kc, p->kp - k0);
         for (int i = 0; i < mcp; i += p->mr)
-            pack_a_panel(apack + (size_t)i * kc, g, p, P->a_rows, i0 + i, k0, kc);
+            pack_a_panel(apack + (size_t)i * kc, g, p, P, i0 + i, k0, kc);
         for (int s = 0; s < strips; s++) {
             const rt_bf16 *bs = bpack + (size_t)s * p->kp * p->nr + (size_t)k0 * p->nr;
             for (int i = 0; i < mcp; i += p->mr)

@@ -45,6 +45,9 @@ typedef struct {
     int a_rows;                 /* A micro-panel: 1 = [MR][kcp] rows (AMX); 0 = [kcp/2][MR] pairs */
     int (*begin)(void);         /* per thread before its first ukr call: RT_OK or RT_EISA */
     void (*end)(void);          /* per thread after its last ukr call */
+    /* full A micro-panel (MR rows, kc a kstep multiple) of op(a) = a^T, a stored [K, M] with
+     * row stride lda, from a at (k0, i0); NULL: gemm_bf16.c's portable loop packs it */
+    void (*pack_a_trans)(rt_bf16 *dst, const rt_bf16 *a, size_t lda, int kc);
     /* c[MR,NR] (row stride ldc) = (first ? 0 : c) + a_panel @ b_strip over kcp (padded) K */
     void (*ukr)(int kcp, const rt_bf16 *a, const rt_bf16 *b, float *c, int ldc, int first);
 } rt_bf16_gemm;
