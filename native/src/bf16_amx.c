@@ -5,6 +5,7 @@
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw")
 #include <immintrin.h>
 #include "internal.h"
+#include "bf16_simd.h"
 
 #define MR 32
 #define NR 32
@@ -53,31 +54,6 @@ static void ukr_amx(int kcp, const rt_bf16 *a, const rt_bf16 *b, float *c, int l
     _tile_stored(2, c + 16 * ldc, ldcb); _tile_stored(3, c + 16 * ldc + 16, ldcb);
 }
 
-/* r[i] (16 words) <- column i of the 16 x 16 word matrix r: 32-bit, 64-bit, then 128-bit lane
- * interleaves */
-static inline void transpose_16x16_epi32(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int h = 0; h < 16; h += 8)
-        for (int j = 0; j < 4; j++) {
-            t[h + j] = _mm512_shuffle_i32x4(r[h + j], r[h + j + 4], 0x88);
-            t[h + j + 4] = _mm512_shuffle_i32x4(r[h + j], r[h + j + 4], 0xdd);
-        }
-    for (int j = 0; j < 8; j++) {
-        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
-        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
-    }
-}
-
 /* the TN (weight gradient) A panel: rows k, k+1 of a [K, M] make 16 pair words per 16 rows of
  * op(a); a word transpose turns them into 16 rows of 32 bf16 of the [MR][kc] panel */
 static void pack_a_trans_amx(rt_bf16 *dst, const rt_bf16 *a, size_t lda, int kc) {
@@ -96,5 +72,6 @@ static void pack_a_trans_amx(rt_bf16 *dst, const rt_bf16 *a, size_t lda, int kc)
 }
 
 const rt_bf16_gemm rt_bf16_gemm_amx = {
-    "amx", MR, NR, TK, 512, 1, begin_amx, end_amx, pack_a_trans_amx, ukr_amx,
+    "amx", MR, NR, TK, 512, 1, begin_amx, end_amx, pack_a_trans_amx, rt_bf16_pack_b_avx512,
+    ukr_amx,
 };

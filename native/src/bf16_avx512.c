@@ -5,6 +5,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2")
 #include <immintrin.h>
 #include "internal.h"
+#include "bf16_simd.h"
 
 #define MR 12
 #define NR 32
@@ -31,11 +32,37 @@ static void ukr_dpbf16(int kcp, const rt_bf16 *a16, const rt_bf16 *b, float *c, 
     ROWS(ROW_STORE)
 }
 
+/* pairs [0, np) of a full 32-column strip of op(b) (b at (0, j0)) as [np][32] words, the
+ * layout of gemm_bf16.c's pack_b_strip: a word transpose when b is [N, K] (trans: each row
+ * of b holds the pairs of one column), else a zero-extend-and-or of rows 2p and 2p+1 */
+void rt_bf16_pack_b_avx512(rt_bf16 *dst, const rt_bf16 *b, size_t ldb, int trans, int np) {
+    if (!trans) {
+        for (int p = 0; p < np; p++)
+            for (int h = 0; h < 32; h += 16) {
+                const rt_bf16 *r0 = b + (size_t)(2 * p) * ldb + h;
+                __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)r0));
+                __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + ldb)));
+                _mm512_storeu_si512(dst + (size_t)p * 64 + 2 * h, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+        return;
+    }
+    for (int p0 = 0; p0 < np; p0 += 16) {
+        int cnt = np - p0 < 16 ? np - p0 : 16;
+        __mmask16 m = (__mmask16)((1u << cnt) - 1);
+        for (int h = 0; h < 32; h += 16) {
+            __m512i w[16];
+            for (int c = 0; c < 16; c++) w[c] = _mm512_maskz_loadu_epi32(m, b + (size_t)(h + c) * ldb + 2 * p0);
+            transpose_16x16_epi32(w);
+            for (int p = 0; p < cnt; p++) _mm512_storeu_si512(dst + (size_t)(p0 + p) * 64 + 2 * h, w[p]);
+        }
+    }
+}
+
 static int begin_none(void) { return RT_OK; }
 static void end_none(void) {}
 
 const rt_bf16_gemm rt_bf16_gemm_avx512 = {
-    "avx512_bf16", MR, NR, 2, 256, 0, begin_none, end_none, NULL, ukr_dpbf16,
+    "avx512_bf16", MR, NR, 2, 256, 0, begin_none, end_none, NULL, rt_bf16_pack_b_avx512, ukr_dpbf16,
 };
 
 /* VCVTNEPS2BF16 rounds to nearest even and quiets NaN like rt_f2bf, but reads subnormal inputs

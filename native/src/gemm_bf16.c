@@ -47,17 +47,22 @@ static char *get_workspace(size_t bytes) {
 
 /* strip of NR columns from j0, whole padded K: [kp/2][NR] words (b[2p][j], b[2p+1][j]),
  * i.e. element (k, j) at bf16 index (k/2)*2NR + 2j + k%2; zero past the matrix */
-static void pack_b_strip(rt_bf16 *dst, const rt_gemm_args *g, const plan_bf16 *p, int j0) {
-    int nr = p->nr, w = rt_min(nr, g->N - j0);
+static void pack_b_strip(rt_bf16 *dst, const rt_gemm_args *g, const plan_bf16 *p,
+                         const rt_bf16_gemm *P, int j0) {
+    int nr = p->nr, w = rt_min(nr, g->N - j0), trans = g->flags & RT_TRANS_B, k_first = 0;
     const rt_bf16 *b = g->b;
     if (w < nr || p->kp > g->K) memset(dst, 0, (size_t)p->kp * nr * 2);
-    if (g->flags & RT_TRANS_B)                     /* b [N, K]: column j is row j */
+    if (w == nr && P->pack_b) {                    /* SIMD for the whole pairs, loop for the rest */
+        P->pack_b(dst, b + (trans ? (size_t)j0 * g->ldb : (size_t)j0), (size_t)g->ldb, trans, g->K / 2);
+        k_first = g->K & ~1;
+    }
+    if (trans)                                     /* b [N, K]: column j is row j */
         for (int c = 0; c < w; c++) {
             const rt_bf16 *src = b + (size_t)(j0 + c) * g->ldb;
-            for (int k = 0; k < g->K; k++) dst[(size_t)(k >> 1) * 2 * nr + 2 * c + (k & 1)] = src[k];
+            for (int k = k_first; k < g->K; k++) dst[(size_t)(k >> 1) * 2 * nr + 2 * c + (k & 1)] = src[k];
         }
     else
-        for (int k = 0; k < g->K; k++) {
+        for (int k = k_first; k < g->K; k++) {
             const rt_bf16 *src = b + (size_t)k * g->ldb + j0;
             rt_bf16 *d = dst + (size_t)(k >> 1) * 2 * nr + (k & 1);
             for (int c = 0; c < w; c++) d[2 * c] = src[c];
@@ -147,7 +152,7 @@ static int gemm_bf16_tiled(const rt_gemm_args *g_in, const rt_bf16_gemm *P, int 
         for (int jc0 = 0; jc0 < g.N && !fail; jc0 += p.nc) {
             int nc = rt_min(p.nc, g.N - jc0), strips = (nc + p.nr - 1) / p.nr;
             for (int s = tid; s < strips; s += nt)
-                pack_b_strip(bpack + (size_t)s * p.kp * p.nr, &g, &p, jc0 + s * p.nr);
+                pack_b_strip(bpack + (size_t)s * p.kp * p.nr, &g, &p, P, jc0 + s * p.nr);
             if (tid == 0) next_block = 0;     /* previous block's users passed the barrier */
             #pragma omp barrier
             for (int ib; (ib = __atomic_fetch_add(&next_block, 1, __ATOMIC_RELAXED)) < nblocks;) {

@@ -48,12 +48,16 @@ typedef struct {
     /* full A micro-panel (MR rows, kc a kstep multiple) of op(a) = a^T, a stored [K, M] with
      * row stride lda, from a at (k0, i0); NULL: gemm_bf16.c's portable loop packs it */
     void (*pack_a_trans)(rt_bf16 *dst, const rt_bf16 *a, size_t lda, int kc);
+    /* full pairs [0, np) of a full NR-column strip of op(b), b at (0, j0); NULL: portable */
+    void (*pack_b)(rt_bf16 *dst, const rt_bf16 *b, size_t ldb, int trans, int np);
     /* c[MR,NR] (row stride ldc) = (first ? 0 : c) + a_panel @ b_strip over kcp (padded) K */
     void (*ukr)(int kcp, const rt_bf16 *a, const rt_bf16 *b, float *c, int ldc, int first);
 } rt_bf16_gemm;
 
 extern const rt_bf16_gemm rt_bf16_gemm_amx, rt_bf16_gemm_avx512;
 const rt_bf16_gemm *rt_bf16_gemm_get(void);    /* NULL: bf16 GEMMs widen to fp32 (dispatch.c) */
+/* the pack_b of both bf16 kernels, NR = 32 (bf16_avx512.c) */
+void rt_bf16_pack_b_avx512(rt_bf16 *dst, const rt_bf16 *b, size_t ldb, int trans, int np);
 /* VCVTNEPS2BF16 cast with a subnormal fix-up, bit-identical to rt_f2bf (bf16_avx512.c) */
 void rt_f2bf_avx512bf16(rt_bf16 *dst, const float *src, size_t n);
 
