@@ -92,10 +92,11 @@ def dma_reset():
 
 # ---- GEMM ----
 def gemm_plan(M, N, K, *, dtype=np.float16, trans_a=False, trans_b=False):
-    """Tiling the GEMM uses: dict(mc, kc, nc, mr, nr)."""
+    """Tiling the fp16/fp32 GEMM uses (and the bf16 one on paths that widen bf16 to fp32, see
+    isa()): dict(mc, kc, nc, mr, nr)."""
     cdef int plan[4]
     flags = (1 if trans_a else 0) | (2 if trans_b else 0)
-    _check(c_rt_gemm_plan(plan, M, N, K, 1 if np.dtype(dtype) == np.float16 else 0, flags), "gemm_plan")
+    _check(c_rt_gemm_plan(plan, M, N, K, _gdt(dtype, "dtype"), flags), "gemm_plan")
     return {"mc": plan[0], "kc": plan[1], "nc": plan[2], "mr": plan[3] >> 16, "nr": plan[3] & 0xffff}
 
 

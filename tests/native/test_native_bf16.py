@@ -208,6 +208,8 @@ def test_gemm_accumulate_and_bias(each_path):
     bias = rng.standard_normal(N).astype(np.float32)
     kernels.gemm(a, b, trans_a=True, out=acc, accumulate=True, bias=bias, threads=2)
     assert_gemm_close(acc, start + numpy_ref(a, b, True, False) + bias, f"{each_path} accumulate")
+    out = kernels.gemm(a, b, trans_a=True, bias=bias, threads=2)          # bias, bf16 store
+    assert_gemm_close(out, numpy_ref(a, b, True, False) + bias, f"{each_path} bias")
 
 
 def test_gemm_rejects_bad_arguments():
