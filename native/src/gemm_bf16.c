@@ -13,23 +13,26 @@
 #define B_PANEL_BYTES (8u << 20)   /* packed op(b) per column block: one block for a layer's
                                       * K x N up to 4M elements, so A is packed once */
 
-typedef struct { int mr, nr, mc, kp, kc, nc, ncp; size_t b_elems, a_elems, c_floats; } plan_bf16;
+typedef struct {
+    int mr, nr, mc;            /* micro-tile; rows per block (MC_PANELS micro-panels) */
+    int kp, kc;                /* K padded to the kernel's kstep; K chunk per packed A block */
+    int nc;                    /* columns per block, an NR multiple: C tile row stride too */
+    size_t b_elems, a_elems, c_floats;   /* packed B (shared), packed A and C tile (per thread) */
+} plan_bf16;
 
 static void *workspace;            /* grown on demand; calls must not overlap (as scratch) */
 static size_t workspace_bytes;
 
-static int make_plan(plan_bf16 *p, const rt_bf16_gemm *P, const rt_gemm_args *g) {
+static void make_plan(plan_bf16 *p, const rt_bf16_gemm *P, const rt_gemm_args *g) {
     p->mr = P->mr; p->nr = P->nr; p->mc = MC_PANELS * P->mr;
     p->kp = (int)rt_round_up(g->K, P->kstep);
     p->kc = rt_min(P->kc, p->kp);
-    size_t nc_max = rt_max(1, (int)(B_PANEL_BYTES / (2u * p->kp * p->nr))) * (size_t)p->nr;
+    size_t strips = B_PANEL_BYTES / (2 * (size_t)p->kp * p->nr), nc_max = (strips ? strips : 1) * p->nr;
     int njc = (int)((g->N + nc_max - 1) / nc_max);
     p->nc = (int)rt_round_up((g->N + njc - 1) / njc, p->nr);
-    p->ncp = p->nc;
-    p->b_elems = (size_t)p->kp * p->ncp;
+    p->b_elems = (size_t)p->kp * p->nc;
     p->a_elems = (size_t)p->mc * p->kc;
-    p->c_floats = (size_t)p->mc * p->ncp;
-    return RT_OK;
+    p->c_floats = (size_t)p->mc * p->nc;
 }
 
 static size_t thread_bytes(const plan_bf16 *p) {
@@ -122,7 +125,7 @@ static void run_block(const rt_gemm_args *g, const rt_bf16_gemm *P, const plan_b
         for (int s = 0; s < strips; s++) {
             const rt_bf16 *bs = bpack + (size_t)s * p->kp * p->nr + (size_t)k0 * p->nr;
             for (int i = 0; i < mcp; i += p->mr)
-                P->ukr(kc, apack + (size_t)i * kc, bs, ctile + (size_t)i * p->ncp + s * p->nr, p->ncp, k0 == 0);
+                P->ukr(kc, apack + (size_t)i * kc, bs, ctile + (size_t)i * p->nc + s * p->nr, p->nc, k0 == 0);
         }
     }
 }
@@ -158,7 +161,7 @@ static int gemm_bf16_tiled(const rt_gemm_args *g_in, const rt_bf16_gemm *P, int 
             for (int ib; (ib = __atomic_fetch_add(&next_block, 1, __ATOMIC_RELAXED)) < nblocks;) {
                 int i0 = ib * p.mc;
                 run_block(&g, P, &p, bpack, apack, ctile, i0, nc);
-                put_c(&g, S, ctile, p.ncp, i0, rt_min(p.mc, g.M - i0), jc0, nc);
+                put_c(&g, S, ctile, p.nc, i0, rt_min(p.mc, g.M - i0), jc0, nc);
             }
             #pragma omp barrier
         }
