@@ -1,7 +1,7 @@
 /* Shared internals of the native kernels: the per-ISA primitive table (rt_simd), the bf16
  * GEMM kernel table, scratch arenas (GSM per cluster, AM per core), portable half/bf16<->float
- * and small helpers. Kernel
- * files are ISA-neutral C that call the primitives of the path chosen at run time. */
+ * and small helpers. Kernel files are ISA-neutral C that call the primitives of the path
+ * chosen at run time. */
 #ifndef RATRAIN_INTERNAL_H
 #define RATRAIN_INTERNAL_H
 #include <math.h>
