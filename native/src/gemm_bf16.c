@@ -23,8 +23,10 @@ typedef struct {
 static void *workspace;            /* grown on demand; calls must not overlap (as scratch) */
 static size_t workspace_bytes;
 
-static void make_plan(plan_bf16 *p, const rt_bf16_gemm *P, const rt_gemm_args *g) {
-    p->mr = P->mr; p->nr = P->nr; p->mc = MC_PANELS * P->mr;
+static void make_plan(plan_bf16 *p, const rt_bf16_gemm *P, const rt_gemm_args *g, int threads) {
+    /* threads share the row blocks: fewer rows per block when M is short, so each gets one */
+    int rows_per_thread = (int)rt_round_up((g->M + threads - 1) / threads, P->mr);
+    p->mr = P->mr; p->nr = P->nr; p->mc = rt_min(MC_PANELS * P->mr, rows_per_thread);
     p->kp = (int)rt_round_up(g->K, P->kstep);
     p->kc = rt_min(P->kc, p->kp);
     size_t strips = B_PANEL_BYTES / (2 * (size_t)p->kp * p->nr), nc_max = (strips ? strips : 1) * p->nr;
@@ -139,7 +141,7 @@ static int gemm_bf16_tiled(const rt_gemm_args *g_in, const rt_bf16_gemm *P, int 
     if (!g.ldc) g.ldc = g.N;
     const rt_simd *S = rt_simd_get();
     plan_bf16 p;
-    make_plan(&p, P, &g);
+    make_plan(&p, P, &g, threads);
     size_t b_bytes = rt_round_up(p.b_elems * 2, RT_ALIGN), t_bytes = thread_bytes(&p);
     char *ws = get_workspace(b_bytes + t_bytes * threads);
     if (!ws) return RT_ENOMEM;
