@@ -1,9 +1,10 @@
 """Benchmark the native kernels against their peers, measured in the same run at the same
-thread count: GEMM (FP16 in, FP32 accumulate) vs numpy's float32 matmul (OpenBLAS via
-threadpoolctl) on the LLaMA-layer shapes, and flash attention forward+backward vs jax.jit of
+thread count: GEMM (FP16 in, and BF16 in, FP32 accumulate) vs numpy's float32 matmul (OpenBLAS
+via threadpoolctl) on the LLaMA-layer shapes, and flash attention forward+backward vs jax.jit of
 the jnp reference. One line per case: ours GFLOP/s, peer GFLOP/s, ratio, issue target.
-Usage: python bench/kernels.py [--threads 1,2] [--reps 3]. Each thread count runs in a fresh
-subprocess so BLAS/XLA thread pools are sized before they are created."""
+Usage: python bench/kernels.py [--threads 1,2] [--reps 3] [--cases gemm,bf16,attention]. Each
+thread count runs in a fresh subprocess so BLAS/XLA thread pools are sized before they are
+created."""
 import argparse
 import os
 import subprocess
@@ -13,6 +14,8 @@ import time
 GEMM_SHAPES = [(2048, 1024, 1024), (2048, 2816, 1024), (2048, 1024, 2816)]   # M, N, K
 LAYOUTS = {"NT": (False, True), "NN": (False, False), "TN": (True, False)}
 ATTN_CASES = [(4, 1024, 8, 64), (4, 1024, 8, 128)]                          # B, T, H, D
+BF16_TARGET, BF16_GOAL = 1.6, 1.9          # issue 18: bf16 GEMM vs numpy float32
+CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
 
 
 def best_time(fn, reps):
@@ -64,6 +67,37 @@ def bench_gemm(np, kernels, threads, reps):
             line(f"gemm {name} M={M} N={N} K={K}", threads, flop / t_ours / 1e9, flop / t_peer / 1e9, 0.8)
 
 
+def bench_gemm_bf16(np, kernels, threads, reps):
+    """bf16 storage (uint16 bits), fp32 accumulate; TN accumulates into fp32 like fp16's."""
+    rng = np.random.default_rng(0)
+    for M, N, K in GEMM_SHAPES:
+        for name, (ta, tb) in LAYOUTS.items():
+            a32 = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+            b32 = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+            a, b = kernels.cast(a32, kernels.BF16), kernels.cast(b32, kernels.BF16)
+            opa, opb = (a32.T if ta else a32), (b32.T if tb else b32)
+            acc = np.zeros((M, N), np.float32)
+            if name == "TN":
+                ours = lambda: kernels.gemm(a, b, trans_a=ta, trans_b=tb, out=acc,
+                                            accumulate=True, threads=threads)
+            else:               # activations: bf16 output
+                ours = lambda: kernels.gemm(a, b, trans_a=ta, trans_b=tb, threads=threads)
+            flop = 2.0 * M * N * K
+            t_ours, t_peer = compare(ours, lambda: np.matmul(opa, opb), reps)
+            line(f"gemm bf16 {name} M={M} N={N} K={K}", threads, flop / t_ours / 1e9,
+                 flop / t_peer / 1e9, BF16_TARGET)
+
+
+def cpu_flags():
+    """The SIMD flags of /proc/cpuinfo the kernels' paths depend on ('?' off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = next(ln for ln in f if ln.startswith("flags")).split(":")[1].split()
+    except (OSError, StopIteration):
+        return "?"
+    return " ".join(flag for flag in CPU_FLAGS if flag in have) or "none"
+
+
 def bench_attention(np, kernels, threads, reps):
     import jax
     import jax.numpy as jnp
@@ -96,7 +130,7 @@ def bench_attention(np, kernels, threads, reps):
              flop / t_peer / 1e9, 1.5)
 
 
-def run_child(threads, reps):
+def run_child(threads, reps, cases):
     import numpy as np
     from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -108,12 +142,18 @@ def run_child(threads, reps):
     threadpool_limits(threads)
     blas = [f"{i['internal_api']} {i.get('version')} kernel={i.get('architecture')} "
             f"threads={i['num_threads']}" for i in threadpool_info() if i["user_api"] == "blas"]
-    print(f"# threads={threads} ours: isa={kernels.isa()} fp16 storage, fp32 accumulate, "
+    print(f"# threads={threads} ours: isa={kernels.isa()} fp16/bf16 storage, fp32 accumulate, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} "
-          f"cores={sorted(os.sched_getaffinity(0))} | "
+          f"cores={sorted(os.sched_getaffinity(0))} cpu flags: {cpu_flags()} | "
           f"numpy float32 matmul via {'; '.join(blas)} | jax float32 jit (XLA CPU)", flush=True)
-    bench_gemm(np, kernels, threads, reps)
-    bench_attention(np, kernels, threads, reps)
+    if "gemm" in cases:
+        bench_gemm(np, kernels, threads, reps)
+    if "bf16" in cases:
+        print(f"# bf16 GEMM on path {kernels.isa()}: target >= {BF16_TARGET}x, "
+              f"goal {BF16_GOAL}x", flush=True)
+        bench_gemm_bf16(np, kernels, threads, reps)
+    if "attention" in cases:
+        bench_attention(np, kernels, threads, reps)
 
 
 def child_env(threads):
@@ -131,14 +171,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--reps", type=int, default=3, help="timed runs per block (GEMM)")
+    ap.add_argument("--cases", default="gemm,bf16,attention",
+                    help="comma-separated: gemm (fp16), bf16, attention")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return run_child(args.child, args.reps)
+        return run_child(args.child, args.reps, args.cases.split(","))
     t0 = time.perf_counter()
     for t in (int(x) for x in args.threads.split(",")):
-        subprocess.run([sys.executable, __file__, "--child", str(t), "--reps", str(args.reps)],
-                       env=child_env(t), check=True)
+        subprocess.run([sys.executable, __file__, "--child", str(t), "--reps", str(args.reps),
+                        "--cases", args.cases], env=child_env(t), check=True)
     print(f"# total {time.perf_counter() - t0:.0f} s")
 
 

@@ -12,11 +12,13 @@ cdef enum:
     RT_EISA = -3
     RT_F32 = 0
     RT_F16 = 1
+    RT_BF16 = 2
     RT_TRANS_A = 1
     RT_TRANS_B = 2
     RT_ACCUMULATE = 4
 
 cdef int gemm_fwd_f16(void *out, int out_dtype, const unsigned short *a, const unsigned short *b, const float *bias, int M, int N, int K, int flags, int threads) noexcept nogil
+cdef int gemm_fwd_bf16(void *out, int out_dtype, const unsigned short *a, const unsigned short *b, const float *bias, int M, int N, int K, int flags, int threads) noexcept nogil
 cdef int gemm_fwd_f32(void *out, int out_dtype, const float *a, const float *b, const float *bias, int M, int N, int K, int flags, int threads) noexcept nogil
 cdef int rt_gemm_plan(int *plan, int M, int N, int K, int in_dtype, int flags) noexcept nogil
 cdef int attention_fwd_f16(unsigned short *o, float *lse, const unsigned short *q, const unsigned short *k, const unsigned short *v, const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal, int threads) noexcept nogil
@@ -48,3 +50,5 @@ cdef int finite_sumsq_f32(int *finite, double *sumsq, const float *x, size_t n, 
 cdef int adamw_step_f32(float *master, float *m, float *v, unsigned short *param_f16, const float *grad, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step) noexcept nogil
 cdef int cast_f32_to_f16(unsigned short *dst, const float *src, size_t n) noexcept nogil
 cdef int cast_f16_to_f32(float *dst, const unsigned short *src, size_t n) noexcept nogil
+cdef int cast_f32_to_bf16(unsigned short *dst, const float *src, size_t n) noexcept nogil
+cdef int cast_bf16_to_f32(float *dst, const unsigned short *src, size_t n) noexcept nogil

@@ -1,7 +1,8 @@
 # cython: language_level=3, wraparound=True, boundscheck=True
 """Python bindings of the native kernels (native/) over numpy arrays, used by tests, benchmarks
 and the interpreter. Each function checks shapes and dtypes, releases the GIL around the C
-call and raises on a non-zero status. float16 and float32 inputs pick the _f16/_f32 kernel.
+call and raises on a non-zero status. float16 and float32 inputs pick the _f16/_f32 kernel;
+numpy has no bfloat16, so bf16 tensors are uint16 arrays of the bits (gemm and cast take them).
 Generated code skips this layer and cimports the nogil forwarders declared in kernels.pxd."""
 import numpy as np
 cimport numpy as cnp
@@ -42,18 +43,30 @@ def _fdt(x, name="input"):
     raise TypeError(f"{name}: expected float16 or float32, got {x.dtype}")
 
 
+BF16 = np.dtype(np.uint16)      # dtype of bf16 arrays: the bits, fp32's top half
+
+
+def _gdt(x, name="input"):
+    """RT dtype code of a GEMM operand or a cast side: 0 float32, 1 float16, 2 bf16 (uint16)."""
+    dt = np.dtype(x.dtype if isinstance(x, np.ndarray) else x)
+    if dt == np.float32 or dt == np.float16 or dt == BF16:
+        return 2 if dt == BF16 else int(dt == np.float16)
+    raise TypeError(f"{name}: expected float16, float32 or uint16 (bf16 bits), got {dt}")
+
+
 def _c(x, dtype):
     return np.ascontiguousarray(x, dtype=dtype)
 
 
 # ---- dispatch, scratch, DMA counters ----
 def isa():
-    """The SIMD path the kernels run on: 'avx512', 'avx2' or 'scalar'."""
+    """The path the kernels run on: 'amx', 'avx512_bf16', 'avx512', 'avx2' or 'scalar' (the
+    first two are avx512 plus bf16 GEMM/cast instructions)."""
     return rt_isa_name().decode()
 
 
 def set_isa(name):
-    """Force a SIMD path ('avx512', 'avx2', 'scalar') for this process, like RATRAIN_ISA."""
+    """Force a path (a name isa() returns) for this process, like RATRAIN_ISA."""
     _check(rt_set_isa(name.encode()), f"set_isa({name!r})")
 
 
@@ -79,18 +92,24 @@ def dma_reset():
 
 # ---- GEMM ----
 def gemm_plan(M, N, K, *, dtype=np.float16, trans_a=False, trans_b=False):
-    """Tiling the GEMM uses: dict(mc, kc, nc, mr, nr)."""
+    """Tiling the fp16/fp32 GEMM uses (and the bf16 one on paths that widen bf16 to fp32, see
+    isa()): dict(mc, kc, nc, mr, nr)."""
     cdef int plan[4]
     flags = (1 if trans_a else 0) | (2 if trans_b else 0)
-    _check(c_rt_gemm_plan(plan, M, N, K, 1 if np.dtype(dtype) == np.float16 else 0, flags), "gemm_plan")
+    _check(c_rt_gemm_plan(plan, M, N, K, _gdt(dtype, "dtype"), flags), "gemm_plan")
     return {"mc": plan[0], "kc": plan[1], "nc": plan[2], "mr": plan[3] >> 16, "nr": plan[3] & 0xffff}
 
 
-def gemm(a, b, *, trans_a=False, trans_b=False, out=None, out_dtype=np.float16,
+def gemm(a, b, *, trans_a=False, trans_b=False, out=None, out_dtype=None,
          accumulate=False, bias=None, threads=1):
-    """op(a) @ op(b) (+ bias) for float16 or float32 a, b (same dtype). op transposes when
-    trans_*; accumulate adds into `out`, which must then be float32 [M, N]."""
-    cdef int dt = _fdt(a, "a")
+    """op(a) @ op(b) (+ bias) for float16, float32 or bf16 (uint16 bits) a, b (same dtype), fp32
+    accumulation. op transposes when trans_*; accumulate adds into `out`, which must then be
+    float32 [M, N]. out_dtype defaults to bf16 (uint16) for bf16 inputs, else float16."""
+    cdef int dt = _gdt(a, "a")
+    if (dt == 2) != (np.asarray(b).dtype == BF16):
+        raise TypeError("gemm: bf16 (uint16) operands go together: a and b must both be uint16")
+    if out_dtype is None:
+        out_dtype = BF16 if dt == 2 else np.float16
     a = _c(a, a.dtype); b = _c(b, a.dtype)
     M, K = (a.shape[1], a.shape[0]) if trans_a else a.shape
     N, Kb = (b.shape[0], b.shape[1]) if trans_b else (b.shape[1], b.shape[0])
@@ -105,13 +124,15 @@ def gemm(a, b, *, trans_a=False, trans_b=False, out=None, out_dtype=np.float16,
     if bias is not None:
         bias = _c(bias, np.float32)
     cdef int flags = (1 if trans_a else 0) | (2 if trans_b else 0) | (4 if accumulate else 0)
-    cdef int od = _fdt(out, "out"), m = M, n = N, k = K, t = threads, st
+    cdef int od = _gdt(out, "out"), m = M, n = N, k = K, t = threads, st
     cdef void *po = _p(out)
     cdef void *pa = _p(a)
     cdef void *pb = _p(b)
     cdef const float *pbias = _opt_f32(bias)
     with nogil:
-        if dt:
+        if dt == 2:
+            st = c_gemm_fwd_bf16(po, od, <unsigned short *>pa, <unsigned short *>pb, pbias, m, n, k, flags, t)
+        elif dt:
             st = c_gemm_fwd_f16(po, od, <unsigned short *>pa, <unsigned short *>pb, pbias, m, n, k, flags, t)
         else:
             st = c_gemm_fwd_f32(po, od, <float *>pa, <float *>pb, pbias, m, n, k, flags, t)

@@ -1,19 +1,24 @@
 /* ratrain native kernels: the public C interface the Cython bindings and generated programs call.
  * Names follow llm.c: <op>_<fwd|bwd>_<dtype>, outputs first, then inputs and saved state, then
  * sizes, then the thread count (threads stand for the DSP cores of one cluster). Every kernel
- * returns an rt_status (0 = ok). Shapes are row-major; fp16 is IEEE half stored as uint16_t. */
+ * returns an rt_status (0 = ok). Shapes are row-major; fp16 is IEEE half stored as uint16_t,
+ * bf16 (bfloat16: fp32's top 16 bits) is stored as uint16_t too. */
 #ifndef RATRAIN_KERNELS_H
 #define RATRAIN_KERNELS_H
 #include <stddef.h>
 #include <stdint.h>
 
 typedef uint16_t rt_half;
+typedef uint16_t rt_bf16;
 typedef enum { RT_OK = 0, RT_EINVAL = -1, RT_ENOMEM = -2, RT_EISA = -3 } rt_status;
-typedef enum { RT_F32 = 0, RT_F16 = 1 } rt_dtype;
+typedef enum { RT_F32 = 0, RT_F16 = 1, RT_BF16 = 2 } rt_dtype;
 enum { RT_TRANS_A = 1, RT_TRANS_B = 2, RT_ACCUMULATE = 4 };   /* gemm flags */
 
 /* ---- dispatch and scratch (dispatch.c, dma.c) ---- */
-const char *rt_isa_name(void);                 /* "avx512", "avx2" or "scalar" */
+/* paths, widest first: "amx" (AMX-BF16 tiles for the bf16 GEMM, else as avx512),
+ * "avx512_bf16" (VDPBF16PS GEMM, VCVTNEPS2BF16 casts, else as avx512), "avx512", "avx2",
+ * "scalar"; below avx512_bf16 the bf16 GEMM widens to fp32 and runs the fp32 GEMM */
+const char *rt_isa_name(void);
 int rt_set_isa(const char *name);              /* force a path; RT_EISA if the CPU lacks it */
 int rt_scratch_config(size_t gsm_bytes, size_t am_bytes);  /* sizes from the hw profile */
 size_t rt_gsm_bytes(void);
@@ -38,6 +43,11 @@ int gemm_fwd_f16(void *out, rt_dtype out_dtype, const rt_half *a, const rt_half 
                  const float *bias, int M, int N, int K, int flags, int threads);
 int gemm_fwd_f32(void *out, rt_dtype out_dtype, const float *a, const float *b,
                  const float *bias, int M, int N, int K, int flags, int threads);
+/* bf16 a, b (fp32 products are exact), fp32 accumulation; out_dtype RT_BF16 (round to
+ * nearest even) or RT_F32; same flags, bias and status codes as gemm_fwd_f16. Subnormal bf16
+ * inputs may count as zero on the amx and avx512_bf16 paths (the instructions' DAZ). */
+int gemm_fwd_bf16(void *out, rt_dtype out_dtype, const rt_bf16 *a, const rt_bf16 *b,
+                  const float *bias, int M, int N, int K, int flags, int threads);
 /* tiling the GEMM uses for these sizes: plan[0..3] = MC, KC, NC, MR*65536+NR */
 int rt_gemm_plan(int plan[4], int M, int N, int K, rt_dtype in_dtype, int flags);
 
@@ -103,5 +113,9 @@ int adamw_step_f32(float *master, float *m, float *v, rt_half *param_f16, const 
                    size_t n, float lr, float beta1, float beta2, float eps, float wd, int step);
 int cast_f32_to_f16(rt_half *dst, const float *src, size_t n);
 int cast_f16_to_f32(float *dst, const rt_half *src, size_t n);
+/* fp32 -> bf16 rounds to nearest even (subnormals kept), NaN stays NaN (made quiet, sign and
+ * top payload bits kept); bf16 -> fp32 is exact. Bit-identical on every path. */
+int cast_f32_to_bf16(rt_bf16 *dst, const float *src, size_t n);
+int cast_bf16_to_f32(float *dst, const rt_bf16 *src, size_t n);
 
 #endif

@@ -11,6 +11,7 @@ cdef extern from "ratrain_kernels.h" nogil:
     void rt_dma_stats(uint64_t *counters)
     void rt_dma_reset()
     int c_gemm_fwd_f16 "gemm_fwd_f16"(void *out, int out_dtype, const unsigned short *a, const unsigned short *b, const float *bias, int M, int N, int K, int flags, int threads)
+    int c_gemm_fwd_bf16 "gemm_fwd_bf16"(void *out, int out_dtype, const unsigned short *a, const unsigned short *b, const float *bias, int M, int N, int K, int flags, int threads)
     int c_gemm_fwd_f32 "gemm_fwd_f32"(void *out, int out_dtype, const float *a, const float *b, const float *bias, int M, int N, int K, int flags, int threads)
     int c_rt_gemm_plan "rt_gemm_plan"(int *plan, int M, int N, int K, int in_dtype, int flags)
     int c_attention_fwd_f16 "attention_fwd_f16"(unsigned short *o, float *lse, const unsigned short *q, const unsigned short *k, const unsigned short *v, const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal, int threads)
@@ -42,9 +43,13 @@ cdef extern from "ratrain_kernels.h" nogil:
     int c_adamw_step_f32 "adamw_step_f32"(float *master, float *m, float *v, unsigned short *param_f16, const float *grad, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step)
     int c_cast_f32_to_f16 "cast_f32_to_f16"(unsigned short *dst, const float *src, size_t n)
     int c_cast_f16_to_f32 "cast_f16_to_f32"(float *dst, const unsigned short *src, size_t n)
+    int c_cast_f32_to_bf16 "cast_f32_to_bf16"(unsigned short *dst, const float *src, size_t n)
+    int c_cast_bf16_to_f32 "cast_bf16_to_f32"(float *dst, const unsigned short *src, size_t n)
 
 cdef int gemm_fwd_f16(void *out, int out_dtype, const unsigned short *a, const unsigned short *b, const float *bias, int M, int N, int K, int flags, int threads) noexcept nogil:
     return c_gemm_fwd_f16(out, out_dtype, a, b, bias, M, N, K, flags, threads)
+cdef int gemm_fwd_bf16(void *out, int out_dtype, const unsigned short *a, const unsigned short *b, const float *bias, int M, int N, int K, int flags, int threads) noexcept nogil:
+    return c_gemm_fwd_bf16(out, out_dtype, a, b, bias, M, N, K, flags, threads)
 cdef int gemm_fwd_f32(void *out, int out_dtype, const float *a, const float *b, const float *bias, int M, int N, int K, int flags, int threads) noexcept nogil:
     return c_gemm_fwd_f32(out, out_dtype, a, b, bias, M, N, K, flags, threads)
 cdef int rt_gemm_plan(int *plan, int M, int N, int K, int in_dtype, int flags) noexcept nogil:
@@ -107,3 +112,7 @@ cdef int cast_f32_to_f16(unsigned short *dst, const float *src, size_t n) noexce
     return c_cast_f32_to_f16(dst, src, n)
 cdef int cast_f16_to_f32(float *dst, const unsigned short *src, size_t n) noexcept nogil:
     return c_cast_f16_to_f32(dst, src, n)
+cdef int cast_f32_to_bf16(unsigned short *dst, const float *src, size_t n) noexcept nogil:
+    return c_cast_f32_to_bf16(dst, src, n)
+cdef int cast_bf16_to_f32(float *dst, const unsigned short *src, size_t n) noexcept nogil:
+    return c_cast_bf16_to_f32(dst, src, n)

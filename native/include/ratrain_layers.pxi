@@ -191,13 +191,21 @@ def adamw_step(master, m, v, grad, *, param_f16=None, lr, beta1=0.9, beta2=0.999
 
 
 def cast(x, dtype):
-    """float32 <-> float16 with the kernels' converters (round to nearest even)."""
-    src_dt = _fdt(x, "x"); x = _c(x, x.dtype)
+    """float32 <-> float16 or bf16 (uint16 bits) with the kernels' converters (round to
+    nearest even; bf16 NaN stays NaN, made quiet)."""
+    cdef int src_dt = _gdt(x, "x"), dst_dt = _gdt(dtype, "dtype")
+    x = _c(x, x.dtype)
     y = np.empty(x.shape, dtype)
     cdef void *py = _p(y), *px = _p(x)
     cdef size_t n = x.size
-    if y.dtype == x.dtype:
+    if dst_dt == src_dt:
         y[...] = x
+    elif src_dt and dst_dt:
+        raise TypeError("cast: float16 <-> bf16 goes through float32")
+    elif src_dt == 2:
+        _check(c_cast_bf16_to_f32(<float *>py, <half_t *>px, n), "cast")
+    elif dst_dt == 2:
+        _check(c_cast_f32_to_bf16(<half_t *>py, <float *>px, n), "cast")
     elif src_dt:
         _check(c_cast_f16_to_f32(<float *>py, <half_t *>px, n), "cast")
     else:

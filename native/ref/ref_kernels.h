@@ -31,6 +31,11 @@ void ref_crossentropy_fwd(float *losses, float *lse, const float *h, const float
                           const int32_t *targets, int N, int V, int C);
 void ref_crossentropy_bwd(float *dh, float *dw, const float *h, const float *w,
                           const int32_t *targets, const float *dlosses, int N, int V, int C);
+/* bf16 bits (uint16) <- fp32, round to nearest even; NaN -> quiet NaN, same sign */
+void ref_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+/* out[M,N] = op(a) @ op(b) for bf16 a, b (layouts as ref_gemm), summed in double */
+void ref_gemm_bf16(float *out, const uint16_t *a, const uint16_t *b, int M, int N, int K,
+                   int trans_a, int trans_b);
 void ref_adamw_step(float *p, float *m, float *v, const float *g, size_t n, float lr,
                     float beta1, float beta2, float eps, float wd, int step);
 #endif

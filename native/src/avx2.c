@@ -1,5 +1,5 @@
 /* AVX2 + F16C + FMA path of the rt_simd primitives (6x16 GEMM micro-kernel, small matmul,
- * conversions, vectorised exp). Compiled via a file-wide target pragma; dispatch.c only
+ * fp16/bf16 conversions, vectorised exp). Compiled via a file-wide target pragma; dispatch.c only
  * selects it on CPUs with avx2, fma and f16c. */
 #pragma GCC target("avx2,f16c,fma")
 #include <immintrin.h>
@@ -79,6 +79,29 @@ static void f2h_avx2(rt_half *dst, const float *src, size_t n) {
     for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
+static void bf2f_avx2(float *dst, const rt_bf16 *src, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i))), 16));
+    for (; i < n; i++) dst[i] = rt_bf2f(src[i]);
+}
+/* rt_f2bf on 8 lanes: x + 0x7fff + (bit 16 of x) rounds ties to even; NaN -> x>>16 | 0x40 */
+static void f2bf_avx2(rt_bf16 *dst, const float *src, size_t n) {
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 f = _mm256_loadu_ps(src + i);
+        __m256i x = _mm256_castps_si256(f), hi = _mm256_srli_epi32(x, 16);
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(half, _mm256_and_si256(hi, one))), 16);
+        __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+    }
+    for (; i < n; i++) dst[i] = rt_f2bf(src[i]);
+}
+
 /* exp(x) = 2^n * e^r as in avx512.c; 2^n built in the exponent field (x clamped to normals) */
 static inline __m256 exp256(__m256 x) {
     x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.5f)), _mm256_set1_ps(-87.0f));
@@ -146,5 +169,5 @@ static float dot_avx2(const float *x, const float *y, int n) {
 
 const rt_simd rt_simd_avx2 = {
     "avx2", MR, 16, 8, ukr_avx2, mm_avx2, h2f_avx2, f2h_avx2, row_max_avx2,
-    exp_sub_sum_avx2, scale_avx2, axpy_avx2, dot_avx2,
+    exp_sub_sum_avx2, scale_avx2, axpy_avx2, dot_avx2, bf2f_avx2, f2bf_avx2,
 };

@@ -1,5 +1,5 @@
 /* AVX-512 path of the rt_simd primitives: the 12x32 GEMM micro-kernel, the small matmul used
- * by attention tiles, F16C conversions and a vectorised exp. Compiled for avx512f/bw/vl/dq
+ * by attention tiles, fp16 (F16C) and bf16 conversions and a vectorised exp. Compiled for avx512f/bw/vl/dq
  * via a file-wide target pragma and only called when dispatch.c found those features. */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma,avx2")
 #include <immintrin.h>
@@ -79,6 +79,27 @@ static void f2h_avx512(rt_half *dst, const float *src, size_t n) {
     for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
+static void bf2f_avx512(float *dst, const rt_bf16 *src, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_si512(dst + i, _mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16));
+    for (; i < n; i++) dst[i] = rt_bf2f(src[i]);
+}
+/* rt_f2bf on 16 lanes (the integer round-to-nearest-even of avx2.c) */
+static void f2bf_avx512(rt_bf16 *dst, const float *src, size_t n) {
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 f = _mm512_loadu_ps(src + i);
+        __m512i x = _mm512_castps_si512(f), hi = _mm512_srli_epi32(x, 16);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(half, _mm512_and_si512(hi, one))), 16);
+        r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), hi, _mm512_set1_epi32(0x40));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(r));
+    }
+    for (; i < n; i++) dst[i] = rt_f2bf(src[i]);
+}
+
 /* exp(x) = 2^n * e^r, n = round(x log2 e), |r| <= ln2/2, degree-7 Taylor (rel err ~1e-7) */
 static inline __m512 exp512(__m512 x) {
     x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.5f)), _mm512_set1_ps(-104.0f));
@@ -138,5 +159,5 @@ static float dot_avx512(const float *x, const float *y, int n) {
 
 const rt_simd rt_simd_avx512 = {
     "avx512", MR, 32, 16, ukr_avx512, mm_avx512, h2f_avx512, f2h_avx512, row_max_avx512,
-    exp_sub_sum_avx512, scale_avx512, axpy_avx512, dot_avx512,
+    exp_sub_sum_avx512, scale_avx512, axpy_avx512, dot_avx512, bf2f_avx512, f2bf_avx512,
 };

@@ -1,5 +1,5 @@
 /* Optimizer-side kernels: the AdamW step on FP32 master weights (writing the FP16 view the
- * forward pass reads), dtype casts, and the finite-check + sum-of-squares reduction used for
+ * forward pass reads), fp16 and bf16 casts, and the finite-check + sum-of-squares reduction used for
  * gradient clipping and dynamic loss scaling. */
 #include <omp.h>
 #include "layers.h"
@@ -35,6 +35,14 @@ int cast_f32_to_f16(rt_half *dst, const float *src, size_t n) {
 }
 int cast_f16_to_f32(float *dst, const rt_half *src, size_t n) {
     rt_simd_get()->h2f(dst, src, n);
+    return RT_OK;
+}
+int cast_f32_to_bf16(rt_bf16 *dst, const float *src, size_t n) {
+    rt_simd_get()->f2bf(dst, src, n);
+    return RT_OK;
+}
+int cast_bf16_to_f32(float *dst, const rt_bf16 *src, size_t n) {
+    rt_simd_get()->bf2f(dst, src, n);
     return RT_OK;
 }
 

@@ -1,4 +1,4 @@
-/* Portable C path: bit-exact IEEE half conversion and the scalar versions of the rt_simd
+/* Portable C path: bit-exact IEEE half and bf16 conversion and the scalar versions of the rt_simd
  * primitives. Used when RATRAIN_ISA=scalar or the CPU has neither AVX2+FMA nor AVX-512;
  * it is also the model the SIMD files must agree with. */
 #include "internal.h"
@@ -60,6 +60,12 @@ static void h2f_scalar(float *dst, const rt_half *src, size_t n) {
 static void f2h_scalar(rt_half *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = rt_f2h(src[i]);
 }
+static void bf2f_scalar(float *dst, const rt_bf16 *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = rt_bf2f(src[i]);
+}
+static void f2bf_scalar(rt_bf16 *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = rt_f2bf(src[i]);
+}
 static float row_max_scalar(const float *x, int n) {
     float m = -INFINITY;
     for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
@@ -84,5 +90,5 @@ static float dot_scalar(const float *x, const float *y, int n) {
 
 const rt_simd rt_simd_scalar = {
     "scalar", 4, 8, 1, ukr_scalar, mm_scalar, h2f_scalar, f2h_scalar, row_max_scalar,
-    exp_sub_sum_scalar, scale_scalar, axpy_scalar, dot_scalar,
+    exp_sub_sum_scalar, scale_scalar, axpy_scalar, dot_scalar, bf2f_scalar, f2bf_scalar,
 };

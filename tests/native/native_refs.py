@@ -12,6 +12,8 @@ _lib = ctypes.CDLL(kernels.__file__)
 _P, _I, _F, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_size_t
 _SIGS = {
     "ref_gemm": [_P, _P, _P, _I, _I, _I, _I, _I],
+    "ref_gemm_bf16": [_P, _P, _P, _I, _I, _I, _I, _I],
+    "ref_f32_to_bf16": [_P, _P, _S],
     "ref_attention_fwd": [_P, _P, _P, _P, _P, _P] + [_I] * 6,
     "ref_attention_bwd": [_P] * 8 + [_I] * 6,
     "ref_rmsnorm_fwd": [_P, _P, _P, _P, _I, _I, _F],

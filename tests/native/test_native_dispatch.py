@@ -29,7 +29,7 @@ def restore_isa():
         kernels.set_isa(before)
 
 
-@pytest.mark.parametrize("name", ["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("name", ["amx", "avx512_bf16", "avx512", "avx2", "scalar"])
 def test_ratrain_isa_env_forces_path(name, restore_isa):
     env = dict(os.environ, RATRAIN_ISA=name)
     got = subprocess.run([sys.executable, "-c", "import ratrain.kernels as k; print(k.isa())"],
@@ -49,7 +49,8 @@ def test_set_isa_rejects_unknown_name(restore_isa):
 
 
 GENERATED = '''
-from ratrain.kernels cimport gemm_fwd_f32, RT_F32, RT_TRANS_B, RT_EINVAL
+from ratrain.kernels cimport gemm_fwd_f32, gemm_fwd_bf16, cast_f32_to_bf16, RT_F32, RT_BF16
+from ratrain.kernels cimport RT_TRANS_B, RT_EINVAL
 def run(float[:, ::1] a, float[:, ::1] b, float[:, ::1] out):
     cdef int st, bad
     with nogil:
@@ -57,6 +58,15 @@ def run(float[:, ::1] a, float[:, ::1] b, float[:, ::1] out):
                           a.shape[0], b.shape[0], a.shape[1], RT_TRANS_B, 1)
         bad = gemm_fwd_f32(&out[0, 0], RT_F32, &a[0, 0], &b[0, 0], NULL, -1, 1, 1, 0, 1)
     return st, bad == RT_EINVAL
+def run_bf16(float[:, ::1] a, float[:, ::1] b, unsigned short[:, ::1] a16,
+             unsigned short[:, ::1] b16, unsigned short[:, ::1] out):
+    cdef int st
+    with nogil:
+        cast_f32_to_bf16(&a16[0, 0], &a[0, 0], a.shape[0] * a.shape[1])
+        cast_f32_to_bf16(&b16[0, 0], &b[0, 0], b.shape[0] * b.shape[1])
+        st = gemm_fwd_bf16(&out[0, 0], RT_BF16, &a16[0, 0], &b16[0, 0], NULL,
+                           a.shape[0], b.shape[0], a.shape[1], RT_TRANS_B, 1)
+    return st
 '''
 
 
@@ -79,6 +89,11 @@ def test_pxd_is_cimportable_by_generated_code(tmp_path):
         out = np.zeros((3, 5), np.float32)
         st, bad_ok = gen_prog.run(a, b, out)
         assert st == 0 and bad_ok and np.array_equal(out, a @ b.T), (st, bad_ok, out)
+        u16 = lambda x: np.zeros(x.shape, np.uint16)
+        out16 = np.zeros((3, 5), np.uint16)               # bf16 bits; sums up to 38 are exact
+        st = gen_prog.run_bf16(a, b, u16(a), u16(b), out16)
+        got = (out16.astype(np.uint32) << 16).view(np.float32)
+        assert st == 0 and np.array_equal(got, a @ b.T), (st, got)
         print("ok")
     """)
     res = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True)
