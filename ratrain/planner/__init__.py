@@ -4,7 +4,7 @@ recompute policy and schedule for a model on N ranks under a memory budget.
 Candidates (candidates.py) pass a memory screen (screen.py), the survivors are ordered
 by a closed-form estimate (estimate.py), and the best few are compiled by the pass
 pipeline and timed by the simulator (ratrain/sim); search.py ranks the rows.
-`ratrain plan` and `ratrain compile --plan` (cli_plan.py) are its commands.
+`ratrain plan` and `ratrain compile --plan` (cli/plan.py) are its commands.
 The names below load on first use, so that the command line can read the strategy
 names (strategies.py) to build its parser without importing jax.
 """

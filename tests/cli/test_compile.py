@@ -228,7 +228,7 @@ def test_too_many_stages_is_one_line(tmp_path, capsys):
 
 
 def test_task_costs_follow_the_profile():
-    from ratrain.cli_compile import compile_graph, trace_for
+    from ratrain.compiler import compile_graph, trace_for
     from ratrain.hw.profiles import task_cost_model
     from ratrain.ir.tasks import Task
     from ratrain.models import get_config
@@ -253,7 +253,7 @@ def test_task_costs_follow_the_profile():
 
 
 def test_failed_write_leaves_no_directory(tmp_path, monkeypatch):
-    from ratrain import cli_compile
+    import ratrain.cli.compile as cli_compile
 
     def broken_manifest(*args):
         raise OSError("disk full")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ratrain.cli import UserError
-from ratrain.cli_train_inputs import resolve_layout
+from ratrain.cli.train_inputs import resolve_layout
 from ratrain.models import get_config
 
 TINY_LAYERS = get_config("tiny")["num_hidden_layers"] + 2   # embedding + decoders + head

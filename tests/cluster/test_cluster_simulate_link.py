@@ -17,7 +17,8 @@ def simulated(program, *flags) -> float:
 
 @pytest.mark.slow
 def test_link_override_is_the_profile_with_that_link(tmp_path):
-    from ratrain.cli_compile import read_manifest, recompile
+    from ratrain.compiler import recompile
+    from ratrain.programs import read_manifest
     from ratrain.sim import simulate
     program = compile_tiny(tmp_path / "dp2", "--dp", 2, "--micro-batches", 2)
     manifest = read_manifest(program)

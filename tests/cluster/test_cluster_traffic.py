@@ -76,8 +76,9 @@ def test_probe_measures_the_shaped_link_and_simulate_uses_it(cluster, tmp_path):
     costs a DP=2 step on exactly those link fields (NOTE [link host cost])."""
     import json
 
-    from ratrain.cli_compile import read_manifest, recompile
     from ratrain.cluster.scaling import with_link
+    from ratrain.compiler import recompile
+    from ratrain.programs import read_manifest
     from ratrain.sim import simulate
     made, env = cluster
     done = ratrain("cluster", "probe", made.name, env=env)

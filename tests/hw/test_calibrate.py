@@ -11,7 +11,7 @@ from ratrain.calibrate.cases import all_cases
 from ratrain.calibrate.fit import fit_link, fit_op
 from ratrain.calibrate.profile import run_probe
 from ratrain.cli import main
-from ratrain.cli_calibrate import write_profile
+from ratrain.cli.calibrate import write_profile
 from ratrain.codegen.emit import EMITTERS
 from ratrain.hw import load_profile
 

@@ -151,7 +151,7 @@ def test_zero3_programs_compute_the_reference_training(pp, dp, m, schedule, pref
 def test_an_over_budget_zero3_program_gets_the_budget_message():
     """The budget message replans the program with full recompute: under ZeRO-3 that
     re-places the gathers of the new RECs too (it raised 'not a gather of the plan')."""
-    from ratrain.cli_compile import trace_for
+    from ratrain.compiler import trace_for
     from ratrain.passes.pipeline import PIPELINE, run_pipeline
     from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory
     options = CompileOptions(pp=3, dp=2, zero=3, micro_batches=6, seq_len=32,

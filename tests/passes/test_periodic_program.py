@@ -7,7 +7,7 @@ from functools import lru_cache
 import pytest
 
 from ratrain import models
-from ratrain.cli_compile import trace_for
+from ratrain.compiler import trace_for
 from ratrain.codegen.table import build_stage_table
 from ratrain.program_format.table import NativeStep, expanded_rows
 from ratrain.program_format.lowered import Slot, StagePeriod

@@ -2,7 +2,7 @@
 import pytest
 
 from ratrain import models
-from ratrain.cli_compile import compile_graph, trace_for
+from ratrain.compiler import compile_graph, trace_for
 from ratrain.program_format.options import CompileOptions
 
 

@@ -9,7 +9,7 @@ import pytest
 
 
 from ratrain import models
-from ratrain.cli_compile import compile_graph, trace_for
+from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
 from ratrain.passes.partition_stages import PartitionError, partition_stages
 from ratrain.passes.pipeline import PIPELINE, run_pipeline

@@ -6,7 +6,7 @@ from functools import lru_cache
 import pytest
 
 from ratrain import models
-from ratrain.cli_compile import trace_for
+from ratrain.compiler import trace_for
 from ratrain.hw import load_profile
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program

@@ -5,7 +5,7 @@ from functools import lru_cache
 import pytest
 
 from ratrain import models
-from ratrain.cli_compile import compile_graph, trace_for
+from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
 from ratrain.program_format.lowered import Call, Slot
 from ratrain.passes.program import CompileOptions

@@ -6,7 +6,7 @@ from functools import lru_cache
 import pytest
 
 from ratrain import models
-from ratrain.cli_compile import compile_graph, trace_for
+from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
 from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.costs import node_flops

@@ -5,7 +5,7 @@ each view once per step, stays shorter still; and every shared use costs one gat
 from functools import lru_cache
 
 from ratrain import models
-from ratrain.cli_compile import compile_graph, trace_for
+from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
 from ratrain.passes.program import CompileOptions
 from ratrain.sim import simulate

@@ -17,7 +17,7 @@ from ratrain.inputs import load_hw
 
 
 def _program_and_profile(args):
-    from ratrain.cli_compile import MANIFEST, is_program_dir, read_manifest
+    from ratrain.programs import MANIFEST, is_program_dir, read_manifest
     directory = Path(args.program)
     if not is_program_dir(directory):
         raise UserError(f"{directory} is not a program directory (no {MANIFEST}); write "
@@ -47,7 +47,7 @@ def _cluster_link(name: str) -> dict:
 def cmd_simulate(args) -> None:
     from ratrain.sim import simulate
     from ratrain.sim.report import format_summary, summary, write_schedule_png, write_trace
-    from ratrain.cli_compile import recompile
+    from ratrain.compiler import recompile
     manifest, profile = _program_and_profile(args)
     how = dict(overlap=not args.serialize, algorithm=args.algorithm)
     if manifest.get("periods") and not (args.trace or args.schedule_png):
@@ -70,7 +70,7 @@ def _simulate_periodic(manifest: dict, profile: dict, how: dict, as_json: bool) 
     """A periodic program's step (NOTE [periodic programs]) extended from replays of
     instances (NOTE [periodic steps]), so the cost does not grow with M; --trace and
     --schedule-png replay the whole step instead."""
-    from ratrain.cli_compile import recompile
+    from ratrain.compiler import recompile
     from ratrain.sim.periodic import simulate_periodic
     from ratrain.sim.report import format_periodic_summary, periodic_summary
     options = manifest["options"]
@@ -98,7 +98,7 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--algorithm", choices=ALGORITHMS, default=None, help="collective "
                    "algorithm (default: the profile's collective_algorithm, else ring)")
-    from ratrain.cli_cluster import link_type
+    from ratrain.cli.cluster import link_type
     from ratrain.cluster.scaling import parse_bandwidth, parse_latency
     p.add_argument("--link-bandwidth", type=link_type(parse_bandwidth), default=None,
                    metavar="B", help="bytes/s of every link, replacing the profile's "

@@ -9,14 +9,14 @@ import argparse
 import os
 import sys
 
-from ratrain.cli_calibrate import add_calibrate_parser
-from ratrain.cli_cluster import add_cluster_parser
-from ratrain.cli_compile import add_compile_parser, add_program_inspect_options
-from ratrain.cli_plan import add_plan_parser
-from ratrain.cli_sim import add_simulate_parser
+from ratrain.cli.calibrate import add_calibrate_parser
+from ratrain.cli.cluster import add_cluster_parser
+from ratrain.cli.compile import add_compile_parser, add_program_inspect_options
+from ratrain.cli.plan import add_plan_parser
+from ratrain.cli.sim import add_simulate_parser
 from ratrain.errors import UserError
 from ratrain.units import format_bytes
-from ratrain.cli_train import add_run_parser, add_train_parser
+from ratrain.cli.train import add_run_parser, add_train_parser
 from ratrain.models.config import preset_names
 
 MODEL_HELP = (f"a preset name ({', '.join(preset_names())}), a Hugging Face config.json, "
@@ -60,7 +60,8 @@ def cmd_info(args) -> None:
 
 def cmd_inspect(args) -> None:
     from pathlib import Path
-    from ratrain.cli_compile import cmd_inspect_program, is_program_dir, reject_program_options
+    from ratrain.cli.compile import cmd_inspect_program, reject_program_options
+    from ratrain.programs import is_program_dir
     if is_program_dir(Path(args.model)):
         return cmd_inspect_program(args)
     reject_program_options(args)
@@ -135,10 +136,3 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     return code or 0
-
-
-if __name__ == "__main__":
-    # Run ratrain.cli's own main, not __main__'s: subcommand modules raise ratrain.cli's
-    # UserError, which a second copy of this module (as __main__) would not catch.
-    from ratrain.cli import main as package_main
-    sys.exit(package_main())

@@ -82,23 +82,20 @@ def check_checkpoint_options(args, save_dir_given: bool = True) -> None:
 
 def compile_options(args, config: dict, layout):
     """CompileOptions of a train run (the compile command's rules for unset flags)."""
-    import argparse
-    from ratrain.cli_compile import resolve_options
-    flags = argparse.Namespace(pp=layout.pp, dp=layout.dp, micro_batches=layout.micro_batches,
-                               micro_batch_size=layout.micro_batch_size,
-                               seq_len=args.seq_len, schedule=args.schedule,
-                               recompute=args.recompute, zero=args.zero, budget=args.budget,
-                               precision=args.precision, clip=args.clip, grad_accum="auto",
-                               zero3_prefetch=args.zero3_prefetch,
-                               update_rule=args.update_rule)
-    return resolve_options(flags, config, load_hw("cpu"))
+    from ratrain.compiler import resolve_options
+    return resolve_options(
+        config, load_hw("cpu"), pp=layout.pp, dp=layout.dp,
+        micro_batches=layout.micro_batches, micro_batch_size=layout.micro_batch_size,
+        seq_len=args.seq_len, schedule=args.schedule, recompute=args.recompute,
+        zero=args.zero, budget=args.budget, precision=args.precision, clip=args.clip,
+        zero3_prefetch=args.zero3_prefetch, update_rule=args.update_rule)
 
 
 def compile_run(args, run_dir: Path, config: dict, name: str, options) -> None:
     """Compile the model in memory, then write run_dir/program: a program that does not
     fit is reported before the run directory exists."""
-    from ratrain.cli_compile import (build_manifest, compile_graph, program_files, trace_for,
-                                     write_program_dir)
+    from ratrain.compiler import compile_graph, trace_for
+    from ratrain.programs import build_manifest, program_files, write_program_dir
     program, records = compile_graph(trace_for(config, name, options), options)
     hf_config = read_hf_config(name)
     try:
@@ -112,7 +109,7 @@ def compile_run(args, run_dir: Path, config: dict, name: str, options) -> None:
 
 def cmd_train(args) -> int:
     """Check every input, compile into a new run directory, run it, print a summary."""
-    from ratrain.cli_train_inputs import (check_layout_numbers, check_run_dir,
+    from ratrain.cli.train_inputs import (check_layout_numbers, check_run_dir,
                                           load_checked_model, resolve_layout)
     check_layout_numbers(args)
     config, name = load_checked_model(args.init_from or args.model)
@@ -203,5 +200,5 @@ def _add_layout_options(p) -> None:
                    "weights, dynamic loss scaling (default: fp32)")
     p.add_argument("--clip", type=float, default=None, metavar="X",
                    help="clip gradients to global norm X (default: no clipping)")
-    from ratrain.cli_compile import add_update_rule_option
+    from ratrain.cli.compile import add_update_rule_option
     add_update_rule_option(p)

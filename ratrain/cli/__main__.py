@@ -1,0 +1,6 @@
+"""`python -m ratrain.cli ...`: the `ratrain` command."""
+import sys
+
+from ratrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,249 @@
+"""`ratrain compile` and `ratrain inspect DIR`: a model to a program directory and back.
+
+compile traces the model, runs the pass PIPELINE (passes/pipeline.py, driven by
+ratrain/compiler.py) and writes DIR atomically (ratrain/programs.py): program.json
+(manifest with sha256 of every file), passes/NN_<pass>.txt, rank<R>.txt, memory.txt, and
+what the runtime runs (NOTE [program format], JSON and Cython, no pickle): runtime.json and
+code/stage<N>.pyx (generated Cython, built into build/ with --build) with its rows
+code/stage<N>.tasks.json and code/stage<N>.legend.txt (what each generated function's
+offsets are). inspect reads those files; for pictures it recompiles from the manifest's
+config and options (compiling is deterministic and fast).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ratrain.cli.plan import add_search_options, apply_plan
+from ratrain.compiler import (FLAGS, compile_graph, compile_other_schedule, other_schedule,
+                              recompile, resolve_options, simulate, trace_for)
+from ratrain.errors import UserError
+from ratrain.inputs import load_hw, load_model, read_hf_config
+from ratrain.passes.buffers import CATEGORIES
+from ratrain.passes.plan_memory import format_bytes
+from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES,
+                                            SCHEDULES, UPDATE_RULES)
+from ratrain.programs import (MANIFEST, build_manifest, check_output, pass_file,
+                              program_files, rank_line, rank_lowered, read_manifest,
+                              write_program_dir)
+from ratrain.units import SIZE_HELP, format_budget, size_arg
+
+
+# ---- --report ----------------------------------------------------------------------------------
+
+def format_pass_times(records) -> list[str]:
+    lines = ["pass times:"]
+    lines += [f"  {i:02d} {r.name:<20} {r.seconds * 1e3:9.1f} ms" for i, r in enumerate(records, 1)]
+    lines.append(f"  {'total':<23} {sum(r.seconds for r in records) * 1e3:9.1f} ms")
+    return lines
+
+
+def format_stage_memory(program) -> list[str]:
+    """Per stage: peak, arena and the peak's bytes by category (as in memory.txt)."""
+    header = f"  {'stage':>5} {'peak':>10} {'arena':>10} " + " ".join(f"{c:>11}" for c in CATEGORIES)
+    lines = [f"peak memory per stage (budget {format_budget(program.options.budget)}):", header]
+    for stage, m in sorted(program.memory.stages.items()):
+        row = m.timeline[m.peak_task] if m.timeline else dict.fromkeys(CATEGORIES, 0)
+        lines.append(f"  {stage:>5} {format_bytes(m.peak_bytes):>10} {format_bytes(m.arena_bytes):>10} "
+                     + " ".join(f"{format_bytes(row[c]):>11}" for c in CATEGORIES))
+    return lines
+
+
+def format_dry_run(program, profile: dict, result) -> list[str]:
+    lines = [f"dry run on {profile['name']} ({'calibrated' if profile.get('calibrated') else 'uncalibrated'} "
+             f"profile): step {result.makespan:.4g} s, bubble {result.bubble_fraction:.1%}",
+             f"  {'stage':>5} {'busy s':>10} {'exposed tail s':>15}"]
+    lines += [f"  {s:>5} {result.busy[s]:>10.4g} {result.exposed_tail.get(s, 0.0):>15.4g}"
+              for s in sorted(result.timeline)]
+    lines.append("  (dry run: each rank runs its tasks one after another, so a non-blocking "
+                 "SYNC does not overlap compute here; the simulator models that)")
+    return lines
+
+
+def format_schedule_comparison(program, other, profile: dict, result) -> list[str]:
+    """This program's peak and step time next to the other schedule's (or why it failed)."""
+    mine = program.options.schedule
+    lines = ["ratrain vs baseline (same configuration):"]
+    runs = {mine: (program, result)}
+    if isinstance(other, str):
+        lines.append(f"  {other_schedule(mine)}: does not fit: {other}")
+    else:
+        runs[other.options.schedule] = (other, simulate(other, profile))
+    for schedule in ("ratrain", "baseline"):
+        if schedule in runs:
+            p, r = runs[schedule]
+            lines.append(f"  {schedule:<9} peak {format_bytes(p.memory.peak_bytes)} (stage "
+                         f"{p.memory.worst_stage}), arena {format_bytes(p.memory.arena_bytes)}, "
+                         f"step {r.makespan:.4g} s, bubble {r.bubble_fraction:.1%}")
+    return lines
+
+
+def format_report(program, records, profile: dict, graph) -> str:
+    result = simulate(program, profile)
+    other = compile_other_schedule(graph, program.options)
+    return "\n".join(format_pass_times(records) + format_stage_memory(program)
+                     + format_dry_run(program, profile, result)
+                     + format_schedule_comparison(program, other, profile, result))
+
+
+# ---- the commands ------------------------------------------------------------------------------
+
+def cmd_compile(args) -> None:
+    config, name = load_model(args.model)
+    profile = load_hw(args.hw)
+    out = Path(args.output)
+    check_output(out, args.force)
+    apply_plan(args)
+    options = resolve_options(config, profile, **{f: getattr(args, f) for f in FLAGS})
+    graph = trace_for(config, name, options)
+    program, records = compile_graph(graph, options, expand=args.expand)
+    files = program_files(program, records)
+    hf_config = read_hf_config(args.model)
+    write_program_dir(out, files, lambda hashes: build_manifest(program, records, profile,
+                                                                hashes, hf_config),
+                      build=args.build)
+    o = options
+    print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}), schedule "
+          f"{o.schedule}, recompute {o.recompute}, zero {o.zero}, {o.precision} on {o.hw}: "
+          f"peak {format_bytes(program.memory.peak_bytes)} per rank -> {out}")
+    if args.report:
+        print(format_report(program, records, profile, graph))
+
+
+def cmd_inspect_program(args) -> None:
+    directory = Path(args.model)
+    manifest = read_manifest(directory)
+    text = pass_file(directory, manifest, args.after).read_text()
+    if args.rank is not None:
+        text = (rank_line(text, manifest, args.rank) + "\n"
+                + rank_lowered(text, manifest, args.rank))
+    print(text, end="")
+    if args.schedule_png or args.memory_png:
+        instance = None
+        if manifest.get("periods"):  # a step of M micro-batches would be a wall of bars
+            instance = manifest["periods"]["0"]["instance"]
+            print(f"(pictures of an instance of {instance} micro-batches: the step repeats "
+                  "its period, NOTE [periodic programs])")
+        write_pictures(recompile(manifest, instance), manifest["hw"], args)
+
+
+def reject_program_options(args) -> None:
+    """inspect MODEL: the program-only options would be silently ignored; refuse them."""
+    given = [flag for flag, value in (("--after", args.after), ("--rank", args.rank),
+             ("--schedule-png", args.schedule_png), ("--memory-png", args.memory_png))
+             if value is not None]
+    if given:
+        raise UserError(f"{', '.join(given)} need a program DIR written by `ratrain "
+                          f"compile`; {args.model!r} has no {MANIFEST}")
+
+
+def write_pictures(program, profile: dict, args) -> None:
+    from ratrain.hw import task_cost_model
+    from ratrain.passes.plots import memory_png, schedule_png
+    if args.schedule_png:
+        bars = schedule_png(program, args.schedule_png, cost=task_cost_model(program, profile))
+        print(f"wrote {args.schedule_png} ({bars} task bars, times from the {profile['name']} "
+              "profile in seconds)")
+    if args.memory_png:
+        stages = memory_png(program, args.memory_png)
+        print(f"wrote {args.memory_png} ({stages} stages)")
+
+
+# ---- argument parsers --------------------------------------------------------------------------
+
+def add_compile_parser(sub, model_help: str) -> None:
+    p = sub.add_parser("compile", help="compile a model into a static per-rank training "
+                       "program directory",
+                       description="Trace MODEL, run the pass pipeline (partition, 1F1B, "
+                       "recovery, gradient sync, update, prefetch, memory plan) and write a "
+                       "program directory: program.json, passes/NN_<pass>.txt, rank<R>.txt, "
+                       "memory.txt, and what the runtime runs: runtime.json and the generated "
+                       "code/stage<N>.pyx with its rows, code/stage<N>.tasks.json (JSON, no "
+                       f"pickle). Sizes: {SIZE_HELP}.")
+    p.add_argument("model", help=f"the model: {model_help}")
+    _add_parallel_options(p)
+    _add_policy_options(p)
+    p.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="program directory to write (atomically; see --force)")
+    p.add_argument("--force", action="store_true",
+                   help="replace DIR if it already holds a compiled program")
+    p.add_argument("--build", action="store_true", help="also build the generated Cython "
+                   "modules now (default: the first run builds what is missing; builds are "
+                   "cached by content hash, so identical stages build once)")
+    p.add_argument("--expand", action="store_true", help="compile every micro-batch of the "
+                   "step into the program and its pass outputs; by default a long step (40 "
+                   "micro-batches or more for 2 stages, 10 P + 8 from 4 stages) is written "
+                   "as an instance of a few micro-batches with a period that repeats, "
+                   "which runs the same calls")
+    p.add_argument("--report", action="store_true", help="print pass times, per-stage peak "
+                   "memory, a dry run on the --hw profile (bubble, exposed tail) and the "
+                   "peaks of ratrain vs baseline scheduling")
+    p.add_argument("--plan", action="store_true", help="let the planner choose --pp, --dp, "
+                   "--micro-batches, --micro-batch-size, --zero and --recompute: the best row "
+                   "of `ratrain plan` for --clusters and --global-batch (--seq-len then "
+                   "defaults to the model's context, at most 2048, as in `ratrain plan`)")
+    add_search_options(p, required=False)
+    p.set_defaults(func=cmd_compile)
+
+
+def _add_parallel_options(p) -> None:
+    for flag, dest, meta, text in (
+            ("--pp", "pp", "P", "pipeline stages (default: 1)"),
+            ("--dp", "dp", "D", "data-parallel replicas of every stage (default: 1)"),
+            ("--micro-batches", "micro_batches", "M", "micro-batches per step (default: 1)"),
+            ("--micro-batch-size", "micro_batch_size", "B",
+             "sequences per micro-batch (default: 1)")):
+        p.add_argument(flag, dest=dest, type=int, default=1, metavar=meta, help=text)
+    p.add_argument("--seq-len", type=int, default=None, metavar="T",
+                   help="tokens per sequence (default: 128, or the model's context if smaller)")
+
+
+def _add_policy_options(p) -> None:
+    p.add_argument("--schedule", choices=SCHEDULES, default="ratrain", help="ratrain: "
+                   "lifecycle scheduling (overlapped sync, forward-side recovery); baseline: "
+                   "GPU-style 1F1B with everything at the step end (default: ratrain)")
+    p.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="auto", help="activation"
+                   " recovery: auto = the least recompute that fits --budget, run on the forward side "
+                   "where that fits too, else in the backward (default: auto)")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage over "
+                   "the DP group (default: the profile's default_zero when --dp > 1, else 0; "
+                   "2 for mt3000, 0 for cpu); 3 also shards the views, gathered at each use")
+    p.add_argument("--zero3-prefetch", type=int, default=1, metavar="K", help="--zero 3: "
+                   "gather each layer view K uses ahead, in K + 1 view slots (0 = gather at "
+                   "use, nothing overlapped) (default: 1)")
+    p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE", help="usable "
+                   "memory per rank, e.g. 20GB (= 20 * 10^9 bytes) or 18GiB (= 18 * 2^30) "
+                   "(default: the profile's usable_memory)")
+    p.add_argument("--hw", default="cpu", metavar="PROFILE", help="hardware profile: mt3000, "
+                   "cpu or a path to a profile .json (default: cpu)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help="fp32 exact mode or "
+                   "fp16 mixed precision (default: the profile's, fp16 on mt3000, fp32 on cpu)")
+    p.add_argument("--grad-accum", choices=GRAD_ACCUMULATION, default="auto",
+                   help="ZeRO-2 gradient accumulation: local (full gradient until the step's "
+                   "sync), scatter (reduce-scatter every micro-batch, only a shard kept) or "
+                   "auto (scatter only where local cannot fit the budget)")
+    p.add_argument("--clip", type=float, default=None, metavar="X",
+                   help="clip gradients to global norm X (default: no clipping)")
+    add_update_rule_option(p)
+
+
+def add_update_rule_option(p) -> None:
+    """--update-rule, shared by compile and train (NOTE [commit rule])."""
+    p.add_argument("--update-rule", choices=UPDATE_RULES, default="commit", help="with "
+                   "--clip or fp16 loss scaling (a global norm): commit = each layer's AdamW "
+                   "runs speculatively right after its gradient sync and the step's norm "
+                   "commits it or rolls it back and redoes it exactly; after-norm = every "
+                   "update waits for the norm. Same numbers either way; the baseline "
+                   "schedule always uses after-norm (default: commit)")
+
+
+def add_program_inspect_options(p) -> None:
+    """Options of `ratrain inspect DIR` (a compiled program rather than a model)."""
+    p.add_argument("--after", default=None, metavar="PASS", help="with a program DIR: show "
+                   "the program after this pass, by name or number (default: the last)")
+    p.add_argument("--rank", type=int, default=None, metavar="R",
+                   help="with a program DIR: print only rank R's task list (and, after the "
+                   "lower pass, its stage's lowered calls)")
+    p.add_argument("--schedule-png", default=None, metavar="FILE", help="with a program DIR: "
+                   "draw the schedule (dry-run times on the program's --hw profile) to FILE")
+    p.add_argument("--memory-png", default=None, metavar="FILE",
+                   help="with a program DIR: draw each stage's memory timeline to FILE")

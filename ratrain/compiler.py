@@ -1,0 +1,135 @@
+"""The compile driver: CompileOptions from a command's flags, the model traced, the pass
+pipeline run (a long step as a periodic program, NOTE [periodic programs]), over-budget
+programs turned into one-line errors, a program rebuilt from its manifest, and the dry
+run `ratrain compile --report` prints. JAX and the passes are imported by the functions
+that need them, so a command that only parses its flags starts quickly.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+from ratrain.errors import UserError
+from ratrain.units import format_budget
+
+
+# The flags a compile takes, by CompileOptions field: unset (None) ones are filled from
+# the model and the profile by resolve_options.
+FLAGS = ("pp", "dp", "micro_batches", "micro_batch_size", "seq_len", "schedule", "recompute",
+         "zero", "budget", "precision", "clip", "grad_accum", "zero3_prefetch", "update_rule")
+
+
+def resolve_options(config: dict, profile: dict, **flags):
+    """CompileOptions from `flags` (FLAGS), filling unset ones from the model and the
+    profile: seq_len the model's context up to 128, precision and ZeRO the profile's
+    defaults (ZeRO only with dp > 1), the budget the profile's usable memory."""
+    from ratrain.models import check_sequence_length
+    from ratrain.passes.program import CompileOptions
+    flags = {k: v for k, v in flags.items() if v is not None}
+    context = int(config.get("max_position_embeddings", 128))
+    defaults = {"seq_len": min(128, context),
+                "precision": profile.get("default_precision", "fp32"),
+                "zero": profile.get("default_zero", 0) if flags.get("dp", 1) > 1 else 0,
+                "budget": int(profile["usable_memory"])}
+    if "clip" in flags and not flags["clip"] > 0:
+        raise UserError(f"--clip must be a positive gradient norm (got {flags['clip']})")
+    try:
+        options = CompileOptions(**(defaults | flags), hw=profile["name"])
+        check_sequence_length(config, options.seq_len)  # a sliding window is refused here
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    return options
+
+
+def trace_for(config: dict, name: str, options):
+    """The TrainGraph the options ask for: fp16 programs trace in float16."""
+    from ratrain.models.trace import trace_model
+    dtype = "float16" if options.precision == "fp16" else "float32"
+    return trace_model(config, micro_batch_size=options.micro_batch_size,
+                       seq_len=options.seq_len, dtype=dtype, name=name)
+
+
+def compile_graph(graph, options, expand: bool = False):
+    """Run the pass pipeline; (program, records). A long step compiles as a periodic
+    program (NOTE [periodic programs]) unless `expand`; over-budget programs are user
+    errors."""
+    from ratrain.passes.partition_stages import PartitionError
+    from ratrain.passes.plan_memory import MemoryBudgetError
+    try:
+        if not expand:
+            found = _compile_periodic(graph, options)
+            if found is not None:
+                return found
+        return _compile_instance(graph, options, None)
+    except (PartitionError, MemoryBudgetError) as e:
+        over_budget = isinstance(e, MemoryBudgetError) or e.peak > 0
+        raise UserError(f"the {options.schedule} program does not fit --budget "
+                          f"{format_budget(options.budget)} per rank:\n{e}" if over_budget
+                          else str(e)) from None
+
+
+def _compile_instance(graph, options, micro_batches: int | None):
+    from ratrain.passes.pipeline import run_pipeline
+    from ratrain.passes.program import Program
+    return run_pipeline(Program(graph, options, built_micro_batches=micro_batches))
+
+
+def _compile_periodic(graph, options):
+    """(periodic program, stage 0's instance's records), or None when the step is short
+    or shows no period (the caller then compiles it whole)."""
+    from ratrain.passes.periodic_program import find_periods, periodic_program, worth_it
+    if not worth_it(options.micro_batches, options.pp):
+        return None
+    compiled = {}
+
+    def instance(n: int):
+        compiled[n] = _compile_instance(graph, options, n)
+        return compiled[n][0]
+
+    periods = find_periods(instance, options.micro_batches, options.pp,
+                           lambda text: print(f"ratrain: {text}", file=sys.stderr, flush=True))
+    if periods is None:
+        print(f"ratrain: no repeating period found; compiling all {options.micro_batches} "
+              "micro-batches", file=sys.stderr, flush=True)
+        return None
+    return periodic_program(periods), compiled[periods[0][1].instance][1]
+
+
+def recompile(manifest: dict, instance: int | None = None):
+    """The Program a manifest describes, rebuilt from its model config and options: the
+    whole step, or its instance of `instance` micro-batches."""
+    from ratrain.passes.program import CompileOptions
+    options = CompileOptions.from_dict(manifest["options"])
+    graph = trace_for(manifest["model"]["config"], manifest["model"]["name"], options)
+    if instance is not None:
+        return _compile_instance(graph, options, instance)[0]
+    return compile_graph(graph, options, expand=True)[0]
+
+
+def simulate(program, profile: dict):
+    """dry_run of the stage task lists with the profile's cost model (seconds); a
+    periodic program's whole step, each repeated task costed as the one it repeats."""
+    from ratrain.hw import task_cost_model
+    from ratrain.passes.dryrun import dry_run
+    from ratrain.passes.periodic_program import expanded_schedule
+    schedule, base = expanded_schedule(program)
+    cost = task_cost_model(program, profile)
+    return dry_run(schedule, lambda task: cost(base[task]))
+
+
+def other_schedule(schedule: str) -> str:
+    return "baseline" if schedule == "ratrain" else "ratrain"
+
+
+def compile_other_schedule(graph, options):
+    """The same configuration under the other schedule, in memory, through plan_memory
+    only (its peak is all the report needs); the error's first line if it does not fit."""
+    from ratrain.passes.partition_stages import PartitionError
+    from ratrain.passes.pipeline import PIPELINE, run_pipeline
+    from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory
+    from ratrain.passes.program import Program
+    other = Program(graph, replace(options, schedule=other_schedule(options.schedule)))
+    try:
+        return run_pipeline(other, PIPELINE + [plan_memory], verify=False)[0]
+    except (PartitionError, MemoryBudgetError) as e:
+        return str(e).splitlines()[0]

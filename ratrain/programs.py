@@ -1,0 +1,191 @@
+"""Program directories (NOTE [program format]): the files of a compiled program and its
+manifest, written atomically (a temporary sibling renamed into place, the generated modules
+built in first with --build), and read back: the manifest, a pass's output, a rank's lines.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ratrain.errors import UserError
+from ratrain.rt.load import MANIFEST, SetupError
+from ratrain.rt.load import read_manifest as _read_manifest
+
+
+def program_files(program, records) -> dict[str, str | bytes]:
+    """Relative path -> contents of every file except the manifest."""
+    from ratrain.codegen.program_dir import code_files
+    from ratrain.passes.periodic_program import describe_periods
+    periodic = "".join(f"{line}\n" for line in describe_periods(program))
+    files = {f"passes/{i:02d}_{r.name}.txt": f"# after: {r.name} ({r.seconds * 1e3:.1f} ms)\n"
+             f"{periodic}{r.text}\n" for i, r in enumerate(records, 1)}
+    stage_text = {s: "".join(f"{t}\n" for t in tasks) for s, tasks in program.tasks.items()}
+    for rank in range(program.options.world_size):
+        files[f"rank{rank}.txt"] = stage_text[program.coords(rank)[0]]
+    files["memory.txt"] = program.memory.report() + "\n"
+    header = (f"ratrain generated program: {program.graph.name}, pp {program.options.pp} x "
+              f"dp {program.options.dp}, after pass lower. Do not edit; recompile.")
+    return files | code_files(program, header)
+
+
+def _stage_summary(program) -> list[dict]:
+    plan = program.memory.stages
+    return [{"stage": s, "layers": list(layers), "peak_bytes": plan[s].peak_bytes,
+             "arena_bytes": plan[s].arena_bytes,
+             "peak_breakdown": plan[s].timeline[plan[s].peak_task] if plan[s].timeline else {}}
+            for s, layers in enumerate(program.stages)]
+
+
+def build_manifest(program, records, profile: dict, hashes: dict[str, str],
+                   hf_config: dict | None = None) -> dict:
+    """program.json; `hf_config` is the model's config as read (read_hf_config), kept
+    next to the filled-in one for the runtime's checkpoints."""
+    from ratrain.program_format.runtime import FORMAT
+    o = program.options
+    model = {"name": program.graph.name, "config": program.graph.config}
+    return {
+        "format": FORMAT, "ratrain_version": ratrain_version(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": model | ({"hf_config": hf_config} if hf_config is not None else {}),
+        "options": asdict(o), "hw": profile, "world_size": o.world_size,
+        "ranks": {str(r): dict(zip(("stage", "replica"), program.coords(r)))
+                  for r in range(o.world_size)},
+        "stages": _stage_summary(program),
+        "periods": {str(s): asdict(p) for s, p in sorted((program.periods or {}).items())},
+        "passes": [{"name": r.name, "seconds": r.seconds} for r in records],
+        "files": hashes}
+
+
+def ratrain_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("ratrain")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def is_program_dir(path: Path) -> bool:
+    return (path / MANIFEST).is_file()
+
+
+def check_output(out: Path, force: bool) -> None:
+    """Refuse to replace anything but an empty directory or (with --force) a program."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        return
+    if out.is_dir() and is_program_dir(out):
+        if not force:
+            raise UserError(f"{out} already holds a compiled program; pass --force to "
+                              "overwrite it")
+        return
+    raise UserError(f"{out} exists and is not a program directory (no {MANIFEST}); "
+                      "refusing to overwrite it: choose another -o")
+
+
+def write_program_dir(out: Path, files: dict[str, str], manifest_of, build=False) -> dict:
+    """Write `files` and the manifest (`manifest_of(hashes)`) into a temporary sibling of
+    `out`, then rename it into place: readers see the old DIR or the whole new one. With
+    `build`, the generated modules are built in before."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        hashes = _write_files(staging, files)
+        if build:
+            _build_code(staging, {k: v for k, v in files.items() if k.endswith(".pyx")})
+        manifest = manifest_of(hashes)
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
+        _swap_into_place(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _write_files(root: Path, files: dict[str, str | bytes]) -> dict[str, str]:
+    hashes, by_text = {}, {}
+    for relative, content in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = content.encode() if isinstance(content, str) else content
+        path.write_bytes(data)
+        key = id(content)  # replicas of a stage share one string: hash it once
+        hashes[relative] = by_text.get(key) or by_text.setdefault(
+            key, hashlib.sha256(data).hexdigest())
+    return hashes
+
+
+def _build_code(root: Path, sources: dict[str, str]) -> None:
+    """Build every distinct generated module into root/build, two at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ratrain.program_format.build import BuildError, build_module
+    distinct = sorted(set(sources.values()))
+    try:
+        with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+            list(pool.map(lambda source: build_module(source, root), distinct))
+    except BuildError as e:
+        raise UserError(f"the generated code did not build (a C compiler and the Python "
+                          f"headers are needed): {str(e).splitlines()[-1]}") from None
+
+
+def _swap_into_place(staging: Path, out: Path) -> None:
+    from ratrain.atomic import replace_dir
+    os.chmod(staging, 0o755)
+    replace_dir(staging, out)
+
+
+def read_manifest(directory: Path) -> dict:
+    """The manifest of a program directory (rt/load.py's reader), or a UserError."""
+    try:
+        return _read_manifest(directory)
+    except SetupError as e:
+        raise UserError(str(e)) from None
+
+
+def pass_file(directory: Path, manifest: dict, after: str | None) -> Path:
+    """passes/NN_<name>.txt by pass name or number (1-based); the last pass by default."""
+    names = [p["name"] for p in manifest["passes"]]
+    if after is None:
+        index = len(names)
+    elif after.isdigit() and 1 <= int(after) <= len(names):
+        index = int(after)
+    elif after in names:
+        index = names.index(after) + 1
+    else:
+        raise UserError(f"--after {after!r} names no pass of this program; passes: "
+                          + ", ".join(f"{i} {n}" for i, n in enumerate(names, 1)))
+    return directory / "passes" / f"{index:02d}_{names[index - 1]}.txt"
+
+
+def rank_line(text: str, manifest: dict, rank: int) -> str:
+    """The task-list line of `rank`'s stage in a pass's text, labelled with the rank."""
+    if str(rank) not in manifest["ranks"]:
+        raise UserError(f"--rank {rank} is out of range: the program has ranks "
+                          f"0..{manifest['world_size'] - 1}")
+    stage = manifest["ranks"][str(rank)]["stage"]
+    for line in text.splitlines():
+        if line.startswith(f"rank {stage}:"):
+            return f"rank {rank}:" + line[len(f"rank {stage}:"):]
+    raise UserError(f"this pass's output has no task lists yet (stage {stage} of rank "
+                      f"{rank}); try a later --after")
+
+
+def rank_lowered(text: str, manifest: dict, rank: int) -> str:
+    """The lowered calls of `rank`'s stage in a pass's text (the block format_lowered
+    writes, header relabelled with the rank), "" before the lower pass."""
+    stage = manifest["ranks"][str(rank)]["stage"]
+    blocks = re.split(r"^(?=# lowered program of stage \d+$)", text, flags=re.M)
+    header = f"# lowered program of stage {stage}\n"
+    block = next((b for b in blocks if b.startswith(header)), "")
+    if not block:
+        return ""
+    calls = block[len(header):].rstrip("\n")
+    return f"# lowered program of stage {stage} (rank {rank})\n{calls}\n"
