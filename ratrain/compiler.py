@@ -21,13 +21,12 @@ FLAGS = ("pp", "dp", "micro_batches", "micro_batch_size", "seq_len", "schedule",
 
 def resolve_options(config: dict, profile: dict, **flags):
     """CompileOptions from `flags` (FLAGS), filling unset ones from the model and the
-    profile: seq_len the model's context up to 128, precision and ZeRO the profile's
+    profile: seq_len models.config.default_seq_len, precision and ZeRO the profile's
     defaults (ZeRO only with dp > 1), the budget the profile's usable memory."""
-    from ratrain.models import check_sequence_length
+    from ratrain.models.config import check_sequence_length, default_seq_len
     from ratrain.passes.program import CompileOptions
     flags = {k: v for k, v in flags.items() if v is not None}
-    context = int(config.get("max_position_embeddings", 128))
-    defaults = {"seq_len": min(128, context),
+    defaults = {"seq_len": default_seq_len(config),
                 "precision": profile.get("default_precision", "fp32"),
                 "zero": profile.get("default_zero", 0) if flags.get("dp", 1) > 1 else 0,
                 "budget": int(profile["usable_memory"])}

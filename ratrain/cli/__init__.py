@@ -14,10 +14,10 @@ from ratrain.cli.cluster import add_cluster_parser
 from ratrain.cli.compile import add_compile_parser, add_program_inspect_options
 from ratrain.cli.plan import add_plan_parser
 from ratrain.cli.sim import add_simulate_parser
-from ratrain.errors import UserError
-from ratrain.units import format_bytes
 from ratrain.cli.train import add_run_parser, add_train_parser
-from ratrain.models.config import preset_names
+from ratrain.errors import UserError
+from ratrain.models.config import SEQ_LEN_HELP, preset_names
+from ratrain.units import format_bytes
 
 MODEL_HELP = (f"a preset name ({', '.join(preset_names())}), a Hugging Face config.json, "
               "or a directory holding one")
@@ -80,8 +80,7 @@ def _add_shape_options(p) -> None:
                    "(default: tiny)")
     p.add_argument("--micro-batch-size", type=int, default=1, metavar="B",
                    help="sequences per micro-batch the graphs are traced for (default: 1)")
-    p.add_argument("--seq-len", type=int, default=None, metavar="T",
-                   help="tokens per sequence (default: the model's context, at most 2048)")
+    p.add_argument("--seq-len", type=int, default=None, metavar="T", help=SEQ_LEN_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,6 +18,7 @@ from ratrain.compiler import (FLAGS, compile_graph, compile_other_schedule, othe
                               recompile, resolve_options, simulate, trace_for)
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, load_model, read_hf_config
+from ratrain.models.config import SEQ_LEN_HELP
 from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.plan_memory import format_bytes
 from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES,
@@ -179,8 +180,8 @@ def add_compile_parser(sub, model_help: str) -> None:
                    "peaks of ratrain vs baseline scheduling")
     p.add_argument("--plan", action="store_true", help="let the planner choose --pp, --dp, "
                    "--micro-batches, --micro-batch-size, --zero and --recompute: the best row "
-                   "of `ratrain plan` for --clusters and --global-batch (--seq-len then "
-                   "defaults to the model's context, at most 2048, as in `ratrain plan`)")
+                   "of `ratrain plan` for --clusters and --global-batch (--seq-len "
+                   "defaults as in `ratrain plan`)")
     add_search_options(p, required=False)
     p.set_defaults(func=cmd_compile)
 
@@ -193,8 +194,7 @@ def _add_parallel_options(p) -> None:
             ("--micro-batch-size", "micro_batch_size", "B",
              "sequences per micro-batch (default: 1)")):
         p.add_argument(flag, dest=dest, type=int, default=1, metavar=meta, help=text)
-    p.add_argument("--seq-len", type=int, default=None, metavar="T",
-                   help="tokens per sequence (default: 128, or the model's context if smaller)")
+    p.add_argument("--seq-len", type=int, default=None, metavar="T", help=SEQ_LEN_HELP)
 
 
 def _add_policy_options(p) -> None:

@@ -12,6 +12,7 @@ import json
 
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, load_model
+from ratrain.models.config import SEQ_LEN_HELP, default_seq_len
 from ratrain.planner.strategies import STRATEGIES
 from ratrain.program_format.options import SCHEDULES
 from ratrain.units import SIZE_HELP, format_budget, format_bytes, size_arg
@@ -19,7 +20,6 @@ from ratrain.units import SIZE_HELP, format_budget, format_bytes, size_arg
 # --schedule: a compiler schedule (all its candidates), a strategy, or everything
 SCHEDULE_CHOICES = SCHEDULES + tuple(n for n in STRATEGIES if n not in SCHEDULES) + ("all",)
 
-DEFAULT_SEQ_LEN = 2048
 DEFAULT_SIMULATE = 3
 
 
@@ -41,8 +41,7 @@ def search_for(args, schedules: tuple[str, ...]):
     from ratrain.planner import Search
     config, name = load_model(args.model)
     profile = load_hw(args.hw)
-    context = int(config.get("max_position_embeddings", DEFAULT_SEQ_LEN))
-    return Search(config, name, args.global_batch, args.seq_len or min(DEFAULT_SEQ_LEN, context),
+    return Search(config, name, args.global_batch, args.seq_len or default_seq_len(config),
                   profile, args.budget or int(profile["usable_memory"]), schedules,
                   args.precision or profile.get("default_precision", "fp32"),
                   args.simulate or DEFAULT_SIMULATE)
@@ -288,8 +287,7 @@ def add_plan_parser(sub, model_help: str) -> None:
                        f"{SIZE_HELP}.")
     p.add_argument("model", help=f"the model: {model_help}")
     add_search_options(p, required=True)
-    p.add_argument("--seq-len", type=_positive, default=None, metavar="T", help="tokens per "
-                   f"sequence (default: the model's context, at most {DEFAULT_SEQ_LEN})")
+    p.add_argument("--seq-len", type=_positive, default=None, metavar="T", help=SEQ_LEN_HELP)
     p.add_argument("--hw", default="cpu", metavar="PROFILE", help="hardware profile: mt3000, "
                    "cpu or a path to a profile .json (default: cpu)")
     p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE", help="usable "

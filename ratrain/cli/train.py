@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, read_hf_config
+from ratrain.models.config import SEQ_LEN_HELP
 from ratrain.program_format.options import PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
 from ratrain.rt.launch import launch
 from ratrain.rt.train_options import add_training_options
@@ -171,8 +172,7 @@ def add_train_parser(sub, model_help: str) -> None:
 
 
 def _add_layout_options(p) -> None:
-    p.add_argument("--seq-len", type=int, default=128, metavar="T",
-                   help="tokens per sequence (default: 128)")
+    p.add_argument("--seq-len", type=int, default=None, metavar="T", help=SEQ_LEN_HELP)
     p.add_argument("--global-batch", type=int, default=None, metavar="G",
                    help="sequences per step over all replicas (default: 8)")
     p.add_argument("--micro-batches", type=int, default=None, metavar="M", help="micro-batches "

@@ -238,6 +238,17 @@ def _sliding_window(c: dict) -> int | None:
     return c.get("sliding_window") if c["model_type"] == "mistral" else None
 
 
+# Every command's default --seq-len (compile, plan, train, info, the tracer): short enough
+# to train on a CPU, and any longer sequence is one flag away.
+DEFAULT_SEQ_LEN = 128
+SEQ_LEN_HELP = f"tokens per sequence (default: {DEFAULT_SEQ_LEN}, or the model's context if smaller)"
+
+
+def default_seq_len(config: dict) -> int:
+    """DEFAULT_SEQ_LEN, or the model's context if that is shorter."""
+    return min(DEFAULT_SEQ_LEN, int(config.get("max_position_embeddings", DEFAULT_SEQ_LEN)))
+
+
 def check_sequence_length(config_or_dims, seq_len: int) -> None:
     """Refuse a sequence longer than the model's sliding window: the attention op is
     plain causal, which equals sliding-window attention only while seq_len <= window."""

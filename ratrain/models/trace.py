@@ -14,6 +14,7 @@ from ratrain.ir.autodiff import differentiate
 from ratrain.ir.graph import LayerGraph
 from ratrain.ir.trace import trace_layer
 from ratrain.ir.train_graph import Layer, LayerKind, TrainGraph
+from ratrain.models.config import default_seq_len
 
 
 # The inputs each layer kind takes besides its weights.
@@ -27,7 +28,7 @@ def _kind_inputs(kind: str, batch: int, seq: int, hidden: int, dtype: str):
 def trace_model(config: dict, *, micro_batch_size: int = 1, seq_len: int | None = None,
                 dtype: str = "float32", name: str | None = None) -> TrainGraph:
     """Trace every layer kind of `config` on abstract shapes and differentiate it."""
-    seq_len = seq_len or min(int(config.get("max_position_embeddings", 2048)), 2048)
+    seq_len = seq_len or default_seq_len(config)
     specs = models.layer_specs(config)
     shapes = models.param_shapes(config)
     kinds: dict[str, LayerKind] = {}
