@@ -319,7 +319,7 @@ def format_stage_memory(program) -> list[str]:
 def simulate(program, profile: dict):
     """dry_run of the stage task lists with the profile's cost model (seconds); a
     periodic program's whole step, each repeated task costed as the one it repeats."""
-    from ratrain.hw import task_cost_model
+    from ratrain.sim.costs import task_cost_model
     from ratrain.passes.dryrun import dry_run
     from ratrain.passes.periodic_program import expanded_schedule
     schedule, base = expanded_schedule(program)
@@ -496,7 +496,7 @@ def reject_program_options(args) -> None:
 
 
 def write_pictures(program, profile: dict, args) -> None:
-    from ratrain.hw import task_cost_model
+    from ratrain.sim.costs import task_cost_model
     from ratrain.passes.plots import memory_png, schedule_png
     if args.schedule_png:
         bars = schedule_png(program, args.schedule_png, cost=task_cost_model(program, profile))

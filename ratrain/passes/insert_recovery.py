@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
+from ratrain.ir.costs import node_flops
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, Task
 from ratrain.passes.buffers import recovers_in_backward, stage_recovers_in_backward
@@ -117,6 +118,20 @@ def _escalate(program, stage: int, base: dict) -> dict:
 # where every pair just fits fully recomputed on the forward side, B-time recovery fits
 # with 5 of stage 0's 16 pairs only selectively recomputed, and the ranks' compute per
 # step was 22% longer on average with forward-side recovery. So auto decides, per stage, where
+def recompute_flops(program, layer: int, micro_batch: int) -> int:
+    """FLOPs a REC spends: the whole forward under full recompute; under selective only
+    the non-GEMM ops (GEMM outputs are kept, see kept_mask)."""
+    mode = program.recompute.get((layer, micro_batch), "full")
+    kind = program.graph.kinds[program.graph.layers[layer].kind]
+    return _forward_flops(kind.fwd, skip_gemm=mode == "selective")
+
+
+@lru_cache(maxsize=64)
+def _forward_flops(graph, skip_gemm: bool) -> int:
+    return sum(node_flops(n) for n in graph.nodes
+               if not (skip_gemm and _is_gemm(n)))
+
+
 # recovery runs: on the forward side when that recomputes no more FLOPs than B-time
 # recovery; else it takes B-time recovery's choices and moves micro-batches to the
 # forward side from the last one down while the stage still fits (the last ones have
@@ -151,7 +166,6 @@ def _auto_stage(program, stage: int):
 
 
 def _flops(program, choices: dict) -> int:
-    from ratrain.hw.profiles import recompute_flops
     chosen = replace(program, recompute=choices)
     return sum(recompute_flops(chosen, l, m) for l, m in choices)
 

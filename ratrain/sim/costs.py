@@ -1,0 +1,174 @@
+"""The one cost model: seconds of a task, a collective or a state update on a profile.
+
+Every place that turns work into seconds calls here: the dry run's `task_cost_model`
+(`ratrain compile --report`, `ratrain inspect --schedule-png`), the simulator's runtime
+calls (calls.py) and the planner's closed-form estimate (planner/estimate.py). It reads
+compiled Programs, so it sits above passes; hw/ only loads the profiles it is given.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ratrain.ir.tasks import Kind, Task
+from ratrain.passes.buffers import layer_param_count, message_bytes, recovers_in_backward
+from ratrain.passes.insert_recovery import recompute_flops
+from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
+from ratrain.sim.collectives import collective_cost
+from ratrain.sim.kernels import fitted_seconds, op_costs, peak_flops
+
+# Bytes the AdamW update moves per parameter: read grad (4), read+write master (8) and
+# the two moments (16).
+UPDATE_BYTES_PER_PARAM = 28
+NORM_BYTES = 8  # the global norm sums one float64 over the world
+
+
+def compute_rate(profile: dict, precision: str) -> float:
+    """FLOP/s a layer's kernels reach: the precision's peak times the GEMM efficiency."""
+    return peak_flops(profile, precision) * profile["gemm_efficiency"]
+
+
+def profile_algorithm(profile: dict) -> str:
+    """How the profile's DP collectives are costed (sim/collectives.py)."""
+    return profile.get("collective_algorithm", "ring")
+
+
+def collective_seconds(profile: dict, op: str, members: int, nbytes: float,
+                       algorithm: str | None = None) -> float:
+    """Seconds of `op` (allreduce, reduce_scatter, allgather) of `nbytes` over `members`
+    ranks alone on the link: its latencies plus the bytes one member's port sends."""
+    cost = collective_cost(op, members, nbytes, profile["link_latency"],
+                           profile["link_bandwidth"], algorithm or profile_algorithm(profile))
+    return cost.latency + cost.nbytes / profile["link_bandwidth"]
+
+
+def message_seconds(profile: dict, nbytes: float) -> float:
+    """One pipeline message of `nbytes` between neighbour stages."""
+    return profile["link_latency"] + nbytes / profile["link_bandwidth"]
+
+
+def memory_seconds(profile: dict, precision: str, op: str, nbytes: float) -> float:
+    """A memory-bound runtime call moving `nbytes`: the profile's measured cost of `op`
+    (`ratrain calibrate` times the runtime's own calls), else DDR bandwidth."""
+    measured = op_costs(profile, precision, op)
+    return nbytes / profile["ddr_bandwidth"] if measured is None else \
+        fitted_seconds(measured, 0, nbytes)
+
+
+# ---- bytes of a lowered runtime call's collective ---------------------------------------------
+
+def slot_elements(slot) -> int:
+    return math.prod(slot.shape)
+
+
+def scatter_bytes(call) -> int:
+    """A grad_scatter's reduce-scatter input: the micro-batch's gradients concatenated in
+    fp32 (NOTE [gradient accumulation])."""
+    return 4 * sum(slot_elements(s) for s in call.inputs)
+
+
+def gather_bytes(call, dp: int) -> int:
+    """A prefetch_view's or gather_view's all-gather output: `dp` master shards cast to
+    the view's dtype first (rt/calls.py), so fp16 views move half the master's bytes."""
+    return dp * slot_elements(call.inputs[0]) * np.dtype(call.outputs[0].dtype).itemsize
+
+
+# ---- the lifecycle tasks: SYNC, UPD, PREF, NORM --------------------------------------------
+
+def local_params(num_params: float, options) -> float:
+    """Parameters of a layer whose state this rank updates: its 1/dp share under ZeRO."""
+    return num_params / options.dp if options.zero >= 1 else num_params
+
+
+def sync_op(options) -> str:
+    """The collective of a layer's SYNC: ZeRO-2 and 3 reduce-scatter the fp32 gradient."""
+    return "reduce_scatter" if options.zero >= 2 else "allreduce"
+
+
+def sync_seconds(profile: dict, options, num_params: int, algorithm: str | None = None) -> float:
+    """A layer's SYNC of its fp32 gradient over the DP group, alone on the link."""
+    return collective_seconds(profile, sync_op(options), options.dp, 4 * num_params, algorithm)
+
+
+def update_bytes(elements: float) -> float:
+    """DDR bytes one AdamW update of `elements` parameters moves."""
+    return UPDATE_BYTES_PER_PARAM * elements
+
+
+def update_seconds(profile: dict, elements: float, precision: str | None = None) -> float:
+    """One AdamW update of `elements` parameters: measured (with `precision`) or DDR."""
+    if precision is None:
+        return update_bytes(elements) / profile["ddr_bandwidth"]
+    return memory_seconds(profile, precision, "adamw", update_bytes(elements))
+
+
+def view_cast_bytes(elements: float, itemsize: int) -> float:
+    """DDR bytes of casting `elements` fp32 master values into a view of `itemsize`."""
+    return (4 + itemsize) * elements
+
+
+def prefetch_seconds(profile: dict, options, view_bytes: int, num_params: int,
+                     algorithm: str | None = None) -> float:
+    """Build a layer's next view: cast the (local) fp32 master to the compute dtype in
+    DDR, then under ZeRO 1-3 all-gather the shards of the view over the DP group."""
+    local = local_params(num_params, options)
+    cast = (4 * local + view_bytes * local / num_params) / profile["ddr_bandwidth"]
+    gather = collective_seconds(profile, "allgather", options.dp, view_bytes, algorithm) \
+        if options.zero >= 1 else 0.0
+    return cast + gather
+
+
+def norm_seconds(profile: dict, options, algorithm: str | None = None) -> float:
+    """The global norm's world-wide sum of one float64."""
+    return collective_seconds(profile, "allreduce", options.world_size, NORM_BYTES, algorithm)
+
+
+def tie_sum_seconds(profile: dict, nbytes: float, members: int,
+                    algorithm: str | None = None) -> float:
+    """NOTE [tied weights]: all-reduce a tied weight's gradient sum over its `members`
+    tie stages (the local adds and copies are the caller's DDR bytes)."""
+    return collective_seconds(profile, "allreduce", members, nbytes, algorithm)
+
+
+# ---- the dry run's per-task costs ------------------------------------------------------------
+
+def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
+    """Seconds per task of `program` on `profile` (for dry_run and the pictures): each
+    task alone, F/B/REC at the profile's GEMM rate (the simulator costs the lowered calls)."""
+    o, rate = program.options, compute_rate(profile, program.options.precision)
+    cost = program.layer_cost
+    params = lambda l: layer_param_count(program, l)
+    prefetch = lambda t: prefetch_seconds(profile, o, cost(t.layer).param_bytes, params(t.layer))
+    table: dict[Kind, Callable[[Task], float]] = {
+        Kind.F: lambda t: sum(cost(l).fwd_flops for l in program.stages[t.stage]) / rate,
+        Kind.B: lambda t: sum(cost(l).bwd_flops + _recomputed_in_backward(program, t, l)
+                              for l in program.stages[t.stage]) / rate,
+        Kind.REC: lambda t: recompute_flops(program, t.layer, t.micro_batch) / rate,
+        Kind.SEND_F: lambda t: message_seconds(profile, message_bytes(program, t.stage)),
+        Kind.SEND_B: lambda t: message_seconds(profile, message_bytes(program, t.stage - 1)),
+        Kind.SYNC: lambda t: sync_seconds(profile, o, params(t.layer)),
+        Kind.UPD: lambda t: update_seconds(profile, local_params(params(t.layer), o)),
+        Kind.PREF: prefetch,
+        Kind.NORM: lambda t: norm_seconds(profile, o),
+        Kind.TIE: lambda t: _tie_seconds(program, profile),
+        **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), prefetch),
+    }
+    return lambda task: table[task.kind](task) if task.kind in table else 0.0
+
+
+def _tie_seconds(program, profile: dict) -> float:
+    """NOTE [tied weights]: add the copies of each tied weight's gradient, all-reduce the
+    sum over the tie stages."""
+    nbytes = sum(4 * program.graph.param_types()[w.name].size for w in tied_weights(program))
+    return 3 * nbytes / profile["ddr_bandwidth"] + \
+        tie_sum_seconds(profile, nbytes, len(tie_stages(program)))
+
+
+def _recomputed_in_backward(program, task: Task, layer: int) -> int:
+    """FLOPs B spends rebuilding the layer (NOTE [backward-time recovery])."""
+    if (layer, task.micro_batch) not in program.recompute or \
+            not recovers_in_backward(program, task.stage, task.micro_batch):
+        return 0
+    return recompute_flops(program, layer, task.micro_batch)
