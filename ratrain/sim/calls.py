@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, counterpart
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.passes.lowered import RECOMPUTE_TAG, Slot, note_layer, rollback_only
 from ratrain.sim.collectives import collective_cost
-from ratrain.sim.costs import (gather_bytes, memory_seconds, norm_seconds, scatter_bytes,
-                               slot_elements, tie_sum_seconds, update_seconds)
+from ratrain.sim.costs import (memory_seconds, norm_seconds, scatter_bytes, slot_elements,
+                               tie_sum_seconds, update_seconds, view_gather)
 from ratrain.sim.kernels import graph_seconds
 from ratrain.sim.residency import cold_fractions
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
@@ -330,12 +332,12 @@ def _view_gather(c: ProfileCosts, call, label: str) -> list[Step]:
     calls overlap it until one touches the view), and copy the gathered view into place
     when it is waited for, unless it was gathered in place (NOTE [views gathered in
     place], passes/buffers.py)."""
-    master, full = call.inputs[0], gather_bytes(call, c.options.dp)
-    shard, view = full // c.options.dp, sum(s.nbytes for s in call.outputs)
-    unpack = 0.0 if dict(call.params).get("in_place") else (full + view) / c.ddr
-    return [Compute((master.nbytes + shard) / c.ddr),
-            *c.collective("allgather", full, c.options.dp, {s.buffer for s in call.outputs},
-                          unpack, label)]
+    g = view_gather(slot_elements(call.inputs[0]), np.dtype(call.outputs[0].dtype).itemsize,
+                    c.options.dp, sum(s.nbytes for s in call.outputs),
+                    bool(dict(call.params).get("in_place")))
+    return [Compute(g.cast / c.ddr),
+            *c.collective("allgather", g.gathered, c.options.dp,
+                          {s.buffer for s in call.outputs}, g.unpack / c.ddr, label)]
 
 
 def _memory_bound(c: ProfileCosts, task, call) -> list[Step]:

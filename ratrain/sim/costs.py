@@ -8,12 +8,14 @@ compiled Programs, so it sits above passes; hw/ only loads the profiles it is gi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.buffers import layer_param_count, message_bytes, recovers_in_backward
+from ratrain.passes.buffers import (gathers_in_place, layer_param_count, message_bytes,
+                                    recovers_in_backward, shard_elements)
 from ratrain.passes.insert_recovery import recompute_flops
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.sim.collectives import collective_cost
@@ -70,9 +72,11 @@ def scatter_bytes(call) -> int:
 
 
 def gather_bytes(call, dp: int) -> int:
-    """A prefetch_view's or gather_view's all-gather output: `dp` master shards cast to
-    the view's dtype first (rt/calls.py), so fp16 views move half the master's bytes."""
-    return dp * slot_elements(call.inputs[0]) * np.dtype(call.outputs[0].dtype).itemsize
+    """A prefetch_view's or gather_view's all-gather output (view_gather): `dp` master
+    shards cast to the view's dtype first (rt/calls.py), so fp16 views move half the
+    master's bytes."""
+    itemsize = np.dtype(call.outputs[0].dtype).itemsize
+    return view_gather(slot_elements(call.inputs[0]), itemsize, dp, 0, True).gathered
 
 
 # ---- the lifecycle tasks: SYNC, UPD, PREF, NORM --------------------------------------------
@@ -109,15 +113,35 @@ def view_cast_bytes(elements: float, itemsize: int) -> float:
     return (4 + itemsize) * elements
 
 
-def prefetch_seconds(profile: dict, options, view_bytes: int, num_params: int,
+@dataclass(frozen=True)
+class ViewGather:
+    """Building a layer's view from the DP group's master shards (rt/calls.py)."""
+    cast: int                           # DDR bytes: read the fp32 shard, write it cast
+    gathered: int                       # bytes the all-gather delivers: dp cast shards
+    unpack: int                         # DDR bytes of copying them into the view (0 in place)
+
+
+def view_gather(shard: int, itemsize: int, dp: int, view_bytes: int,
+                in_place: bool) -> ViewGather:
+    """Cast the master shard of `shard` elements, all-gather the cast shards and, unless
+    gathered in place (NOTE [views gathered in place], passes/buffers.py), copy them into
+    the `view_bytes` view."""
+    gathered = dp * shard * itemsize
+    return ViewGather(view_cast_bytes(shard, itemsize), gathered,
+                      0 if in_place else gathered + view_bytes)
+
+
+def prefetch_seconds(program, profile: dict, layer: int, in_place: bool,
                      algorithm: str | None = None) -> float:
-    """Build a layer's next view: cast the (local) fp32 master to the compute dtype in
-    DDR, then under ZeRO 1-3 all-gather the shards of the view over the DP group."""
-    local = local_params(num_params, options)
-    cast = (4 * local + view_bytes * local / num_params) / profile["ddr_bandwidth"]
-    gather = collective_seconds(profile, "allgather", options.dp, view_bytes, algorithm) \
-        if options.zero >= 1 else 0.0
-    return cast + gather
+    """A layer's PREF (in_place: as PREF gathers) or ZeRO-3 GATH alone: cast the fp32
+    master to the view's dtype, under ZeRO 1-3 as a view_gather over the DP group."""
+    o, view = program.options, program.layer_cost(layer).param_bytes
+    itemsize, params = np.dtype(program.graph.dtype).itemsize, layer_param_count(program, layer)
+    if o.zero == 0:
+        return memory_seconds(profile, o.precision, "prefetch_view", 4 * params + view)
+    g = view_gather(shard_elements(params, program, True), itemsize, o.dp, view, in_place)
+    return (g.cast + g.unpack) / profile["ddr_bandwidth"] + \
+        collective_seconds(profile, "allgather", o.dp, g.gathered, algorithm)
 
 
 def norm_seconds(profile: dict, options, algorithm: str | None = None) -> float:
@@ -140,7 +164,9 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
     o, rate = program.options, compute_rate(profile, program.options.precision)
     cost = program.layer_cost
     params = lambda l: layer_param_count(program, l)
-    prefetch = lambda t: prefetch_seconds(profile, o, cost(t.layer).param_bytes, params(t.layer))
+    prefetch = lambda t: prefetch_seconds(program, profile, t.layer,
+                                          gathers_in_place(program, t.layer))
+    gather = lambda t: prefetch_seconds(program, profile, t.layer, in_place=False)
     table: dict[Kind, Callable[[Task], float]] = {
         Kind.F: lambda t: sum(cost(l).fwd_flops for l in program.stages[t.stage]) / rate,
         Kind.B: lambda t: sum(cost(l).bwd_flops + _recomputed_in_backward(program, t, l)
@@ -149,11 +175,12 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
         Kind.SEND_F: lambda t: message_seconds(profile, message_bytes(program, t.stage)),
         Kind.SEND_B: lambda t: message_seconds(profile, message_bytes(program, t.stage - 1)),
         Kind.SYNC: lambda t: sync_seconds(profile, o, params(t.layer)),
-        Kind.UPD: lambda t: update_seconds(profile, local_params(params(t.layer), o)),
+        Kind.UPD: lambda t: update_seconds(profile, shard_elements(params(t.layer), program,
+                                                                   o.zero >= 1), o.precision),
         Kind.PREF: prefetch,
         Kind.NORM: lambda t: norm_seconds(profile, o),
         Kind.TIE: lambda t: _tie_seconds(program, profile),
-        **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), prefetch),
+        **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), gather),
     }
     return lambda task: table[task.kind](task) if task.kind in table else 0.0
 

@@ -10,9 +10,11 @@ from ratrain import models
 from ratrain.cli_compile import compile_graph, trace_for
 from ratrain.cluster.volume import _call_bytes
 from ratrain.hw import load_profile
+from ratrain.passes import buffers, lower_state
 from ratrain.passes.buffers import layer_param_count
 from ratrain.passes.program import CompileOptions
 from ratrain.planner.estimate import Estimator, StagePlan, _StageModel
+from ratrain.sim import costs as costs_module
 from ratrain.sim.calls import ProfileCosts
 from ratrain.sim.costs import (collective_seconds, norm_seconds, sync_seconds,
                                task_cost_model, update_bytes)
@@ -92,17 +94,33 @@ def test_update_costs_the_same_in_dry_run_simulator_and_planner(zero):
     assert estimate.update == pytest.approx(sum(simulated), rel=1e-12)
 
 
-def test_unsharded_prefetch_costs_the_same_in_dry_run_simulator_and_planner():
-    profile, program = MT3000, compiled(pp=2, dp=2, zero=0)
+@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize("flags", [dict(zero=0), dict(zero=1, precision="fp16"), dict(zero=2)])
+def test_prefetch_costs_the_same_in_dry_run_and_simulator(flags, in_place, monkeypatch):
+    """A PREF alone: its cast, and under ZeRO its all-gather and the copy into the view
+    when it is waited for (none when gathered in place: the tiny model's views all are,
+    so the other case is forced)."""
+    if not in_place:
+        for module in (buffers, lower_state, costs_module):
+            monkeypatch.setattr(module, "gathers_in_place", lambda program, layer: False)
+        compiled.cache_clear()
+    profile, program = ALGORITHMS["tree"], compiled(pp=2, dp=4, **flags)
+    compiled.cache_clear()
+    assert any(any(dict(c.params).get("in_place") for c in lt.calls)
+               for lt in program.lowered[1]) == (in_place and program.options.zero > 0)
     costs, dry_run = ProfileCosts(program, profile), task_cost_model(program, profile)
     simulated = []
     for layer in program.stages[1]:
-        seconds = _computed(costs, program, f"1PREF[L{layer}]")
+        steps = costs.steps(_task(program, f"1PREF[L{layer}]"))
+        seconds = sum(s.seconds for s in steps if isinstance(s, Compute)) + \
+            sum(_alone(profile, s) + s.finish for s in steps if isinstance(s, Start))
         assert dry_run(_task(program, f"1PREF[L{layer}]")) == pytest.approx(seconds, rel=1e-12)
         simulated.append(seconds)
-    plan = StagePlan(local_grads=True, level="none", lowered=0, need={})
-    estimate = _StageModel(Estimator(profile), program, 1, plan)
-    assert estimate.prefetch == pytest.approx(sum(simulated), rel=1e-12)
+    assert len(set(simulated)) > 1  # layers of different sizes
+    if program.options.zero == 0:
+        plan = StagePlan(local_grads=True, level="none", lowered=0, need={})
+        estimate = _StageModel(Estimator(profile), program, 1, plan)
+        assert estimate.prefetch == pytest.approx(sum(simulated), rel=1e-12)
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
