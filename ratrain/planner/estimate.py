@@ -15,14 +15,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ratrain.passes.buffers import (CATEGORIES, backward_workspace, layer_param_count,
-                                    message_bytes, persistent_buffers, recovers_in_backward,
-                                    shard_elements, undo_buffer)
+from ratrain.passes.buffers import (CATEGORIES, backward_workspace, gathers_in_place,
+                                    layer_param_count, message_bytes, persistent_buffers,
+                                    recovers_in_backward, shard_elements, undo_buffer)
 from ratrain.passes.insert_recovery import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
 from ratrain.sim.costs import (collective_seconds, local_params, message_seconds,
-                               norm_seconds, sync_seconds, update_bytes, view_cast_bytes)
+                               norm_seconds, sync_seconds, update_bytes, view_cast_bytes,
+                               view_gather)
 from ratrain.sim.kernels import graph_seconds
 
 LEVELS = ("none", "selective", "full")  # recompute levels, least recompute first
@@ -238,29 +239,43 @@ class _StageModel:
         self.port = sends * message / bandwidth + (0.0 if plan.local_grads else
                                                    sum(map(reduce, params)))
         self.message = message_seconds(p, message)
-        self._add_view_gathers(p, o, params, itemsize)
+        self._add_view_gathers(p, program, layers)
         # what is left to reduce after the last B: under scatter its last reduce-scatter
         # (the stage's first layer), else every layer's SYNC
         self.sync = (reduce(params[0]) if not plan.local_grads else
                      sum(sync_seconds(p, o, n) for n in params))
         self.update = sum(update_bytes(local_params(n, o)) for n in params) / ddr
         self.prefetch = 0.0 if o.zero == 3 else \
-            sum(collective_seconds(p, "allgather", o.dp, itemsize * n) if o.zero >= 1 else
-                view_cast_bytes(n, itemsize) / ddr for n in params)
+            sum(sum(_view_gather_seconds(p, program, l, gathers_in_place(program, l)))
+                if o.zero >= 1 else view_cast_bytes(n, itemsize) / ddr
+                for l, n in zip(layers, params))
 
-    def _add_view_gathers(self, p: dict, o, params: list[int], itemsize: int) -> None:
+    def _add_view_gathers(self, p: dict, program, layers) -> None:
         """NOTE [ZeRO-3 lifecycle]: every micro-batch gathers each layer's view for its F
         and again for its B (shared gathers ignored): on the port, overlapping compute
-        when prefetched, else waited for before each use; the shard casts in DDR."""
+        when prefetched, else waited for before each use; the shard casts and the copies
+        into the views in DDR."""
+        o = program.options
         if o.zero != 3:
             return
-        gathers = 2 * sum(collective_seconds(p, "allgather", o.dp, itemsize * n) for n in params)
-        self.compute += 2 * sum(view_cast_bytes(n, itemsize) / o.dp for n in params) \
-            / p["ddr_bandwidth"]
+        ddr, port = zip(*(_view_gather_seconds(p, program, l, in_place=False) for l in layers))
+        gathers = 2 * sum(port)
+        self.compute += 2 * sum(ddr)
         if o.zero3_prefetch == 0:
             self.compute += gathers
         else:
             self.port += gathers
+
+
+def _view_gather_seconds(profile: dict, program, layer: int, in_place: bool):
+    """(DDR seconds, port seconds) of building the layer's view from the DP group's
+    master shards (costs.view_gather, as the simulator's PREF and gather_view)."""
+    itemsize = np.dtype(program.graph.dtype).itemsize
+    params = layer_param_count(program, layer)
+    g = view_gather(shard_elements(params, program, True), itemsize, program.options.dp,
+                    itemsize * params, in_place)
+    return ((g.cast + g.unpack) / profile["ddr_bandwidth"],
+            collective_seconds(profile, "allgather", program.options.dp, g.gathered))
 
 
 def _recompute_per_micro_batch(program, stage: int, times, plan: StagePlan) -> float:

@@ -13,6 +13,7 @@ from ratrain.hw import load_profile
 from ratrain.passes import buffers, lower_state
 from ratrain.passes.buffers import layer_param_count
 from ratrain.passes.program import CompileOptions
+from ratrain.planner import estimate as estimate_module
 from ratrain.planner.estimate import Estimator, StagePlan, _StageModel
 from ratrain.sim import costs as costs_module
 from ratrain.sim.calls import ProfileCosts
@@ -96,12 +97,12 @@ def test_update_costs_the_same_in_dry_run_simulator_and_planner(zero):
 
 @pytest.mark.parametrize("in_place", [True, False])
 @pytest.mark.parametrize("flags", [dict(zero=0), dict(zero=1, precision="fp16"), dict(zero=2)])
-def test_prefetch_costs_the_same_in_dry_run_and_simulator(flags, in_place, monkeypatch):
+def test_prefetch_costs_the_same_in_dry_run_simulator_and_planner(flags, in_place, monkeypatch):
     """A PREF alone: its cast, and under ZeRO its all-gather and the copy into the view
     when it is waited for (none when gathered in place: the tiny model's views all are,
     so the other case is forced)."""
     if not in_place:
-        for module in (buffers, lower_state, costs_module):
+        for module in (buffers, lower_state, costs_module, estimate_module):
             monkeypatch.setattr(module, "gathers_in_place", lambda program, layer: False)
         compiled.cache_clear()
     profile, program = ALGORITHMS["tree"], compiled(pp=2, dp=4, **flags)
@@ -117,10 +118,9 @@ def test_prefetch_costs_the_same_in_dry_run_and_simulator(flags, in_place, monke
         assert dry_run(_task(program, f"1PREF[L{layer}]")) == pytest.approx(seconds, rel=1e-12)
         simulated.append(seconds)
     assert len(set(simulated)) > 1  # layers of different sizes
-    if program.options.zero == 0:
-        plan = StagePlan(local_grads=True, level="none", lowered=0, need={})
-        estimate = _StageModel(Estimator(profile), program, 1, plan)
-        assert estimate.prefetch == pytest.approx(sum(simulated), rel=1e-12)
+    plan = StagePlan(local_grads=True, level="none", lowered=0, need={})
+    estimate = _StageModel(Estimator(profile), program, 1, plan)
+    assert estimate.prefetch == pytest.approx(sum(simulated), rel=1e-12)
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
