@@ -18,7 +18,7 @@ from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.passes.lowered import RECOMPUTE_TAG, Slot, note_layer, rollback_only
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.costs import (memory_seconds, norm_seconds, scatter_bytes, slot_elements,
-                               tie_sum_seconds, update_seconds, view_gather)
+                               tie_local_bytes, tie_sum_seconds, update_seconds, view_gather)
 from ratrain.sim.kernels import graph_seconds
 from ratrain.sim.residency import cold_fractions
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
@@ -285,7 +285,7 @@ def _tie_sum(c: ProfileCosts, task, call) -> list[Step]:
     """NOTE [tied weights]: add this stage's copies, all-reduce the sum with the other tie
     stages (blocking, over the pipeline link) and write it into every copy."""
     nbytes = call.inputs[0].nbytes
-    local = Compute((len(call.inputs) + len(call.outputs)) * nbytes / c.ddr)
+    local = Compute(tie_local_bytes(len(call.inputs), nbytes) / c.ddr)  # inputs are outputs
     members = len(dict(call.params)["stages"])
     if members == 1:
         return [local]

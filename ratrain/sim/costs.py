@@ -149,10 +149,16 @@ def norm_seconds(profile: dict, options, algorithm: str | None = None) -> float:
     return collective_seconds(profile, "allreduce", options.world_size, NORM_BYTES, algorithm)
 
 
+def tie_local_bytes(copies: int, nbytes: float) -> float:
+    """NOTE [tied weights]: DDR bytes of a tie_sum on a stage holding `copies` copies of
+    an `nbytes` gradient: each copy read for the sum and written with it."""
+    return 2 * copies * nbytes
+
+
 def tie_sum_seconds(profile: dict, nbytes: float, members: int,
                     algorithm: str | None = None) -> float:
     """NOTE [tied weights]: all-reduce a tied weight's gradient sum over its `members`
-    tie stages (the local adds and copies are the caller's DDR bytes)."""
+    tie stages (blocking, alone on the link)."""
     return collective_seconds(profile, "allreduce", members, nbytes, algorithm)
 
 
@@ -179,18 +185,23 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
                                                                    o.zero >= 1), o.precision),
         Kind.PREF: prefetch,
         Kind.NORM: lambda t: norm_seconds(profile, o),
-        Kind.TIE: lambda t: _tie_seconds(program, profile),
+        Kind.TIE: lambda t: _tie_seconds(program, profile, t.stage),
         **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), gather),
     }
     return lambda task: table[task.kind](task) if task.kind in table else 0.0
 
 
-def _tie_seconds(program, profile: dict) -> float:
-    """NOTE [tied weights]: add the copies of each tied weight's gradient, all-reduce the
-    sum over the tie stages."""
-    nbytes = sum(4 * program.graph.param_types()[w.name].size for w in tied_weights(program))
-    return 3 * nbytes / profile["ddr_bandwidth"] + \
-        tie_sum_seconds(profile, nbytes, len(tie_stages(program)))
+def _tie_seconds(program, profile: dict, stage: int) -> float:
+    """NOTE [tied weights]: per tied weight, add the stage's copies of its gradient and
+    all-reduce the sum over the tie stages (one tie_sum call each, passes/lower_state.py)."""
+    seconds, members = 0.0, len(tie_stages(program))
+    for w in tied_weights(program):
+        copies = sum(program.stage_of_layer(l) == stage for l in w.layers)
+        nbytes = 4 * program.graph.param_types()[w.name].size
+        if copies:
+            seconds += tie_local_bytes(copies, nbytes) / profile["ddr_bandwidth"] + \
+                tie_sum_seconds(profile, nbytes, members)
+    return seconds
 
 
 def _recomputed_in_backward(program, task: Task, layer: int) -> int:

@@ -10,6 +10,7 @@ from ratrain import models
 from ratrain.cli_compile import compile_graph, trace_for
 from ratrain.cluster.volume import _call_bytes
 from ratrain.hw import load_profile
+from ratrain.ir.tasks import Kind
 from ratrain.passes import buffers, lower_state
 from ratrain.passes.buffers import layer_param_count
 from ratrain.passes.program import CompileOptions
@@ -19,7 +20,7 @@ from ratrain.sim import costs as costs_module
 from ratrain.sim.calls import ProfileCosts
 from ratrain.sim.costs import (collective_seconds, norm_seconds, sync_seconds,
                                task_cost_model, update_bytes)
-from ratrain.sim.steps import Compute, Send, Start, WorldSum
+from ratrain.sim.steps import Compute, Send, Start, TieSum, WorldSum
 
 # mt3000 without measured op costs, its link slow enough that bytes matter; a large latency
 # makes `tree` and `auto` differ from `ring` for the tiny model's gradients
@@ -30,10 +31,10 @@ ALGORITHMS = {"ring": MT3000 | {"collective_algorithm": "ring"},
 
 
 @lru_cache(maxsize=None)
-def compiled(**flags):
+def compiled(model="tiny", **flags):
     options = CompileOptions(micro_batches=2, micro_batch_size=2, seq_len=32,
                              schedule="baseline", **flags)
-    return compile_graph(trace_for(models.get_config("tiny"), "tiny", options), options)[0]
+    return compile_graph(trace_for(models.get_config(model), model, options), options)[0]
 
 
 def _task(program, text: str):
@@ -121,6 +122,21 @@ def test_prefetch_costs_the_same_in_dry_run_simulator_and_planner(flags, in_plac
     plan = StagePlan(local_grads=True, level="none", lowered=0, need={})
     estimate = _StageModel(Estimator(profile), program, 1, plan)
     assert estimate.prefetch == pytest.approx(sum(simulated), rel=1e-12)
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_tie_costs_the_same_in_dry_run_and_simulator(pp):
+    """NOTE [tied weights]: one stage adds both copies in place; two stages add their
+    copy each and all-reduce the sum."""
+    profile, program = ALGORITHMS["tree"], compiled("tiny-tied", pp=pp, dp=2)
+    costs, dry_run = ProfileCosts(program, profile), task_cost_model(program, profile)
+    ties = [t for ts in program.tasks.values() for t in ts if t.kind == Kind.TIE]
+    assert len(ties) == pp
+    for tie in ties:
+        steps = costs.steps(tie)
+        seconds = sum(s.seconds for s in steps if isinstance(s, (Compute, TieSum)))
+        assert any(isinstance(s, TieSum) for s in steps) == (pp > 1)
+        assert dry_run(tie) == pytest.approx(seconds, rel=1e-12)
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
