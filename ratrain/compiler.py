@@ -108,7 +108,7 @@ def recompile(manifest: dict, instance: int | None = None):
 def simulate(program, profile: dict):
     """dry_run of the stage task lists with the profile's cost model (seconds); a
     periodic program's whole step, each repeated task costed as the one it repeats."""
-    from ratrain.hw import task_cost_model
+    from ratrain.sim.costs import task_cost_model
     from ratrain.passes.dryrun import dry_run
     from ratrain.passes.periodic_program import expanded_schedule
     schedule, base = expanded_schedule(program)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ratrain.calibrate.case import Case
-from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
+from ratrain.sim.costs import UPDATE_BYTES_PER_PARAM
 from ratrain.optim import AdamW
 from ratrain.program_format.lowered import Call, Slot
 from ratrain.passes.program import CompileOptions

@@ -138,7 +138,7 @@ def reject_program_options(args) -> None:
 
 
 def write_pictures(program, profile: dict, args) -> None:
-    from ratrain.hw import task_cost_model
+    from ratrain.sim.costs import task_cost_model
     from ratrain.passes.plots import memory_png, schedule_png
     if args.schedule_png:
         bars = schedule_png(program, args.schedule_png, cost=task_cost_model(program, profile))

@@ -79,7 +79,7 @@ def check_checkpoint_options(args, save_dir_given: bool = True) -> None:
 
 
 # ---- ratrain train -----------------------------------------------------------------------------
-# The checks of its inputs, the layout rules and the run directory: cli_train_inputs.py.
+# The checks of its inputs, the layout rules and the run directory: cli/train_inputs.py.
 
 def compile_options(args, config: dict, layout):
     """CompileOptions of a train run (the compile command's rules for unset flags)."""

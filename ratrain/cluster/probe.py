@@ -20,6 +20,7 @@ from mpi4py import MPI  # noqa: E402
 
 from ratrain.calibrate.probe import ping_pong  # noqa: E402
 from ratrain.rt.comm import Communicators, ProgressAgent  # noqa: E402
+from ratrain.sim.collectives import collective_cost  # noqa: E402
 
 MESSAGE = 4 << 20                       # bytes of one all-reduce (a layer's gradient)
 
@@ -39,7 +40,7 @@ def allreduce_bandwidth(world, rounds: int = 3) -> float:
         start = time.perf_counter()
         world.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
         best = min(best, time.perf_counter() - start)
-    return 2 * (n - 1) / n * MESSAGE / best
+    return collective_cost("allreduce", n, MESSAGE, 0.0, 1.0, "ring").nbytes / best
 
 
 class Kernel:

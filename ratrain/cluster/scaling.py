@@ -18,7 +18,7 @@ RANK_THREADS = 1                        # one rank per core on the cluster
 def rank_compute_rate(profile: dict, threads: int = RANK_THREADS) -> float:
     """Sustained FLOP/s of one rank running `threads` threads (the profile's measured
     entry for that count, if any)."""
-    from ratrain.hw.profiles import compute_rate
+    from ratrain.sim.costs import compute_rate
     narrowed = {**profile, **profile.get("threads", {}).get(str(threads), {})}
     return compute_rate(narrowed, profile.get("default_precision", "fp32"))
 

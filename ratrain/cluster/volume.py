@@ -1,16 +1,17 @@
 """Planned communication volume: the bytes each rank of a compiled program puts on its
 link per training step, read from the per-stage rows the runtime walks (code/
 stage<N>.tasks.json, a periodic program's expanded): pipeline SENDs and the DP collectives
-with the algorithm's bytes per member.
-The cluster's traffic test compares it with what the link's qdisc counted.
+with the algorithm's bytes per member. The cluster's traffic test compares it with what
+the link's qdisc counted.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from ratrain.program_format.codec import read_runtime, read_stage_rows
 from ratrain.program_format.table import PythonStep, expanded_rows
+from ratrain.sim.collectives import collective_cost
+from ratrain.sim.costs import gather_bytes, scatter_bytes
 
 
 # NOTE [collective bytes]: what one member of an n-member group sends, for S bytes of
@@ -19,30 +20,26 @@ from ratrain.program_format.table import PythonStep, expanded_rows
 # (ring, recursive doubling or halving, Rabenseifner) sends exactly these bytes: the
 # two members swap either the whole buffer or its halves. Larger groups need the
 # library's choice per size; the cluster tests and bench use two ranks.
-PHASES = {"allreduce": 2, "reduce_scatter": 1, "allgather": 1}
+# The bytes are the ring's of sim/collectives.py, whatever the profile's algorithm.
 
 
 def collective_bytes(op: str, members: int, nbytes: float) -> float:
     """Bytes one member sends (NOTE [collective bytes])."""
-    return 0.0 if members <= 1 else PHASES[op] * (members - 1) / members * nbytes
-
-
-def slot_bytes(slot) -> int:
-    return slot.nbytes
+    return collective_cost(op, members, nbytes, 0.0, 1.0, "ring").nbytes
 
 
 def _call_bytes(call, options) -> float:
     """Bytes a lowered runtime call sends from this rank (0 for local calls)."""
     params, dp = dict(call.params), options.dp
     if call.op == "send":
-        return slot_bytes(call.inputs[0])
+        return call.inputs[0].nbytes
     if call.op == "grad_sync" and params["op"] != "wait":
-        return collective_bytes(params["op"], dp, slot_bytes(call.inputs[0]))
-    if call.op == "grad_scatter":  # fp32 concatenation of the micro-batch's gradients
-        return collective_bytes("reduce_scatter", dp,
-                                4 * sum(math.prod(s.shape) for s in call.inputs))
-    if call.op == "prefetch_view" and params["gather"]:
-        return collective_bytes("allgather", dp, dp * slot_bytes(call.inputs[0]))
+        return collective_bytes(params["op"], dp, call.inputs[0].nbytes)
+    if call.op == "grad_scatter":
+        return collective_bytes("reduce_scatter", dp, scatter_bytes(call))
+    if (call.op == "prefetch_view" and params["gather"] and not params.get("redo")) or \
+            call.op == "gather_view":
+        return collective_bytes("allgather", dp, gather_bytes(call, dp))
     if call.op == "global_norm":  # one float64 summed over the world
         return collective_bytes("allreduce", options.pp * dp, 8)
     return 0.0
@@ -81,5 +78,5 @@ def message_bytes(program_dir) -> dict[str, int]:
         for task, steps, _ in expanded_rows(stage_rows):
             for step in steps:
                 if isinstance(step, PythonStep) and step.call.op == "send":
-                    sizes[str(task)] = slot_bytes(step.call.inputs[0])
+                    sizes[str(task)] = step.call.inputs[0].nbytes
     return sizes

@@ -277,7 +277,7 @@ def cotangent_slots(kinds: list, last_stage: bool) -> int:
     return min(2, passed)
 
 
-def _message_bytes(program, stage: int) -> int:
+def message_bytes(program, stage: int) -> int:
     """Bytes of the activation stage `stage` sends on (its last layer's output)."""
     return program.layer_cost(program.stages[stage][-1]).output_bytes
 
@@ -288,7 +288,7 @@ def _forward(program, task: Task) -> Effects:
     creates = [Buffer(f"act.L{l}.mb{m}", "activations", residual_split(program, l, m)[0])
                for l in layers]
     if s < last:
-        creates.append(Buffer(f"out.mb{m}", "comm", _message_bytes(program, s)))
+        creates.append(Buffer(f"out.mb{m}", "comm", message_bytes(program, s)))
     creates.append(Buffer(f"ws.{task}", "workspace", workspace_bytes(program, s, "fwd")))
     reads = [view_buffer(program, task, l) for l in layers] + ([f"in.mb{m}"] if s > 0 else [])
     return Effects(tuple(creates), tuple(reads))
@@ -311,7 +311,7 @@ def _backward(program, task: Task) -> Effects:
     if _syncs_inside_backward(program) and m == program.micro_batches - 1:
         creates += [_shard_of(program, l) for l in layers if l not in program.scatter_grads]
     if s > 0:
-        creates.append(Buffer(f"gout.mb{m}", "comm", _message_bytes(program, s - 1)))
+        creates.append(Buffer(f"gout.mb{m}", "comm", message_bytes(program, s - 1)))
     creates.append(Buffer(f"ws.{task}", "workspace", backward_workspace(program, s, m)[1]))
     reads = [view_buffer(program, task, l) for l in layers] + \
         [f"act.L{l}.mb{m}" for l in layers]
@@ -391,9 +391,9 @@ _EFFECTS = {
     Kind.SEND_F: lambda p, t: Effects((), (f"out.mb{t.micro_batch}",)),
     Kind.SEND_B: lambda p, t: Effects((), (f"gout.mb{t.micro_batch}",)),
     Kind.POST_F: lambda p, t: Effects(
-        (Buffer(f"in.mb{t.micro_batch}", "comm", _message_bytes(p, t.stage - 1)),), ()),
+        (Buffer(f"in.mb{t.micro_batch}", "comm", message_bytes(p, t.stage - 1)),), ()),
     Kind.POST_B: lambda p, t: Effects(
-        (Buffer(f"gin.mb{t.micro_batch}", "comm", _message_bytes(p, t.stage)),), ()),
+        (Buffer(f"gin.mb{t.micro_batch}", "comm", message_bytes(p, t.stage)),), ()),
     Kind.RECV_F: lambda p, t: Effects((), (f"in.mb{t.micro_batch}",)),
     Kind.RECV_B: lambda p, t: Effects((), (f"gin.mb{t.micro_batch}",)),
     Kind.NORM: _norm,

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from ratrain.ir.tasks import Kind, Task
 from ratrain.passes.buffers import recovers_in_backward, stage_recovers_in_backward
+from ratrain.passes.residuals import recompute_flops
 
 
 def _recomputable(program) -> set[int]:
@@ -109,7 +110,6 @@ def _auto_stage(program, stage: int):
 
 
 def _flops(program, choices: dict) -> int:
-    from ratrain.hw.profiles import recompute_flops
     chosen = replace(program, recompute=choices)
     return sum(recompute_flops(chosen, l, m) for l, m in choices)
 

@@ -1,12 +1,13 @@
 """Which of a layer kind's forward values (residuals) survive from F to B under each
-recovery policy, and which forward nodes rebuild the dropped ones. insert_recovery chooses
-the policy per (layer, micro-batch); buffers sizes what is kept, lower emits the rebuild,
-and the planner estimates both.
+recovery policy, which forward nodes rebuild the dropped ones, and the FLOPs a rebuild
+spends. insert_recovery chooses the policy per (layer, micro-batch); buffers sizes what is
+kept, lower emits the rebuild, and the planner and the cost model estimate both.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 
+from ratrain.ir.costs import node_flops
 from ratrain.ir.rules import lookup_rule
 
 
@@ -48,3 +49,17 @@ def nodes_rebuilding(graph, targets: set, available: set) -> list:
         needed.append(node)
         wanted |= {x.id for x in node.inputs if hasattr(x, "id") and x.id not in available}
     return needed[::-1]
+
+
+def recompute_flops(program, layer: int, micro_batch: int) -> int:
+    """FLOPs a REC spends: the whole forward under full recompute; under selective only
+    the non-GEMM ops (GEMM outputs are kept, see kept_mask)."""
+    mode = program.recompute.get((layer, micro_batch), "full")
+    kind = program.graph.kinds[program.graph.layers[layer].kind]
+    return _forward_flops(kind.fwd, skip_gemm=mode == "selective")
+
+
+@lru_cache(maxsize=64)
+def _forward_flops(graph, skip_gemm: bool) -> int:
+    return sum(node_flops(n) for n in graph.nodes
+               if not (skip_gemm and _is_gemm(n)))

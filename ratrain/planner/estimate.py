@@ -5,8 +5,9 @@ The planner compiles and simulates only the few candidates these estimates rank 
 persistent state of buffers.py, gradient buffers, activations in flight, one
 micro-batch's recomputed residuals, messages, the backward workspace) and the choices
 choose_grad_accumulation and insert_recovery(auto) will make. Time reuses the
-simulator's per-node roofline (sim/kernels.py) and collective costs (sim/collectives.py)
-on a 1F1B timeline. Reported step times are the simulator's; this orders the search.
+simulator's per-node roofline (sim/kernels.py) and the one cost model's collective,
+update and cast costs (sim/costs.py) on a 1F1B timeline. Reported step times are the
+simulator's; this orders the search.
 """
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
-from ratrain.passes.buffers import (CATEGORIES, backward_workspace, layer_param_count,
-                                    persistent_buffers, recovers_in_backward,
-                                    shard_elements, undo_buffer)
+from ratrain.passes.buffers import (CATEGORIES, backward_workspace, gathers_in_place,
+                                    layer_param_count, message_bytes, persistent_buffers,
+                                    recovers_in_backward, shard_elements, undo_buffer)
 from ratrain.passes.residuals import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
-from ratrain.sim.collectives import collective_cost
+from ratrain.sim.costs import (collective_seconds, local_params, message_seconds,
+                               norm_seconds, sync_seconds, update_bytes, view_cast_bytes,
+                               view_gather)
 from ratrain.sim.kernels import graph_seconds
 
 LEVELS = ("none", "selective", "full")  # recompute levels, least recompute first
@@ -102,12 +104,12 @@ class Estimator:
 def stage_bytes(est: Estimator, program, stage: int, level: str, local: bool) -> dict[str, int]:
     """Bytes of the stage at its peak, by plan_memory's CATEGORIES, with every decoder
     pair recomputed at `level` and full (`local`) or sharded fp32 gradients."""
-    o, layers = program.options, program.stages[stage]
+    layers = program.stages[stage]
     need = dict.fromkeys(CATEGORIES, 0)
     for b in persistent_buffers(program, stage):
         need[b.category] += b.nbytes
-    need["grads"] = sum(4 * n if local else 4 * -(-n // o.dp)
-                        for n in (layer_param_count(program, l) for l in layers))
+    need["grads"] = sum(4 * shard_elements(layer_param_count(program, l), program, not local)
+                        for l in layers)
     decoder = [program.graph.layers[l].kind == "decoder" for l in layers]
     times = [est.times(program, l) for l in layers]
     kept = sum(t.kept[level if d else "none"] for t, d in zip(times, decoder))
@@ -152,8 +154,9 @@ def _sync_need(program, stage: int, need: dict, local: bool, one_micro_batch: in
     with that B's activations (`one_micro_batch`), messages and workspace."""
     if program.options.zero < 2 or not local:
         return need
-    full = [4 * layer_param_count(program, l) for l in reversed(program.stages[stage])]
-    shard = [4 * -(-(n // 4) // program.options.dp) for n in full]
+    counts = [layer_param_count(program, l) for l in reversed(program.stages[stage])]
+    full = [4 * n for n in counts]
+    shard = [4 * shard_elements(n, program, True) for n in counts]
     persistent = {c: b for c, b in need.items() if c in ("params", "optimizer", "views")}
     if program.options.schedule == "ratrain":
         return {**dict.fromkeys(CATEGORIES, 0), **persistent, "grads": sum(full) + sum(shard),
@@ -172,8 +175,7 @@ def _message_bytes(program, stage: int) -> int:
     stage (whose output is the loss) the previous stage's."""
     if program.options.pp == 1:
         return 0
-    sender = stage if stage < program.options.pp - 1 else stage - 1
-    return program.layer_cost(program.stages[sender][-1]).output_bytes
+    return message_bytes(program, stage if stage < program.options.pp - 1 else stage - 1)
 
 
 def _stage_plan(est: Estimator, program, stage: int) -> StagePlan:
@@ -223,7 +225,7 @@ class _StageModel:
         params = [layer_param_count(program, l) for l in layers]
         itemsize = np.dtype(program.graph.dtype).itemsize
         ddr, bandwidth = p["ddr_bandwidth"], p["link_bandwidth"]
-        reduce = lambda n: _port_seconds(p, "reduce_scatter", o.dp, 4 * n)
+        reduce = lambda n: collective_seconds(p, "reduce_scatter", o.dp, 4 * n)
         message, sends = _message_bytes(program, stage), _neighbours(program, stage)
         self.forward = sum(t.forward for t in times)
         self.backward = sum(t.backward for t in times)
@@ -236,37 +238,44 @@ class _StageModel:
                         + 2 * sends * message / ddr)
         self.port = sends * message / bandwidth + (0.0 if plan.local_grads else
                                                    sum(map(reduce, params)))
-        self.message = p["link_latency"] + message / bandwidth
-        self._add_view_gathers(p, o, params, itemsize)
-        op = "reduce_scatter" if o.zero >= 2 else "allreduce"
+        self.message = message_seconds(p, message)
+        self._add_view_gathers(p, program, layers)
         # what is left to reduce after the last B: under scatter its last reduce-scatter
-        # (the stage's first layer), else every layer's
+        # (the stage's first layer), else every layer's SYNC
         self.sync = (reduce(params[0]) if not plan.local_grads else
-                     sum(_port_seconds(p, op, o.dp, 4 * n) for n in params))
-        shard = lambda n: n / o.dp if o.zero >= 1 else n
-        self.update = sum(UPDATE_BYTES_PER_PARAM * shard(n) for n in params) / ddr
+                     sum(sync_seconds(p, o, n) for n in params))
+        self.update = sum(update_bytes(local_params(n, o)) for n in params) / ddr
         self.prefetch = 0.0 if o.zero == 3 else \
-            sum(_port_seconds(p, "allgather", o.dp, itemsize * n) if o.zero >= 1 else
-                (4 + itemsize) * n / ddr for n in params)
+            sum(sum(_view_gather_seconds(p, program, l, gathers_in_place(program, l)))
+                if o.zero >= 1 else view_cast_bytes(n, itemsize) / ddr
+                for l, n in zip(layers, params))
 
-    def _add_view_gathers(self, p: dict, o, params: list[int], itemsize: int) -> None:
+    def _add_view_gathers(self, p: dict, program, layers) -> None:
         """NOTE [ZeRO-3 lifecycle]: every micro-batch gathers each layer's view for its F
         and again for its B (shared gathers ignored): on the port, overlapping compute
-        when prefetched, else waited for before each use; the shard casts in DDR."""
+        when prefetched, else waited for before each use; the shard casts and the copies
+        into the views in DDR."""
+        o = program.options
         if o.zero != 3:
             return
-        gathers = 2 * sum(_port_seconds(p, "allgather", o.dp, itemsize * n) for n in params)
-        self.compute += 2 * sum((4 + itemsize) * n / o.dp for n in params) / p["ddr_bandwidth"]
+        ddr, port = zip(*(_view_gather_seconds(p, program, l, in_place=False) for l in layers))
+        gathers = 2 * sum(port)
+        self.compute += 2 * sum(ddr)
         if o.zero3_prefetch == 0:
             self.compute += gathers
         else:
             self.port += gathers
 
 
-def _port_seconds(profile: dict, op: str, members: int, nbytes: float) -> float:
-    cost = collective_cost(op, members, nbytes, profile["link_latency"],
-                           profile["link_bandwidth"], profile.get("collective_algorithm", "ring"))
-    return cost.latency + cost.nbytes / profile["link_bandwidth"]
+def _view_gather_seconds(profile: dict, program, layer: int, in_place: bool):
+    """(DDR seconds, port seconds) of building the layer's view from the DP group's
+    master shards (costs.view_gather, as the simulator's PREF and gather_view)."""
+    itemsize = np.dtype(program.graph.dtype).itemsize
+    params = layer_param_count(program, layer)
+    g = view_gather(shard_elements(params, program, True), itemsize, program.options.dp,
+                    itemsize * params, in_place)
+    return ((g.cast + g.unpack) / profile["ddr_bandwidth"],
+            collective_seconds(profile, "allgather", program.options.dp, g.gathered))
 
 
 def _recompute_per_micro_batch(program, stage: int, times, plan: StagePlan) -> float:
@@ -298,9 +307,8 @@ def _step(stages: list[_StageModel], program, profile: dict) -> float:
     else:
         tails = [s.update + s.prefetch for s in stages]
     if commits_updates(o):  # updates before the norm, which ends the step (NOTE [commit rule])
-        world = _port_seconds(profile, "allreduce", o.world_size, 8)
-        return max(a + b for a, b in zip(synced, tails)) + world
+        return max(a + b for a, b in zip(synced, tails)) + norm_seconds(profile, o)
     if needs_global_norm(o):
-        world = _port_seconds(profile, "allreduce", o.world_size, 8)
+        world = norm_seconds(profile, o)
         return max(synced) + world + max(tails)
     return max(a + b for a, b in zip(synced, tails))

@@ -8,31 +8,23 @@ rule), so the overlap is the runtime's, no more.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
 
-from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, counterpart
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, note_layer, rollback_only
 from ratrain.sim.collectives import collective_cost
-from ratrain.sim.kernels import fitted_seconds, graph_seconds, op_costs
+from ratrain.sim.costs import (memory_seconds, norm_seconds, scatter_bytes, slot_elements,
+                               tie_local_bytes, tie_sum_seconds, update_seconds, view_gather)
+from ratrain.sim.kernels import graph_seconds
 from ratrain.sim.residency import cold_fractions
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
                                WorldSum, posted_receive, send_channel)
 
 ASYNC_CALLS = ("grad_sync", "grad_scatter", "prefetch_view", "gather_view")
-
-
-def slot_bytes(slot) -> int:
-    return slot.nbytes
-
-
-def slot_elements(slot) -> int:
-    return math.prod(slot.shape)
 
 
 def _slots(values) -> list:
@@ -42,8 +34,8 @@ def _slots(values) -> list:
 def _moved_bytes(call) -> int:
     """A memory-bound runtime call reads its inputs and writes its outputs once;
     accumulating into a gradient (`first` false) also reads the target."""
-    reads = sum(slot_bytes(s) for s in _slots(call.inputs))
-    writes = sum(slot_bytes(s) for s in call.outputs)
+    reads = sum(s.nbytes for s in _slots(call.inputs))
+    writes = sum(s.nbytes for s in call.outputs)
     if call.op == "accumulate_grad" and not dict(call.params)["first"]:
         reads += writes
     return reads + writes
@@ -214,10 +206,8 @@ class ProfileCosts:
     # ---- collectives --------------------------------------------------------------------
 
     def memory_seconds(self, op: str, nbytes: float) -> float:
-        """A memory-bound runtime call moving `nbytes`: the profile's measured cost of `op`
-        (`ratrain calibrate` times the runtime's own calls), else DDR bandwidth."""
-        measured = op_costs(self.profile, self.options.precision, op)
-        return nbytes / self.ddr if measured is None else fitted_seconds(measured, 0, nbytes)
+        """A memory-bound runtime call moving `nbytes` (costs.memory_seconds)."""
+        return memory_seconds(self.profile, self.options.precision, op, nbytes)
 
     def collective(self, op: str, nbytes: float, members: int, buffers, finish: float,
                    what: str) -> list[Step]:
@@ -234,23 +224,20 @@ class ProfileCosts:
         return [Compute(nbytes * self.host_cost)] if self.host_cost and nbytes else []
 
     def world_sum_seconds(self) -> float:
-        p = self.profile
-        cost = collective_cost("allreduce", self.options.world_size, 8, p["link_latency"],
-                               p["link_bandwidth"], self.algorithm)
-        return cost.latency + cost.nbytes / p["link_bandwidth"]
+        return norm_seconds(self.profile, self.options, self.algorithm)
 
 
 # ---- runtime calls (rt/calls.py), one handler each ------------------------------------------
 
 def _send(c: ProfileCosts, task, call) -> list[Step]:
-    nbytes = slot_bytes(call.inputs[0])
+    nbytes = call.inputs[0].nbytes
     return [Compute(2 * nbytes / c.ddr),  # the runtime sends a copy of the arena slot
             Send(counterpart(task), send_channel(task), c.profile["link_latency"], nbytes),
             *c.host_steps(nbytes)]
 
 
 def _wait_recv(c: ProfileCosts, task, call) -> list[Step]:
-    return [Recv(task), *c.host_steps(sum(slot_bytes(s) for s in call.outputs))]
+    return [Recv(task), *c.host_steps(sum(s.nbytes for s in call.outputs))]
 
 
 def _grad_sync(c: ProfileCosts, task, call) -> list[Step]:
@@ -258,7 +245,7 @@ def _grad_sync(c: ProfileCosts, task, call) -> list[Step]:
     if op == "wait":  # reduce-scattered inside every B: the UPD waits for the last one
         return []
     grad, out = call.inputs[0], call.outputs[0]
-    nbytes, out_bytes = slot_bytes(grad), slot_bytes(out)
+    nbytes, out_bytes = grad.nbytes, out.nbytes
     # finish: the sum (or this rank's part of it) divided by dp, written to `out`
     return c.collective(op, nbytes, c.options.dp, {grad.buffer, out.buffer},
                         c.memory_seconds("grad_sync", 2 * out_bytes), f"{op} L{task.layer}")
@@ -267,19 +254,18 @@ def _grad_sync(c: ProfileCosts, task, call) -> list[Step]:
 def _grad_scatter(c: ProfileCosts, task, call) -> list[Step]:
     """Concatenate one micro-batch's gradients in fp32, reduce-scatter them, then add
     this rank's part into its shard (NOTE [gradient accumulation])."""
-    elements = sum(slot_elements(s) for s in call.inputs)
-    shard = call.outputs[0]
-    concat = sum(slot_bytes(s) for s in call.inputs) + 4 * elements
+    shard, fp32 = call.outputs[0], scatter_bytes(call)
+    concat = sum(s.nbytes for s in call.inputs) + fp32
     return [Compute(concat / c.ddr),
-            *c.collective("reduce_scatter", 4 * elements, c.options.dp, {shard.buffer},
-                          3 * slot_bytes(shard) / c.ddr,
+            *c.collective("reduce_scatter", fp32, c.options.dp, {shard.buffer},
+                          3 * shard.nbytes / c.ddr,
                           f"reduce_scatter {call.note} mb{task.micro_batch}")]
 
 
 def _owned_bytes(c: ProfileCosts, grads) -> float:
     """Bytes of the gradient part this rank counts in the norm: its shard under ZeRO-2,
     1/dp of a full gradient otherwise."""
-    return sum(slot_bytes(s) if s.buffer.startswith("gshard") else slot_bytes(s) / c.options.dp
+    return sum(s.nbytes if s.buffer.startswith("gshard") else s.nbytes / c.options.dp
                for s in grads)
 
 
@@ -289,7 +275,7 @@ def _global_norm(c: ProfileCosts, task, call) -> list[Step]:
     the shares already: only the world sum is left (NOTE [commit rule])."""
     if "layers" in dict(call.params):
         return [WorldSum(c.world_sum_seconds())]
-    unscale = 2 * sum(slot_bytes(s) for s in call.outputs)
+    unscale = 2 * sum(s.nbytes for s in call.outputs)
     checks = 2 if call.outputs else 1
     return [Compute((checks * _owned_bytes(c, call.inputs) + unscale) / c.ddr),
             WorldSum(c.world_sum_seconds())]
@@ -298,30 +284,30 @@ def _global_norm(c: ProfileCosts, task, call) -> list[Step]:
 def _tie_sum(c: ProfileCosts, task, call) -> list[Step]:
     """NOTE [tied weights]: add this stage's copies, all-reduce the sum with the other tie
     stages (blocking, over the pipeline link) and write it into every copy."""
-    nbytes = slot_bytes(call.inputs[0])
-    local = Compute((len(call.inputs) + len(call.outputs)) * nbytes / c.ddr)
+    nbytes = call.inputs[0].nbytes
+    local = Compute(tie_local_bytes(len(call.inputs), nbytes) / c.ddr)  # inputs are outputs
     members = len(dict(call.params)["stages"])
     if members == 1:
         return [local]
     p = c.profile
-    cost = collective_cost("allreduce", members, nbytes, p["link_latency"], p["link_bandwidth"],
-                           c.algorithm)
-    return [local, TieSum(cost.latency + cost.nbytes / p["link_bandwidth"]),
-            *c.host_steps(2 * cost.nbytes)]
+    port = collective_cost("allreduce", members, nbytes, p["link_latency"], p["link_bandwidth"],
+                           c.algorithm).nbytes
+    return [local, TieSum(tie_sum_seconds(p, nbytes, members, c.algorithm)),
+            *c.host_steps(2 * port)]
 
 
 def _adamw(c: ProfileCosts, task, call) -> list[Step]:
     """AdamW; a speculative one (NOTE [commit rule]) also reads its gradient share for the
     norm (twice in fp16: finite check, then squares, and unscales it in place) and copies
     master, m and v into undo.L."""
-    update = c.memory_seconds("adamw", UPDATE_BYTES_PER_PARAM * slot_elements(call.outputs[0]))
+    update = update_seconds(c.profile, slot_elements(call.outputs[0]), c.options.precision)
     params = dict(call.params)
     if not params.get("speculative"):
         return [Compute(update)]
     grad = call.inputs[0]
     scaled = bool(params.get("loss_scale"))
-    share = (2 if scaled else 1) * _owned_bytes(c, (grad,)) + (2 * slot_bytes(grad) if scaled else 0)
-    undo = 2 * sum(slot_bytes(s) for s in call.outputs[3:])
+    share = (2 if scaled else 1) * _owned_bytes(c, (grad,)) + (2 * grad.nbytes if scaled else 0)
+    undo = 2 * sum(s.nbytes for s in call.outputs[3:])
     return [Compute(update + (share + undo) / c.ddr)]
 
 
@@ -331,8 +317,8 @@ def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
     if dict(call.params).get("redo"):
         return []
     if not dict(call.params)["gather"]:
-        view = sum(slot_bytes(s) for s in call.outputs)
-        return [Compute(c.memory_seconds("prefetch_view", slot_bytes(call.inputs[0]) + view))]
+        view = sum(s.nbytes for s in call.outputs)
+        return [Compute(c.memory_seconds("prefetch_view", call.inputs[0].nbytes + view))]
     return _view_gather(c, call, f"allgather L{task.layer}")
 
 
@@ -346,13 +332,12 @@ def _view_gather(c: ProfileCosts, call, label: str) -> list[Step]:
     calls overlap it until one touches the view), and copy the gathered view into place
     when it is waited for, unless it was gathered in place (NOTE [views gathered in
     place], passes/buffers.py)."""
-    master = call.inputs[0]
-    shard = slot_elements(master) * np.dtype(call.outputs[0].dtype).itemsize
-    full, view = shard * c.options.dp, sum(slot_bytes(s) for s in call.outputs)
-    unpack = 0.0 if dict(call.params).get("in_place") else (full + view) / c.ddr
-    return [Compute((slot_bytes(master) + shard) / c.ddr),
-            *c.collective("allgather", full, c.options.dp, {s.buffer for s in call.outputs},
-                          unpack, label)]
+    g = view_gather(slot_elements(call.inputs[0]), np.dtype(call.outputs[0].dtype).itemsize,
+                    c.options.dp, sum(s.nbytes for s in call.outputs),
+                    bool(dict(call.params).get("in_place")))
+    return [Compute(g.cast / c.ddr),
+            *c.collective("allgather", g.gathered, c.options.dp,
+                          {s.buffer for s in call.outputs}, g.unpack / c.ddr, label)]
 
 
 def _memory_bound(c: ProfileCosts, task, call) -> list[Step]:

@@ -229,7 +229,7 @@ def test_too_many_stages_is_one_line(tmp_path, capsys):
 
 def test_task_costs_follow_the_profile():
     from ratrain.compiler import compile_graph, trace_for
-    from ratrain.hw.profiles import task_cost_model
+    from ratrain.sim.costs import task_cost_model
     from ratrain.ir.tasks import Task
     from ratrain.models import get_config
     from ratrain.passes.buffers import layer_param_count

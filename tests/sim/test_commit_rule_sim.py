@@ -9,12 +9,12 @@ import pytest
 from ratrain import models
 from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
-from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.tasks import Kind
 from ratrain.passes.lower_state import state_slots
 from ratrain.passes.program import CompileOptions
 from ratrain.sim import simulate
 from ratrain.sim.calls import ProfileCosts
+from ratrain.sim.costs import UPDATE_BYTES_PER_PARAM
 from ratrain.sim.steps import Compute, WorldSum
 
 PROFILE = load_profile("mt3000") | {"link_bandwidth": 1e9, "op_costs": {}}

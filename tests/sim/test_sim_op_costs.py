@@ -8,12 +8,12 @@ import pytest
 from ratrain import models
 from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
-from ratrain.hw.profiles import UPDATE_BYTES_PER_PARAM
 from ratrain.ir.costs import node_flops
 from ratrain.ir.tasks import parse_task
 from ratrain.passes.program import CompileOptions
 from ratrain.sim import simulate
 from ratrain.sim.calls import ProfileCosts
+from ratrain.sim.costs import UPDATE_BYTES_PER_PARAM
 from ratrain.sim.kernels import fitted_seconds, node_bytes, node_seconds
 from ratrain.sim.simulate import rank_profile
 from ratrain.sim.steps import Compute

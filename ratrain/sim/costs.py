@@ -1,0 +1,212 @@
+"""The one cost model: seconds of a task, a collective or a state update on a profile.
+
+Every place that turns work into seconds calls here: the dry run's `task_cost_model`
+(`ratrain compile --report`, `ratrain inspect --schedule-png`), the simulator's runtime
+calls (calls.py) and the planner's closed-form estimate (planner/estimate.py). It reads
+compiled Programs, so it sits above passes; hw/ only loads the profiles it is given.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ratrain.ir.tasks import Kind, Task
+from ratrain.passes.buffers import (gathers_in_place, layer_param_count, message_bytes,
+                                    recovers_in_backward, shard_elements)
+from ratrain.passes.residuals import recompute_flops
+from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
+from ratrain.sim.collectives import collective_cost
+from ratrain.sim.kernels import fitted_seconds, op_costs, peak_flops
+
+# Bytes the AdamW update moves per parameter: read grad (4), read+write master (8) and
+# the two moments (16).
+UPDATE_BYTES_PER_PARAM = 28
+NORM_BYTES = 8  # the global norm sums one float64 over the world
+
+
+def compute_rate(profile: dict, precision: str) -> float:
+    """FLOP/s a layer's kernels reach: the precision's peak times the GEMM efficiency."""
+    return peak_flops(profile, precision) * profile["gemm_efficiency"]
+
+
+def profile_algorithm(profile: dict) -> str:
+    """How the profile's DP collectives are costed (sim/collectives.py)."""
+    return profile.get("collective_algorithm", "ring")
+
+
+def collective_seconds(profile: dict, op: str, members: int, nbytes: float,
+                       algorithm: str | None = None) -> float:
+    """Seconds of `op` (allreduce, reduce_scatter, allgather) of `nbytes` over `members`
+    ranks alone on the link: its latencies plus the bytes one member's port sends."""
+    cost = collective_cost(op, members, nbytes, profile["link_latency"],
+                           profile["link_bandwidth"], algorithm or profile_algorithm(profile))
+    return cost.latency + cost.nbytes / profile["link_bandwidth"]
+
+
+def message_seconds(profile: dict, nbytes: float) -> float:
+    """One pipeline message of `nbytes` between neighbour stages."""
+    return profile["link_latency"] + nbytes / profile["link_bandwidth"]
+
+
+def memory_seconds(profile: dict, precision: str, op: str, nbytes: float) -> float:
+    """A memory-bound runtime call moving `nbytes`: the profile's measured cost of `op`
+    (`ratrain calibrate` times the runtime's own calls), else DDR bandwidth."""
+    measured = op_costs(profile, precision, op)
+    return nbytes / profile["ddr_bandwidth"] if measured is None else \
+        fitted_seconds(measured, 0, nbytes)
+
+
+# ---- bytes of a lowered runtime call's collective ---------------------------------------------
+
+def slot_elements(slot) -> int:
+    return math.prod(slot.shape)
+
+
+def scatter_bytes(call) -> int:
+    """A grad_scatter's reduce-scatter input: the micro-batch's gradients concatenated in
+    fp32 (NOTE [gradient accumulation])."""
+    return 4 * sum(slot_elements(s) for s in call.inputs)
+
+
+def gather_bytes(call, dp: int) -> int:
+    """A prefetch_view's or gather_view's all-gather output (view_gather): `dp` master
+    shards cast to the view's dtype first (rt/calls.py), so fp16 views move half the
+    master's bytes."""
+    itemsize = np.dtype(call.outputs[0].dtype).itemsize
+    return view_gather(slot_elements(call.inputs[0]), itemsize, dp, 0, True).gathered
+
+
+# ---- the lifecycle tasks: SYNC, UPD, PREF, NORM --------------------------------------------
+
+def local_params(num_params: float, options) -> float:
+    """Parameters of a layer whose state this rank updates: its 1/dp share under ZeRO."""
+    return num_params / options.dp if options.zero >= 1 else num_params
+
+
+def sync_op(options) -> str:
+    """The collective of a layer's SYNC: ZeRO-2 and 3 reduce-scatter the fp32 gradient."""
+    return "reduce_scatter" if options.zero >= 2 else "allreduce"
+
+
+def sync_seconds(profile: dict, options, num_params: int, algorithm: str | None = None) -> float:
+    """A layer's SYNC of its fp32 gradient over the DP group, alone on the link."""
+    return collective_seconds(profile, sync_op(options), options.dp, 4 * num_params, algorithm)
+
+
+def update_bytes(elements: float) -> float:
+    """DDR bytes one AdamW update of `elements` parameters moves."""
+    return UPDATE_BYTES_PER_PARAM * elements
+
+
+def update_seconds(profile: dict, elements: float, precision: str | None = None) -> float:
+    """One AdamW update of `elements` parameters: measured (with `precision`) or DDR."""
+    if precision is None:
+        return update_bytes(elements) / profile["ddr_bandwidth"]
+    return memory_seconds(profile, precision, "adamw", update_bytes(elements))
+
+
+def view_cast_bytes(elements: float, itemsize: int) -> float:
+    """DDR bytes of casting `elements` fp32 master values into a view of `itemsize`."""
+    return (4 + itemsize) * elements
+
+
+@dataclass(frozen=True)
+class ViewGather:
+    """Building a layer's view from the DP group's master shards (rt/calls.py)."""
+    cast: int                           # DDR bytes: read the fp32 shard, write it cast
+    gathered: int                       # bytes the all-gather delivers: dp cast shards
+    unpack: int                         # DDR bytes of copying them into the view (0 in place)
+
+
+def view_gather(shard: int, itemsize: int, dp: int, view_bytes: int,
+                in_place: bool) -> ViewGather:
+    """Cast the master shard of `shard` elements, all-gather the cast shards and, unless
+    gathered in place (NOTE [views gathered in place], passes/buffers.py), copy them into
+    the `view_bytes` view."""
+    gathered = dp * shard * itemsize
+    return ViewGather(view_cast_bytes(shard, itemsize), gathered,
+                      0 if in_place else gathered + view_bytes)
+
+
+def prefetch_seconds(program, profile: dict, layer: int, in_place: bool,
+                     algorithm: str | None = None) -> float:
+    """A layer's PREF (in_place: as PREF gathers) or ZeRO-3 GATH alone: cast the fp32
+    master to the view's dtype, under ZeRO 1-3 as a view_gather over the DP group."""
+    o, view = program.options, program.layer_cost(layer).param_bytes
+    itemsize, params = np.dtype(program.graph.dtype).itemsize, layer_param_count(program, layer)
+    if o.zero == 0:
+        return memory_seconds(profile, o.precision, "prefetch_view", 4 * params + view)
+    g = view_gather(shard_elements(params, program, True), itemsize, o.dp, view, in_place)
+    return (g.cast + g.unpack) / profile["ddr_bandwidth"] + \
+        collective_seconds(profile, "allgather", o.dp, g.gathered, algorithm)
+
+
+def norm_seconds(profile: dict, options, algorithm: str | None = None) -> float:
+    """The global norm's world-wide sum of one float64."""
+    return collective_seconds(profile, "allreduce", options.world_size, NORM_BYTES, algorithm)
+
+
+def tie_local_bytes(copies: int, nbytes: float) -> float:
+    """NOTE [tied weights]: DDR bytes of a tie_sum on a stage holding `copies` copies of
+    an `nbytes` gradient: each copy read for the sum and written with it."""
+    return 2 * copies * nbytes
+
+
+def tie_sum_seconds(profile: dict, nbytes: float, members: int,
+                    algorithm: str | None = None) -> float:
+    """NOTE [tied weights]: all-reduce a tied weight's gradient sum over its `members`
+    tie stages (blocking, alone on the link)."""
+    return collective_seconds(profile, "allreduce", members, nbytes, algorithm)
+
+
+# ---- the dry run's per-task costs ------------------------------------------------------------
+
+def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
+    """Seconds per task of `program` on `profile` (for dry_run and the pictures): each
+    task alone, F/B/REC at the profile's GEMM rate (the simulator costs the lowered calls)."""
+    o, rate = program.options, compute_rate(profile, program.options.precision)
+    cost = program.layer_cost
+    params = lambda l: layer_param_count(program, l)
+    prefetch = lambda t: prefetch_seconds(program, profile, t.layer,
+                                          gathers_in_place(program, t.layer))
+    gather = lambda t: prefetch_seconds(program, profile, t.layer, in_place=False)
+    table: dict[Kind, Callable[[Task], float]] = {
+        Kind.F: lambda t: sum(cost(l).fwd_flops for l in program.stages[t.stage]) / rate,
+        Kind.B: lambda t: sum(cost(l).bwd_flops + _recomputed_in_backward(program, t, l)
+                              for l in program.stages[t.stage]) / rate,
+        Kind.REC: lambda t: recompute_flops(program, t.layer, t.micro_batch) / rate,
+        Kind.SEND_F: lambda t: message_seconds(profile, message_bytes(program, t.stage)),
+        Kind.SEND_B: lambda t: message_seconds(profile, message_bytes(program, t.stage - 1)),
+        Kind.SYNC: lambda t: sync_seconds(profile, o, params(t.layer)),
+        Kind.UPD: lambda t: update_seconds(profile, shard_elements(params(t.layer), program,
+                                                                   o.zero >= 1), o.precision),
+        Kind.PREF: prefetch,
+        Kind.NORM: lambda t: norm_seconds(profile, o),
+        Kind.TIE: lambda t: _tie_seconds(program, profile, t.stage),
+        **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), gather),
+    }
+    return lambda task: table[task.kind](task) if task.kind in table else 0.0
+
+
+def _tie_seconds(program, profile: dict, stage: int) -> float:
+    """NOTE [tied weights]: per tied weight, add the stage's copies of its gradient and
+    all-reduce the sum over the tie stages (one tie_sum call each, passes/lower_state.py)."""
+    seconds, members = 0.0, len(tie_stages(program))
+    for w in tied_weights(program):
+        copies = sum(program.stage_of_layer(l) == stage for l in w.layers)
+        nbytes = 4 * program.graph.param_types()[w.name].size
+        if copies:
+            seconds += tie_local_bytes(copies, nbytes) / profile["ddr_bandwidth"] + \
+                tie_sum_seconds(profile, nbytes, members)
+    return seconds
+
+
+def _recomputed_in_backward(program, task: Task, layer: int) -> int:
+    """FLOPs B spends rebuilding the layer (NOTE [backward-time recovery])."""
+    if (layer, task.micro_batch) not in program.recompute or \
+            not recovers_in_backward(program, task.stage, task.micro_batch):
+        return 0
+    return recompute_flops(program, layer, task.micro_batch)
