@@ -52,3 +52,13 @@ cdef int cast_f32_to_f16(unsigned short *dst, const float *src, size_t n) noexce
 cdef int cast_f16_to_f32(float *dst, const unsigned short *src, size_t n) noexcept nogil
 cdef int cast_f32_to_bf16(unsigned short *dst, const float *src, size_t n) noexcept nogil
 cdef int cast_bf16_to_f32(float *dst, const unsigned short *src, size_t n) noexcept nogil
+cdef int rt_add_f32(float *out, const float *a, const float *b, size_t n) noexcept nogil
+cdef int rt_add_f16(unsigned short *out, const unsigned short *a, const unsigned short *b, size_t n) noexcept nogil
+cdef int rt_accumulate_set_f32(float *target, const float *value, size_t n) noexcept nogil
+cdef int rt_accumulate_add_f32(float *target, const float *value, size_t n) noexcept nogil
+cdef int rt_accumulate_set_f16(float *target, const unsigned short *value, size_t n) noexcept nogil
+cdef int rt_accumulate_add_f16(float *target, const unsigned short *value, size_t n) noexcept nogil
+cdef int rt_column_sums_f32(float *out, const float *x, size_t rows, size_t cols) noexcept nogil
+cdef int rt_column_sums_f16(unsigned short *out, const unsigned short *x, size_t rows, size_t cols) noexcept nogil
+cdef int rt_mean_into(float *out, const float *x, size_t n) noexcept nogil
+cdef int rt_spread(const float *total, float *out, size_t n) noexcept nogil

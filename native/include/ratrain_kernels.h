@@ -118,4 +118,19 @@ int cast_f16_to_f32(float *dst, const rt_half *src, size_t n);
 int cast_f32_to_bf16(rt_bf16 *dst, const float *src, size_t n);
 int cast_bf16_to_f32(float *dst, const rt_bf16 *src, size_t n);
 
+/* ---- glue between kernels in generated programs (glue.c); fp16 computed in fp32 ---- */
+int rt_add_f32(float *out, const float *a, const float *b, size_t n);
+int rt_add_f16(rt_half *out, const rt_half *a, const rt_half *b, size_t n);
+/* target (fp32) = value, or target += value */
+int rt_accumulate_set_f32(float *target, const float *value, size_t n);
+int rt_accumulate_add_f32(float *target, const float *value, size_t n);
+int rt_accumulate_set_f16(float *target, const rt_half *value, size_t n);
+int rt_accumulate_add_f16(float *target, const rt_half *value, size_t n);
+/* out[c] = sum over rows of x[r, c] (x row-major [rows, cols]) */
+int rt_column_sums_f32(float *out, const float *x, size_t rows, size_t cols);
+int rt_column_sums_f16(rt_half *out, const rt_half *x, size_t rows, size_t cols);
+/* out[0] = mean of x[n] (summed in double); spread: out[i] = total[0] / n */
+int rt_mean_into(float *out, const float *x, size_t n);
+int rt_spread(const float *total, float *out, size_t n);
+
 #endif

@@ -45,6 +45,16 @@ cdef extern from "ratrain_kernels.h" nogil:
     int c_cast_f16_to_f32 "cast_f16_to_f32"(float *dst, const unsigned short *src, size_t n)
     int c_cast_f32_to_bf16 "cast_f32_to_bf16"(unsigned short *dst, const float *src, size_t n)
     int c_cast_bf16_to_f32 "cast_bf16_to_f32"(float *dst, const unsigned short *src, size_t n)
+    int c_rt_add_f32 "rt_add_f32"(float *out, const float *a, const float *b, size_t n)
+    int c_rt_add_f16 "rt_add_f16"(unsigned short *out, const unsigned short *a, const unsigned short *b, size_t n)
+    int c_rt_accumulate_set_f32 "rt_accumulate_set_f32"(float *target, const float *value, size_t n)
+    int c_rt_accumulate_add_f32 "rt_accumulate_add_f32"(float *target, const float *value, size_t n)
+    int c_rt_accumulate_set_f16 "rt_accumulate_set_f16"(float *target, const unsigned short *value, size_t n)
+    int c_rt_accumulate_add_f16 "rt_accumulate_add_f16"(float *target, const unsigned short *value, size_t n)
+    int c_rt_column_sums_f32 "rt_column_sums_f32"(float *out, const float *x, size_t rows, size_t cols)
+    int c_rt_column_sums_f16 "rt_column_sums_f16"(unsigned short *out, const unsigned short *x, size_t rows, size_t cols)
+    int c_rt_mean_into "rt_mean_into"(float *out, const float *x, size_t n)
+    int c_rt_spread "rt_spread"(const float *total, float *out, size_t n)
 
 cdef int gemm_fwd_f16(void *out, int out_dtype, const unsigned short *a, const unsigned short *b, const float *bias, int M, int N, int K, int flags, int threads) noexcept nogil:
     return c_gemm_fwd_f16(out, out_dtype, a, b, bias, M, N, K, flags, threads)
@@ -116,3 +126,23 @@ cdef int cast_f32_to_bf16(unsigned short *dst, const float *src, size_t n) noexc
     return c_cast_f32_to_bf16(dst, src, n)
 cdef int cast_bf16_to_f32(float *dst, const unsigned short *src, size_t n) noexcept nogil:
     return c_cast_bf16_to_f32(dst, src, n)
+cdef int rt_add_f32(float *out, const float *a, const float *b, size_t n) noexcept nogil:
+    return c_rt_add_f32(out, a, b, n)
+cdef int rt_add_f16(unsigned short *out, const unsigned short *a, const unsigned short *b, size_t n) noexcept nogil:
+    return c_rt_add_f16(out, a, b, n)
+cdef int rt_accumulate_set_f32(float *target, const float *value, size_t n) noexcept nogil:
+    return c_rt_accumulate_set_f32(target, value, n)
+cdef int rt_accumulate_add_f32(float *target, const float *value, size_t n) noexcept nogil:
+    return c_rt_accumulate_add_f32(target, value, n)
+cdef int rt_accumulate_set_f16(float *target, const unsigned short *value, size_t n) noexcept nogil:
+    return c_rt_accumulate_set_f16(target, value, n)
+cdef int rt_accumulate_add_f16(float *target, const unsigned short *value, size_t n) noexcept nogil:
+    return c_rt_accumulate_add_f16(target, value, n)
+cdef int rt_column_sums_f32(float *out, const float *x, size_t rows, size_t cols) noexcept nogil:
+    return c_rt_column_sums_f32(out, x, rows, cols)
+cdef int rt_column_sums_f16(unsigned short *out, const unsigned short *x, size_t rows, size_t cols) noexcept nogil:
+    return c_rt_column_sums_f16(out, x, rows, cols)
+cdef int rt_mean_into(float *out, const float *x, size_t n) noexcept nogil:
+    return c_rt_mean_into(out, x, n)
+cdef int rt_spread(const float *total, float *out, size_t n) noexcept nogil:
+    return c_rt_spread(total, out, n)

@@ -104,7 +104,7 @@ def matmul_bwd(call, arg: Arg) -> Emitted:
 def matmul_bias_bwd(call, arg: Arg) -> Emitted:
     dy, db = call.inputs[2], call.outputs[2]
     return Emitted(_matmul_grads(call, arg) + [
-        f"if st == 0: st = column_sums_{_k(call)}({arg(db)}, {arg(dy)}, {_rows(dy.shape)}, "
+        f"if st == 0: st = rt_column_sums_{_k(call)}({arg(db)}, {arg(dy)}, {_rows(dy.shape)}, "
         f"{dy.shape[-1]})"])
 
 
@@ -210,14 +210,14 @@ def cross_entropy(call, arg: Arg) -> Emitted:
     n = _size(targets)
     return Emitted([f"st = crossentropy_fwd_{_k(call)}(SCR, {arg(lse)}, {arg(h)}, {arg(w)}, "
                     f"{arg(targets)}, {n}, {w.shape[0]}, {w.shape[1]}, {CE_CHUNK}, threads)",
-                    f"if st == 0: mean_into({arg(loss)}, SCR, {n})"], n)
+                    f"if st == 0: st = rt_mean_into({arg(loss)}, SCR, {n})"], n)
 
 
 def cross_entropy_bwd(call, arg: Arg) -> Emitted:
     """d loss / d loss[n] = dloss / N for every token (SCR[0:N]); dw staged after it."""
     (h, w, targets, lse, dloss), (dh, dw) = call.inputs, call.outputs
     n = _size(targets)
-    lines = [f"spread({arg(dloss)}, SCR, {n})"]
+    lines = [f"st = rt_spread({arg(dloss)}, SCR, {n})"]
     target, scratch = _f32_target(arg, dw, _size(dw), lines, at=n, adds=_adds_into(call, 1))
     lines.append(f"st = crossentropy_bwd_{_k(call)}({arg(dh)}, {target}, {arg(h)}, {arg(w)}, "
                  f"{arg(targets)}, {arg(lse)}, SCR, {n}, {w.shape[0]}, {w.shape[1]}, "
@@ -229,7 +229,7 @@ def add(call, arg: Arg) -> Emitted:
     (a, b), (out,) = call.inputs, call.outputs
     if not (a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype):
         raise NotImplementedError("add with broadcasting or mixed dtypes")
-    return Emitted([f"st = add_{_k(call)}({arg(out)}, {arg(a)}, {arg(b)}, {_size(out)})"])
+    return Emitted([f"st = rt_add_{_k(call)}({arg(out)}, {arg(a)}, {arg(b)}, {_size(out)})"])
 
 
 def reshape(call, arg: Arg) -> Emitted:
@@ -246,7 +246,7 @@ def accumulate_grad(call, arg: Arg) -> Emitted:
     """target f32 (=|+=) value (f32 or f16)."""
     (value,), (target,) = call.inputs, call.outputs
     mode = "set" if _params(call)["first"] else "add"
-    return Emitted([f"st = accumulate_{mode}_{SUFFIX[value.dtype]}({arg(target)}, "
+    return Emitted([f"st = rt_accumulate_{mode}_{SUFFIX[value.dtype]}({arg(target)}, "
                     f"{arg(value)}, {_size(value)})"])
 
 

@@ -6,109 +6,10 @@ from libc.stdlib cimport malloc
 from ratrain.kernels cimport *
 
 ctypedef int (*function_t)(char *A, const int64_t *o, int threads, int *status) noexcept nogil
-cdef enum:
-    CHUNK = 1024                   # fp32 elements staged per step of the fp16 helpers
 
 cdef float *SCR = <float *>malloc(16 * sizeof(float))   # kernel-side fp32 scratch
 if SCR == NULL:
     raise MemoryError()
-
-
-cdef int add_f32(float *out, const float *a, const float *b, size_t n) noexcept nogil:
-    cdef size_t i
-    for i in range(n):
-        out[i] = a[i] + b[i]
-    return 0
-
-
-cdef int add_f16(unsigned short *out, const unsigned short *a, const unsigned short *b,
-                 size_t n) noexcept nogil:
-    """fp16 + fp16 computed in fp32 and rounded once, as numpy does."""
-    cdef float ta[CHUNK]
-    cdef float tb[CHUNK]
-    cdef size_t at, w, i
-    at = 0
-    while at < n:
-        w = min(<size_t>CHUNK, n - at)
-        cast_f16_to_f32(ta, a + at, w)
-        cast_f16_to_f32(tb, b + at, w)
-        for i in range(w):
-            ta[i] = ta[i] + tb[i]
-        cast_f32_to_f16(out + at, ta, w)
-        at += w
-    return 0
-
-
-cdef int accumulate_set_f32(float *target, const float *value, size_t n) noexcept nogil:
-    memmove(target, value, n * sizeof(float))
-    return 0
-
-
-cdef int accumulate_add_f32(float *target, const float *value, size_t n) noexcept nogil:
-    cdef size_t i
-    for i in range(n):
-        target[i] = target[i] + value[i]
-    return 0
-
-
-cdef int accumulate_set_f16(float *target, const unsigned short *value, size_t n) noexcept nogil:
-    return cast_f16_to_f32(target, value, n)
-
-
-cdef int accumulate_add_f16(float *target, const unsigned short *value, size_t n) noexcept nogil:
-    cdef float t[CHUNK]
-    cdef size_t at, w, i
-    at = 0
-    while at < n:
-        w = min(<size_t>CHUNK, n - at)
-        cast_f16_to_f32(t, value + at, w)
-        for i in range(w):
-            target[at + i] = target[at + i] + t[i]
-        at += w
-    return 0
-
-
-cdef int column_sums_f32(float *out, const float *x, size_t rows, size_t cols) noexcept nogil:
-    cdef size_t r, c
-    memset(out, 0, cols * sizeof(float))
-    for r in range(rows):
-        for c in range(cols):
-            out[c] = out[c] + x[r * cols + c]
-    return 0
-
-
-cdef int column_sums_f16(unsigned short *out, const unsigned short *x, size_t rows,
-                         size_t cols) noexcept nogil:
-    cdef float acc[CHUNK]
-    cdef float t[CHUNK]
-    cdef size_t at, w, r, c
-    at = 0
-    while at < cols:
-        w = min(<size_t>CHUNK, cols - at)
-        memset(acc, 0, w * sizeof(float))
-        for r in range(rows):
-            cast_f16_to_f32(t, x + r * cols + at, w)
-            for c in range(w):
-                acc[c] = acc[c] + t[c]
-        cast_f32_to_f16(out + at, acc, w)
-        at += w
-    return 0
-
-
-cdef void mean_into(float *out, const float *x, size_t n) noexcept nogil:
-    cdef double total = 0
-    cdef size_t i
-    for i in range(n):
-        total += x[i]
-    out[0] = <float>(total / n)
-
-
-cdef void spread(const float *total, float *out, size_t n) noexcept nogil:
-    """d(mean)/d(x[i]) = total / n for every element."""
-    cdef size_t i
-    cdef float each = total[0] / n
-    for i in range(n):
-        out[i] = each
 
 cdef float INV_FREQ_8_edfbb1c1[4]
 INV_FREQ_8_edfbb1c1[0] = 1.0
@@ -133,7 +34,7 @@ cdef int f0(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     # o[11] = act.L{l}.mb{m}:f32[2,8]
     cdef int st = 0
     # cross_entropy_bwd[grad_into=(1, 'add')] float32[2, 8, 32] float32[64, 32] float32[2, 8, 32] float32[64, 32] int32[2, 8] float32[2, 8] float32[]
-    spread(<float *>(A + o[0]), SCR, 16)
+    st = rt_spread(<float *>(A + o[0]), SCR, 16)
     st = crossentropy_bwd_f32(<float *>(A + o[2]), <float *>(A + o[1]), <float *>(A + o[3]), <float *>(A + o[4]), <int32_t *>(A + o[5]), <float *>(A + o[6]), SCR, 16, 64, 32, 4096, threads)
     if st != 0: status[0] = st; return 0
     # rms_norm_bwd[eps=1e-06 grad_into=(1, 'add')] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
@@ -158,7 +59,7 @@ cdef int f1(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     # o[11] = act.L{l}.mb{m}:f32[2,8]
     cdef int st = 0
     # cross_entropy_bwd[grad_into=(1, 'set')] float32[2, 8, 32] float32[64, 32] float32[2, 8, 32] float32[64, 32] int32[2, 8] float32[2, 8] float32[]
-    spread(<float *>(A + o[0]), SCR, 16)
+    st = rt_spread(<float *>(A + o[0]), SCR, 16)
     memset(<float *>(A + o[1]), 0, 8192)
     st = crossentropy_bwd_f32(<float *>(A + o[2]), <float *>(A + o[1]), <float *>(A + o[3]), <float *>(A + o[4]), <int32_t *>(A + o[5]), <float *>(A + o[6]), SCR, 16, 64, 32, 4096, threads)
     if st != 0: status[0] = st; return 0
@@ -268,13 +169,13 @@ cdef int f5(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     if st == 0: st = gemm_fwd_f32(<float *>(A + o[13]), RT_F32, <float *>(A + o[5]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A | RT_ACCUMULATE, threads)
     if st != 0: status[0] = st; return 3
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[14]), <float *>(A + o[0]), <float *>(A + o[6]), 512)
+    st = rt_add_f32(<float *>(A + o[14]), <float *>(A + o[0]), <float *>(A + o[6]), 512)
     if st != 0: status[0] = st; return 4
     # rms_norm_bwd[eps=1e-06 grad_into=(1, 'add')] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
     st = rmsnorm_bwd_f32(<float *>(A + o[0]), <float *>(A + o[15]), <float *>(A + o[14]), <float *>(A + o[16]), <float *>(A + o[17]), <float *>(A + o[18]), 16, 32, threads)
     if st != 0: status[0] = st; return 5
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[14]), <float *>(A + o[1]), <float *>(A + o[0]), 512)
+    st = rt_add_f32(<float *>(A + o[14]), <float *>(A + o[1]), <float *>(A + o[0]), 512)
     if st != 0: status[0] = st; return 6
     # matmul_bwd[grad_into=(1, 'add')] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
     st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[14]), <float *>(A + o[19]), NULL, 16, 32, 32, 0, threads)
@@ -310,20 +211,20 @@ cdef int f5(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     if st == 0: st = gemm_fwd_f32(<float *>(A + o[35]), RT_F32, <float *>(A + o[30]), <float *>(A + o[33]), NULL, 16, 32, 16, RT_TRANS_A | RT_ACCUMULATE, threads)
     if st != 0: status[0] = st; return 16
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[29]), <float *>(A + o[22]), <float *>(A + o[6]), 512)
+    st = rt_add_f32(<float *>(A + o[29]), <float *>(A + o[22]), <float *>(A + o[6]), 512)
     if st != 0: status[0] = st; return 17
     # matmul_bwd[grad_into=(1, 'add')] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
     st = gemm_fwd_f32(<float *>(A + o[22]), RT_F32, <float *>(A + o[0]), <float *>(A + o[36]), NULL, 16, 32, 32, 0, threads)
     if st == 0: st = gemm_fwd_f32(<float *>(A + o[37]), RT_F32, <float *>(A + o[0]), <float *>(A + o[33]), NULL, 32, 32, 16, RT_TRANS_A | RT_ACCUMULATE, threads)
     if st != 0: status[0] = st; return 18
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[0]), <float *>(A + o[29]), <float *>(A + o[22]), 512)
+    st = rt_add_f32(<float *>(A + o[0]), <float *>(A + o[29]), <float *>(A + o[22]), 512)
     if st != 0: status[0] = st; return 19
     # rms_norm_bwd[eps=1e-06 grad_into=(1, 'add')] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
     st = rmsnorm_bwd_f32(<float *>(A + o[22]), <float *>(A + o[38]), <float *>(A + o[0]), <float *>(A + o[39]), <float *>(A + o[40]), <float *>(A + o[41]), 16, 32, threads)
     if st != 0: status[0] = st; return 20
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[42]), <float *>(A + o[14]), <float *>(A + o[22]), 512)
+    st = rt_add_f32(<float *>(A + o[42]), <float *>(A + o[14]), <float *>(A + o[22]), 512)
     if st != 0: status[0] = st; return 21
     return -1
 
@@ -390,14 +291,14 @@ cdef int f6(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     if st == 0: st = gemm_fwd_f32(<float *>(A + o[13]), RT_F32, <float *>(A + o[5]), <float *>(A + o[11]), NULL, 48, 32, 16, RT_TRANS_A, threads)
     if st != 0: status[0] = st; return 3
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[14]), <float *>(A + o[0]), <float *>(A + o[6]), 512)
+    st = rt_add_f32(<float *>(A + o[14]), <float *>(A + o[0]), <float *>(A + o[6]), 512)
     if st != 0: status[0] = st; return 4
     # rms_norm_bwd[eps=1e-06 grad_into=(1, 'set')] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
     memset(<float *>(A + o[15]), 0, 128)
     st = rmsnorm_bwd_f32(<float *>(A + o[0]), <float *>(A + o[15]), <float *>(A + o[14]), <float *>(A + o[16]), <float *>(A + o[17]), <float *>(A + o[18]), 16, 32, threads)
     if st != 0: status[0] = st; return 5
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[14]), <float *>(A + o[1]), <float *>(A + o[0]), 512)
+    st = rt_add_f32(<float *>(A + o[14]), <float *>(A + o[1]), <float *>(A + o[0]), 512)
     if st != 0: status[0] = st; return 6
     # matmul_bwd[grad_into=(1, 'set')] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
     st = gemm_fwd_f32(<float *>(A + o[0]), RT_F32, <float *>(A + o[14]), <float *>(A + o[19]), NULL, 16, 32, 32, 0, threads)
@@ -433,21 +334,21 @@ cdef int f6(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     if st == 0: st = gemm_fwd_f32(<float *>(A + o[35]), RT_F32, <float *>(A + o[30]), <float *>(A + o[33]), NULL, 16, 32, 16, RT_TRANS_A, threads)
     if st != 0: status[0] = st; return 16
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[29]), <float *>(A + o[22]), <float *>(A + o[6]), 512)
+    st = rt_add_f32(<float *>(A + o[29]), <float *>(A + o[22]), <float *>(A + o[6]), 512)
     if st != 0: status[0] = st; return 17
     # matmul_bwd[grad_into=(1, 'set')] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32] float32[32, 32] float32[2, 8, 32]
     st = gemm_fwd_f32(<float *>(A + o[22]), RT_F32, <float *>(A + o[0]), <float *>(A + o[36]), NULL, 16, 32, 32, 0, threads)
     if st == 0: st = gemm_fwd_f32(<float *>(A + o[37]), RT_F32, <float *>(A + o[0]), <float *>(A + o[33]), NULL, 32, 32, 16, RT_TRANS_A, threads)
     if st != 0: status[0] = st; return 18
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[0]), <float *>(A + o[29]), <float *>(A + o[22]), 512)
+    st = rt_add_f32(<float *>(A + o[0]), <float *>(A + o[29]), <float *>(A + o[22]), 512)
     if st != 0: status[0] = st; return 19
     # rms_norm_bwd[eps=1e-06 grad_into=(1, 'set')] float32[2, 8, 32] float32[32] float32[2, 8, 32] float32[32] float32[2, 8] float32[2, 8, 32]
     memset(<float *>(A + o[38]), 0, 128)
     st = rmsnorm_bwd_f32(<float *>(A + o[22]), <float *>(A + o[38]), <float *>(A + o[0]), <float *>(A + o[39]), <float *>(A + o[40]), <float *>(A + o[41]), 16, 32, threads)
     if st != 0: status[0] = st; return 20
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[42]), <float *>(A + o[14]), <float *>(A + o[22]), 512)
+    st = rt_add_f32(<float *>(A + o[42]), <float *>(A + o[14]), <float *>(A + o[22]), 512)
     if st != 0: status[0] = st; return 21
     return -1
 
@@ -468,7 +369,7 @@ cdef int f7(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     if st != 0: status[0] = st; return 0
     # cross_entropy float32 float32[2, 8] float32[2, 8, 32] float32[64, 32] int32[2, 8]
     st = crossentropy_fwd_f32(SCR, <float *>(A + o[4]), <float *>(A + o[0]), <float *>(A + o[5]), <int32_t *>(A + o[6]), 16, 64, 32, 4096, threads)
-    if st == 0: mean_into(<float *>(A + o[7]), SCR, 16)
+    if st == 0: st = rt_mean_into(<float *>(A + o[7]), SCR, 16)
     if st != 0: status[0] = st; return 1
     return -1
 
@@ -542,7 +443,7 @@ cdef int f8(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     st = gemm_fwd_f32(<float *>(A + o[4]), RT_F32, <float *>(A + o[16]), <float *>(A + o[17]), NULL, 16, 32, 32, RT_TRANS_B, threads)
     if st != 0: status[0] = st; return 11
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[18]), <float *>(A + o[2]), <float *>(A + o[4]), 512)
+    st = rt_add_f32(<float *>(A + o[18]), <float *>(A + o[2]), <float *>(A + o[4]), 512)
     if st != 0: status[0] = st; return 12
     # rms_norm[eps=1e-06] float32[2, 8, 32] float32[2, 8] float32[2, 8, 32] float32[32]
     st = rmsnorm_fwd_f32(<float *>(A + o[19]), <float *>(A + o[20]), <float *>(A + o[18]), <float *>(A + o[21]), 16, 32, 1e-06, threads)
@@ -560,7 +461,7 @@ cdef int f8(char *A, const int64_t *o, int threads, int *status) noexcept nogil:
     st = gemm_fwd_f32(<float *>(A + o[4]), RT_F32, <float *>(A + o[26]), <float *>(A + o[27]), NULL, 16, 32, 48, RT_TRANS_B, threads)
     if st != 0: status[0] = st; return 17
     # add float32[2, 8, 32] float32[2, 8, 32] float32[2, 8, 32]
-    st = add_f32(<float *>(A + o[28]), <float *>(A + o[18]), <float *>(A + o[4]), 512)
+    st = rt_add_f32(<float *>(A + o[28]), <float *>(A + o[18]), <float *>(A + o[4]), 512)
     if st != 0: status[0] = st; return 18
     return -1
 
