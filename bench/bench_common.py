@@ -7,6 +7,8 @@ import sys
 import time
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# the /proc/cpuinfo flags the kernels' paths depend on, printed beside every figure
+CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
 
 
 def run_ratrain(name, argv, capture=True):
@@ -35,3 +37,13 @@ def wait_for_idle(idle, longest, poll=30):
         time.sleep(poll)
         waited += poll
     return load()
+
+
+def cpu_flags():
+    """The SIMD flags of /proc/cpuinfo the kernels' paths depend on ('?' off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = next(ln for ln in f if ln.startswith("flags")).split(":")[1].split()
+    except (OSError, StopIteration):
+        return "?"
+    return " ".join(flag for flag in CPU_FLAGS if flag in have) or "none"

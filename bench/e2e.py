@@ -2,7 +2,10 @@
 1. tokens/s of a compiled program on 1 rank x 2 threads and on PP=2 (2 ranks x 1 thread) vs a
    jax.jit train step (value_and_grad of ratrain.models.loss_fn + AdamW in jax.numpy) on the
    same 2 cores: same model, global batch and sequence length, FP32, XLA's own CPU threads;
-2. the ratrain schedule vs --schedule baseline, PP=2, recompute auto, under a --budget that
+2. the same tokens/s vs PyTorch + transformers (the model's AutoModelForCausalLM from the
+   same config, torch.optim.AdamW, torch's threads = the same 2 cores), in fp32 and in bf16
+   autocast (oneDNN's bf16 kernels), when torch is installed;
+3. the ratrain schedule vs --schedule baseline, PP=2, recompute auto, under a --budget that
    keeping every activation does not fit (computed from the compiled peaks, not hard-coded).
 Step time is the median after warm-up steps (ratrain: step_seconds of the runtime's --metrics
 JSONL; JAX: wall time to block_until_ready), best of --rounds rounds run in alternation so a
@@ -20,6 +23,8 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+from bench_common import cpu_flags
 
 CORES = 2       # the issue's setting: every side gets the same two cores
 
@@ -109,6 +114,51 @@ def jax_steps(args, cores):
                args.seq_len, "--global-batch", args.global_batch, "--steps", args.steps],
               cores=cores)
     return json.loads(out.splitlines()[-1])
+
+
+def torch_steps(args, cores, autocast: bool):
+    """Step seconds of the PyTorch peer (fp32, or bf16 autocast), in a fresh process pinned
+    to `cores`; None if torch or transformers is not installed."""
+    import importlib.util
+    if not all(importlib.util.find_spec(m) for m in ("torch", "transformers")):
+        return None
+    out = run([sys.executable, __file__, "--torch-child", "--model", args.model, "--seq-len",
+               args.seq_len, "--global-batch", args.global_batch, "--steps", args.steps,
+               *(["--autocast"] if autocast else [])], cores=cores)
+    return json.loads(out.splitlines()[-1])
+
+
+def run_torch_child(args):
+    """transformers' model of the config, AdamW with the runtime's hyper-parameters, one
+    step = forward (under bf16 autocast with --autocast), backward, optimizer step."""
+    import numpy as np
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ratrain.models import get_config
+    torch.set_num_threads(CORES)
+    torch.manual_seed(0)
+    config = {k: v for k, v in get_config(args.model).items() if not k.startswith("_")}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config),
+                                             dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1)
+    rng = np.random.default_rng(0)
+    times = []
+    for _ in range(args.steps):
+        tokens = torch.from_numpy(rng.integers(0, config["vocab_size"],
+                                               (args.global_batch, args.seq_len + 1)))
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+            logits = model(input_ids=tokens[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
+                                                 tokens[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    print(json.dumps(times))
 
 
 def adamw(params, grads, m, v, step, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, decay=0.1):
@@ -202,7 +252,11 @@ def cases(args, programs, cores):
         program, ranks, threads = layouts[name]
         metrics = lambda r: pp1.parent / f"metrics-{name}-{r}.jsonl"
         return lambda r: ratrain_steps(program, ranks, threads, args.steps, metrics(r), cores)
-    return {"jax": lambda r: jax_steps(args, cores), **{n: ratrain_case(n) for n in layouts}}
+    torch_cases = {} if args.no_torch else {
+        "torch": lambda r: torch_steps(args, cores, False),
+        "torch-bf16": lambda r: torch_steps(args, cores, True)}
+    return {"jax": lambda r: jax_steps(args, cores), **torch_cases,
+            **{n: ratrain_case(n) for n in layouts}}
 
 
 def measure(args, programs, cores):
@@ -212,7 +266,10 @@ def measure(args, programs, cores):
     medians = {name: [] for name in runs}
     for r in range(args.rounds):
         for name, run_case in runs.items():
-            medians[name].append(statistics.median(run_case(r)[args.warmup:]))
+            times = run_case(r)
+            if times is not None:  # None: the peer is not installed
+                medians[name].append(statistics.median(times[args.warmup:]))
+    medians = {name: ms for name, ms in medians.items() if ms}
     print("# median step seconds per round: " + "; ".join(
         f"{name} " + " ".join(f"{m:.3f}" for m in ms) for name, ms in medians.items()), flush=True)
     return {name: min(ms) for name, ms in medians.items()}
@@ -221,8 +278,9 @@ def measure(args, programs, cores):
 def header(args, cores):
     return (f"# {args.model}, global batch {args.global_batch} x {args.seq_len} tokens, fp32, "
             f"cores {sorted(cores)}, {args.steps} steps per run ({args.warmup} warm-up), best of "
-            f"{args.rounds} rounds, load average {os.getloadavg()[0]:.1f} | peer: jax.jit "
-            f"value_and_grad + AdamW (jnp), XLA CPU threads")
+            f"{args.rounds} rounds, load average {os.getloadavg()[0]:.1f} | peers: jax.jit "
+            f"value_and_grad + AdamW (jnp), XLA CPU threads; PyTorch + transformers, fp32 "
+            f"and bf16 autocast | {cpu_flags()}")
 
 
 def main():
@@ -239,10 +297,15 @@ def main():
                     "keep-all peak (default: 0.5, some recompute needed and auto has a choice)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="write the programs and "
                     "metrics here and keep them (default: a temporary directory)")
+    ap.add_argument("--no-torch", action="store_true", help="leave the PyTorch peers out")
     ap.add_argument("--jax-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--autocast", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.jax_child:
         return run_jax_child(args)
+    if args.torch_child:
+        return run_torch_child(args)
     if args.global_batch % args.micro_batches or args.steps <= args.warmup:
         fail("--micro-batches must divide --global-batch and --steps exceed --warmup")
     if not 0 <= args.budget_at < 1:
@@ -260,6 +323,13 @@ def main():
     rate = {name: tokens / seconds for name, seconds in best.items()}
     line("train 1 rank x 2 threads vs jax", rate["pp1"], rate["jax"], "jax", 1.0)
     line("train PP=2 (2 ranks x 1 thread) vs jax", rate["pp2"], rate["jax"], "jax", 1.0)
+    best_ratrain = max(rate["pp1"], rate["pp2"])
+    if "torch" in rate:
+        line("ratrain fp32 (best layout) vs torch fp32", best_ratrain, rate["torch"], "torch", 1.0)
+        line("ratrain fp32 (best layout) vs torch bf16", best_ratrain, rate["torch-bf16"],
+             "torch-bf16", 1.0)
+    else:
+        print("# no PyTorch peer: torch and transformers are not installed (or --no-torch)")
     line("PP=2 tight budget: ratrain vs baseline", rate["ratrain"], rate["baseline"], "baseline",
          1.2)
     print(f"# total {time.perf_counter() - t0:.0f} s, load average {os.getloadavg()[0]:.1f} "

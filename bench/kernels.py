@@ -11,11 +11,12 @@ import subprocess
 import sys
 import time
 
+from bench_common import cpu_flags
+
 GEMM_SHAPES = [(2048, 1024, 1024), (2048, 2816, 1024), (2048, 1024, 2816)]   # M, N, K
 LAYOUTS = {"NT": (False, True), "NN": (False, False), "TN": (True, False)}
 ATTN_CASES = [(4, 1024, 8, 64), (4, 1024, 8, 128)]                          # B, T, H, D
 BF16_TARGET, BF16_GOAL = 1.6, 1.9          # issue 18: bf16 GEMM vs numpy float32
-CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
 
 
 def best_time(fn, reps):
@@ -86,16 +87,6 @@ def bench_gemm_bf16(np, kernels, threads, reps):
             t_ours, t_peer = compare(ours, lambda: np.matmul(opa, opb), reps)
             line(f"gemm bf16 {name} M={M} N={N} K={K}", threads, flop / t_ours / 1e9,
                  flop / t_peer / 1e9, BF16_TARGET)
-
-
-def cpu_flags():
-    """The SIMD flags of /proc/cpuinfo the kernels' paths depend on ('?' off Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            have = next(ln for ln in f if ln.startswith("flags")).split(":")[1].split()
-    except (OSError, StopIteration):
-        return "?"
-    return " ".join(flag for flag in CPU_FLAGS if flag in have) or "none"
 
 
 def bench_attention(np, kernels, threads, reps):
