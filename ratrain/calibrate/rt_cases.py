@@ -59,9 +59,9 @@ def runtime_cases(kernels=None, rng=None) -> list[Case]:
         master, m, v, grad, view = (_slot(name, n) for name in names)
         cases += [
             _case("adamw", n, UPDATE_BYTES_PER_PARAM * n,
-                  Call("adamw", (master, m, v), (grad,), (("zero", 0),)), st),
+                  Call("adamw", (master, m, v), (grad,), (("zero", 0),), layer=1), st),
             _case("prefetch_view", n, 8 * n,
-                  Call("prefetch_view", (view,), (master,), (("gather", False),)), st),
+                  Call("prefetch_view", (view,), (master,), (("gather", False),), layer=1), st),
             _case("grad_sync", n, 8 * n,
-                  Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),)), st)]
+                  Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), layer=1), st)]
     return cases

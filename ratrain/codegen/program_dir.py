@@ -11,7 +11,6 @@ from ratrain.passes.insert_gathers import gather_plan
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.passes.insert_tied_sum import tie_stages
 from ratrain.program_format.codec import write_runtime, write_stage_rows
-from ratrain.program_format.lowered import note_layer
 from ratrain.program_format.runtime import (LayerState, Memory, RuntimeGraph,
                                             RuntimeProgram, StagePlan)
 from ratrain.program_format.table import (FORWARD_KINDS, FORWARD_ROW, NativeStep,
@@ -47,7 +46,7 @@ def early_syncs(rows) -> tuple:
     ends = {}  # layer -> index of its last step in the last B
     for i, step in enumerate(rows[last][1]):
         for label in (step.calls if isinstance(step, NativeStep) else (step.call,)):
-            ends[note_layer(label.note)] = i
+            ends[label.layer] = i
     out: dict = {}
     for r in syncs:
         if rows[r][0].layer in ends:

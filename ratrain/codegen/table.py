@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from ratrain.codegen.emit import C_TYPES, emit_call
 from ratrain.codegen.legend import slot_legend, slot_role
-from ratrain.program_format.lowered import StagePeriod, note_layer
+from ratrain.program_format.lowered import StagePeriod
 from ratrain.program_format.table import CallLabel, NativeStep, PythonStep
 
 ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4}
@@ -124,7 +124,7 @@ def _comment(call) -> str:
 
 def _use(program, task, run: list, pointers: _Pointers) -> FunctionUse:
     """How `task`'s run of calls uses its function: the layer and every pointer's slot."""
-    layer = note_layer(run[0][0].note)
+    layer = run[0][0].layer
     kind = "" if layer is None else program.graph.layers[layer].kind
     slots = pointers.slots
     return FunctionUse(str(task), layer, kind,
@@ -145,13 +145,7 @@ def _flush(program, table: StageTable, task, run: list, pointers: _Pointers,
         table.tables.update(emitted.tables)
     function = table.function_of("\n".join(lines), task, _use(program, task, run, pointers))
     steps.append(NativeStep(function, tuple(pointers.order), tuple(pointers.nbytes),
-                            tuple(CallLabel(c.op, c.note) for c, _ in run)))
-
-
-def _layer(call) -> str:
-    """The layer a call belongs to ("L3" of note "L3 rms_norm"), "" if none."""
-    layer = note_layer(call.note)
-    return "" if layer is None else f"L{layer}"
+                            tuple(CallLabel(c.op, c.note, c.layer) for c, _ in run)))
 
 
 def build_stage_table(program, stage: int) -> StageTable:
@@ -162,7 +156,7 @@ def build_stage_table(program, stage: int) -> StageTable:
         steps: list = []
         run, pointers = [], _Pointers(offsets)
         for call in lowered.calls:
-            if run and _layer(call) != _layer(run[-1][0]):  # one function per layer
+            if run and call.layer != run[-1][0].layer:  # one function per layer
                 _flush(program, table, lowered.task, run, pointers, steps)
                 run, pointers = [], _Pointers(offsets)
             before = len(pointers.order)

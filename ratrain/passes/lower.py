@@ -45,7 +45,8 @@ class _Placement:
     def calls(self, layer: int, tag: str = "") -> list[Call]:
         read = lambda x: x if isinstance(x, Literal) else self.slots[x.id]
         return [Call(n.op, tuple(self.slots[o.id] for o in n.outputs),
-                     tuple(read(x) for x in n.inputs), n.params, f"L{layer} {n.op}{tag}")
+                     tuple(read(x) for x in n.inputs), n.params, f"L{layer} {n.op}{tag}",
+                     layer=layer)
                 for n in self.graph.nodes]
 
 
@@ -99,14 +100,15 @@ def _forward_inputs(program, task: Task, layer: int) -> list[Call]:
     kind, m = _kind(program, layer), task.micro_batch
     slot = lambda pos: residual_slot(program, layer, m, _input_index(kind, pos))
     if kind.kind == "embed":
-        return [Call("load_ids", (slot(0),), (), (("micro_batch", m),), f"L{layer} ids")]
+        return [Call("load_ids", (slot(0),), (), (("micro_batch", m),), f"L{layer} ids",
+                     layer=layer)]
     calls = []
     if layer == program.stages[task.stage][0]:
         message = var_slot(f"in.mb{m}", 0, kind.fwd.inputs[0])
-        calls.append(Call("copy", (slot(0),), (message,), (), f"L{layer} input"))
+        calls.append(Call("copy", (slot(0),), (message,), (), f"L{layer} input", layer=layer))
     if kind.kind == "head":
         calls.append(Call("load_targets", (slot(1),), (), (("micro_batch", m),),
-                          f"L{layer} targets"))
+                          f"L{layer} targets", layer=layer))
     return calls
 
 
@@ -127,7 +129,7 @@ def _lower_forward(program, task: Task) -> list[Call]:
         calls += _forward_inputs(program, task, layer) + placement.calls(layer)
         if kind.kind == "head":
             calls.append(Call("record_loss", (), (placement.slots[out.id],),
-                              (("micro_batch", m),), f"L{layer} loss"))
+                              (("micro_batch", m),), f"L{layer} loss", layer=layer))
     return calls
 
 
@@ -166,10 +168,10 @@ def _accumulate_grads(program, task: Task, layer: int, placement: _Placement) ->
         shard = state_slots(program, layer)[4]
         return [Call("grad_scatter", (flat_slot(f"gshard.L{layer}", shard),), grads,
                      (("first", task.micro_batch == first_b), ("micro_batch", task.micro_batch)),
-                     f"L{layer}")]
+                     f"L{layer}", layer=layer)]
     targets = _grad_slots(program, layer)
     return [Call("accumulate_grad", (targets[grad.id],), (placement.slots[grad.id],),
-                 (("first", task.micro_batch == first_b),), f"L{layer} {name}")
+                 (("first", task.micro_batch == first_b),), f"L{layer} {name}", layer=layer)
             for name in kind.fwd.param_names for grad in [kind.bwd.output("grad:" + name)]]
 
 

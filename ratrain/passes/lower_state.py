@@ -18,8 +18,7 @@ from ratrain.passes.insert_gathers import gather_of, gathers_issued_in
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.layout import align_up
-from ratrain.program_format.lowered import (Call, Slot, arena_name, flat_slot, note_layer,
-                                            var_slot)
+from ratrain.program_format.lowered import Call, Slot, arena_name, flat_slot, var_slot
 
 
 def state_slots(program, layer: int) -> tuple[Slot, Slot, Slot, int, int]:
@@ -36,11 +35,12 @@ def _lower_sync(program, task: Task) -> list[Call]:
     grad = flat_slot(f"grad.L{layer}", n)
     if layer in program.scatter_grads:  # already reduce-scattered inside each B: wait only
         shard_slot = flat_slot(f"gshard.L{layer}", shard)
-        return [Call("grad_sync", (shard_slot,), (shard_slot,), (("op", "wait"),), f"L{layer}")]
+        return [Call("grad_sync", (shard_slot,), (shard_slot,), (("op", "wait"),), f"L{layer}",
+                     layer=layer)]
     if program.options.zero >= 2:
         return [Call("grad_sync", (flat_slot(f"gshard.L{layer}", shard),), (grad,),
-                     (("op", "reduce_scatter"),), f"L{layer}")]
-    return [Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), f"L{layer}")]
+                     (("op", "reduce_scatter"),), f"L{layer}", layer=layer)]
+    return [Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), f"L{layer}", layer=layer)]
 
 
 def _update_grad_slot(program, layer: int) -> Slot:
@@ -63,11 +63,11 @@ def _lower_update(program, task: Task) -> list[Call]:
     master, m, v, _, _ = state_slots(program, layer)
     grad, params = _update_grad_slot(program, layer), (("zero", zero),)
     if not commits_updates(program.options):
-        return [Call("adamw", (master, m, v), (grad,), params, f"L{layer}")]
+        return [Call("adamw", (master, m, v), (grad,), params, f"L{layer}", layer=layer)]
     skip = tuple(_norm_skips(program, layer))
     params += (("speculative", True),) + ((("skip", skip),) if skip else ())
     return [Call("adamw", (master, m, v, *undo_slots(program, layer)), (grad,),
-                 _loss_scaled(program, params), f"L{layer}")]
+                 _loss_scaled(program, params), f"L{layer}", layer=layer)]
 
 
 def view_slots(program, layer: int, buffer: str | None = None) -> tuple[Slot, ...]:
@@ -85,11 +85,11 @@ def _lower_prefetch(program, task: Task) -> list[Call]:
     params = (("gather", program.options.zero >= 1),)
     if not gathers_in_place(program, layer):
         return [Call("prefetch_view", view_slots(program, layer), (master,), params,
-                     f"L{layer}")]
+                     f"L{layer}", layer=layer)]
     flat = Slot(arena_name(f"view.L{layer}"), 0, program.graph.dtype,
                 (view_gather_elements(program, layer),))
     return [Call("prefetch_view", (flat,), (master,), params + (("in_place", True),),
-                 f"L{layer}")]
+                 f"L{layer}", layer=layer)]
 
 
 def gather_call(program, gather) -> Call:
@@ -98,7 +98,7 @@ def gather_call(program, gather) -> Call:
     layer = gather.task.layer
     views = view_slots(program, layer, f"zview.{gather.slot}")
     return [Call("gather_view", views, (state_slots(program, layer)[0],),
-                 (("use", str(gather.uses[0][0])),), f"L{layer} gather")][0]
+                 (("use", str(gather.uses[0][0])),), f"L{layer} gather", layer=layer)][0]
 
 
 def _lower_gather(program, task: Task) -> list[Call]:
@@ -114,7 +114,7 @@ def _with_gathers_issued(program, task: Task, calls: list[Call]) -> list[Call]:
     issued = gathers_issued_in(program, task)
     if not issued:
         return calls
-    ends = {note_layer(c.note): i for i, c in enumerate(calls)}
+    ends = {c.layer: i for i, c in enumerate(calls)}
     after: dict[int, list[Call]] = {}
     for g in issued:
         after.setdefault(ends[g.after[1]], []).append(gather_call(program, g))
@@ -147,7 +147,7 @@ def _lower_commit(program, task: Task) -> list[Call]:
         master, m, v, _, _ = state_slots(program, layer)
         calls.append(Call("redo_update", (master, m, v),
                           (_update_grad_slot(program, layer), *undo_slots(program, layer)),
-                          (("zero", program.options.zero),), f"L{layer}"))
+                          (("zero", program.options.zero),), f"L{layer}", layer=layer))
     for layer in layers if program.options.zero < 3 else ():
         prefetch = _lower_prefetch(program, Task(task.stage, Kind.PREF, layer=layer))[0]
         calls.append(replace(prefetch, params=tuple(sorted(prefetch.params + (("redo", True),)))))
@@ -193,5 +193,5 @@ def _lower_tie(program, task: Task) -> list[Call]:
         if slots:
             calls.append(Call("tie_sum", slots, slots,
                               (("stages", tie_stages(program)), ("weight", w.name)),
-                              f"L{task.layer}"))
+                              f"L{task.layer}", layer=task.layer))
     return calls

@@ -7,9 +7,13 @@ where a STEP is a native one, {"function": 4, "offsets": [...], "nbytes": [...],
 "calls": [["rms_norm", "L1 rms_norm"], ...]} (the generated function's index in the
 .pyx, the arena offset and size of each pointer, the lowered calls it runs with their IR
 notes), or a Python one, {"call": {"op", "outputs", "inputs", "params", "note"}} with
-slots as {"buffer", "offset", "dtype", "shape"} and constants as {"literal", "dtype"}.
-Tasks are written in the task IR's text (ir/tasks.py), which parses back. Decoding builds
-the format's own types only: nothing in a file names code to run.
+slots as {"buffer", "offset", "dtype", "shape"} and constants as {"literal", "dtype"}; a
+call's "layer" (and a native call label's third field) is the layer it works on, null if
+step-wide. Tasks are written in the task IR's text (ir/tasks.py), which parses back.
+Decoding builds the format's own types only: nothing in a file names code to run.
+
+Older formats this runtime reads (runtime.READABLE) are converted as they are read:
+format 6 wrote no layers; its per-layer calls' notes began with "L<layer>" (_v6_layer).
 """
 from __future__ import annotations
 
@@ -49,29 +53,40 @@ def _read_slot(d: dict):
     return Slot(d["buffer"], d["offset"], d["dtype"], tuple(d["shape"]))
 
 
+def _v6_layer(note: str) -> int | None:
+    """Format 6's layer of a call: its note's "L<layer>" head ("L3 rms_norm" -> 3)."""
+    head = note.split(" ", 1)[0]
+    return int(head[1:]) if head[:1] == "L" and head[1:].isdigit() else None
+
+
 def _call(call: Call) -> dict:
     return {"op": call.op, "outputs": [_slot(s) for s in call.outputs],
             "inputs": [_slot(s) for s in call.inputs],
-            "params": [[k, v] for k, v in call.params], "note": call.note}
+            "params": [[k, v] for k, v in call.params], "note": call.note, "layer": call.layer}
 
 
 def _read_call(d: dict) -> Call:
+    layer = d["layer"] if "layer" in d else _v6_layer(d["note"])
     return Call(d["op"], tuple(map(_read_slot, d["outputs"])), tuple(map(_read_slot, d["inputs"])),
-                tuple((k, _tuples(v)) for k, v in d["params"]), d["note"])
+                tuple((k, _tuples(v)) for k, v in d["params"]), d["note"], layer)
 
 
 def _step(step) -> dict:
     if isinstance(step, PythonStep):
         return {"call": _call(step.call)}
     return {"function": step.function, "offsets": list(step.offsets),
-            "nbytes": list(step.nbytes), "calls": [[c.op, c.note] for c in step.calls]}
+            "nbytes": list(step.nbytes), "calls": [[c.op, c.note, c.layer] for c in step.calls]}
+
+
+def _label(op: str, note: str, *layer) -> CallLabel:
+    return CallLabel(op, note, layer[0] if layer else _v6_layer(note))
 
 
 def _read_step(d: dict):
     if "call" in d:
         return PythonStep(_read_call(d["call"]))
     return NativeStep(d["function"], tuple(d["offsets"]), tuple(d["nbytes"]),
-                      tuple(CallLabel(op, note) for op, note in d["calls"]))
+                      tuple(_label(*c) for c in d["calls"]))
 
 
 # ---- code/stage<N>.tasks.json -----------------------------------------------------------

@@ -46,6 +46,7 @@ class Call:
     inputs: tuple = ()                  # Slots or Literals read
     params: tuple = ()                  # sorted (name, value) pairs
     note: str = ""                      # where it came from: "L3 rms_norm" etc.
+    layer: int | None = None            # the layer it works on, None for a step-wide call
 
     def __str__(self) -> str:
         params = " ".join(f"{k}={format_param(v)}" for k, v in self.params)
@@ -65,12 +66,6 @@ class LoweredTask:
 # Note suffix of the forward calls a B runs to rebuild a layer (NOTE [backward-time
 # recovery]): the simulator costs them as forward graph nodes.
 RECOMPUTE_TAG = " (recompute)"
-
-
-def note_layer(note: str) -> int | None:
-    """The layer a call's note names ("L3 rms_norm" -> 3), None for a step-wide call."""
-    head = note.split(" ", 1)[0]
-    return int(head[1:]) if head[:1] == "L" and head[1:].isdigit() else None
 
 
 def var_slot(buffer: str, offset: int, var) -> Slot:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FORMAT = "ratrain-program/6"            # 6: JSON, no pickle (5 and older: pickles)
-READABLE = (FORMAT,)
+FORMAT = "ratrain-program/7"            # 7: every call names its layer; 6: JSON, no pickle
+READABLE = (FORMAT, "ratrain-program/6")  # (5 and older: pickles)
 PICKLED = tuple(f"ratrain-program/{n}" for n in range(1, 6))
 
 

@@ -16,6 +16,7 @@ from ratrain.program_format.lowered import StagePeriod, shifted_call, shifted_ta
 class CallLabel:
     op: str                             # IR op of a call a native step runs
     note: str                           # where it came from ("L3 rms_norm")
+    layer: int | None = None            # the layer it works on, None if step-wide
 
 
 @dataclass(frozen=True)

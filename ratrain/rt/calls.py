@@ -370,14 +370,15 @@ def _adamw(t: Transport, st: RankState, call) -> None:
     if params.get("speculative"):
         _speculative_adamw(t, st, call, params)
     elif not st.overflow:
-        _apply_adamw(t, st, call.outputs, call.inputs[0], params["zero"], st.clip_coef)
+        _apply_adamw(t, st, call.layer, call.outputs, call.inputs[0], params["zero"],
+                     st.clip_coef)
 
 
 def _speculative_adamw(t: Transport, st: RankState, call, params: dict) -> None:
     """NOTE [commit rule] (passes/insert_update.py): the layer's share of the global norm
     (and, fp16, its finite check and in-place unscaling, as _global_norm would do them),
     a copy of master, m and v into undo.L, then AdamW with clip coefficient 1."""
-    grad_slot, layer = call.inputs[0], _layer_of(call.outputs[0])
+    grad_slot, layer = call.inputs[0], call.layer
     scaled = bool(params.get("loss_scale"))
     inverse = st.scaler.inverse() if scaled else np.float32(1)
     owned = _owned(t.options, st, grad_slot, params.get("skip", ()))
@@ -387,7 +388,7 @@ def _speculative_adamw(t: Transport, st: RankState, call, params: dict) -> None:
         st.view(grad_slot)[...] *= inverse
     for state, undo in zip(call.outputs[:3], call.outputs[3:]):
         st.view(undo)[...] = st.view(state)
-    _apply_adamw(t, st, call.outputs[:3], grad_slot, params["zero"], 1.0)
+    _apply_adamw(t, st, layer, call.outputs[:3], grad_slot, params["zero"], 1.0)
 
 
 def _redo_update(t: Transport, st: RankState, call) -> None:
@@ -399,15 +400,11 @@ def _redo_update(t: Transport, st: RankState, call) -> None:
     for state, copy in zip(call.outputs, undo):
         st.view(state)[...] = st.view(copy)
     if not st.overflow:
-        _apply_adamw(t, st, call.outputs, grad_slot, _params(call)["zero"], st.clip_coef)
+        _apply_adamw(t, st, call.layer, call.outputs, grad_slot, _params(call)["zero"],
+                     st.clip_coef)
 
 
-def _layer_of(slot) -> int:
-    """The layer of a per-layer state slot (master.L3, undo.L3, ...)."""
-    return int(slot.buffer.split(".L")[1])
-
-
-def _apply_adamw(t: Transport, st: RankState, outputs, grad_slot, zero: int,
+def _apply_adamw(t: Transport, st: RankState, layer: int, outputs, grad_slot, zero: int,
                  clip_coef: float) -> None:
     """The native AdamW step on master, m, v (`outputs`) from the gradient times clip_coef."""
     master, m, v = (st.view(s) for s in outputs)
@@ -415,7 +412,6 @@ def _apply_adamw(t: Transport, st: RankState, outputs, grad_slot, zero: int,
     if zero == 1:
         lo, hi = shard_bounds(grad.size, t.options.dp, st.replica)
         grad = np.concatenate([grad[lo:hi], np.zeros(master.size - (hi - lo), np.float32)])
-    layer = _layer_of(outputs[0])
     step, opt = t.step - st.skipped_steps, t.optimizer
     if clip_coef != 1.0:
         grad = grad * np.float32(clip_coef)

@@ -15,7 +15,7 @@ import numpy as np
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, counterpart
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
-from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, note_layer, rollback_only
+from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, rollback_only
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.costs import (memory_seconds, norm_seconds, scatter_bytes, slot_elements,
                                tie_local_bytes, tie_sum_seconds, update_seconds, view_gather)
@@ -54,7 +54,7 @@ def early_syncs(program, calls_of: dict) -> dict:
             continue
         ends = {}
         for i, call in enumerate(calls[tasks[last]]):
-            layer = note_layer(call.note)
+            layer = call.layer
             if layer is not None:
                 ends[layer] = i + 1
         at = {}
@@ -172,7 +172,7 @@ class ProfileCosts:
     def _ir_seconds(self, task, call, cursor) -> float:
         """The roofline of the graph node this call runs: the next node of the layer's
         graph with the call's op (lower emits a layer's calls in node order)."""
-        layer = note_layer(call.note)
+        layer = call.layer
         kind = self.program.graph.layers[layer].kind
         backward = task.kind == Kind.B and not call.note.endswith(RECOMPUTE_TAG)
         ops, warm, cold = self._table(kind, "bwd" if backward else "fwd")

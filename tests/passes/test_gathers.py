@@ -9,7 +9,7 @@ from ratrain import models
 from ratrain.ir.tasks import GATHERS, Kind, parse_task
 from ratrain.models.trace import trace_model
 from ratrain.passes.insert_gathers import GatherError, gather_plan, verify_gathers
-from ratrain.program_format.lowered import Slot, note_layer
+from ratrain.program_format.lowered import Slot
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 
@@ -54,11 +54,11 @@ def test_every_use_reads_the_view_its_gather_wrote(flags):
         for item in lowered:
             for call in item.calls:
                 if call.op == "gather_view":
-                    holds[call.outputs[0].buffer] = note_layer(call.note)
+                    holds[call.outputs[0].buffer] = call.layer
                     continue
                 for slot in call.inputs:
                     if isinstance(slot, Slot) and slot.buffer.startswith("zview."):
-                        assert holds.get(slot.buffer) == note_layer(call.note), \
+                        assert holds.get(slot.buffer) == call.layer, \
                             (str(item.task), str(call))
                         reads += 1
         assert reads > 0

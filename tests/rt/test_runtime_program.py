@@ -71,9 +71,9 @@ def test_a_program_of_another_ratrain_version_runs_if_it_knows_the_format(tmp_pa
 
 @pytest.mark.parametrize("found, says", [
     ("ratrain-program/5", "older ratrain in ratrain-program/5 (pickled tables), which this "
-                          "ratrain (ratrain-program/6) no longer reads: recompile it"),
+                          "ratrain (ratrain-program/7) no longer reads: recompile it"),
     ("ratrain-program/99", "written in ratrain-program/99, which this ratrain does not know "
-                           "(it reads ratrain-program/6)")])
+                           "(it reads ratrain-program/7, ratrain-program/6)")])
 def test_a_format_this_runtime_does_not_read_is_one_line_error(tmp_path, found, says):
     program, ranks = compile_program(tmp_path, "p", "--precision", "fp32")
     manifest = json.loads((program / "program.json").read_text())
@@ -86,9 +86,9 @@ def test_a_format_this_runtime_does_not_read_is_one_line_error(tmp_path, found, 
 
 
 def test_the_checked_in_program_of_format_6_still_runs(tmp_path):
-    """tests/fixtures/program-format-6: a program this version wrote (tiny model, pp 2,
-    4 micro-batches). Runtimes of later formats must read it (or the format rule must
-    say it is no longer read, and this test change with it)."""
+    """tests/fixtures/program-format-6: a program written in format 6 (tiny model, pp 2,
+    4 micro-batches), before calls named their layer (format 7): this runtime reads it,
+    converting as it reads (program_format/codec.py), with the losses it had then."""
     fixture = tmp_path / "program"  # a copy: the runtime builds its module in build/
     shutil.copytree(FIXTURES / "program-format-6", fixture)
     manifest = json.loads((fixture / "program.json").read_text())
