@@ -163,6 +163,13 @@ int attention_bwd_f16(rt_half *dq, rt_half *dk, rt_half *dv, const rt_half *q,
     return attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, alibi, B, T, Hq, Hkv, D, causal,
                          threads, RT_F16);
 }
+int attention_bwd_bf16(rt_bf16 *dq, rt_bf16 *dk, rt_bf16 *dv, const rt_bf16 *q,
+                       const rt_bf16 *k, const rt_bf16 *v, const rt_bf16 *o, const float *lse,
+                       const rt_bf16 *dout, const float *alibi, int B, int T, int Hq, int Hkv,
+                       int D, int causal, int threads) {
+    return attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, alibi, B, T, Hq, Hkv, D, causal,
+                         threads, RT_BF16);
+}
 int attention_bwd_f32(float *dq, float *dk, float *dv, const float *q, const float *k,
                       const float *v, const float *o, const float *lse, const float *dout,
                       const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal,

@@ -95,6 +95,11 @@ int attention_fwd_f16(rt_half *o, float *lse, const rt_half *q, const rt_half *k
                       int D, int causal, int threads) {
     return attention_fwd(o, lse, q, k, v, alibi, B, T, Hq, Hkv, D, causal, threads, RT_F16);
 }
+int attention_fwd_bf16(rt_bf16 *o, float *lse, const rt_bf16 *q, const rt_bf16 *k,
+                       const rt_bf16 *v, const float *alibi, int B, int T, int Hq, int Hkv,
+                       int D, int causal, int threads) {
+    return attention_fwd(o, lse, q, k, v, alibi, B, T, Hq, Hkv, D, causal, threads, RT_BF16);
+}
 int attention_fwd_f32(float *o, float *lse, const float *q, const float *k, const float *v,
                       const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal,
                       int threads) {
