@@ -137,8 +137,14 @@ static int attention_bwd(void *dq, void *dk, void *dv, const void *q, const void
     omp_lock_t *locks = malloc(nlock * sizeof(omp_lock_t));
     for (int t = 0; t < threads; t++) if (!rt_am(t)) st = RT_ENOMEM;
     if (!delta || !ws || !locks || st) { free(delta); free(ws); free(locks); return RT_ENOMEM; }
-    for (size_t i = 0; i < nlock; i++) omp_init_lock(&locks[i]);
     compute_delta(delta, o, dout, &s, threads, S);
+    if (dt == RT_BF16 && rt_bf16_gemm_get()) {      /* bf16 tile products (attention_bf16.c) */
+        free(ws); free(locks);
+        st = att_bf16_bwd(dq, dk, dv, q, k, v, lse, delta, dout, &s, threads);
+        free(delta);
+        return st;
+    }
+    for (size_t i = 0; i < nlock; i++) omp_init_lock(&locks[i]);
     bwd_io io = {q, k, v, dout, lse, delta, ws, locks};
     #pragma omp parallel num_threads(threads)
     {
