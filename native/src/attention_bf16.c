@@ -1,5 +1,5 @@
-/* bf16 causal attention on the path's bf16 micro-kernel (AMX tiles or VDPBF16PS, the
- * rt_bf16_gemm of gemm_bf16.c): the five tile products run on bf16 operands with fp32
+/* bf16 causal attention on the AMX bf16 micro-kernel (the rt_bf16_gemm of gemm_bf16.c,
+ * NOTE [bf16 attention path]): the five tile products run on bf16 operands with fp32
  * accumulation, softmax statistics (m, l, lse), scores, dP and dS stay fp32. Same tasks,
  * masking, ALiBi and GQA as attention_fwd.c / attention_bwd.c, with 64 x 64 tiles.
  * NOTE [bf16 attention rounding]: q, k, v, dO are bf16 inputs, exact in the products; the
@@ -16,38 +16,29 @@
 typedef struct {
     const rt_bf16_gemm *P;
     int dk;                           /* D padded to 32: contraction over D, columns of O */
-    int mp;                           /* TILE rows padded to the micro-kernel's MR */
 } bf16_plan;
+
+/* NOTE [bf16 attention path]: only AMX's tiles pay here. VDPBF16PS issues once per cycle on
+ * Sapphire Rapids, the rate of its two fp32 FMA ports, so on the avx512_bf16 path bf16 tiles
+ * only add packing and the P/dS roundings: measured 64 vs 74 GFLOP/s for the widening fp32
+ * tiles (fwd+bwd, B=4 T=1024 H=8 D=64, 1 thread). The packing below assumes the AMX layout:
+ * A panels of [MR][kp] rows, MR dividing TILE, and a SIMD packer for transposed A. */
+const rt_bf16_gemm *att_bf16_tiles(void) {
+    const rt_bf16_gemm *P = rt_bf16_gemm_get();
+    return P && P->a_rows && P->pack_a_trans && TILE % P->mr == 0 && TILE % P->nr == 0 &&
+           32 % P->kstep == 0 ? P : NULL;
+}
 
 /* ---- packing into the micro-kernel's layouts (gemm_bf16.c: A panels, pair-interleaved B) ---- */
 
-/* A = op(src), TILE rows x kp: trans 0: src rows [TILE][ld]; trans 1: src stored [kp][ld]
- * (A row i is column i). Into mp/MR panels: [MR][kp] rows (AMX) or [kp/2][MR] pairs. */
+/* A = op(src), TILE rows x kp, as TILE/MR panels of [MR][kp] rows (the AMX layout): trans 0:
+ * src rows [TILE][ld]; trans 1: src stored [kp][ld] (A row i is column i of src) */
 static void pack_a(const bf16_plan *pl, rt_bf16 *dst, const rt_bf16 *src, int ld, int kp, int trans) {
-    const rt_bf16_gemm *P = pl->P;
-    int mr = P->mr;
-    for (int i0 = 0; i0 < pl->mp; i0 += mr) {
+    int mr = pl->P->mr;
+    for (int i0 = 0; i0 < TILE; i0 += mr) {
         rt_bf16 *d = dst + (size_t)i0 * kp;
-        int rows = rt_max(0, rt_min(mr, TILE - i0));
-        if (P->a_rows && !trans) {
-            for (int r = 0; r < rows; r++) memcpy(d + (size_t)r * kp, src + (size_t)(i0 + r) * ld, (size_t)kp * 2);
-            if (rows < mr) memset(d + (size_t)rows * kp, 0, (size_t)(mr - rows) * kp * 2);
-        } else if (P->a_rows && P->pack_a_trans && rows == mr) {
-            P->pack_a_trans(d, src + i0, (size_t)ld, kp);
-        } else if (P->a_rows) {
-            for (int r = 0; r < mr; r++)
-                for (int k = 0; k < kp; k++) d[(size_t)r * kp + k] = r < rows ? src[(size_t)k * ld + i0 + r] : 0;
-        } else {
-            uint32_t *w = (uint32_t *)d;
-            for (int p = 0; p < kp / 2; p++)
-                for (int r = 0; r < mr; r++) {
-                    int i = i0 + r;
-                    uint32_t lo = 0, hi = 0;
-                    if (r < rows && !trans) { lo = src[(size_t)i * ld + 2 * p]; hi = src[(size_t)i * ld + 2 * p + 1]; }
-                    if (r < rows && trans) { lo = src[(size_t)(2 * p) * ld + i]; hi = src[(size_t)(2 * p + 1) * ld + i]; }
-                    w[(size_t)p * mr + r] = lo | hi << 16;
-                }
-        }
+        if (trans) pl->P->pack_a_trans(d, src + i0, (size_t)ld, kp);
+        else for (int r = 0; r < mr; r++) memcpy(d + (size_t)r * kp, src + (size_t)(i0 + r) * ld, (size_t)kp * 2);
     }
 }
 
@@ -61,11 +52,11 @@ static void pack_b(const bf16_plan *pl, rt_bf16 *dst, const rt_bf16 *src, int ld
                       trans, kp / 2);
 }
 
-/* c[mp, n] (row stride ldc) = (first ? 0 : c) + A (packed, kp) @ B (packed, n columns) */
+/* c[TILE, n] (row stride ldc) = (first ? 0 : c) + A (packed, kp) @ B (packed, n columns) */
 static void mm(const bf16_plan *pl, float *c, int ldc, const rt_bf16 *a, const rt_bf16 *b, int kp,
                int n, int first) {
     const rt_bf16_gemm *P = pl->P;
-    for (int i0 = 0; i0 < pl->mp; i0 += P->mr)
+    for (int i0 = 0; i0 < TILE; i0 += P->mr)
         for (int j0 = 0; j0 < n; j0 += P->nr)
             P->ukr(kp, a + (size_t)i0 * kp, b + (size_t)j0 * kp, c + (size_t)i0 * ldc + j0, ldc, first);
 }
@@ -98,7 +89,8 @@ static void tile_to_bf16(rt_bf16 *dst, const float *src, int rows_valid, const r
     memset(dst + (size_t)rows_valid * TILE, 0, (size_t)(TILE - rows_valid) * TILE * 2);
 }
 
-/* per-thread buffers, carved from one allocation; NULL members past the count asked for */
+/* n per-thread buffers of sizes[i] bytes carved from one allocation into out[0..n): a tile
+ * struct whose members are n pointers; returns the allocation to free, or NULL */
 static char *carve_all(size_t *sizes, void **out, int n) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += rt_round_up(sizes[i], RT_ALIGN);
@@ -109,9 +101,8 @@ static char *carve_all(size_t *sizes, void **out, int n) {
 }
 
 static void plan_for(bf16_plan *pl, att_shape *s) {
-    pl->P = rt_bf16_gemm_get();
+    pl->P = att_bf16_tiles();
     pl->dk = (int)rt_round_up(s->D, 32);
-    pl->mp = (int)rt_round_up(TILE, pl->P->mr);
     s->br = s->bc = TILE;             /* att_bias_mask / att_zero_masked read the tile sizes */
 }
 
@@ -128,7 +119,7 @@ static void fwd_task(rt_bf16 *o, float *lse, const rt_bf16 *q, const rt_bf16 *k,
     int dk = pl->dk;
     load_tile(w->tq, q, s, dk, b, h, s->Hq, i0);
     pack_a(pl, w->qa, w->tq, dk, dk, 0);
-    memset(w->o, 0, (size_t)pl->mp * dk * 4);
+    memset(w->o, 0, (size_t)TILE * dk * 4);
     for (int r = 0; r < rq; r++) { w->m[r] = -INFINITY; w->l[r] = 0.0f; }
     for (int j0 = 0; j0 < jend; j0 += TILE) {
         load_tile(w->tk, k, s, dk, b, kvh, s->Hkv, j0);
@@ -164,11 +155,10 @@ int att_bf16_fwd(rt_bf16 *o, float *lse, const rt_bf16 *q, const rt_bf16 *k, con
     bf16_plan pl;
     plan_for(&pl, s);
     const rt_simd *S = rt_simd_get();
-    int dk = pl.dk, mp = pl.mp, nq = (s->T + TILE - 1) / TILE, ntask = s->B * s->Hq * nq, fail = 0;
-    size_t tile16 = (size_t)TILE * dk * 2, sq16 = (size_t)TILE * TILE * 2;
-    size_t sizes[12] = {tile16, tile16, tile16, (size_t)mp * dk * 2, tile16, tile16,
-                        (size_t)mp * TILE * 2, sq16, (size_t)mp * TILE * 4, (size_t)mp * dk * 4,
-                        TILE * 4, TILE * 4};
+    int dk = pl.dk, nq = (s->T + TILE - 1) / TILE, ntask = s->B * s->Hq * nq, fail = 0;
+    size_t t16 = (size_t)TILE * dk * 2, sq16 = (size_t)TILE * TILE * 2;
+    size_t sizes[12] = {t16, t16, t16, t16, t16, t16, sq16, sq16, 2 * sq16, 2 * t16, TILE * 4,
+                        TILE * 4};                       /* in fwd_buf's member order */
     #pragma omp parallel num_threads(threads)
     {
         fwd_buf w;
@@ -243,8 +233,8 @@ static void bwd_task(const bwd_io *io, rt_bf16 *dk, rt_bf16 *dv, const att_shape
     pack_b(pl, w->kbt, w->tk, d, d, TILE, 1);                        /* K^T: [d, TILE] */
     pack_b(pl, w->kb, w->tk, d, TILE, d, 0);                         /* K: [TILE, d] */
     pack_b(pl, w->vbt, w->tv, d, d, TILE, 1);                        /* V^T: [d, TILE] */
-    memset(w->dk, 0, (size_t)pl->mp * d * 4);
-    memset(w->dv, 0, (size_t)pl->mp * d * 4);
+    memset(w->dk, 0, (size_t)TILE * d * 4);
+    memset(w->dv, 0, (size_t)TILE * d * 4);
     int ib0 = s->causal ? j0 / TILE : 0, nq = (s->T + TILE - 1) / TILE;
     for (int g = 0; g < group; g++)
         for (int ib = ib0; ib < nq; ib++) bwd_pair(io, s, pl, w, b, kvh * group + g, ib * TILE, j0, S);
@@ -259,18 +249,16 @@ int att_bf16_bwd(rt_bf16 *dq, rt_bf16 *dk, rt_bf16 *dv, const rt_bf16 *q, const 
     bf16_plan pl;
     plan_for(&pl, s);
     const rt_simd *S = rt_simd_get();
-    int dkp = pl.dk, mp = pl.mp, nq = (s->T + TILE - 1) / TILE, ntask = s->B * s->Hkv * nq, fail = 0;
+    int dkp = pl.dk, nq = (s->T + TILE - 1) / TILE, ntask = s->B * s->Hkv * nq, fail = 0;
     size_t nlock = (size_t)s->B * s->Hq * nq, rows = (size_t)s->B * s->Hq * s->T;
     float *ws = calloc(rows * dkp, 4);
     omp_lock_t *locks = malloc(nlock * sizeof(omp_lock_t));
     if (!ws || !locks) { free(ws); free(locks); return RT_ENOMEM; }
     for (size_t i = 0; i < nlock; i++) omp_init_lock(&locks[i]);
     bwd_io io = {q, k, v, dout, lse, delta, ws, locks};
-    size_t tile16 = (size_t)TILE * dkp * 2, a16 = (size_t)mp * dkp * 2, sq16 = (size_t)TILE * TILE * 2;
-    size_t sizes[18] = {tile16, tile16, tile16, tile16, tile16, tile16, tile16, a16, tile16, a16,
-                        tile16, sq16, (size_t)mp * TILE * 2, (size_t)mp * TILE * 4,
-                        (size_t)mp * TILE * 4, (size_t)mp * dkp * 4, (size_t)mp * dkp * 4,
-                        (size_t)mp * dkp * 4};
+    size_t t16 = (size_t)TILE * dkp * 2, sq16 = (size_t)TILE * TILE * 2;
+    size_t sizes[18] = {t16, t16, t16, t16, t16, t16, t16, t16, t16, t16, t16, sq16, sq16,
+                        2 * sq16, 2 * sq16, 2 * t16, 2 * t16, 2 * t16};   /* bwd_buf's order */
     #pragma omp parallel num_threads(threads)
     {
         bwd_buf w;

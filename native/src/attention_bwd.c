@@ -138,7 +138,7 @@ static int attention_bwd(void *dq, void *dk, void *dv, const void *q, const void
     for (int t = 0; t < threads; t++) if (!rt_am(t)) st = RT_ENOMEM;
     if (!delta || !ws || !locks || st) { free(delta); free(ws); free(locks); return RT_ENOMEM; }
     compute_delta(delta, o, dout, &s, threads, S);
-    if (dt == RT_BF16 && rt_bf16_gemm_get()) {      /* bf16 tile products (attention_bf16.c) */
+    if (dt == RT_BF16 && att_bf16_tiles()) {      /* bf16 tile products (attention_bf16.c) */
         free(ws); free(locks);
         st = att_bf16_bwd(dq, dk, dv, q, k, v, lse, delta, dout, &s, threads);
         free(delta);

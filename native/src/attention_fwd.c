@@ -74,7 +74,7 @@ static int attention_fwd(void *o, float *lse, const void *q, const void *k, cons
     int st = att_setup(&s, B, T, Hq, Hkv, D, causal, alibi, dt, 10, 2);
     if (st) return st;
     if (threads < 1 || threads > RT_MAX_THREADS) return RT_EINVAL;
-    if (dt == RT_BF16 && rt_bf16_gemm_get()) return att_bf16_fwd(o, lse, q, k, v, &s, threads);
+    if (dt == RT_BF16 && att_bf16_tiles()) return att_bf16_fwd(o, lse, q, k, v, &s, threads);
     const rt_simd *S = rt_simd_get();
     int nq = (T + s.br - 1) / s.br, ntask = B * Hq * nq, fail = 0;
     #pragma omp parallel num_threads(threads)

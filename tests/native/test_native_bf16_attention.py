@@ -1,8 +1,8 @@
 """bf16 flash attention (uint16 bits of q, k, v, o, dO, dq, dk, dv; fp32 lse) against the C
 reference and a float64 numpy reference on awkward shapes (T not a tile multiple, odd and wide
 head dims, GQA 1/3/4, ALiBi, causal and not), on each path in-process and with RATRAIN_ISA
-forcing it in a subprocess: amx and avx512_bf16 run the tile products on bf16 dot products
-(attention_bf16.c), the other paths widen to the fp32 tiles."""
+forcing it in a subprocess: amx runs the tile products on AMX bf16 tiles (attention_bf16.c),
+the other paths widen to the fp32 tiles (NOTE [bf16 attention path])."""
 import os
 import subprocess
 import sys
