@@ -155,7 +155,7 @@ int att_bf16_fwd(rt_bf16 *o, float *lse, const rt_bf16 *q, const rt_bf16 *k, con
     bf16_plan pl;
     plan_for(&pl, s);
     const rt_simd *S = rt_simd_get();
-    int dk = pl.dk, nq = (s->T + TILE - 1) / TILE, ntask = s->B * s->Hq * nq, fail = 0;
+    int dk = pl.dk, nq = (s->T + TILE - 1) / TILE, ntask = s->B * s->Hq * nq, fail = RT_OK;
     size_t t16 = (size_t)TILE * dk * 2, sq16 = (size_t)TILE * TILE * 2;
     size_t sizes[12] = {t16, t16, t16, t16, t16, t16, sq16, sq16, 2 * sq16, 2 * t16, TILE * 4,
                         TILE * 4};                       /* in fwd_buf's member order */
@@ -163,7 +163,8 @@ int att_bf16_fwd(rt_bf16 *o, float *lse, const rt_bf16 *q, const rt_bf16 *k, con
     {
         fwd_buf w;
         char *mem = carve_all(sizes, (void **)&w, 12);
-        if (!mem || pl.P->begin() != RT_OK) __atomic_store_n(&fail, 1, __ATOMIC_RELAXED);
+        int st = mem ? pl.P->begin() : RT_ENOMEM;     /* RT_EISA: no tile permission */
+        if (st) __atomic_store_n(&fail, st, __ATOMIC_RELAXED);
         #pragma omp barrier
         #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < ntask; t++) {   /* longest (last) query blocks first */
@@ -173,7 +174,7 @@ int att_bf16_fwd(rt_bf16 *o, float *lse, const rt_bf16 *q, const rt_bf16 *k, con
         pl.P->end();
         free(mem);
     }
-    return fail ? RT_ENOMEM : RT_OK;
+    return fail;
 }
 
 /* ---- backward ---- */
@@ -249,7 +250,7 @@ int att_bf16_bwd(rt_bf16 *dq, rt_bf16 *dk, rt_bf16 *dv, const rt_bf16 *q, const 
     bf16_plan pl;
     plan_for(&pl, s);
     const rt_simd *S = rt_simd_get();
-    int dkp = pl.dk, nq = (s->T + TILE - 1) / TILE, ntask = s->B * s->Hkv * nq, fail = 0;
+    int dkp = pl.dk, nq = (s->T + TILE - 1) / TILE, ntask = s->B * s->Hkv * nq, fail = RT_OK;
     size_t nlock = (size_t)s->B * s->Hq * nq, rows = (size_t)s->B * s->Hq * s->T;
     float *ws = calloc(rows * dkp, 4);
     omp_lock_t *locks = malloc(nlock * sizeof(omp_lock_t));
@@ -263,7 +264,8 @@ int att_bf16_bwd(rt_bf16 *dq, rt_bf16 *dk, rt_bf16 *dv, const rt_bf16 *q, const 
     {
         bwd_buf w;
         char *mem = carve_all(sizes, (void **)&w, 18);
-        if (!mem || pl.P->begin() != RT_OK) __atomic_store_n(&fail, 1, __ATOMIC_RELAXED);
+        int st = mem ? pl.P->begin() : RT_ENOMEM;     /* RT_EISA: no tile permission */
+        if (st) __atomic_store_n(&fail, st, __ATOMIC_RELAXED);
         #pragma omp barrier
         #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < ntask; t++) {    /* causal: first key blocks see the most queries */
@@ -280,5 +282,5 @@ int att_bf16_bwd(rt_bf16 *dq, rt_bf16 *dk, rt_bf16 *dv, const rt_bf16 *q, const 
     }
     for (size_t i = 0; i < nlock; i++) omp_destroy_lock(&locks[i]);
     free(ws); free(locks);
-    return fail ? RT_ENOMEM : RT_OK;
+    return fail;
 }
