@@ -194,7 +194,7 @@ def np_cross_entropy(h, w, t):
 
 
 @pytest.mark.parametrize("chunk", [64, 4096])       # many vocabulary chunks, and one
-def test_cross_entropy_bf16(chunk):
+def test_cross_entropy_bf16(each_path, chunk):
     rng = np.random.default_rng(4)
     N, V, C = 45, 301, 70
     h, w = randbf(rng, (N, C)), randbf(rng, (V, C), 0.3)
@@ -226,7 +226,7 @@ def test_cross_entropy_bf16(chunk):
 
 
 # ---- embedding ----
-def test_embedding_bf16():
+def test_embedding_bf16(each_path):
     rng = np.random.default_rng(5)
     V, C = 50, 73
     table = randbf(rng, (V, C))
@@ -244,7 +244,7 @@ def test_embedding_bf16():
     assert_close(got, want, 1e-6, "dtable vs numpy")
 
 
-def test_finite_sumsq_bf16():
+def test_finite_sumsq_bf16(each_path):
     rng = np.random.default_rng(6)
     x = randbf(rng, 100003)
     finite, ss = kernels.finite_sumsq(x, threads=2)
