@@ -1,7 +1,7 @@
 """Benchmark the native kernels against their peers, measured in the same run at the same
 thread count: GEMM (FP16 in, and BF16 in, FP32 accumulate) vs numpy's float32 matmul (OpenBLAS
-via threadpoolctl) on the LLaMA-layer shapes, and flash attention forward+backward vs jax.jit of
-the jnp reference. One line per case: ours GFLOP/s, peer GFLOP/s, ratio, issue target.
+via threadpoolctl) on the LLaMA-layer shapes, and flash attention forward+backward (fp16, and
+bf16 against our fp16 kernel) vs jax.jit of the jnp reference. One line per case: ours GFLOP/s, peer GFLOP/s, ratio, issue target.
 Usage: python bench/kernels.py [--threads 1,2] [--reps 3] [--cases gemm,bf16,attention]. Each
 thread count runs in a fresh subprocess so BLAS/XLA thread pools are sized before they are
 created."""
@@ -17,6 +17,7 @@ GEMM_SHAPES = [(2048, 1024, 1024), (2048, 2816, 1024), (2048, 1024, 2816)]   # M
 LAYOUTS = {"NT": (False, True), "NN": (False, False), "TN": (True, False)}
 ATTN_CASES = [(4, 1024, 8, 64), (4, 1024, 8, 128)]                          # B, T, H, D
 BF16_TARGET, BF16_GOAL = 1.6, 1.9          # issue 18: bf16 GEMM vs numpy float32
+BF16_ATTN_TARGET = 1.5                     # issue 18: bf16 attention fwd+bwd vs our fp16
 
 
 def best_time(fn, reps):
@@ -108,9 +109,10 @@ def bench_attention(np, kernels, threads, reps):
     rng = np.random.default_rng(1)
     for B, T, H, D in ATTN_CASES:
         q, k, v, do = (rng.standard_normal((B, T, H, D)).astype(np.float16) for _ in range(4))
+        qb, kb, vb, dob = (kernels.cast(x.astype(np.float32), kernels.BF16) for x in (q, k, v, do))
         jq = [jnp.asarray(x, jnp.float32) for x in (q, k, v, do)]
 
-        def ours():
+        def ours(q=q, k=k, v=v, do=do):
             o, lse = kernels.attention_fwd(q, k, v, causal=True, threads=threads)
             return kernels.attention_bwd(q, k, v, o, lse, do, causal=True, threads=threads)
 
@@ -118,6 +120,12 @@ def bench_attention(np, kernels, threads, reps):
         flop = 7 * 2.0 * B * H * T * (T + 1) / 2 * D
         t_ours, t_peer = compare(ours, lambda: jax.block_until_ready(fwd_bwd(*jq)), 1, rounds=4)
         line(f"attention fwd+bwd B={B} T={T} H={H} D={D}", threads, flop / t_ours / 1e9,
+             flop / t_peer / 1e9, 1.5)
+        # bf16 storage (issue 18): against our fp16 kernel (target) and against jax
+        t_bf16, t_f16 = compare(lambda: ours(qb, kb, vb, dob), ours, 1, rounds=4)
+        line(f"attention bf16 vs ours fp16 D={D}", threads, flop / t_bf16 / 1e9,
+             flop / t_f16 / 1e9, BF16_ATTN_TARGET)
+        line(f"attention bf16 vs jax D={D}", threads, flop / t_bf16 / 1e9,
              flop / t_peer / 1e9, 1.5)
 
 

@@ -1,8 +1,8 @@
 # cython: language_level=3, wraparound=True, boundscheck=True
 """Python bindings of the native kernels (native/) over numpy arrays, used by tests, benchmarks
 and the interpreter. Each function checks shapes and dtypes, releases the GIL around the C
-call and raises on a non-zero status. float16 and float32 inputs pick the _f16/_f32 kernel;
-numpy has no bfloat16, so bf16 tensors are uint16 arrays of the bits (gemm and cast take them).
+call and raises on a non-zero status. float16, float32 and bf16 inputs pick the _f16, _f32 or
+_bf16 kernel; numpy has no bfloat16, so bf16 tensors are uint16 arrays of the bits.
 Generated code skips this layer and cimports the nogil forwarders declared in kernels.pxd."""
 import numpy as np
 cimport numpy as cnp
@@ -52,6 +52,15 @@ def _gdt(x, name="input"):
     if dt == np.float32 or dt == np.float16 or dt == BF16:
         return 2 if dt == BF16 else int(dt == np.float16)
     raise TypeError(f"{name}: expected float16, float32 or uint16 (bf16 bits), got {dt}")
+
+
+def _ldt(x, name="input"):
+    """Storage code of a layer or attention tensor: 0 float32, 1 float16, 2 bf16 (uint16)."""
+    if x.dtype == BF16:
+        return 2
+    if x.dtype == np.float16 or x.dtype == np.float32:
+        return int(x.dtype == np.float16)
+    raise TypeError(f"{name}: expected float16, float32 or uint16 (bf16 bits), got {x.dtype}")
 
 
 def _c(x, dtype):
@@ -151,8 +160,9 @@ def _att_shapes(q, k, v, alibi_slopes):
 
 
 def attention_fwd(q, k, v, *, causal=True, alibi_slopes=None, threads=1):
-    """Flash-style attention. q [B,T,Hq,D], k, v [B,T,Hkv,D] -> (o [B,T,Hq,D], lse [B,Hq,T] f32)."""
-    cdef int dt = _fdt(q, "q")
+    """Flash-style attention. q [B,T,Hq,D], k, v [B,T,Hkv,D] -> (o [B,T,Hq,D], lse [B,Hq,T] f32);
+    float32, float16 or bf16 (uint16 bits) storage, o in q's dtype."""
+    cdef int dt = _ldt(q, "q")
     q, k, v = (_c(x, q.dtype) for x in (q, k, v))
     cdef int B, T, Hq, Hkv, D, st, c = bool(causal), t = threads
     B, T, Hq, Hkv, D = _att_shapes(q, k, v, alibi_slopes)
@@ -162,7 +172,10 @@ def attention_fwd(q, k, v, *, causal=True, alibi_slopes=None, threads=1):
     cdef float *pl = <float *>_p(lse)
     cdef const float *pal = _opt_f32(al)
     with nogil:
-        if dt:
+        if dt == 2:
+            st = c_attention_fwd_bf16(<unsigned short *>po, pl, <unsigned short *>pq, <unsigned short *>pk,
+                                      <unsigned short *>pv, pal, B, T, Hq, Hkv, D, c, t)
+        elif dt:
             st = c_attention_fwd_f16(<unsigned short *>po, pl, <unsigned short *>pq, <unsigned short *>pk,
                                      <unsigned short *>pv, pal, B, T, Hq, Hkv, D, c, t)
         else:
@@ -174,7 +187,7 @@ def attention_fwd(q, k, v, *, causal=True, alibi_slopes=None, threads=1):
 
 def attention_bwd(q, k, v, o, lse, do, *, causal=True, alibi_slopes=None, threads=1):
     """Gradients (dq, dk, dv) of attention_fwd given its output o, saved lse and dL/do."""
-    cdef int dt = _fdt(q, "q")
+    cdef int dt = _ldt(q, "q")
     q, k, v, o, do = (_c(x, q.dtype) for x in (q, k, v, o, do))
     lse = _c(lse, np.float32)
     cdef int B, T, Hq, Hkv, D, st, c = bool(causal), t = threads
@@ -188,7 +201,12 @@ def attention_bwd(q, k, v, o, lse, do, *, causal=True, alibi_slopes=None, thread
     cdef float *pl = <float *>_p(lse)
     cdef const float *pal = _opt_f32(al)
     with nogil:
-        if dt:
+        if dt == 2:
+            st = c_attention_bwd_bf16(<unsigned short *>pdq, <unsigned short *>pdk, <unsigned short *>pdv,
+                                      <unsigned short *>pq, <unsigned short *>pk, <unsigned short *>pv,
+                                      <unsigned short *>po, pl, <unsigned short *>pdo, pal,
+                                      B, T, Hq, Hkv, D, c, t)
+        elif dt:
             st = c_attention_bwd_f16(<unsigned short *>pdq, <unsigned short *>pdk, <unsigned short *>pdv,
                                      <unsigned short *>pq, <unsigned short *>pk, <unsigned short *>pv,
                                      <unsigned short *>po, pl, <unsigned short *>pdo, pal,

@@ -56,6 +56,10 @@ int rt_gemm_plan(int plan[4], int M, int N, int K, rt_dtype in_dtype, int flags)
 int attention_fwd_f16(rt_half *o, float *lse, const rt_half *q, const rt_half *k,
                       const rt_half *v, const float *alibi, int B, int T, int Hq, int Hkv,
                       int D, int causal, int threads);
+/* bf16 q, k, v, o; fp32 scores, softmax statistics (lse) and accumulation */
+int attention_fwd_bf16(rt_bf16 *o, float *lse, const rt_bf16 *q, const rt_bf16 *k,
+                       const rt_bf16 *v, const float *alibi, int B, int T, int Hq, int Hkv,
+                       int D, int causal, int threads);
 int attention_fwd_f32(float *o, float *lse, const float *q, const float *k, const float *v,
                       const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal,
                       int threads);
@@ -64,12 +68,18 @@ int attention_bwd_f16(rt_half *dq, rt_half *dk, rt_half *dv, const rt_half *q,
                       const rt_half *k, const rt_half *v, const rt_half *o, const float *lse,
                       const rt_half *dout, const float *alibi, int B, int T, int Hq, int Hkv,
                       int D, int causal, int threads);
+int attention_bwd_bf16(rt_bf16 *dq, rt_bf16 *dk, rt_bf16 *dv, const rt_bf16 *q,
+                       const rt_bf16 *k, const rt_bf16 *v, const rt_bf16 *o, const float *lse,
+                       const rt_bf16 *dout, const float *alibi, int B, int T, int Hq, int Hkv,
+                       int D, int causal, int threads);
 int attention_bwd_f32(float *dq, float *dk, float *dv, const float *q, const float *k,
                       const float *v, const float *o, const float *lse, const float *dout,
                       const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal,
                       int threads);
 
-/* ---- layer kernels (layers.c, crossentropy.c via entry.c); X = f16 (rt_half) or f32 ---- */
+/* ---- layer kernels (layers.c, crossentropy.c via entry.c); X = f16 (rt_half), bf16
+ * (rt_bf16) or f32; 16-bit inputs are widened to fp32, math is fp32, outputs are rounded
+ * back (bf16: to nearest even); lse, rstd, losses and the dw/dtable accumulators are f32 ---- */
 #define RT_DECLARE_LAYERS(X, T)                                                              \
 /* out,x [N,C]; w [C]; rstd [N] f32 saved for backward */                                    \
 int rmsnorm_fwd_##X(T *out, float *rstd, const T *x, const T *w, int N, int C, float eps,    \
@@ -105,12 +115,17 @@ int crossentropy_bwd_##X(T *dh, float *dw, const T *h, const T *w, const int32_t
 /* *finite = 1 iff every element is finite; *sumsq = sum x^2 in double */                   \
 int finite_sumsq_##X(int *finite, double *sumsq, const T *x, size_t n, int threads);
 RT_DECLARE_LAYERS(f16, rt_half)
+RT_DECLARE_LAYERS(bf16, rt_bf16)
 RT_DECLARE_LAYERS(f32, float)
 
 /* ---- optimizer and casts (optim.c) ---- */
 /* torch.optim.AdamW on f32 master/m/v [n] with f32 grad; writes the f16 view (may be NULL) */
 int adamw_step_f32(float *master, float *m, float *v, rt_half *param_f16, const float *grad,
                    size_t n, float lr, float beta1, float beta2, float eps, float wd, int step);
+/* the same step writing the bf16 view, rounded to nearest even (may be NULL) */
+int adamw_step_f32_bf16(float *master, float *m, float *v, rt_bf16 *param_bf16,
+                        const float *grad, size_t n, float lr, float beta1, float beta2,
+                        float eps, float wd, int step);
 int cast_f32_to_f16(rt_half *dst, const float *src, size_t n);
 int cast_f16_to_f32(float *dst, const rt_half *src, size_t n);
 /* fp32 -> bf16 rounds to nearest even (subnormals kept), NaN stays NaN (made quiet, sign and

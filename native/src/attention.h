@@ -45,6 +45,14 @@ void att_zero_masked(float *p, const att_shape *s, int i0, int rows, int j0);
 /* dst[c, r] = src[r, c] for an r x c tile with row strides lds, ldd */
 void att_transpose(float *dst, int ldd, const float *src, int lds, int rows, int cols);
 /* last key block index (exclusive key bound) a query block [i0, i0+rows) needs */
+/* bf16 storage on the AMX bf16 micro-kernel (attention_bf16.c); s from att_setup, its tile
+ * sizes replaced; call only when att_bf16_tiles() is not NULL. delta [B,Hq,T] = rowsum(dO o) */
+const rt_bf16_gemm *att_bf16_tiles(void);   /* the kernel, or NULL: widen to fp32 tiles */
+int att_bf16_fwd(rt_bf16 *o, float *lse, const rt_bf16 *q, const rt_bf16 *k, const rt_bf16 *v,
+                 att_shape *s, int threads);
+int att_bf16_bwd(rt_bf16 *dq, rt_bf16 *dk, rt_bf16 *dv, const rt_bf16 *q, const rt_bf16 *k,
+                 const rt_bf16 *v, const float *lse, const float *delta, const rt_bf16 *dout,
+                 att_shape *s, int threads);
 static inline int att_key_end(const att_shape *s, int i0, int rows) {
     return s->causal ? rt_min(s->T, i0 + rows) : s->T;
 }

@@ -137,8 +137,14 @@ static int attention_bwd(void *dq, void *dk, void *dv, const void *q, const void
     omp_lock_t *locks = malloc(nlock * sizeof(omp_lock_t));
     for (int t = 0; t < threads; t++) if (!rt_am(t)) st = RT_ENOMEM;
     if (!delta || !ws || !locks || st) { free(delta); free(ws); free(locks); return RT_ENOMEM; }
-    for (size_t i = 0; i < nlock; i++) omp_init_lock(&locks[i]);
     compute_delta(delta, o, dout, &s, threads, S);
+    if (dt == RT_BF16 && att_bf16_tiles()) {      /* bf16 tile products (attention_bf16.c) */
+        free(ws); free(locks);
+        st = att_bf16_bwd(dq, dk, dv, q, k, v, lse, delta, dout, &s, threads);
+        free(delta);
+        return st;
+    }
+    for (size_t i = 0; i < nlock; i++) omp_init_lock(&locks[i]);
     bwd_io io = {q, k, v, dout, lse, delta, ws, locks};
     #pragma omp parallel num_threads(threads)
     {
@@ -162,6 +168,13 @@ int attention_bwd_f16(rt_half *dq, rt_half *dk, rt_half *dv, const rt_half *q,
                       int D, int causal, int threads) {
     return attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, alibi, B, T, Hq, Hkv, D, causal,
                          threads, RT_F16);
+}
+int attention_bwd_bf16(rt_bf16 *dq, rt_bf16 *dk, rt_bf16 *dv, const rt_bf16 *q,
+                       const rt_bf16 *k, const rt_bf16 *v, const rt_bf16 *o, const float *lse,
+                       const rt_bf16 *dout, const float *alibi, int B, int T, int Hq, int Hkv,
+                       int D, int causal, int threads) {
+    return attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, alibi, B, T, Hq, Hkv, D, causal,
+                         threads, RT_BF16);
 }
 int attention_bwd_f32(float *dq, float *dk, float *dv, const float *q, const float *k,
                       const float *v, const float *o, const float *lse, const float *dout,

@@ -74,6 +74,7 @@ static int attention_fwd(void *o, float *lse, const void *q, const void *k, cons
     int st = att_setup(&s, B, T, Hq, Hkv, D, causal, alibi, dt, 10, 2);
     if (st) return st;
     if (threads < 1 || threads > RT_MAX_THREADS) return RT_EINVAL;
+    if (dt == RT_BF16 && att_bf16_tiles()) return att_bf16_fwd(o, lse, q, k, v, &s, threads);
     const rt_simd *S = rt_simd_get();
     int nq = (T + s.br - 1) / s.br, ntask = B * Hq * nq, fail = 0;
     #pragma omp parallel num_threads(threads)
@@ -94,6 +95,11 @@ int attention_fwd_f16(rt_half *o, float *lse, const rt_half *q, const rt_half *k
                       const rt_half *v, const float *alibi, int B, int T, int Hq, int Hkv,
                       int D, int causal, int threads) {
     return attention_fwd(o, lse, q, k, v, alibi, B, T, Hq, Hkv, D, causal, threads, RT_F16);
+}
+int attention_fwd_bf16(rt_bf16 *o, float *lse, const rt_bf16 *q, const rt_bf16 *k,
+                       const rt_bf16 *v, const float *alibi, int B, int T, int Hq, int Hkv,
+                       int D, int causal, int threads) {
+    return attention_fwd(o, lse, q, k, v, alibi, B, T, Hq, Hkv, D, causal, threads, RT_BF16);
 }
 int attention_fwd_f32(float *o, float *lse, const float *q, const float *k, const float *v,
                       const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal,

@@ -8,8 +8,13 @@
 #include "gemm.h"
 #include "layers.h"
 
+/* ws [N, vc] f32 = h @ W[v0:v0+vc]^T; bf16 runs on the bf16 GEMM (AMX or VDPBF16PS where
+ * the path has them): exact bf16 products, fp32 sums, as the widening GEMM computes them */
 static int logits_chunk(float *ws, const void *h, const void *w, int N, int C, int v0, int vc,
                         rt_dtype dt, int threads) {
+    if (dt == RT_BF16)
+        return gemm_fwd_bf16(ws, RT_F32, h, (const rt_bf16 *)w + (size_t)v0 * C, NULL, N, vc, C,
+                             RT_TRANS_B, threads);
     rt_gemm_args g = {ws, RT_F32, h, dt, (const char *)w + (size_t)v0 * C * rt_esize(dt), dt,
                       NULL, N, vc, C, RT_TRANS_B, C, C, vc};
     return rt_gemm(&g, threads);

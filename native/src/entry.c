@@ -5,7 +5,8 @@
 /* threads stand for a cluster's cores; each needs its own AM buffer */
 #define BAD_THREADS(t) ((t) < 1 || (t) > RT_MAX_THREADS)
 
-#define BOTH(X) X(f16, rt_half, RT_F16) X(f32, float, RT_F32)
+/* every storage dtype; bf16 has the fp16 code path: load to f32, fp32 math, store RNE */
+#define BOTH(X) X(f16, rt_half, RT_F16) X(bf16, rt_bf16, RT_BF16) X(f32, float, RT_F32)
 
 #define DEFINE(sfx, T, DT)                                                                    \
 int rmsnorm_fwd_##sfx(T *out, float *rstd, const T *x, const T *w, int N, int C, float eps,   \

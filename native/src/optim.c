@@ -1,15 +1,17 @@
-/* Optimizer-side kernels: the AdamW step on FP32 master weights (writing the FP16 view the
- * forward pass reads), fp16 and bf16 casts, and the finite-check + sum-of-squares reduction used for
- * gradient clipping and dynamic loss scaling. */
+/* Optimizer-side kernels: the AdamW step on FP32 master weights (writing the FP16 or BF16
+ * view the forward pass reads), fp16 and bf16 casts, and the finite-check + sum-of-squares
+ * reduction used for gradient clipping and dynamic loss scaling. */
 #include <omp.h>
 #include "layers.h"
 
 #define CHUNK 4096
 
 /* torch.optim.AdamW: p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
- * p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps) */
-int adamw_step_f32(float *master, float *m, float *v, rt_half *param_f16, const float *grad,
-                   size_t n, float lr, float beta1, float beta2, float eps, float wd, int step) {
+ * p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps); then the 16-bit view of
+ * each chunk (view_dt RT_F16 or RT_BF16, both round to nearest even) if view is not NULL */
+static int adamw_step(float *master, float *m, float *v, void *view, rt_dtype view_dt,
+                      const float *grad, size_t n, float lr, float beta1, float beta2,
+                      float eps, float wd, int step) {
     if (step < 1) return RT_EINVAL;
     const rt_simd *S = rt_simd_get();
     float bc1 = 1.0f - powf(beta1, (float)step), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)step));
@@ -24,9 +26,20 @@ int adamw_step_f32(float *master, float *m, float *v, rt_half *param_f16, const 
             vv[i] = beta2 * vv[i] + (1.0f - beta2) * g[i] * g[i];
             p[i] -= step_size * mm[i] / (sqrtf(vv[i]) / bc2_sqrt + eps);
         }
-        if (param_f16) S->f2h(param_f16 + off, p, len);
+        if (view) rt_store_f32(S, view, off, p, len, view_dt);
     }
     return RT_OK;
+}
+
+int adamw_step_f32(float *master, float *m, float *v, rt_half *param_f16, const float *grad,
+                   size_t n, float lr, float beta1, float beta2, float eps, float wd, int step) {
+    return adamw_step(master, m, v, param_f16, RT_F16, grad, n, lr, beta1, beta2, eps, wd, step);
+}
+int adamw_step_f32_bf16(float *master, float *m, float *v, rt_bf16 *param_bf16,
+                        const float *grad, size_t n, float lr, float beta1, float beta2,
+                        float eps, float wd, int step) {
+    return adamw_step(master, m, v, param_bf16, RT_BF16, grad, n, lr, beta1, beta2, eps, wd,
+                      step);
 }
 
 int cast_f32_to_f16(rt_half *dst, const float *src, size_t n) {

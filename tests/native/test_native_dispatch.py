@@ -50,7 +50,7 @@ def test_set_isa_rejects_unknown_name(restore_isa):
 
 GENERATED = '''
 from ratrain.kernels cimport gemm_fwd_f32, gemm_fwd_bf16, cast_f32_to_bf16, RT_F32, RT_BF16
-from ratrain.kernels cimport RT_TRANS_B, RT_EINVAL
+from ratrain.kernels cimport RT_TRANS_B, RT_EINVAL, adamw_step_f32_bf16, swiglu_fwd_bf16
 def run(float[:, ::1] a, float[:, ::1] b, float[:, ::1] out):
     cdef int st, bad
     with nogil:
@@ -67,6 +67,14 @@ def run_bf16(float[:, ::1] a, float[:, ::1] b, unsigned short[:, ::1] a16,
         st = gemm_fwd_bf16(&out[0, 0], RT_BF16, &a16[0, 0], &b16[0, 0], NULL,
                            a.shape[0], b.shape[0], a.shape[1], RT_TRANS_B, 1)
     return st
+def run_bf16_layers(float[::1] p, float[::1] m, float[::1] v, float[::1] g,
+                    unsigned short[::1] view, unsigned short[::1] gate, unsigned short[::1] out):
+    cdef int st, st2
+    with nogil:
+        st = adamw_step_f32_bf16(&p[0], &m[0], &v[0], &view[0], &g[0], p.shape[0], 0.1, 0.9,
+                                 0.999, 1e-8, 0.0, 1)
+        st2 = swiglu_fwd_bf16(&out[0], &gate[0], &gate[0], gate.shape[0], 1)
+    return st, st2
 '''
 
 
@@ -94,6 +102,14 @@ def test_pxd_is_cimportable_by_generated_code(tmp_path):
         st = gen_prog.run_bf16(a, b, u16(a), u16(b), out16)
         got = (out16.astype(np.uint32) << 16).view(np.float32)
         assert st == 0 and np.array_equal(got, a @ b.T), (st, got)
+        gate = np.array([0x4000, 0x0000], np.uint16)      # bf16 2.0 and 0.0
+        out, view, z = np.zeros(2, np.uint16), np.zeros(1, np.uint16), np.zeros(1, np.float32)
+        st, st2 = gen_prog.run_bf16_layers(np.ones(1, np.float32), z, z.copy(),
+                                           np.full(1, 0.5, np.float32), view, gate, out)
+        # first AdamW step moves 1.0 by lr = 0.1: 0.9 -> bf16 0x3F66 (0.8984375);
+        # silu(2) * 2 = 3.5232 -> bf16 0x4061 (3.515625)
+        assert st == 0 and view.tolist() == [0x3F66], (st, view)
+        assert st2 == 0 and out.tolist() == [0x4061, 0], (st2, out)
         print("ok")
     """)
     res = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True)
