@@ -39,6 +39,7 @@ setup(
     install_requires=[
         "jax>=0.4.30",
         "numpy>=1.26",
+        "ml_dtypes>=0.4",           # numpy's bfloat16 for --precision bf16 (jax needs it too)
         "networkx>=3.0",
         "cython>=3.0",
         "mpi4py>=4.0",

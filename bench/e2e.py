@@ -2,9 +2,10 @@
 1. tokens/s of a compiled program on 1 rank x 2 threads and on PP=2 (2 ranks x 1 thread) vs a
    jax.jit train step (value_and_grad of ratrain.models.loss_fn + AdamW in jax.numpy) on the
    same 2 cores: same model, global batch and sequence length, FP32, XLA's own CPU threads;
-2. the same tokens/s vs PyTorch + transformers (the model's AutoModelForCausalLM from the
-   same config, torch.optim.AdamW, torch's threads = the same 2 cores), in fp32 and in bf16
-   autocast (oneDNN's bf16 kernels), when torch is installed;
+2. ratrain in bf16 (--precision bf16: bf16 activations and views, fp32 master state) on the
+   same layouts, and both against PyTorch + transformers (the model's AutoModelForCausalLM
+   from the same config, torch.optim.AdamW, torch's threads = the same 2 cores) in fp32 and
+   in bf16 autocast (oneDNN's bf16 kernels), when torch is installed;
 3. the ratrain schedule vs --schedule baseline, PP=2, recompute auto, under a --budget that
    keeping every activation does not fit (computed from the compiled peaks, not hard-coded).
 Step time is the median after warm-up steps (ratrain: step_seconds of the runtime's --metrics
@@ -57,11 +58,12 @@ def beside_python(tool):
 
 # ---- compiling -----------------------------------------------------------------------------
 
-def compile_program(out, model, seq_len, micro_batches, micro_batch_size, *flags):
+def compile_program(out, model, seq_len, micro_batches, micro_batch_size, *flags,
+                    precision="fp32"):
     """`ratrain compile MODEL ... -o out`; the program directory and its stdout (the report)."""
     text = run([beside_python("ratrain"), "compile", model, "--seq-len", seq_len,
                 "--micro-batches", micro_batches, "--micro-batch-size", micro_batch_size,
-                "--precision", "fp32", *flags, "-o", out, "--force"])
+                "--precision", precision, *flags, "-o", out, "--force"])
     return out, text
 
 
@@ -222,12 +224,17 @@ def print_tight_setup(budget, keep_all, floor, tight, report):
 
 
 def compile_all(args, work):
-    """The four programs and the budget of the recompute comparison (from compiled peaks)."""
+    """The programs (fp32 and bf16 on 1 rank and PP=2, and the recompute comparison's two
+    under a budget from compiled peaks)."""
     g, t, m = args.global_batch, args.seq_len, args.micro_batches
     pp2 = lambda name, *flags: compile_program(work / name, args.model, t, m, g // m,
                                                "--pp", 2, *flags)
     pp1, _ = compile_program(work / "pp1", args.model, t, 1, g, "--recompute", "none")
     keep_all_program, _ = pp2("pp2", "--recompute", "none")
+    bf16 = {"bf16-pp1": compile_program(work / "bf16-pp1", args.model, t, 1, g, "--recompute",
+                                        "none", precision="bf16")[0],
+            "bf16-pp2": compile_program(work / "bf16-pp2", args.model, t, m, g // m, "--pp", 2,
+                                        "--recompute", "none", precision="bf16")[0]}
     full, _ = pp2("full", "--recompute", "full")
     keep_all, floor = max(stage_peaks(keep_all_program)), max(stage_peaks(full))
     budget = floor + int(args.budget_at * (keep_all - floor))
@@ -239,13 +246,14 @@ def compile_all(args, work):
         tight[schedule], reports[schedule] = pp2(schedule, "--schedule", schedule, "--recompute",
                                                  "auto", "--budget", budget, "--report")
     print_tight_setup(budget, keep_all, floor, tight, reports["ratrain"])
-    return pp1, keep_all_program, tight
+    return pp1, keep_all_program, tight, bf16
 
 
 def cases(args, programs, cores):
     """name -> run(round) giving that run's step seconds; every ratrain run keeps its metrics."""
-    pp1, pp2, tight = programs
-    layouts = {"pp1": (pp1, 1, CORES), "pp2": (pp2, 2, 1),
+    pp1, pp2, tight, bf16 = programs
+    layouts = {"pp1": (pp1, 1, CORES), "pp2": (pp2, 2, 1), "bf16-pp1": (bf16["bf16-pp1"], 1, CORES),
+               "bf16-pp2": (bf16["bf16-pp2"], 2, 1),
                **{schedule: (program, 2, 1) for schedule, program in tight.items()}}
 
     def ratrain_case(name):
@@ -324,9 +332,12 @@ def main():
     line("train 1 rank x 2 threads vs jax", rate["pp1"], rate["jax"], "jax", 1.0)
     line("train PP=2 (2 ranks x 1 thread) vs jax", rate["pp2"], rate["jax"], "jax", 1.0)
     best_ratrain = max(rate["pp1"], rate["pp2"])
+    best_bf16 = max(rate["bf16-pp1"], rate["bf16-pp2"])
+    line("ratrain bf16 (best layout) vs ratrain fp32", best_bf16, best_ratrain, "fp32", 1.0)
     if "torch" in rate:
         line("ratrain fp32 (best layout) vs torch fp32", best_ratrain, rate["torch"], "torch", 1.0)
-        line("ratrain fp32 (best layout) vs torch bf16", best_ratrain, rate["torch-bf16"],
+        line("ratrain bf16 (best layout) vs torch fp32", best_bf16, rate["torch"], "torch", 1.5)
+        line("ratrain bf16 (best layout) vs torch bf16 autocast", best_bf16, rate["torch-bf16"],
              "torch-bf16", 1.0)
     else:
         print("# no PyTorch peer: torch and transformers are not installed (or --no-torch)")

@@ -41,9 +41,10 @@ def resolve_options(config: dict, profile: dict, **flags):
 
 
 def trace_for(config: dict, name: str, options):
-    """The TrainGraph the options ask for: fp16 programs trace in float16."""
+    """The TrainGraph the options ask for: fp16 and bf16 programs trace in their dtype."""
     from ratrain.models.trace import trace_model
-    dtype = "float16" if options.precision == "fp16" else "float32"
+    from ratrain.program_format.options import GRAPH_DTYPE
+    dtype = GRAPH_DTYPE[options.precision]
     return trace_model(config, micro_batch_size=options.micro_batch_size,
                        seq_len=options.seq_len, dtype=dtype, name=name)
 

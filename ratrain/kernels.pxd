@@ -74,5 +74,9 @@ cdef int rt_accumulate_set_f16(float *target, const unsigned short *value, size_
 cdef int rt_accumulate_add_f16(float *target, const unsigned short *value, size_t n) noexcept nogil
 cdef int rt_column_sums_f32(float *out, const float *x, size_t rows, size_t cols) noexcept nogil
 cdef int rt_column_sums_f16(unsigned short *out, const unsigned short *x, size_t rows, size_t cols) noexcept nogil
+cdef int rt_add_bf16(unsigned short *out, const unsigned short *a, const unsigned short *b, size_t n) noexcept nogil
+cdef int rt_accumulate_set_bf16(float *target, const unsigned short *value, size_t n) noexcept nogil
+cdef int rt_accumulate_add_bf16(float *target, const unsigned short *value, size_t n) noexcept nogil
+cdef int rt_column_sums_bf16(unsigned short *out, const unsigned short *x, size_t rows, size_t cols) noexcept nogil
 cdef int rt_mean_into(float *out, const float *x, size_t n) noexcept nogil
 cdef int rt_spread(const float *total, float *out, size_t n) noexcept nogil

@@ -144,6 +144,10 @@ int rt_accumulate_add_f16(float *target, const rt_half *value, size_t n);
 /* out[c] = sum over rows of x[r, c] (x row-major [rows, cols]) */
 int rt_column_sums_f32(float *out, const float *x, size_t rows, size_t cols);
 int rt_column_sums_f16(rt_half *out, const rt_half *x, size_t rows, size_t cols);
+int rt_add_bf16(rt_bf16 *out, const rt_bf16 *a, const rt_bf16 *b, size_t n);
+int rt_accumulate_set_bf16(float *target, const rt_bf16 *value, size_t n);
+int rt_accumulate_add_bf16(float *target, const rt_bf16 *value, size_t n);
+int rt_column_sums_bf16(rt_bf16 *out, const rt_bf16 *x, size_t rows, size_t cols);
 /* out[0] = mean of x[n] (summed in double); spread: out[i] = total[0] / n */
 int rt_mean_into(float *out, const float *x, size_t n);
 int rt_spread(const float *total, float *out, size_t n);

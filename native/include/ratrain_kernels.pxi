@@ -67,6 +67,10 @@ cdef extern from "ratrain_kernels.h" nogil:
     int c_rt_accumulate_add_f16 "rt_accumulate_add_f16"(float *target, const unsigned short *value, size_t n)
     int c_rt_column_sums_f32 "rt_column_sums_f32"(float *out, const float *x, size_t rows, size_t cols)
     int c_rt_column_sums_f16 "rt_column_sums_f16"(unsigned short *out, const unsigned short *x, size_t rows, size_t cols)
+    int c_rt_add_bf16 "rt_add_bf16"(unsigned short *out, const unsigned short *a, const unsigned short *b, size_t n)
+    int c_rt_accumulate_set_bf16 "rt_accumulate_set_bf16"(float *target, const unsigned short *value, size_t n)
+    int c_rt_accumulate_add_bf16 "rt_accumulate_add_bf16"(float *target, const unsigned short *value, size_t n)
+    int c_rt_column_sums_bf16 "rt_column_sums_bf16"(unsigned short *out, const unsigned short *x, size_t rows, size_t cols)
     int c_rt_mean_into "rt_mean_into"(float *out, const float *x, size_t n)
     int c_rt_spread "rt_spread"(const float *total, float *out, size_t n)
 
@@ -184,6 +188,14 @@ cdef int rt_column_sums_f32(float *out, const float *x, size_t rows, size_t cols
     return c_rt_column_sums_f32(out, x, rows, cols)
 cdef int rt_column_sums_f16(unsigned short *out, const unsigned short *x, size_t rows, size_t cols) noexcept nogil:
     return c_rt_column_sums_f16(out, x, rows, cols)
+cdef int rt_add_bf16(unsigned short *out, const unsigned short *a, const unsigned short *b, size_t n) noexcept nogil:
+    return c_rt_add_bf16(out, a, b, n)
+cdef int rt_accumulate_set_bf16(float *target, const unsigned short *value, size_t n) noexcept nogil:
+    return c_rt_accumulate_set_bf16(target, value, n)
+cdef int rt_accumulate_add_bf16(float *target, const unsigned short *value, size_t n) noexcept nogil:
+    return c_rt_accumulate_add_bf16(target, value, n)
+cdef int rt_column_sums_bf16(unsigned short *out, const unsigned short *x, size_t rows, size_t cols) noexcept nogil:
+    return c_rt_column_sums_bf16(out, x, rows, cols)
 cdef int rt_mean_into(float *out, const float *x, size_t n) noexcept nogil:
     return c_rt_mean_into(out, x, n)
 cdef int rt_spread(const float *total, float *out, size_t n) noexcept nogil:

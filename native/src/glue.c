@@ -1,6 +1,6 @@
 /* Glue the generated programs call between kernels: element-wise adds (residual streams),
  * gradient accumulation into fp32 buffers, column sums (bias gradients) and the loss mean
- * and its gradient. fp16 operands are widened to fp32 in chunks, computed, and rounded once
+ * and its gradient. fp16 and bf16 operands are widened to fp32 in chunks, computed, and rounded once
  * (as numpy does); every result is bit-identical to the per-element C loops they replace. */
 #include "internal.h"
 
@@ -68,6 +68,52 @@ int rt_column_sums_f16(rt_half *out, const rt_half *x, size_t rows, size_t cols)
             for (size_t c = 0; c < w; c++) acc[c] = acc[c] + t[c];
         }
         S->f2h(out + at, acc, w);
+    }
+    return RT_OK;
+}
+
+/* bf16 twins of the fp16 helpers: widened exactly, rounded to nearest even once */
+
+int rt_add_bf16(rt_bf16 *out, const rt_bf16 *a, const rt_bf16 *b, size_t n) {
+    const rt_simd *S = rt_simd_get();
+    float ta[CHUNK], tb[CHUNK];
+    for (size_t at = 0; at < n; at += CHUNK) {
+        size_t w = n - at < CHUNK ? n - at : CHUNK;
+        S->bf2f(ta, a + at, w);
+        S->bf2f(tb, b + at, w);
+        for (size_t i = 0; i < w; i++) ta[i] = ta[i] + tb[i];
+        S->f2bf(out + at, ta, w);
+    }
+    return RT_OK;
+}
+
+int rt_accumulate_set_bf16(float *target, const rt_bf16 *value, size_t n) {
+    rt_simd_get()->bf2f(target, value, n);
+    return RT_OK;
+}
+
+int rt_accumulate_add_bf16(float *target, const rt_bf16 *value, size_t n) {
+    const rt_simd *S = rt_simd_get();
+    float t[CHUNK];
+    for (size_t at = 0; at < n; at += CHUNK) {
+        size_t w = n - at < CHUNK ? n - at : CHUNK;
+        S->bf2f(t, value + at, w);
+        for (size_t i = 0; i < w; i++) target[at + i] = target[at + i] + t[i];
+    }
+    return RT_OK;
+}
+
+int rt_column_sums_bf16(rt_bf16 *out, const rt_bf16 *x, size_t rows, size_t cols) {
+    const rt_simd *S = rt_simd_get();
+    float acc[CHUNK], t[CHUNK];
+    for (size_t at = 0; at < cols; at += CHUNK) {
+        size_t w = cols - at < CHUNK ? cols - at : CHUNK;
+        memset(acc, 0, w * sizeof(float));
+        for (size_t r = 0; r < rows; r++) {
+            S->bf2f(t, x + r * cols + at, w);
+            for (size_t c = 0; c < w; c++) acc[c] = acc[c] + t[c];
+        }
+        S->f2bf(out + at, acc, w);
     }
     return RT_OK;
 }

@@ -21,8 +21,8 @@ from ratrain.inputs import load_hw, load_model, read_hf_config
 from ratrain.models.config import SEQ_LEN_HELP
 from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.plan_memory import format_bytes
-from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISIONS, RECOMPUTE_POLICIES,
-                                            SCHEDULES, UPDATE_RULES)
+from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISION_HELP, PRECISIONS,
+                                            RECOMPUTE_POLICIES, SCHEDULES, UPDATE_RULES)
 from ratrain.programs import (MANIFEST, build_manifest, check_output, pass_file,
                               program_files, rank_line, rank_lowered, read_manifest,
                               write_program_dir)
@@ -215,8 +215,7 @@ def _add_policy_options(p) -> None:
                    "(default: the profile's usable_memory)")
     p.add_argument("--hw", default="cpu", metavar="PROFILE", help="hardware profile: mt3000, "
                    "cpu or a path to a profile .json (default: cpu)")
-    p.add_argument("--precision", choices=PRECISIONS, default=None, help="fp32 exact mode or "
-                   "fp16 mixed precision (default: the profile's, fp16 on mt3000, fp32 on cpu)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     p.add_argument("--grad-accum", choices=GRAD_ACCUMULATION, default="auto",
                    help="ZeRO-2 gradient accumulation: local (full gradient until the step's "
                    "sync), scatter (reduce-scatter every micro-batch, only a shard kept) or "

@@ -14,7 +14,7 @@ from ratrain.errors import UserError
 from ratrain.inputs import load_hw, load_model
 from ratrain.models.config import SEQ_LEN_HELP, default_seq_len
 from ratrain.planner.strategies import STRATEGIES
-from ratrain.program_format.options import SCHEDULES
+from ratrain.program_format.options import PRECISION_HELP, PRECISIONS, SCHEDULES
 from ratrain.units import SIZE_HELP, format_budget, format_bytes, size_arg
 
 # --schedule: a compiler schedule (all its candidates), a strategy, or everything
@@ -276,7 +276,6 @@ def add_search_options(p, *, required: bool) -> None:
 
 
 def add_plan_parser(sub, model_help: str) -> None:
-    from ratrain.program_format.options import PRECISIONS
     p = sub.add_parser("plan", help="search configurations for N ranks under a memory budget "
                        "and rank them by simulated step time",
                        description="Search pipeline and DP degrees (pp x dp = N), ZeRO stage, "
@@ -292,8 +291,7 @@ def add_plan_parser(sub, model_help: str) -> None:
                    "cpu or a path to a profile .json (default: cpu)")
     p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE", help="usable "
                    "memory per rank, e.g. 20GB (default: the profile's usable_memory)")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="fp32 or fp16 (default: the profile's)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="ratrain",
                    help="what to search: a schedule (ratrain: lifecycle scheduling; "
                    "baseline: GPU-style 1F1B, sync and update at the step end) with every "

@@ -14,7 +14,8 @@ from pathlib import Path
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, read_hf_config
 from ratrain.models.config import SEQ_LEN_HELP
-from ratrain.program_format.options import PRECISIONS, RECOMPUTE_POLICIES, SCHEDULES
+from ratrain.program_format.options import (PRECISION_HELP, PRECISIONS, RECOMPUTE_POLICIES,
+                                            SCHEDULES)
 from ratrain.rt.launch import launch
 from ratrain.rt.train_options import add_training_options
 from ratrain.units import size_arg
@@ -195,9 +196,7 @@ def _add_layout_options(p) -> None:
                    "(default: auto)")
     p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE",
                    help="usable memory per rank, e.g. 2GB (default: the cpu profile's)")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="fp32 exact "
-                   "mode, or fp16 mixed precision: fp16 activations and views, fp32 master "
-                   "weights, dynamic loss scaling (default: fp32)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     p.add_argument("--clip", type=float, default=None, metavar="X",
                    help="clip gradients to global norm X (default: no clipping)")
     from ratrain.cli.compile import add_update_rule_option

@@ -11,9 +11,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-C_TYPES = {"float32": "float", "float16": "unsigned short", "int32": "int32_t"}
-SUFFIX = {"float32": "f32", "float16": "f16"}
-RT_DTYPE = {"float32": "RT_F32", "float16": "RT_F16"}
+C_TYPES = {"float32": "float", "float16": "unsigned short", "bfloat16": "unsigned short",
+           "int32": "int32_t"}
+SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+RT_DTYPE = {"float32": "RT_F32", "float16": "RT_F16", "bfloat16": "RT_BF16"}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
 CE_CHUNK = 4096         # vocabulary rows of logits the cross-entropy kernel holds at once
 
 
@@ -65,7 +67,7 @@ def _f32_target(arg: Arg, slot, n: int, lines: list[str], at: int = 0,
 def _cast_back(arg: Arg, slot, n: int, at: int = 0) -> list[str]:
     if slot.dtype == "float32":
         return []
-    return [f"if st == 0: st = cast_f32_to_f16({arg(slot)}, SCR + {at}, {n})"]
+    return [f"if st == 0: st = cast_f32_to_{SUFFIX[slot.dtype]}({arg(slot)}, SCR + {at}, {n})"]
 
 
 def matmul(call, arg: Arg) -> Emitted:
@@ -78,7 +80,7 @@ def matmul(call, arg: Arg) -> Emitted:
 def matmul_bias(call, arg: Arg) -> Emitted:
     (x, w, b), (out,) = call.inputs, call.outputs
     n = b.shape[0]
-    lines = [] if b.dtype == "float32" else [f"cast_f16_to_f32(SCR, {arg(b)}, {n})"]
+    lines = [] if b.dtype == "float32" else [f"cast_{SUFFIX[b.dtype]}_to_f32(SCR, {arg(b)}, {n})"]
     bias = arg(b) if b.dtype == "float32" else "SCR"
     lines.append(f"st = gemm_fwd_{_k(call)}({arg(out)}, {RT_DTYPE[out.dtype]}, {arg(x)}, "
                  f"{arg(w)}, {bias}, {_rows(x.shape)}, {w.shape[0]}, {w.shape[1]}, "
@@ -234,7 +236,7 @@ def add(call, arg: Arg) -> Emitted:
 
 def reshape(call, arg: Arg) -> Emitted:
     (x,), (out,) = call.inputs, call.outputs
-    nbytes = _size(x) * (2 if x.dtype == "float16" else 4)
+    nbytes = _size(x) * ITEMSIZE[x.dtype]
     return Emitted([f"memmove({arg(out)}, {arg(x)}, {nbytes})"])
 
 

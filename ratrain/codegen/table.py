@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from ratrain.codegen.emit import C_TYPES, emit_call
+from ratrain.codegen.emit import C_TYPES, ITEMSIZE, emit_call
 from ratrain.codegen.legend import slot_legend, slot_role
 from ratrain.program_format.lowered import StagePeriod
 from ratrain.program_format.table import CallLabel, NativeStep, PythonStep
 
-ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4}
 
 
 @dataclass(frozen=True)

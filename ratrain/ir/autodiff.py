@@ -18,7 +18,8 @@ from ratrain.ir.rules import lookup_rule
 
 
 def is_float(value) -> bool:
-    return np.issubdtype(np.dtype(value.dtype), np.floating)
+    # bfloat16 (ml_dtypes) is floating point but not a numpy np.floating subtype
+    return value.dtype == "bfloat16" or np.issubdtype(np.dtype(value.dtype), np.floating)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -11,6 +11,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+import ml_dtypes  # noqa: F401  (gives numpy the "bfloat16" dtype the IR names)
 import numpy as np
 
 DTYPE_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ratrain.program_format.options import RECOMPUTE_POLICIES, CompileOptions
+from ratrain.program_format.options import GRAPH_DTYPE, RECOMPUTE_POLICIES, CompileOptions
 
 # least memory first: insert_recovery's auto needs no more than full, which needs no
 # more than selective, which needs no more than none (NOTE [dominance] in screen.py)
@@ -90,7 +90,7 @@ class GraphCache:
 
     def __init__(self, config: dict, name: str, seq_len: int, precision: str):
         self.config, self.name, self.seq_len = config, name, seq_len
-        self.dtype = "float16" if precision == "fp16" else "float32"
+        self.dtype = GRAPH_DTYPE[precision]
         self._graphs: dict[int, object] = {}
 
     def get(self, micro_batch_size: int):

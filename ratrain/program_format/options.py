@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 SCHEDULES = ("ratrain", "baseline")
 RECOMPUTE_POLICIES = ("none", "full", "selective", "auto")
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16", "bf16")
+# the dtype a precision traces activations and parameter views in (master state is fp32)
+GRAPH_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+PRECISION_HELP = ("fp32 exact mode; fp16 mixed precision (fp16 activations and views, fp32 "
+                  "master weights and optimizer state, dynamic loss scaling); or bf16 (the same "
+                  "in bf16, no loss scaling) (default: the profile's, fp16 on mt3000, fp32 on cpu)")
 GRAD_ACCUMULATION = ("auto", "local", "scatter")
 UPDATE_RULES = ("commit", "after-norm")  # NOTE [commit rule] (passes/insert_update.py)
 
@@ -26,7 +31,8 @@ class CompileOptions:
     zero: int = 0                       # ZeRO stage 0, 1, 2 or 3 over the DP group
     budget: int | None = None           # usable bytes per rank; None = unlimited
     hw: str = "cpu"                     # hardware profile name
-    precision: str = "fp32"             # "fp32" exact mode or "fp16" mixed precision
+    precision: str = "fp32"             # "fp32" exact mode, "fp16" mixed precision with
+                                        # loss scaling, "bf16" mixed precision without
     clip: float | None = None           # global-norm gradient clipping; None = off
     grad_accum: str = "auto"            # ZeRO-2: "local", "scatter" or "auto" per stage
     stage_speeds: tuple[float, ...] | None = None  # relative speed per stage (hetero ranks)

@@ -25,7 +25,11 @@ GEMM_CLASS = ("gemm", "attention")
 
 
 def peak_flops(profile: dict, precision: str) -> float:
-    return profile["fp16_flops" if precision == "fp16" else "fp32_flops"]
+    """The profile's peak for the precision: its bf16 peak if it has one, else the 16-bit
+    (fp16) peak for both 16-bit formats."""
+    if precision == "bf16" and "bf16_flops" in profile:
+        return profile["bf16_flops"]
+    return profile["fp16_flops" if precision in ("fp16", "bf16") else "fp32_flops"]
 
 
 def shape_factor(profile: dict, min_dim: int) -> float:

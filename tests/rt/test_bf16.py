@@ -1,0 +1,55 @@
+"""bf16 mixed precision under MPI (issue 18): bf16 activations and parameter views, fp32
+master weights, gradients and optimizer state, no loss scaling. 200 steps of a small model
+track the fp32 run, and the ratrain and baseline schedules give bit-identical losses."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ratrain.cli import main as ratrain_main
+from test_fp16 import CONFIG, ROWS, B, M, STEPS, T
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """Arithmetic progressions mod the vocabulary (test_fp16's rows): the loss must fall."""
+    root = tmp_path_factory.mktemp("bf16")
+    (root / "config.json").write_text(json.dumps(CONFIG))
+    rng = np.random.default_rng(0)
+    start, stride = rng.integers(0, 64, (ROWS, 1)), rng.integers(1, 4, (ROWS, 1))
+    np.save(root / "rows.npy", (start + stride * np.arange(T + 1)) % CONFIG["vocab_size"])
+    return root
+
+
+def train(workdir, precision: str, schedule: str) -> list[dict]:
+    out, metrics = workdir / f"{precision}-{schedule}", workdir / f"{precision}-{schedule}.jsonl"
+    assert ratrain_main(["compile", str(workdir / "config.json"), "--precision", precision,
+                         "--seq-len", str(T), "--pp", "2", "--micro-batches", str(M),
+                         "--micro-batch-size", str(B), "--recompute", "none",
+                         "--schedule", schedule, "-o", str(out)]) == 0
+    run = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "ratrain.rt", str(out),
+                          "--data", str(workdir / "rows.npy"), "--metrics", str(metrics),
+                          "--steps", str(STEPS), "--lr", "1e-3", "--seed", "1", "--no-shuffle",
+                          "--quiet"], capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr
+    return [json.loads(line) for line in metrics.read_text().splitlines()]
+
+
+def test_bf16_tracks_fp32_and_the_schedules_agree(workdir):
+    bf16 = train(workdir, "bf16", "ratrain")
+    fp32 = train(workdir, "fp32", "ratrain")
+    baseline = train(workdir, "bf16", "baseline")
+    losses = np.array([r["loss"] for r in bf16])
+    reference = np.array([r["loss"] for r in fp32])
+    assert len(losses) == STEPS and losses[-50:].mean() < 0.5 * losses[:10].mean()
+    # bf16 keeps 8 mantissa bits in activations and views; the issue's bar: every one of
+    # the last 50 losses within 2% of fp32's (measured here: at most 1.07%, mean 0.34%)
+    relative = np.abs(losses[-50:] - reference[-50:]) / reference[-50:]
+    assert relative.max() < 0.02, relative.max()
+    # no loss scaling and no clipping: no NORM, so both schedules run the same sums
+    assert [r["loss"] for r in baseline] == list(losses)
+    assert all(r["loss_scale"] is None and not r["skipped"] for r in bf16)
