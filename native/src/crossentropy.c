@@ -2,7 +2,13 @@
  * exist: each chunk's logits = h @ W[v0:v1]^T go through the blocked GEMM into an N x chunk
  * FP32 workspace, then an online log-sum-exp (forward) or the softmax gradient (backward).
  *   forward:  loss[n] = lse[n] - logit[n, target[n]]   (target < 0: ignored, loss 0)
- *   backward: G = (softmax - onehot) * dloss[n];  dh = G @ W;  dW += G^T @ h  (f32, +=) */
+ *   backward: G = (softmax - onehot) * dloss[n];  dh = G @ W;  dW += G^T @ h  (f32, +=)
+ *
+ * NOTE [bf16 logits gradient]: in bf16, G is rounded to bf16 (nearest even) before its two
+ * GEMMs, so they run on the bf16 GEMM (AMX tiles where permitted) instead of widening W and
+ * h to fp32: the backward of the LM head is most of a small model's step. PyTorch's bf16
+ * autocast does the same (its matmul backward takes a bf16 gradient). G's entries then
+ * carry a relative error of at most 2^-9; dh and dW still sum in fp32. */
 #include <omp.h>
 #include <stdlib.h>
 #include "gemm.h"
@@ -57,7 +63,11 @@ int rt_crossentropy_bwd(void *dh, float *dw, const void *h, const void *w,
     if (N <= 0 || V <= 0 || C <= 0 || chunk <= 0) return RT_EINVAL;
     int vc_max = rt_min(chunk, V);
     float *ws = malloc((size_t)N * vc_max * 4), *dh32 = calloc((size_t)N * C, 4);
-    if (!ws || !dh32) { free(ws); free(dh32); return RT_ENOMEM; }
+    rt_bf16 *gb = dt == RT_BF16 ? malloc((size_t)N * vc_max * 2) : NULL;
+    if (!ws || !dh32 || (dt == RT_BF16 && !gb)) {
+        free(ws); free(dh32); free(gb);
+        return RT_ENOMEM;
+    }
     const rt_simd *S = rt_simd_get();
     int st = RT_OK;
     for (int v0 = 0; v0 < V && !st; v0 += vc_max) {
@@ -73,6 +83,14 @@ int rt_crossentropy_bwd(void *dh, float *dw, const void *h, const void *w,
             S->scale(row, vc, dlosses[n]);
         }
         const void *wc = (const char *)w + (size_t)v0 * C * rt_esize(dt);
+        if (dt == RT_BF16) {    /* NOTE [bf16 logits gradient] */
+            S->f2bf(gb, ws, (size_t)N * vc);
+            if (!st) st = gemm_fwd_bf16(dh32, RT_F32, gb, wc, NULL, N, C, vc, RT_ACCUMULATE,
+                                        threads);
+            if (!st) st = gemm_fwd_bf16(dw + (size_t)v0 * C, RT_F32, gb, h, NULL, vc, C, N,
+                                        RT_TRANS_A | RT_ACCUMULATE, threads);
+            continue;
+        }
         rt_gemm_args gh = {dh32, RT_F32, ws, RT_F32, wc, dt, NULL, N, C, vc, RT_ACCUMULATE, vc, C, C};
         rt_gemm_args gw = {dw + (size_t)v0 * C, RT_F32, ws, RT_F32, h, dt, NULL, vc, C, N,
                            RT_TRANS_A | RT_ACCUMULATE, vc, C, C};
@@ -80,6 +98,6 @@ int rt_crossentropy_bwd(void *dh, float *dw, const void *h, const void *w,
         if (!st) st = rt_gemm(&gw, threads);
     }
     rt_store_f32(S, dh, 0, dh32, (size_t)N * C, dt);
-    free(ws); free(dh32);
+    free(ws); free(dh32); free(gb);
     return st;
 }
