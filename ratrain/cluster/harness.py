@@ -19,6 +19,7 @@ from ratrain.cluster import netns
 from ratrain.rt.launch import find_mpiexec, rank_python
 
 PREFIX = "rtc"
+PROBE_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 NAME = re.compile(r"[a-z0-9]{1,12}")
 # NOTE [MPI over the links]: the mpich wheel (ch4) moves bytes between ranks of one host
 # through shared memory, even across namespaces, unless NOLOCAL forbids it; the ofi netmod
@@ -203,8 +204,11 @@ def probe(cluster: Cluster) -> Cluster:
     if cluster.ranks < 2:
         raise ClusterError(f"cluster {cluster.name} has one rank: probing needs two")
     options, command = cluster.placement(rank_python("ratrain.cluster.probe"))
+    # one thread per rank, as on the cluster: set for the ranks before they start, since
+    # importing ratrain.cluster loads numpy (and its BLAS threads) before probe.py runs
+    env = dict(os.environ, **dict.fromkeys(PROBE_THREADS, "1"))
     run = subprocess.run([find_mpiexec(), *options, "-n", "2", *command],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env)
     lines = run.stdout.strip().splitlines()
     if run.returncode != 0 or not lines:
         last = (run.stderr.strip().splitlines() or ["no output"])[-1]

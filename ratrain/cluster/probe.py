@@ -2,25 +2,22 @@
 themselves (`ratrain cluster probe NAME`): payload bandwidth and one-way latency of MPI over
 the shaped link, and the host CPU time the rank spends per byte it sends or receives while
 it computes (NOTE [link host cost]). Run as `python -m ratrain.cluster.probe` under mpiexec
-on two or more ranks of the cluster; rank 0 prints one JSON line.
+on two or more ranks of the cluster, one BLAS thread each (harness.probe sets them); rank 0
+prints one JSON line.
 """
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
 
-for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_variable, "1")  # one thread per rank, as on the cluster
+import numpy as np
+from mpi4py import MPI
 
-import numpy as np  # noqa: E402  (after the thread settings)
-from mpi4py import MPI  # noqa: E402
-
-from ratrain.calibrate.probe import ping_pong  # noqa: E402
-from ratrain.rt.comm import Communicators, ProgressAgent  # noqa: E402
-from ratrain.sim.collectives import collective_cost  # noqa: E402
+from ratrain.calibrate.probe import ping_pong
+from ratrain.rt.comm import Communicators, ProgressAgent
+from ratrain.sim.collectives import collective_cost
 
 MESSAGE = 4 << 20                       # bytes of one all-reduce (a layer's gradient)
 

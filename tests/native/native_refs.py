@@ -53,25 +53,47 @@ def assert_close(actual, expected, rel, what=""):
     assert err <= rel * scale, f"{what}: max err {err:.3g} > {rel:.3g} * {scale:.3g}"
 
 
-def available_isas():
+# every dispatch path (native/src/dispatch.c); the fp32/fp16 kernels of amx and
+# avx512_bf16 are avx512's, so each_isa runs those three and each_path all of them
+PATHS = ("amx", "avx512_bf16", "avx512", "avx2", "scalar")
+
+
+def available_isas(names=("avx512", "avx2", "scalar")):
+    """The paths of `names` this CPU (and OS, for AMX) has; the process's path unchanged."""
     current = kernels.isa()
     found = []
-    for name in ("avx512", "avx2", "scalar"):
-        try:
-            kernels.set_isa(name)
-            found.append(name)
-        except RuntimeError:
-            pass
-    kernels.set_isa(current)
+    try:
+        for name in names:
+            try:
+                kernels.set_isa(name)
+                found.append(name)
+            except RuntimeError:
+                pass
+    finally:
+        kernels.set_isa(current)
     return found
+
+
+AVAILABLE_PATHS = available_isas(PATHS)
+
+
+def _on_path(name):
+    """The test on path `name`, the start-up path put back after."""
+    before = kernels.isa()
+    try:
+        kernels.set_isa(name)
+        yield name
+    finally:
+        kernels.set_isa(before)
 
 
 @pytest.fixture(params=available_isas())
 def each_isa(request):
-    """Run the test once per SIMD path this CPU has, restoring the default afterwards."""
-    before = kernels.isa()
-    try:
-        kernels.set_isa(request.param)
-        yield request.param
-    finally:
-        kernels.set_isa(before)
+    """Run the test once per SIMD path of the fp32/fp16 kernels this CPU has."""
+    yield from _on_path(request.param)
+
+
+@pytest.fixture(params=AVAILABLE_PATHS)
+def each_path(request):
+    """Run the test on every path this CPU has, bf16 ones included."""
+    yield from _on_path(request.param)

@@ -9,11 +9,10 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from native_refs import call, f32
+from native_refs import AVAILABLE_PATHS, PATHS, call, each_path, f32  # noqa: F401
 
 from ratrain import kernels
 
-PATHS = ("amx", "avx512_bf16", "avx512", "avx2", "scalar")
 LAYOUTS = {"NN": (False, False), "NT": (False, True), "TN": (True, False)}
 # M, N, K: 1s, primes and sizes just past the micro-tiles (AMX 32x32 and K step 32, VDPBF16PS
 # 12x32, fp32 12x32) and past the K pair (odd K)
@@ -21,19 +20,6 @@ SHAPES = [(1, 1, 1), (17, 33, 5), (33, 17, 64), (67, 45, 39), (1, 300, 17), (130
           (97, 65, 513)]
 
 
-def path_available(name):
-    """Whether this CPU (and OS, for AMX) has the path; the process's path is left unchanged."""
-    before = kernels.isa()
-    try:
-        kernels.set_isa(name)
-        return True
-    except RuntimeError:
-        return False
-    finally:
-        kernels.set_isa(before)
-
-
-AVAILABLE = [p for p in PATHS if path_available(p)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,15 +30,6 @@ def isa_unchanged_by_this_module():
     assert kernels.isa() == before, f"a test left the ISA on {kernels.isa()}, not {before}"
 
 
-@pytest.fixture(params=AVAILABLE)
-def each_path(request):
-    """Run the test on each path this machine has, putting the start-up path back after."""
-    before = kernels.isa()
-    try:
-        kernels.set_isa(request.param)
-        yield request.param
-    finally:
-        kernels.set_isa(before)
 
 
 def bits32(values):
@@ -238,7 +215,7 @@ print(kernels.isa(), float(np.abs(out - ref).max() / np.abs(ref).max()))
 
 @pytest.mark.parametrize("name", PATHS)
 def test_ratrain_isa_forces_each_bf16_path(name):
-    if name not in AVAILABLE:
+    if name not in AVAILABLE_PATHS:
         pytest.skip(f"this CPU (or OS, for amx) does not have the {name} path")
     env = dict(os.environ, RATRAIN_ISA=name)
     res = subprocess.run([sys.executable, "-c", FORCED], env=env, capture_output=True, text=True)

@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-from native_refs import assert_close, call
-from test_native_bf16_layers import AVAILABLE, PATHS, each_path, randbf, widen  # noqa: F401
+from native_refs import AVAILABLE_PATHS, PATHS, assert_close, call, each_path  # noqa: F401
+from test_native_bf16_layers import randbf, widen
 
 from ratrain import kernels
 
@@ -141,7 +141,7 @@ print(kernels.isa(), err(o, want[0]), max(err(g, w) for g, w in zip(grads, want[
 
 @pytest.mark.parametrize("name", PATHS)
 def test_ratrain_isa_forces_each_path(name):
-    if name not in AVAILABLE:
+    if name not in AVAILABLE_PATHS:
         pytest.skip(f"this CPU (or OS, for amx) does not have the {name} path")
     env = dict(os.environ, RATRAIN_ISA=name)
     code = FORCED.format(tests=os.path.dirname(os.path.abspath(__file__)))

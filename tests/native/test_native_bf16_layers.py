@@ -9,11 +9,10 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from native_refs import assert_close, call, f32
+from native_refs import AVAILABLE_PATHS, PATHS, assert_close, call, each_path  # noqa: F401
 
 from ratrain import kernels
 
-PATHS = ("amx", "avx512_bf16", "avx512", "avx2", "scalar")
 
 # One rounding of each output to bf16 (8 significant bits: half an ulp is 2^-9 = 1.95e-3 of
 # the value) dominates the fp32 math (~1e-6) -> 4e-3 of the largest value.
@@ -36,29 +35,8 @@ def randbf(rng, shape, scale=1.0):
     return bf16(scale * rng.standard_normal(shape))
 
 
-def path_available(name):
-    before = kernels.isa()
-    try:
-        kernels.set_isa(name)
-        return True
-    except RuntimeError:
-        return False
-    finally:
-        kernels.set_isa(before)
 
 
-AVAILABLE = [p for p in PATHS if path_available(p)]
-
-
-@pytest.fixture(params=AVAILABLE)
-def each_path(request):
-    """Run the test on each path this machine has, putting the start-up path back after."""
-    before = kernels.isa()
-    try:
-        kernels.set_isa(request.param)
-        yield request.param
-    finally:
-        kernels.set_isa(before)
 
 
 # ---- AdamW writing the bf16 view ----
@@ -284,7 +262,7 @@ print(kernels.isa(), max(err(y, w(x) * r * w(g)), err(s, want_s)),
 
 @pytest.mark.parametrize("name", PATHS)
 def test_ratrain_isa_forces_each_path(name):
-    if name not in AVAILABLE:
+    if name not in AVAILABLE_PATHS:
         pytest.skip(f"this CPU (or OS, for amx) does not have the {name} path")
     env = dict(os.environ, RATRAIN_ISA=name)
     res = subprocess.run([sys.executable, "-c", FORCED], env=env, capture_output=True, text=True)

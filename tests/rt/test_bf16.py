@@ -9,20 +9,15 @@ import numpy as np
 import pytest
 
 from ratrain.cli import main as ratrain_main
-from test_fp16 import CONFIG, ROWS, B, M, STEPS, T
+from test_fp16 import B, M, STEPS, T, progression_workdir
 
 pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """Arithmetic progressions mod the vocabulary (test_fp16's rows): the loss must fall."""
-    root = tmp_path_factory.mktemp("bf16")
-    (root / "config.json").write_text(json.dumps(CONFIG))
-    rng = np.random.default_rng(0)
-    start, stride = rng.integers(0, 64, (ROWS, 1)), rng.integers(1, 4, (ROWS, 1))
-    np.save(root / "rows.npy", (start + stride * np.arange(T + 1)) % CONFIG["vocab_size"])
-    return root
+    """test_fp16's model and rows: the loss must fall."""
+    return progression_workdir(tmp_path_factory.mktemp("bf16"))
 
 
 def train(workdir, precision: str, schedule: str) -> list[dict]:

@@ -34,15 +34,19 @@ def mpirun(*args, timeout=1200):
                            *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """Arithmetic progressions mod the vocabulary: learnable, so the loss must fall."""
-    root = tmp_path_factory.mktemp("fp16")
+def progression_workdir(root):
+    """`root` with CONFIG's config.json and rows.npy: arithmetic progressions mod the
+    vocabulary, learnable, so the loss must fall."""
     (root / "config.json").write_text(json.dumps(CONFIG))
     rng = np.random.default_rng(0)
     start, stride = rng.integers(0, 64, (ROWS, 1)), rng.integers(1, 4, (ROWS, 1))
     np.save(root / "rows.npy", (start + stride * np.arange(T + 1)) % CONFIG["vocab_size"])
     return root
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return progression_workdir(tmp_path_factory.mktemp("fp16"))
 
 
 def compile_fp16(workdir, schedule: str):
