@@ -82,7 +82,7 @@ def post_activation_receive(comms: Communicators, source: int, tag: int, target:
 
 
 def _as_bytes(array: np.ndarray):
-    """Messages travel as bytes: any dtype (fp16 included) without an MPI type for it."""
+    """Messages travel as bytes: any dtype (fp16, bf16) without an MPI type for it."""
     return [array.reshape(-1).view(np.uint8), MPI.BYTE]
 
 
@@ -105,7 +105,8 @@ def start_param_allgather(comms: Communicators, shard: np.ndarray, ranges, finis
     """Concatenate the DP group's master shards (equal, padded sizes) into `into` (an
     arena view of D shards) or a new array; finish(full)."""
     full = np.empty(shard.size * comms.dp.Get_size(), shard.dtype) if into is None else into
-    request = comms.dp.Iallgather(shard, full)
+    # as bytes: bf16 views (ml_dtypes) have no MPI type and no DLPack export
+    request = comms.dp.Iallgather(_as_bytes(np.ascontiguousarray(shard)), _as_bytes(full))
     return InFlight(request, ranges, lambda: finish(full), keep=(full,))
 
 
