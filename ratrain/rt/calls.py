@@ -12,6 +12,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ratrain import kernels
+import ratrain.ir.lax_rules  # noqa: F401  (registers the lax primitives' rules: slice, ...)
 from ratrain.ir.rules import lookup_rule
 from ratrain.optim import AdamW, LossScaler
 from ratrain.program_format.lowered import rollback_only
@@ -173,8 +174,9 @@ def _accumulate_grad(t: Transport, st: RankState, call) -> None:
 
 
 def _rule(op: str):
-    """The op's rule; the coarse ops register theirs when ratrain.ops is imported (JAX),
-    which only calls without a native template need."""
+    """The op's rule: the lax primitives' numpy rules are registered when this module
+    loads (ratrain.ir.lax_rules); the coarse ops register theirs when ratrain.ops is
+    imported (JAX), which only coarse calls without a native template need."""
     rule = lookup_rule(op)
     if rule is None:
         import ratrain.ops  # noqa: F401
