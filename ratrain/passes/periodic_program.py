@@ -35,6 +35,7 @@ from dataclasses import replace
 from ratrain.ir.tasks import Kind
 from ratrain.passes.plan_memory import MemoryPlan
 from ratrain.program_format.lowered import Slot, StagePeriod, shifted_call, shifted_task
+from ratrain.program_format.table import walk
 
 
 def first_instance(pp: int) -> int:
@@ -51,8 +52,8 @@ def worth_it(micro_batches: int, pp: int) -> bool:
     return micro_batches >= 2 * (first_instance(pp) + 3 * largest_period(pp))
 
 
-def row_keys(program, stage: int, d: int = 0, first: int = 0, end: int | None = None) -> list:
-    """Each lowered task of `stage` (rows first..end), `d` micro-batches later, as a
+def row_keys(program, stage: int, d: int = 0, first: int = 0) -> list:
+    """Each lowered task of `stage` from row `first` on, `d` micro-batches later, as a
     comparable value: the task (a FREE by its buffer's arena place) and each call with its
     slots as arena offsets. Two programs whose keys agree run the same kernels on the
     same bytes."""
@@ -64,7 +65,7 @@ def row_keys(program, stage: int, d: int = 0, first: int = 0, end: int | None = 
         return ("literal", repr(x.value))
 
     keys = []
-    for lowered in program.lowered[stage][first:end]:
+    for lowered in program.lowered[stage][first:]:
         task = shifted_task(lowered.task, d)
         calls = tuple(shifted_call(c, d) for c in lowered.calls)
         keys.append(((task.kind, task.layer, task.micro_batch,
@@ -72,15 +73,6 @@ def row_keys(program, stage: int, d: int = 0, first: int = 0, end: int | None = 
                      tuple((c.op, tuple(map(place, c.outputs)), tuple(map(place, c.inputs)),
                             c.params, c.note) for c in calls)))
     return keys
-
-
-def pumped_keys(program, stage: int, start: int, length: int, shift: int, times: int) -> list:
-    """row_keys of the instance with its window [start, start + length) run `times` more
-    times (the formula of NOTE [periodic programs])."""
-    out = row_keys(program, stage, 0, 0, start + length)
-    for i in range(1, times):
-        out += row_keys(program, stage, i * shift, start, start + length)
-    return out + row_keys(program, stage, times * shift, start)
 
 
 def _last_backward(program, stage: int) -> int:
@@ -107,7 +99,10 @@ def stage_period(base, once, twice, stage: int, shift: int,
     start = n - suffix
     if start > prefix - length or _last_backward(base, stage) < start + length:
         return None
-    if pumped_keys(base, stage, start, length, shift, 2) != row_keys(twice, stage):
+    # pumped twice (NOTE [periodic programs]): R[:a+L] + W>k + R[a:]>2k
+    pumped = rows[:start + length] + later[start:start + length] + \
+        row_keys(base, stage, 2 * shift, start)
+    if pumped != row_keys(twice, stage):
         return None
     instance = base.micro_batches
     return StagePeriod(instance, start, length, shift,
@@ -177,16 +172,10 @@ def expanded_schedule(program):
     are the instance's)."""
     schedule, base = {}, {}
     for stage, tasks in program.tasks.items():
-        period = (program.periods or {}).get(stage)
-        if period is None:
-            schedule[stage] = tuple(tasks)
-            base.update((t, t) for t in tasks)
-            continue
         out = []
-        for first, end, d in period.segments():
-            for task in tasks[first:end]:
-                later = shifted_task(task, d)
-                base[later] = task
-                out.append(later)
+        for i, d in walk(len(tasks), (program.periods or {}).get(stage)):
+            later = shifted_task(tasks[i], d)
+            base[later] = tasks[i]
+            out.append(later)
         schedule[stage] = tuple(out)
     return schedule, base

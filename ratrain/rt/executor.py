@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ratrain.program_format.lowered import shifted_call, shifted_task
-from ratrain.program_format.table import (FORWARD_KINDS, FORWARD_ROW, NativeStep,
-                                          shifted_steps, walk)
+from ratrain.program_format.table import FORWARD_KINDS, FORWARD_ROW, NativeStep, walk
 from ratrain.rt import comm
 from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds, skips
 from ratrain.rt.program import stage_code
@@ -84,17 +83,17 @@ def _native(step: NativeStep) -> _Native:
 def expand(stage_rows, offsets: dict) -> tuple[tuple, dict, dict]:
     """(the rows the step runs, NOTE [sync issue point]'s (row, step) -> SYNC rows, NOTE
     [held-out loss]'s row -> what the forward-only pass runs there) of a stage's rows,
-    a periodic program's expanded (NOTE [periodic programs]). The SYNCs started inside
-    the last B lie after the period (periodic_program checks it), so their rows, each
-    run once, map to one place."""
+    a periodic program's expanded (NOTE [periodic programs]): each stored row is made
+    ready once, and a repetition shifts only its task and Python calls (native steps take
+    arena offsets, which it shares). The SYNCs started inside the last B lie after the
+    period (periodic_program checks it), so their rows, each run once, map to one place."""
+    ready = [RankExecutor.row(offsets, *row) for row in stage_rows.rows]
     rows, where = [], {}
     forward = dict(stage_rows.forward)
     forward_rows = {}
-    for i, d in walk(len(stage_rows.rows), stage_rows.period):
-        task, steps, touched = stage_rows.rows[i]
+    for i, d in walk(len(ready), stage_rows.period):
         where[i] = len(rows)
-        rows.append(RankExecutor.row(offsets, shifted_task(task, d), shifted_steps(steps, d),
-                                     touched))
+        rows.append(_shifted(ready[i], d))
         if i in forward:
             what = forward[i]
             forward_rows[len(rows) - 1] = rows[-1] if what == FORWARD_ROW else \
@@ -102,6 +101,15 @@ def expand(stage_rows, offsets: dict) -> tuple[tuple, dict, dict]:
     syncs = {(where[r], step): tuple(where[s] for s in rs)
              for r, step, rs in stage_rows.early_syncs}
     return tuple(rows), syncs, forward_rows
+
+
+def _shifted(row: _Row, d: int) -> _Row:
+    """The row `d` micro-batches later."""
+    if not d:
+        return row
+    return _Row(shifted_task(row.task, d),
+                tuple(s if isinstance(s, _Native) else shifted_call(s, d) for s in row.steps),
+                row.buffers, row.frees)
 
 
 def _threads() -> int:

@@ -302,3 +302,18 @@ def test_a_long_step_is_written_as_a_periodic_program(tmp_path, capsys):
     assert compile_to(whole, "--pp", "2", "--micro-batches", "48", "--expand") == 0
     assert json.loads((whole / "program.json").read_text())["periods"] == {}
     assert max(t.micro_batch or 0 for t in parse_tasks((whole / "rank0.txt").read_text())) == 47
+
+
+def test_the_report_dry_runs_a_periodic_program_as_its_whole_step():
+    """--report's dry run expands a periodic program's tasks (periodic_program.
+    expanded_schedule), costing each repeat as the task it repeats: the whole step's time."""
+    from ratrain import models
+    from ratrain.compiler import compile_graph, simulate, trace_for
+    from ratrain.passes.program import CompileOptions
+    options = CompileOptions(pp=2, micro_batches=48, seq_len=32)
+    graph = trace_for(models.get_config("tiny"), "tiny", options)
+    periodic, whole = compile_graph(graph, options)[0], compile_graph(graph, options, True)[0]
+    assert periodic.periods and not whole.periods
+    profile = load_profile("cpu")
+    assert simulate(periodic, profile).makespan == pytest.approx(simulate(whole, profile).makespan,
+                                                                 rel=1e-12)

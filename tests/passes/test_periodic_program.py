@@ -42,9 +42,8 @@ def _compile(case: str, micro_batches: int, built: int | None):
     return run_pipeline(Program(graph, options, built_micro_batches=built), record=False)[0]
 
 
-def _row(table, row) -> tuple:
+def _row(table, offsets: dict, row) -> tuple:
     """A table row with functions by their text and slots by their arena bytes."""
-    offsets = table_offsets[table.stage]
     task, steps, touched = row
 
     def slot(x):
@@ -63,13 +62,9 @@ def _row(table, row) -> tuple:
             frozenset(offsets[b] for b in touched))
 
 
-table_offsets: dict = {}
-
-
 def _rows(program, stage: int) -> list:
-    table = build_stage_table(program, stage)
-    table_offsets[stage] = program.memory.stages[stage].offsets
-    return [_row(table, row) for row in expanded_rows(table)]
+    table, offsets = build_stage_table(program, stage), program.memory.stages[stage].offsets
+    return [_row(table, offsets, row) for row in expanded_rows(table)]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
