@@ -24,8 +24,8 @@ twice, call by call, offsets included (row_keys). The first k that passes is the
 (tried in the order P - s, then 1, 2, ...); stages may differ in k and in their instance.
 The step's last B comes after the period, so the SYNCs it starts run once. Without a
 period, the caller compiles the whole step. The runtime expands the rows
-(codegen/table.expanded_rows) and tells buffers apart by arena bytes, since a later period
-names the buffers of the period it repeats. Tests compare the pumped rows with the
+(rt/executor.expand, over program_format/table.walk) and tells buffers apart by arena
+bytes, since a later period names the buffers of the period it repeats. Tests compare the pumped rows with the
 whole step's for M up to 64 and the losses of both under mpiexec.
 """
 from __future__ import annotations
