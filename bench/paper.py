@@ -149,13 +149,13 @@ def scaling(runs: Runs) -> list[str]:
     per_cluster = base.tokens_per_s / base_clusters
     lines = ["1. LLaMA-2-7B scaling: best planned configuration (ratrain schedule); efficiency "
              f"= tokens/s per cluster against {base_clusters} clusters",
-             f"{'clusters':>8}  {'configuration':<36} {'step s':>8} {'tokens/s':>10} "
+             f"{'clusters':>8}  {'configuration':<46} {'step s':>8} {'tokens/s':>10} "
              f"{'paper':>10} {'ours/paper':>10} {'/cluster':>8} {'efficiency':>10} "
              f"{'bubble':>7} {'tail s':>7} {'1F1B bound':>14}"]
     for clusters, o in rows:
         efficiency = o.tokens_per_s / clusters / per_cluster
         paper = PAPER_TOKENS.get(clusters)
-        lines.append(f"{clusters:>8}  {config_text(o.candidate):<36} {o.sim.step_time:>8.4g} "
+        lines.append(f"{clusters:>8}  {config_text(o.candidate):<46} {o.sim.step_time:>8.4g} "
                      f"{o.tokens_per_s:>10,.0f} {f'{paper:,.0f}' if paper else '-':>10} "
                      f"{f'{o.tokens_per_s / paper:.3f}' if paper else '-':>10} "
                      f"{o.tokens_per_s / clusters:>8.1f} {efficiency:>10.1%} "
@@ -255,7 +255,7 @@ def comparison(runs: Runs, clusters: int) -> list[str]:
     for model in COMPARED:
         outcomes = strategies(runs, model, clusters)
         ours = outcomes[0]
-        lines += [f"{model}:", f"  {'strategy':<36} {'configuration':<36} {'peak':>10} "
+        lines += [f"{model}:", f"  {'strategy':<24} {'configuration':<46} {'peak':>10} "
                   f"{'step s':>8} {'tokens/s':>9} {'ratrain/x':>9}  "
                   + " ".join(f"{k:>7}" for k in BREAKDOWN)]
         lines += [outcome_line(o, ours) for o in outcomes]
@@ -304,9 +304,9 @@ def ratio_line(ours: Outcome, others: list[Outcome], which: str, target: float,
 def outcome_line(o: Outcome, ours: Outcome) -> str:
     config = config_text(o.candidate) if o.candidate else "-"
     if o.sim is None:
-        return f"  {o.label:<36} {config:<36} infeasible: {o.reason}"
+        return f"  {o.label:<24} {config:<46} infeasible: {o.reason}"
     parts = breakdown(o.sim)
-    return (f"  {o.label:<36} {config:<36} {format_bytes(o.peak):>10} "
+    return (f"  {o.label:<24} {config:<46} {format_bytes(o.peak):>10} "
             f"{o.sim.step_time:>8.4g} {o.tokens_per_s:>9,.0f} "
             f"{ours.tokens_per_s / o.tokens_per_s:>8.3f}x  "
             + " ".join(f"{parts[k]:>7.2f}" for k in BREAKDOWN))
@@ -338,7 +338,7 @@ def keep_all(runs: Runs, clusters: int) -> list[str]:
 def smallest(runs: Runs) -> list[str]:
     lines = ["4. smallest feasible cluster count (the planner's --min-clusters; memory checked "
              "by compiling)",
-             f"  {'model':<14} {'clusters':>8} {'pp':>4} {'dp':>4}  {'configuration':<40} "
+             f"  {'model':<14} {'clusters':>8} {'pp':>4} {'dp':>4}  {'configuration':<46} "
              f"{'peak':>10}  paper"]
     for model in MODELS:
         progress(f"smallest cluster count of {model}")
@@ -346,7 +346,7 @@ def smallest(runs: Runs) -> list[str]:
         plan = planner.smallest(GLOBAL_BATCH * planner.search.num_layers)
         best = plan.best
         lines.append(f"  {model:<14} {plan.clusters:>8} {best.pp:>4} {best.dp:>4}  "
-                     f"{config_text(best.candidate):<40} {format_bytes(best.peak_bytes):>10}  "
+                     f"{config_text(best.candidate):<46} {format_bytes(best.peak_bytes):>10}  "
                      "n/a (only the abstract is available here)")
     return lines
 

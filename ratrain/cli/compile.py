@@ -179,9 +179,9 @@ def add_compile_parser(sub, model_help: str) -> None:
                    "memory, a dry run on the --hw profile (bubble, exposed tail) and the "
                    "peaks of ratrain vs baseline scheduling")
     p.add_argument("--plan", action="store_true", help="let the planner choose --pp, --dp, "
-                   "--micro-batches, --micro-batch-size, --zero and --recompute: the best row "
-                   "of `ratrain plan` for --clusters and --global-batch (--seq-len "
-                   "defaults as in `ratrain plan`)")
+                   "--micro-batches, --micro-batch-size, --zero, --grad-accum and --recompute: "
+                   "the best row of `ratrain plan` for --clusters and --global-batch "
+                   "(--seq-len defaults as in `ratrain plan`)")
     add_search_options(p, required=False)
     p.set_defaults(func=cmd_compile)
 

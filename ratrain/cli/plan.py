@@ -102,9 +102,10 @@ def _row_line(index: int, row) -> str:
     step = f"{row.step_time_s:.4g}" if row.simulated else "-"
     tokens = f"{row.tokens_per_s:,.0f}" if row.simulated else "-"
     status = "simulated" if row.simulated else row.reason.removeprefix("not simulated: ")
-    return (f"{index:>3} {row.pp:>4} {row.dp:>5} {row.zero:>4} {row.micro_batch_size:>4} "
-            f"{row.micro_batches:>5} {row.recompute:<9} {row.schedule:<8} "
-            f"{format_bytes(row.peak_bytes):>10} {step:>9} {tokens:>11}  {status}")
+    grads = row.grad_accum or ("auto" if row.zero >= 2 else "-")
+    return (f"{index:>3} {row.pp:>4} {row.dp:>5} {row.zero:>4} {grads:<7} "
+            f"{row.micro_batch_size:>4} {row.micro_batches:>5} {row.recompute:<9} "
+            f"{row.schedule:<8} {format_bytes(row.peak_bytes):>10} {step:>9} {tokens:>11}  {status}")
 
 
 def format_plan(plan, top: int, smallest: bool) -> str:
@@ -125,7 +126,7 @@ def format_plan(plan, top: int, smallest: bool) -> str:
     policy = STRATEGIES[plan.strategy].simulated_policy if plan.strategy else "auto"
     shown = [r for r in feasible if r.recompute == policy or r.candidate in plan.notes]
     if feasible:
-        lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'zero':>4} {'mbs':>4} {'M':>5} "
+        lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'zero':>4} {'grads':<7} {'mbs':>4} {'M':>5} "
                      f"{'recompute':<9} {'schedule':<8} {'peak':>10} {'step s':>9} "
                      f"{'tokens/s':>11}")
         lines += [_row_line(i, r) for i, r in enumerate(shown[:top], 1)]
@@ -225,8 +226,8 @@ def cmd_plan(args) -> None:
 # (option, its default): a row's None keeps the default (NOTE [update rule fallback])
 PLANNED = (("pp", 1), ("dp", 1), ("micro_batches", 1), ("micro_batch_size", 1),
            ("zero", None), ("recompute", "auto"), ("update_rule", "commit"),
-           ("zero3_prefetch", 1))
-UNPLANNED = (("clip", None), ("grad_accum", "auto"))  # the planner assumes these defaults
+           ("zero3_prefetch", 1), ("grad_accum", "auto"))
+UNPLANNED = (("clip", None),)  # the planner assumes this default
 
 
 def apply_plan(args) -> None:
@@ -279,7 +280,8 @@ def add_plan_parser(sub, model_help: str) -> None:
     p = sub.add_parser("plan", help="search configurations for N ranks under a memory budget "
                        "and rank them by simulated step time",
                        description="Search pipeline and DP degrees (pp x dp = N), ZeRO stage, "
-                       "micro-batch size and count (dp x M x B = G), recompute policy and "
+                       "gradient accumulation under ZeRO 2 and 3 (the grads column: auto, or "
+                       "scatter: reduce-scattered each micro-batch), micro-batch size and count (dp x M x B = G), recompute policy and "
                        "schedule. Candidates that cannot fit are dropped with the stage and "
                        "memory categories over budget; the rest are ordered by an analytic "
                        "estimate and the best few compiled and simulated. Sizes: "
@@ -305,7 +307,8 @@ def add_plan_parser(sub, model_help: str) -> None:
                    help="show the K best rows that fit (default: 10)")
     p.add_argument("--json", action="store_true", help="print the search and its rows as "
                    "one JSON object (rows: pp, dp, zero, micro_batch_size, micro_batches, "
-                   "recompute, schedule, zero3_prefetch, update_rule, feasible, reason, peak_bytes, "
-                   "step_time_s, tokens_per_s; with --schedule all, strategies: strategy, "
+                   "recompute, schedule, zero3_prefetch, update_rule, grad_accum, feasible, "
+                   "reason, peak_bytes, step_time_s, tokens_per_s; with --schedule all, "
+                   "strategies: strategy, "
                    "paper, best (a row or null), note, speedup)")
     p.set_defaults(func=cmd_plan)

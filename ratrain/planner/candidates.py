@@ -2,7 +2,8 @@
 
 pp x dp = N ranks, dp x micro_batches x micro_batch_size = the global batch, any ZeRO
 stage (0 without data parallelism; ZeRO-3 with the default zero3_prefetch, one layer
-view gathered ahead), every recompute policy and the requested schedules. pp may be
+view gathered ahead), under ZeRO 2 and 3 either gradient accumulation (NOTE [planned
+gradient accumulation]), every recompute policy and the requested schedules. pp may be
 any divisor of N up to the number of layers (partition_stages balances uneven splits).
 Traced graphs depend only on the micro-batch size, so GraphCache traces each size once
 for all candidates.
@@ -33,11 +34,15 @@ class Candidate:
     update_rule: str | None = None      # None: the compiler's default (commit where a NORM
                                         # rules); "after-norm" where its undo copies do
                                         # not fit (NOTE [update rule fallback], search.py)
+    grad_accum: str | None = None       # None: the compiler's default (auto: local unless
+                                        # a stage cannot fit so); "scatter" (NOTE [planned
+                                        # gradient accumulation])
 
     def options(self, search) -> CompileOptions:
         """The CompileOptions of this candidate in `search` (search.Search)."""
         extra = {name: value for name, value in (("zero3_prefetch", self.zero3_prefetch),
-                                                 ("update_rule", self.update_rule))
+                                                 ("update_rule", self.update_rule),
+                                                 ("grad_accum", self.grad_accum))
                  if value is not None}
         return CompileOptions(
             pp=self.pp, dp=self.dp, micro_batches=self.micro_batches,
@@ -49,11 +54,26 @@ class Candidate:
     def __str__(self) -> str:
         batches = "micro-batch" if self.micro_batches == 1 else "micro-batches"
         ahead = self.zero3_prefetch
-        gather = "" if ahead is None else f" (gathers {f'{ahead} ahead' if ahead else 'at use'})"
+        how = ([] if ahead is None else [f"gathers {f'{ahead} ahead' if ahead else 'at use'}"]) \
+            + ([] if self.grad_accum is None else [f"gradients {SCATTERED}"])
+        zero = f"{self.zero} ({'; '.join(how)})" if how else f"{self.zero}"
         rule = "" if self.update_rule is None else f", {self.update_rule} updates"
-        return (f"pp {self.pp} x dp {self.dp}, zero {self.zero}{gather}, {self.micro_batches} "
-                f"{batches} of {self.micro_batch_size}, recompute {self.recompute}, "
-                f"{self.schedule} schedule{rule}")
+        return (f"pp {self.pp} x dp {self.dp}, zero {zero}, "
+                f"{self.micro_batches} {batches} of {self.micro_batch_size}, recompute "
+                f"{self.recompute}, {self.schedule} schedule{rule}")
+
+
+# NOTE [planned gradient accumulation]: under ZeRO 2 and 3 a stage may keep its full fp32
+# gradient from the first B to the step's SYNC (local) or reduce-scatter every
+# micro-batch's gradient and keep a shard (scatter; NOTE [gradient accumulation]). The
+# compiler's auto scatters only a stage that cannot fit locally under any recompute, so a
+# stage that fits by recomputing recomputes. Which is faster is a cost question: the
+# scatter's reduce-scatters share the DP link with the stage's other traffic and overlap
+# its backward, where the full gradient's bytes force recompute (LLaMA-2-7B on 768
+# mt3000 clusters, pp 3: 8.8 GiB of gradients on stage 0). So the planner searches both,
+# the scatter twin first: it needs no more memory (NOTE [dominance], screen.py).
+SCATTERED = "reduce-scattered each micro-batch"
+GRAD_ACCUMULATIONS = ("scatter", None)  # least memory first; None: the compiler's auto
 
 
 def divisors(n: int) -> list[int]:
@@ -74,7 +94,8 @@ def candidates(clusters: int, global_batch: int, num_layers: int,
         for size in divisors(global_batch // dp):
             for zero in (3, 2, 1, 0) if dp > 1 else (0,):
                 out += [Candidate(pp, dp, zero, size, global_batch // dp // size, policy,
-                                  schedule)
+                                  schedule, grad_accum=grads)
+                        for grads in (GRAD_ACCUMULATIONS if zero >= 2 else (None,))
                         for policy in POLICIES_BY_MEMORY for schedule in schedules]
     return out
 

@@ -31,7 +31,8 @@ def config_text(c: Candidate) -> str:
     """`pp 4 x dp 64, zero 2, 64 x 1, auto`: a configuration in one table cell."""
     zero = f"zero {c.zero}" + ("" if c.zero3_prefetch is None else
                                f"/{c.zero3_prefetch or 'at use'}") + \
-        ("" if c.update_rule is None else f", {c.update_rule}")
+        ("" if c.update_rule is None else f", {c.update_rule}") + \
+        ("" if c.grad_accum is None else f", {c.grad_accum}")
     return f"pp {c.pp} x dp {c.dp}, {zero}, {c.micro_batches} x {c.micro_batch_size}, " \
            f"{c.recompute}"
 

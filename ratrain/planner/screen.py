@@ -36,19 +36,23 @@ def memory_key(c: Candidate) -> tuple:
     peak, but for the undo copies of the commit rule (NOTE [commit rule]), which only the
     ratrain schedule under its default update rule may keep."""
     undo = c.schedule == "ratrain" and c.update_rule is None
-    return (c.pp, c.dp, c.zero, c.micro_batch_size, c.recompute, undo)
+    return (c.pp, c.dp, c.zero, c.micro_batch_size, c.recompute, c.grad_accum or "auto", undo)
 
 
 # NOTE [dominance]: a candidate needs at least as much memory as one with a higher ZeRO
 # stage up to 2 (ZeRO-3's view slots can outweigh few small persistent views, so it
 # dominates nothing and is screened on its own), a smaller micro-batch size (the
-# activations in flight, min(P - s, M) x B, only grow with B at a fixed global batch) or a policy earlier in POLICIES_BY_MEMORY, all
-# else equal. So once such a neighbour is out, so is the candidate, for the same reason.
+# activations in flight, min(P - s, M) x B, only grow with B at a fixed global batch), a
+# policy earlier in POLICIES_BY_MEMORY or scattered gradients (a shard where auto keeps
+# the full gradient or scatters too), all else equal. So once such a neighbour is out,
+# so is the candidate, for the same reason.
 def dominators(c: Candidate, sizes: list[int]) -> list[tuple]:
     """Memory keys of the candidate's less-memory neighbours."""
     out = []
     if c.zero < 2 and c.dp > 1:
         out.append(memory_key(replace(c, zero=c.zero + 1)))
+    if c.zero >= 2 and c.grad_accum is None:
+        out.append(memory_key(replace(c, grad_accum="scatter")))
     smaller = [b for b in sizes if b < c.micro_batch_size]
     if smaller:
         out.append(memory_key(replace(c, micro_batch_size=smaller[-1])))
@@ -60,7 +64,7 @@ def dominators(c: Candidate, sizes: list[int]) -> list[tuple]:
 
 def differences(key: tuple, root: tuple) -> str:
     """`zero 2 and recompute auto`: what the root of a reason has that `key` has not."""
-    names = ("pp", "dp", "zero", "micro-batch size", "recompute")
+    names = ("pp", "dp", "zero", "micro-batch size", "recompute", "gradient accumulation")
     return " and ".join(f"{n} {r}" for n, k, r in zip(names, key, root) if k != r)
 
 

@@ -41,6 +41,8 @@ class Row:
     schedule: str
     zero3_prefetch: int | None          # ZeRO-3 gathers ahead (0: at use); None: default
     update_rule: str | None             # "after-norm" where commit's undo copies do not fit
+    grad_accum: str | None              # "scatter" (NOTE [planned gradient accumulation]);
+                                        # None: the compiler's auto
     feasible: bool                      # fits the budget (compiled, or estimated)
     reason: str | None                  # why not, or why it was not simulated
     peak_bytes: int                     # compiled peak, else estimated (a dominated
@@ -52,7 +54,7 @@ class Row:
     def candidate(self) -> Candidate:
         return Candidate(self.pp, self.dp, self.zero, self.micro_batch_size,
                          self.micro_batches, self.recompute, self.schedule,
-                         self.zero3_prefetch, self.update_rule)
+                         self.zero3_prefetch, self.update_rule, self.grad_accum)
 
     @property
     def simulated(self) -> bool:
@@ -140,11 +142,12 @@ class Planner:
         judged = [self._judge(c) for c in self.candidates(clusters, strategy)]
         estimates = {c: self.estimator.step_seconds(v.program, list(v.plans))
                      for c, v in judged if v.fits}
-        queue = sorted((c for c, v in judged if v.fits and c.recompute == policy),
-                       key=lambda c: (estimates[c], _order(c)))
+        skipped = grad_accumulation_skips(judged)
+        queue = sorted((c for c, v in judged if v.fits and c.recompute == policy
+                        and c not in skipped), key=lambda c: (estimates[c], _order(c)))
         compiled, failed = (self._simulate(queue, dict(judged), estimates, seeds)
                             if simulate else self._check(queue))
-        rows = _rows(judged, estimates, compiled, failed, policy)
+        rows = _rows(judged, estimates, compiled, failed, policy, skipped)
         best = rows[0] if rows and rows[0].candidate in compiled else None
         return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget, s.profile["name"],
                     rows, best, {c: r.note for c, r in compiled.items()},
@@ -261,6 +264,31 @@ class Planner:
                             verify=False, record=False)[0]
 
 
+def grad_accumulation_skips(judged) -> dict:
+    """Fitting candidates not worth a compile for their gradient accumulation (NOTE
+    [planned gradient accumulation], candidates.py), each with why: one under the
+    compiler's auto that the estimate has reduce-scatter every stage (it follows
+    choose_grad_accumulation's rule) is its scatter twin's program; a scatter one whose
+    auto twin keeps every stage's full gradient without recompute can only add link
+    traffic (its memory buys nothing)."""
+    verdicts, out = dict(judged), {}
+    for c, v in judged:
+        if not v.fits or c.zero < 2:
+            continue
+        twin = verdicts.get(replace(c, grad_accum=None if c.grad_accum else "scatter"))
+        if twin is None or not twin.fits:
+            continue
+        if c.grad_accum is None and not any(plan.local_grads for plan in v.plans):
+            out[c] = ("auto reduce-scatters every stage's gradients here: the scatter row's "
+                      "program")
+        elif c.grad_accum == "scatter" and all(
+                plan.local_grads and plan.level == "none" and not plan.lowered
+                for plan in twin.plans):
+            out[c] = ("auto keeps full gradients without recompute here: reduce-scattering "
+                      "each micro-batch only adds link traffic")
+    return out
+
+
 def recompute_note(program) -> str:
     """What auto recompute chose: `4473 of 5120 (layer, micro-batch) pairs recomputed
     (full 3355, selective 1118)`. For an instance of the step (NOTE [periodic steps]),
@@ -276,23 +304,29 @@ def recompute_note(program) -> str:
 
 
 def _order(c: Candidate) -> tuple:
-    return (c.pp, c.dp, -c.zero, c.micro_batch_size, c.recompute, c.schedule)
+    return (c.pp, c.dp, -c.zero, c.micro_batch_size, c.recompute, c.schedule,
+            c.grad_accum or "")
 
 
-def _rows(judged, estimates, compiled, failed, policy: str = "auto") -> tuple[Row, ...]:
+def _rows(judged, estimates, compiled, failed, policy: str = "auto",
+          skipped: dict | None = None) -> tuple[Row, ...]:
     best = min((r.step_time_s for r in compiled.values() if r.step_time_s), default=None)
-    rows = [_row(c, v, estimates, compiled, failed, best, policy) for c, v in judged]
+    rows = [_row(c, v, estimates, compiled, failed, best, policy, (skipped or {}).get(c))
+            for c, v in judged]
     key = lambda r: ((0, r.step_time_s or 0.0) if r.candidate in compiled else
                      (1, estimates[r.candidate]) if r.feasible else (2, r.peak_bytes),
                      _order(r.candidate))
     return tuple(sorted(rows, key=key))
 
 
-def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str) -> Row:
-    """The row of `c`; `policy` is the recompute policy whose candidates were compiled."""
+def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str,
+         skipped: str | None = None) -> Row:
+    """The row of `c`; `policy` is the recompute policy whose candidates were compiled;
+    `skipped`: why its gradient accumulation was not compiled (grad_accumulation_skips)."""
     base = dict(pp=c.pp, dp=c.dp, zero=c.zero, micro_batch_size=c.micro_batch_size,
                 micro_batches=c.micro_batches, recompute=c.recompute, schedule=c.schedule,
-                zero3_prefetch=c.zero3_prefetch, update_rule=c.update_rule)
+                zero3_prefetch=c.zero3_prefetch, update_rule=c.update_rule,
+                grad_accum=c.grad_accum)
     auto = replace(c, recompute=policy)
     if c in compiled:
         r = compiled[c]
@@ -309,8 +343,11 @@ def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str) 
             f"needs more than with recompute {policy}, which does not fit: {failed[auto]}"
         return Row(**base, feasible=False, reason=reason, peak_bytes=verdict.peak,
                    step_time_s=None, tokens_per_s=None)
-    return Row(**base, feasible=True, reason=_not_simulated(c, estimates, best, policy),
-               peak_bytes=verdict.peak, step_time_s=None, tokens_per_s=None)
+    reason = (f"not simulated: {skipped} (estimated step {estimates[c]:.4g} s)"
+              if skipped and c.recompute == policy
+              else _not_simulated(c, estimates, best, policy))
+    return Row(**base, feasible=True, reason=reason, peak_bytes=verdict.peak,
+               step_time_s=None, tokens_per_s=None)
 
 
 def _not_simulated(c: Candidate, estimates, best, policy: str) -> str:

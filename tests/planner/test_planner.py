@@ -104,7 +104,8 @@ def test_infeasible_reasons_name_the_stage_and_its_categories():
 
 def test_dominated_candidates_cite_an_infeasible_one():
     """A candidate with more memory than an infeasible neighbour (lower ZeRO, larger
-    micro-batch, a policy that recomputes less) is out with that neighbour's reason."""
+    micro-batch, a policy that recomputes less, the compiler's auto gradient accumulation
+    rather than scatter) is out with that neighbour's reason."""
     rows = {memory_key(r.candidate): r for r in planned(22 * MB).rows}
     dominated = [r for r in rows.values() if r.reason and r.reason.startswith("needs more")]
     assert dominated
@@ -113,8 +114,10 @@ def test_dominated_candidates_cite_an_infeasible_one():
         root = row.candidate
         for change in changes.split(" and "):
             field, value = change.rsplit(" ", 1)
-            field = {"micro-batch size": "micro_batch_size"}.get(field, field)
-            root = replace(root, **{field: value if field == "recompute" else int(value)})
+            field = {"micro-batch size": "micro_batch_size",
+                     "gradient accumulation": "grad_accum"}.get(field, field)
+            root = replace(root, **{field: value if field in ("recompute", "grad_accum")
+                                    else int(value)})
         root_row = rows[memory_key(root)]
         assert not root_row.feasible and root_row.reason in row.reason
 

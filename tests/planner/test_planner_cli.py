@@ -8,7 +8,7 @@ from ratrain.cli import main
 PLAN = ["plan", "tiny", "--clusters", "4", "--global-batch", "8", "--seq-len", "32",
         "--budget", "30MB"]
 ROW_KEYS = {"pp", "dp", "zero", "micro_batch_size", "micro_batches", "recompute", "schedule",
-            "zero3_prefetch", "update_rule",
+            "zero3_prefetch", "update_rule", "grad_accum",
             "feasible", "reason", "peak_bytes", "step_time_s", "tokens_per_s"}
 
 
@@ -53,7 +53,8 @@ def test_text_table_best_row_and_reasons(record, capsys):
     best = record["rows"][0]
     assert f"\n  1 {best['pp']:>4} {best['dp']:>5} {best['zero']:>4} " in out
     batches = "micro-batch" if best["micro_batches"] == 1 else "micro-batches"
-    name = (f"pp {best['pp']} x dp {best['dp']}, zero {best['zero']}, "
+    grads = " (gradients reduce-scattered each micro-batch)" if best["grad_accum"] else ""
+    name = (f"pp {best['pp']} x dp {best['dp']}, zero {best['zero']}{grads}, "
             f"{best['micro_batches']} {batches} of {best['micro_batch_size']}")
     assert f"\nbest: {name}, recompute auto, ratrain schedule: peak" in out
     assert "\ndo not fit (" in out and "\n  pp 1 x dp 4, zero 2, 2 micro-batches of 1" in out

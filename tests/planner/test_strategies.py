@@ -1,6 +1,7 @@
 """The strategies of planner/strategies.py on the tiny model: each plan holds only the
 candidates its strategy allows, each best is a real compile and simulation of its row,
 and the comparison relates every best to ratrain's."""
+from dataclasses import replace
 from functools import lru_cache
 
 import pytest
@@ -109,8 +110,15 @@ def test_strategy_filters_and_texts():
     assert moved and {(c.zero, c.zero3_prefetch, c.recompute, c.schedule) for c in moved} \
         == {(3, 0, "auto", "baseline")}
     assert all(c.dp > 1 for c in moved)
-    assert config_text(moved[0]).startswith(f"pp {moved[0].pp} x dp {moved[0].dp}, zero 3/at use, ")
-    assert "zero 3 (gathers at use), " in str(moved[0])
+    assert {c.grad_accum for c in moved} == {"scatter", None}
+    local = next(c for c in moved if c.grad_accum is None)
+    scatter = replace(local, grad_accum="scatter")
+    assert config_text(local).startswith(f"pp {local.pp} x dp {local.dp}, zero 3/at use, ")
+    assert config_text(scatter).startswith(f"pp {local.pp} x dp {local.dp}, zero 3/at use, "
+                                           "scatter, ")
+    assert "zero 3 (gathers at use), " in str(local)
+    assert "zero 3 (gathers at use; gradients reduce-scattered each micro-batch), " \
+        in str(scatter)
 
 
 def test_seeds_are_simulated_beside_the_best_by_estimate():
