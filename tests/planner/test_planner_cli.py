@@ -81,6 +81,7 @@ def test_compile_plan_uses_the_best_row(record, tmp_path, capsys):
     for key in ("pp", "dp", "zero", "micro_batch_size", "micro_batches", "recompute",
                 "schedule"):
         assert options[key] == best[key], key
+    assert options["grad_accum"] == (best["grad_accum"] or "auto")
     assert (options["seq_len"], options["budget"]) == (32, 30 * 10**6)
 
 
@@ -91,6 +92,9 @@ def test_compile_plan_uses_the_best_row(record, tmp_path, capsys):
     (["compile", "tiny", "--clusters", "4", "-o", "{tmp}/a"], "--clusters need --plan"),
     (["compile", "tiny", "--plan", "--pp", "2", "--clusters", "4", "--global-batch", "8",
       "-o", "{tmp}/b"], "--plan chooses the configuration without --pp"),
+    (["compile", "tiny", "--plan", "--grad-accum", "scatter", "--clusters", "4",
+      "--global-batch", "8", "-o", "{tmp}/d"],
+     "--plan chooses the configuration without --grad-accum"),
     (["compile", "tiny", "--plan", "--clusters", "1", "--global-batch", "8",
       "--seq-len", "32", "--budget", "5MB", "-o", "{tmp}/c"],
      "no configuration of tiny on 1 rank(s) fits --budget 4.77 MiB"),
