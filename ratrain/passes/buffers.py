@@ -166,6 +166,14 @@ def fused_grad_ids(kind) -> frozenset:
                      if node.op in GRAD_OUTPUT and node.outputs[GRAD_OUTPUT[node.op]].id in grads)
 
 
+def unfused_grad_elements(kind) -> int:
+    """Elements of the layer kind's parameter gradients that no GRAD_OUTPUT op writes
+    into grad.L (fused_grad_ids): each is accumulated by an `accumulate_grad` call."""
+    fused = fused_grad_ids(kind)
+    return sum(int(np.prod(v.shape)) for v, n in zip(kind.bwd.outputs, kind.bwd.output_names)
+               if n.startswith("grad:") and v.id not in fused)
+
+
 def pinned_values(kind, use: str, mode: str = "none", fused: bool = False) -> frozenset:
     """Values of a layer graph that live in buffers of their own, not in the workspace.
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from ratrain.passes.buffers import (CATEGORIES, backward_workspace, gathers_in_place,
                                     layer_param_count, message_bytes, persistent_buffers,
-                                    recovers_in_backward, shard_elements, undo_buffer)
+                                    recovers_in_backward, shard_elements,
+                                    unfused_grad_elements, undo_buffer)
 from ratrain.passes.residuals import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
@@ -229,10 +230,15 @@ class _StageModel:
         message, sends = _message_bytes(program, stage), _neighbours(program, stage)
         self.forward = sum(t.forward for t in times)
         self.backward = sum(t.backward for t in times)
-        # gradient accumulation: add into the fp32 gradient, or concatenate, reduce-scatter
-        # and add into the shard (sim/calls.py)
-        accumulate = sum((itemsize + 8) * n if plan.local_grads else
-                         (itemsize + 4) * n + 12 * n / o.dp for n in params) / ddr
+        # gradient accumulation: the ops that make a gradient add it into the fp32
+        # gradient as they write it (NOTE [fused gradient accumulation]), the others by an
+        # accumulate_grad pass; or concatenate, reduce-scatter and add into the shard
+        # (sim/calls.py)
+        unfused = [unfused_grad_elements(program.graph.kinds[program.graph.layers[l].kind])
+                   for l in layers]
+        accumulate = sum((itemsize + 8) * u if plan.local_grads else
+                         (itemsize + 4) * n + 12 * n / o.dp
+                         for n, u in zip(params, unfused)) / ddr
         self.recompute = _recompute_per_micro_batch(program, stage, times, plan)
         self.compute = (self.forward + self.backward + self.recompute + accumulate
                         + 2 * sends * message / ddr)

@@ -55,7 +55,8 @@ def test_auto_that_scatters_everywhere_is_its_scatter_twins_program():
         assert auto.scatter_grads == scatter.scatter_grads != frozenset()
         assert auto.recompute == scatter.recompute
         assert auto.memory.peak_bytes == scatter.memory.peak_bytes
-        assert not row.simulated and replace(row.candidate, grad_accum="scatter") in plan.notes
+        assert not row.simulated
+        assert replace(row.candidate, grad_accum="scatter") in {r.candidate for r in plan.rows}
 
 
 def test_scatter_where_auto_needs_no_recompute_is_not_compiled_and_would_not_help():
@@ -83,3 +84,25 @@ def test_llama2_7b_on_768_mt3000_clusters_scatters_instead_of_recomputing(monkey
     before = planner(20 * 10**9, **args).plan(768).best
     assert before.grad_accum is None
     assert best.tokens_per_s > 1.02 * before.tokens_per_s
+
+
+@pytest.mark.slow
+def test_the_estimate_charges_fused_accumulation_nothing_as_the_simulator_does(monkeypatch):
+    """NOTE [fused gradient accumulation]: the op that makes a weight's gradient adds it
+    into the fp32 gradient, so local accumulation costs no pass of its own. The estimate
+    charged one (10 bytes per parameter per micro-batch) and put every local candidate of
+    LLaMA-2-7B on 768 mt3000 clusters 13-16% above its simulated step, behind scattered
+    ones it beats; each of the best eight is now within 5%."""
+    import ratrain.planner.search as search_module
+    monkeypatch.setattr(search_module, "SIMULATION_MARGIN", 1.0)
+    mt3000 = load_profile("mt3000")
+    p = Planner(Search(models.get_config("llama2-7b"), "llama2-7b", 4096, 2048, mt3000,
+                       20 * 10**9, precision="fp16", simulate=8))
+    plan = p.plan(768)
+    verdicts = dict(p._judge(c) for c in p.candidates(768))
+    simulated = [r for r in plan.rows if r.simulated]
+    assert len(simulated) == 8 and any(r.grad_accum is None for r in simulated)
+    for row in simulated:
+        verdict = verdicts[row.candidate]
+        estimate = p.estimator.step_seconds(verdict.program, list(verdict.plans))
+        assert abs(estimate / row.step_time_s - 1) < 0.05, row.candidate
