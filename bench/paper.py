@@ -125,7 +125,13 @@ class Runs:
 # micro-batches): perfectly balanced stages, no recompute, communication, update or
 # tail. With pp x dp = N and dp dividing G = 4096, 768 = 3 x 256 clusters force pp >= 3,
 # so its best layout keeps a bubble of at least (pp - 1) / (M + pp - 1) = 2/18, while 512
-# and 1024 run pp 1 (no bubble) and 256 pp 4 with M = 64 (3/67).
+# and 1024 run pp 1 (no bubble) and 256 pp 4 with M = 64 (3/67). Nor would replicas with
+# unequal batches help: a step of whole sequences on 768 clusters lasts at least 6
+# sequence-times per cluster (pp 1: some replicas run 6 of the 4096; pp 2 x dp 384: 11
+# micro-batches + 1; pp 3 x dp 256: 16 + 2 over 3 stages), for 4096 / 768 = 5.33 of work:
+# at most 8/9 of the per-cluster rate of 1024 (4 sequences each, no bubble) in any
+# synchronous schedule that does not split a sequence. The paper's 85,465 tokens/s at 768
+# is 1.011x its own 1024 figure per cluster.
 def bound_1f1b(runs: Runs, model: str, clusters: int) -> tuple[float, int]:
     """(tokens/s, pp) of the best layout's NOTE [1F1B bound]."""
     planner = runs.planner(model)
