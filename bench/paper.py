@@ -131,7 +131,7 @@ class Runs:
 # micro-batches + 1; pp 3 x dp 256: 16 + 2 over 3 stages), for 4096 / 768 = 5.33 of work:
 # at most 8/9 of the per-cluster rate of 1024 (4 sequences each, no bubble) in any
 # synchronous schedule that does not split a sequence. The paper's 85,465 tokens/s at 768
-# is 1.011x its own 1024 figure per cluster.
+# is 1.010x its own 1024 figure per cluster.
 def bound_1f1b(runs: Runs, model: str, clusters: int) -> tuple[float, int]:
     """(tokens/s, pp) of the best layout's NOTE [1F1B bound]."""
     planner = runs.planner(model)
