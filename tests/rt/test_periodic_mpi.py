@@ -37,7 +37,9 @@ def _train(workdir, name: str, ranks: int, *flags):
 
 @pytest.mark.parametrize("ranks,flags", [
     (2, ("--pp", "2")),
-    pytest.param(4, ("--pp", "2", "--dp", "2", "--zero", "3"), marks=pytest.mark.slow)])
+    pytest.param(4, ("--pp", "2", "--dp", "2", "--zero", "3"), marks=pytest.mark.slow),
+    pytest.param(4, ("--pp", "2", "--dp", "2", "--zero", "2", "--grad-accum", "scatter"),
+                 marks=pytest.mark.slow)])
 def test_periodic_program_trains_as_the_whole_step(workdir, ranks, flags):
     name = "-".join(flags).replace("--", "")
     periodic, params, manifest = _train(workdir, name, ranks, *flags)

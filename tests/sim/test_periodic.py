@@ -22,6 +22,8 @@ CASES = {
     "tied-pp2-dp2-clip": dict(model="tiny-tied", hw="mt3000", pp=2, dp=2, zero=1, clip=1.0),
     "tiny-pp2-dp2-zero3": dict(model="tiny", hw="mt3000", pp=2, dp=2, zero=3,
                                precision="fp16"),
+    "tiny-pp3-dp2-zero2-scatter": dict(model="tiny", hw="mt3000", pp=3, dp=2, zero=2,
+                                       grad_accum="scatter", recompute="selective"),
 }
 
 
