@@ -29,7 +29,8 @@ from ratrain.sim.simulate import Simulation, simulate
 # So the instances n, n + 1, ... (at most WINDOW of them) must show, for some k <=
 # MAX_PERIOD, one step-time growth over every k consecutive micro-batches in the last 2 k + 1
 # (to PERIOD_TOLERANCE), a growth no smaller than any rank's busy time grew by, and one
-# tail; else n doubles. The step of M is then the instance with M's residue mod k plus
+# tail; else n doubles, at once when three show the transient (one growth, a rank's busy
+# time growing by more: _absorbing) and the doubled window still fits. The step of M is then the instance with M's residue mod k plus
 # whole rounds. Past M / 2 micro-batches the whole step is replayed. The busy time (the
 # bubble) is extended the same way; each rank's memory peak is its largest over the window
 # (exact when the recompute choices repeat too). Tested against full replays
@@ -93,6 +94,19 @@ def _period(facts: list[tuple]) -> int | None:
     return None
 
 
+def _absorbing(facts: list[tuple]) -> bool:
+    """The transient of NOTE [periodic steps]: the last three replays grow the step by one
+    amount per micro-batch but some rank's busy time by more, so its idle time is still
+    absorbing the extra and no window starting here can repeat (n doubles at once)."""
+    if len(facts) < 3:
+        return False
+    times, busy, scale = [f[0] for f in facts[-3:]], [f[2] for f in facts[-2:]], facts[-1][0]
+    growth = times[2] - times[1]
+    work = max(busy[1][r] - busy[0][r] for r in busy[1])
+    return _close(times[1] - times[0], growth, scale) and \
+        work > growth + PERIOD_TOLERANCE * scale
+
+
 def _full(sim: Simulation, micro_batches: int) -> PeriodicSimulation:
     step, tail, busy, peaks = _facts(sim)
     return PeriodicSimulation(sim, micro_batches, micro_batches, step, tail,
@@ -118,6 +132,8 @@ def simulate_periodic(compile_instance, micro_batches: int, pp: int,
             k = _period(facts)
             if k is not None:
                 return _extended(sims, facts, n, k, micro_batches)
+            if _absorbing(facts) and 2 * n + WINDOW <= micro_batches // 2:
+                break
         n *= 2
     return _full(simulate(compile_instance(micro_batches), profile, **how), micro_batches)
 
