@@ -44,8 +44,8 @@ def _stage_fits(program, stage: int, choices: dict, exact: bool) -> bool:
         return False  # the arena is never smaller than the peak
     if not exact:
         return True
-    from ratrain.passes.plan_memory import plan_stage
-    return plan_stage(candidate, stage)[1].arena_bytes <= program.options.budget
+    from ratrain.passes.plan_memory import stage_arena_bytes
+    return stage_arena_bytes(candidate, stage) <= program.options.budget
 
 
 def _escalate(program, stage: int, base: dict) -> dict:

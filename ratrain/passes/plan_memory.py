@@ -128,6 +128,16 @@ def plan_stage(program, stage: int) -> tuple[tuple[Task, ...], StageMemory]:
     return final, replace(memory, arena_bytes=arena)
 
 
+def stage_arena_bytes(program, stage: int) -> int:
+    """The arena plan_stage gives the stage, without its FREEs and timeline (recovery's
+    budget search asks it many times): inserting the FREEs renumbers the tasks in order,
+    which keeps every order and overlap of lifetimes, so assign_offsets places every
+    buffer where it does after them."""
+    work = tuple(t for t in program.tasks[stage] if t.kind != Kind.FREE)
+    offsets = assign_offsets(_spans(program, stage, work))
+    return max((o + n for o, n in offsets.values()), default=0)
+
+
 def _spans(program, stage: int, tasks) -> list[Span]:
     """Lifetime of every buffer over `tasks` (no FREEs), from task_effects alone."""
     last = max(len(tasks) - 1, 0)
@@ -360,4 +370,4 @@ def _recompute_all(program):
 
 
 def _arena_with(program, stage: int) -> int:
-    return plan_stage(program, stage)[1].arena_bytes
+    return stage_arena_bytes(program, stage)

@@ -11,7 +11,8 @@ from ratrain.models.trace import trace_model
 from ratrain.passes.buffers import CATEGORIES, persistent_buffers, stage_peak, task_effects
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
 from ratrain.passes.plan_memory import (ALIGNMENT, MemoryBudgetError, MemoryPlanError,
-                                        format_bytes, plan_memory, verify_memory_plan)
+                                        format_bytes, plan_memory, plan_stage,
+                                        stage_arena_bytes, verify_memory_plan)
 from ratrain.passes.program import CompileOptions, Program
 from ratrain.program_format.lowered import arena_name
 
@@ -234,3 +235,14 @@ def test_stage_without_tasks_keeps_persistent_buffers_apart():
     spans = sorted(memory.offsets.values())
     assert all(o + n <= next_o for (o, n), (next_o, _) in zip(spans, spans[1:]))
     assert memory.arena_bytes >= sum(n for _, n in spans) and memory.timeline == []
+
+
+@pytest.mark.parametrize("layout", [dict(), dict(pp=3, micro_batches=6, recompute="selective"),
+                                    dict(pp=2, dp=2, zero=2, recompute="full"),
+                                    dict(pp=2, dp=2, zero=3), dict(pp=4, micro_batches=8)])
+def test_the_arena_without_frees_is_plan_stages(layout):
+    """insert_recovery's budget search asks stage_arena_bytes, which places the buffers
+    before the FREEs go in: it must be the arena plan_stage gives after them."""
+    program = scheduled(**layout)
+    for stage in range(program.options.pp):
+        assert stage_arena_bytes(program, stage) == plan_stage(program, stage)[1].arena_bytes
