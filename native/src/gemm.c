@@ -200,11 +200,7 @@ static void run_rows(const rt_gemm_args *g, const rt_simd *S, const plan_t *p, c
 
 int rt_gemm(const rt_gemm_args *g_in, int threads) {
     rt_gemm_args g = *g_in;
-    if (g.M <= 0 || g.N <= 0 || g.K <= 0 || threads < 1 || threads > RT_MAX_THREADS) return RT_EINVAL;
-    if ((g.flags & RT_ACCUMULATE) && g.out_dt != RT_F32) return RT_EINVAL;
-    if (!g.lda) g.lda = (g.flags & RT_TRANS_A) ? g.M : g.K;
-    if (!g.ldb) g.ldb = (g.flags & RT_TRANS_B) ? g.K : g.N;
-    if (!g.ldc) g.ldc = g.N;
+    if (rt_gemm_prepare(&g, threads)) return RT_EINVAL;
     const rt_simd *S = rt_simd_get();
     plan_t p;
     int st = make_plan(&p, S, &g);

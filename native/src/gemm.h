@@ -14,4 +14,16 @@ typedef struct {
 } rt_gemm_args;
 
 int rt_gemm(const rt_gemm_args *g, int threads);
+
+/* Check `g` and fill its dense strides (0 -> the packed row length): RT_EINVAL or 0.
+ * Shared by rt_gemm and the bf16 entries (gemm_bf16.c). */
+static inline int rt_gemm_prepare(rt_gemm_args *g, int threads) {
+    if (g->M <= 0 || g->N <= 0 || g->K <= 0 || threads < 1 || threads > RT_MAX_THREADS)
+        return RT_EINVAL;
+    if ((g->flags & RT_ACCUMULATE) && g->out_dt != RT_F32) return RT_EINVAL;
+    if (!g->lda) g->lda = (g->flags & RT_TRANS_A) ? g->M : g->K;
+    if (!g->ldb) g->ldb = (g->flags & RT_TRANS_B) ? g->K : g->N;
+    if (!g->ldc) g->ldc = g->N;
+    return 0;
+}
 #endif

@@ -134,11 +134,7 @@ static void run_block(const rt_gemm_args *g, const rt_bf16_gemm *P, const plan_b
 
 static int gemm_bf16_tiled(const rt_gemm_args *g_in, const rt_bf16_gemm *P, int threads) {
     rt_gemm_args g = *g_in;
-    if (g.M <= 0 || g.N <= 0 || g.K <= 0 || threads < 1 || threads > RT_MAX_THREADS) return RT_EINVAL;
-    if ((g.flags & RT_ACCUMULATE) && g.out_dt != RT_F32) return RT_EINVAL;
-    if (!g.lda) g.lda = (g.flags & RT_TRANS_A) ? g.M : g.K;
-    if (!g.ldb) g.ldb = (g.flags & RT_TRANS_B) ? g.K : g.N;
-    if (!g.ldc) g.ldc = g.N;
+    if (rt_gemm_prepare(&g, threads)) return RT_EINVAL;
     const rt_simd *S = rt_simd_get();
     plan_bf16 p;
     make_plan(&p, P, &g, threads);
