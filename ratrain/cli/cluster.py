@@ -39,12 +39,22 @@ def cmd_down(args) -> None:
           f"cluster {args.name} down: nothing of it was left")
 
 
-def cmd_status(args) -> None:
-    from ratrain.cluster.harness import describe, link_counters, read_cluster
-    cluster = read_cluster(args.name)
+def cluster_up(name: str, first: str = "makes one"):
+    """The cluster `name` that is up, else a UserError saying what to run `first`."""
+    from ratrain.cluster import ClusterError
+    from ratrain.cluster.harness import read_cluster
+    try:
+        cluster = read_cluster(name)
+    except ClusterError as e:
+        raise UserError(str(e)) from None
     if cluster is None:
-        raise UserError(f"no cluster {args.name} is up: `ratrain cluster up {args.name} "
-                          "-n N` makes one")
+        raise UserError(f"no cluster {name} is up: `ratrain cluster up {name} -n N` {first}")
+    return cluster
+
+
+def cmd_status(args) -> None:
+    from ratrain.cluster.harness import describe, link_counters
+    cluster = cluster_up(args.name)
     print(f"cluster {cluster.name}: {describe(cluster)}")
     print(f"{'rank':>4} {'namespace':<18} {'address':<12} {'sent bytes':>14} "
           f"{'received bytes':>14}")
@@ -54,11 +64,8 @@ def cmd_status(args) -> None:
 
 
 def cmd_probe(args) -> None:
-    from ratrain.cluster.harness import describe_link, probe, read_cluster
-    cluster = read_cluster(args.name)
-    if cluster is None:
-        raise UserError(f"no cluster {args.name} is up: `ratrain cluster up {args.name} "
-                          "-n N` makes one")
+    from ratrain.cluster.harness import describe_link, probe
+    cluster = cluster_up(args.name)
     print(f"probing cluster {cluster.name} from ranks 0 and 1 (a few seconds)...", flush=True)
     cluster = probe(cluster)
     print(f"cluster {cluster.name} links: {describe_link(cluster.probed)}; `ratrain simulate "

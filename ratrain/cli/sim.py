@@ -32,15 +32,9 @@ def _program_and_profile(args):
 
 def _cluster_link(name: str) -> dict:
     """The link fields of cluster `name` (as probed, else as shaped)."""
-    from ratrain.cluster import ClusterError
-    from ratrain.cluster.harness import link_fields, read_cluster
-    try:
-        cluster = read_cluster(name)
-    except ClusterError as e:
-        raise UserError(str(e)) from None
-    if cluster is None:
-        raise UserError(f"no cluster {name} is up: `ratrain cluster up {name} -n N` (and "
-                          f"`ratrain cluster probe {name}`) first")
+    from ratrain.cli.cluster import cluster_up
+    from ratrain.cluster.harness import link_fields
+    cluster = cluster_up(name, f"(and `ratrain cluster probe {name}`) first")
     return link_fields(cluster)
 
 
