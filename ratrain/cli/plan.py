@@ -281,8 +281,8 @@ def add_plan_parser(sub, model_help: str) -> None:
                        "and rank them by simulated step time",
                        description="Search pipeline and DP degrees (pp x dp = N), ZeRO stage, "
                        "gradient accumulation under ZeRO 2 and 3 (the grads column: auto, or "
-                       "scatter: reduce-scattered each micro-batch), micro-batch size and count (dp x M x B = G), recompute policy and "
-                       "schedule. Candidates that cannot fit are dropped with the stage and "
+                       "scatter: reduce-scattered each micro-batch), micro-batch size and count "
+                       "(dp x M x B = G), recompute policy and schedule. Candidates that cannot fit are dropped with the stage and "
                        "memory categories over budget; the rest are ordered by an analytic "
                        "estimate and the best few compiled and simulated. Sizes: "
                        f"{SIZE_HELP}.")
