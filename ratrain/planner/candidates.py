@@ -51,15 +51,19 @@ class Candidate:
             budget=search.budget, hw=search.profile["name"], precision=search.precision,
             **extra)
 
-    def __str__(self) -> str:
+    @property
+    def batching(self) -> str:
+        """`16 micro-batches of 1`."""
         batches = "micro-batch" if self.micro_batches == 1 else "micro-batches"
+        return f"{self.micro_batches} {batches} of {self.micro_batch_size}"
+
+    def __str__(self) -> str:
         ahead = self.zero3_prefetch
         how = ([] if ahead is None else [f"gathers {f'{ahead} ahead' if ahead else 'at use'}"]) \
             + ([] if self.grad_accum is None else [f"gradients {SCATTERED}"])
         zero = f"{self.zero} ({'; '.join(how)})" if how else f"{self.zero}"
         rule = "" if self.update_rule is None else f", {self.update_rule} updates"
-        return (f"pp {self.pp} x dp {self.dp}, zero {zero}, "
-                f"{self.micro_batches} {batches} of {self.micro_batch_size}, recompute "
+        return (f"pp {self.pp} x dp {self.dp}, zero {zero}, {self.batching}, recompute "
                 f"{self.recompute}, {self.schedule} schedule{rule}")
 
 

@@ -368,23 +368,22 @@ def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str,
             f"needs more than with recompute {policy}, which does not fit: {failed[auto]}"
         return Row(**base, feasible=False, reason=reason, peak_bytes=verdict.peak,
                    step_time_s=None, tokens_per_s=None)
-    reason = (f"not simulated: {skipped} (estimated step {estimates[c]:.4g} s)"
-              if skipped and c.recompute == policy
-              else _not_simulated(c, estimates, best, policy, compiled))
-    return Row(**base, feasible=True, reason=reason, peak_bytes=verdict.peak,
-               step_time_s=None, tokens_per_s=None)
+    return Row(**base, feasible=True,
+               reason=_not_simulated(c, estimates, best, policy, compiled, skipped),
+               peak_bytes=verdict.peak, step_time_s=None, tokens_per_s=None)
 
 
-def _not_simulated(c: Candidate, estimates, best, policy: str, compiled=()) -> str:
+def _not_simulated(c: Candidate, estimates, best, policy: str, compiled=(),
+                   skipped: str | None = None) -> str:
     estimate = f"estimated step {estimates[c]:.4g} s"
     if c.recompute != policy:
         return f"not simulated: recompute auto recomputes no more here ({estimate})"
+    if skipped:
+        return f"not simulated: {skipped} ({estimate})"
     sibling = near_tie_sibling(c, compiled, estimates)
     if sibling is not None:
-        batches = "micro-batch" if sibling.micro_batches == 1 else "micro-batches"
         return (f"not simulated: {estimate}, within {SIBLING_TIE:.0%} of the simulated "
-                f"{sibling.micro_batches} {batches} of {sibling.micro_batch_size} "
-                "(NOTE [near-tie siblings])")
+                f"{sibling.batching} (NOTE [near-tie siblings])")
     if best is not None and estimates[c] > best:
         return f"not simulated: {estimate}, slower than the best simulated {best:.4g} s"
     return f"not simulated: {estimate}"
