@@ -307,7 +307,7 @@ def budget_message(program, plan: MemoryPlan) -> str:
 def _fixes(program, stage: int, m: StageMemory) -> list[str]:
     options, fixes = program.options, []
     if options.recompute != "full":
-        saving = m.arena_bytes - _arena_with(_recompute_all(program), stage)
+        saving = m.arena_bytes - stage_arena_bytes(_recompute_all(program), stage)
         if saving > 0:
             fixes.append(f"--recompute full would save {format_bytes(saving)}")
     undo = sum(n for name, (_, n) in m.offsets.items() if name.startswith("undo."))
@@ -338,10 +338,10 @@ def _zero_fixes(program, stage: int, m: StageMemory) -> list[str]:
     for zero in (1, 2):
         if zero > options.zero:
             sharded = replace(program, options=replace(options, zero=zero))
-            saving = m.arena_bytes - _arena_with(sharded, stage)
+            saving = m.arena_bytes - stage_arena_bytes(sharded, stage)
             fixes.append(f"--zero {zero} would save {format_bytes(saving)}")
     if options.zero < 3:
-        saving = m.arena_bytes - _arena_with(_gathering_views(program), stage)
+        saving = m.arena_bytes - stage_arena_bytes(_gathering_views(program), stage)
         if saving > 0:  # S view slots can outweigh a few small views
             fixes.append(f"--zero 3 would save {format_bytes(saving)} (views gathered at "
                          f"each use into {options.zero3_prefetch + 1} slots)")
@@ -368,6 +368,3 @@ def _recompute_all(program):
     return insert_gathers(insert_recovery(replace(program, options=options, tasks=tasks,
                                                   recompute={}, backward_recovery=frozenset())))
 
-
-def _arena_with(program, stage: int) -> int:
-    return stage_arena_bytes(program, stage)

@@ -36,6 +36,8 @@ class KindTimes:
     backward: float                     # ... its B
     recompute: dict                     # level -> seconds of its REC (none: 0)
     kept: dict                          # level -> residual bytes kept from F to B
+    unfused_grads: int                  # gradient elements accumulated by a pass of their
+                                        # own (unfused_grad_elements)
 
 
 def kind_times(kind, profile: dict, precision: str) -> KindTimes:
@@ -47,7 +49,7 @@ def kind_times(kind, profile: dict, precision: str) -> KindTimes:
     recompute = {level: sum(s for s, n in zip(fwd, kind.fwd.nodes) if id(n) in
                             _nodes_rebuilding(kind, mask)) for level, mask in masks.items()}
     return KindTimes(sum(fwd), sum(graph_seconds(kind, "bwd", profile, precision)),
-                     recompute, kept)
+                     recompute, kept, unfused_grad_elements(kind))
 
 
 def _nodes_rebuilding(kind, mask) -> set:
@@ -234,11 +236,9 @@ class _StageModel:
         # gradient as they write it (NOTE [fused gradient accumulation]), the others by an
         # accumulate_grad pass; or concatenate, reduce-scatter and add into the shard
         # (sim/calls.py)
-        unfused = [unfused_grad_elements(program.graph.kinds[program.graph.layers[l].kind])
-                   for l in layers]
-        accumulate = sum((itemsize + 8) * u if plan.local_grads else
+        accumulate = sum((itemsize + 8) * t.unfused_grads if plan.local_grads else
                          (itemsize + 4) * n + 12 * n / o.dp
-                         for n, u in zip(params, unfused)) / ddr
+                         for n, t in zip(params, times)) / ddr
         self.recompute = _recompute_per_micro_batch(program, stage, times, plan)
         self.compute = (self.forward + self.backward + self.recompute + accumulate
                         + 2 * sends * message / ddr)

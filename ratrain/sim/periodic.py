@@ -30,11 +30,11 @@ from ratrain.sim.simulate import Simulation, simulate
 # MAX_PERIOD, one step-time growth over every k consecutive micro-batches in the last 2 k + 1
 # (to PERIOD_TOLERANCE), a growth no smaller than any rank's busy time grew by, and one
 # tail; else n doubles, at once when three show the transient (one growth, a rank's busy
-# time growing by more: _absorbing) and the doubled window still fits. The step of M is then the instance with M's residue mod k plus
-# whole rounds. Past M / 2 micro-batches the whole step is replayed. The busy time (the
-# bubble) is extended the same way; each rank's memory peak is its largest over the window
-# (exact when the recompute choices repeat too). Tested against full replays
-# (tests/sim/test_periodic.py).
+# time growing by more: _absorbing) and the doubled window still fits. The step of M is
+# then the instance with M's residue mod k plus whole rounds. Past M / 2 micro-batches
+# the whole step is replayed. The busy time (the bubble) is extended the same way; each
+# rank's memory peak is its largest over the window (exact when the recompute choices
+# repeat too). Tested against full replays (tests/sim/test_periodic.py).
 PERIOD_TOLERANCE = 1e-9                 # relative: float sums of the same costs in a new order
 MAX_PERIOD = 4                          # micro-batches a repeating round may span
 WINDOW = 2 * MAX_PERIOD + 1             # consecutive instances tried before n doubles
