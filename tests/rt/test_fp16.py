@@ -25,7 +25,8 @@ T, M, B, STEPS, ROWS = 32, 4, 2, 200, 512
 # 2**24 overflows the first steps (the logits' cotangent is about 2**24 / (M*B*T) = 2**16
 # where a target is unlikely), and a short window lets the scale grow back during the run.
 INITIAL_SCALE, WINDOW = 2.0 ** 24, 20
-HYPER = ["--lr", "1e-3", "--seed", "1", "--no-shuffle", "--initial-loss-scale", INITIAL_SCALE]
+HYPER = ["--lr", "1e-3", "--lr-schedule", "constant", "--seed", "1", "--no-shuffle",
+         "--initial-loss-scale", INITIAL_SCALE]
 RECORDED = ("step", "loss", "lr", "grad_norm", "loss_scale", "skipped", "skipped_steps")
 
 
