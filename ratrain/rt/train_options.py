@@ -132,7 +132,8 @@ def check_run_length(args, save_dir_given: bool = True) -> str | None:
 # after). nanoGPT warms up 2,000 of 600,000 steps and torchtitan 200: short runs warm up
 # 10% of --steps, long runs 100 steps. Warm-up and decay are functions of the total
 # --steps, so a resumed run (whose --steps is the total to reach) gets the same rates as
-# an uninterrupted one. `--lr-schedule constant` is the schedule of earlier versions:
+# an uninterrupted one; a run resumed with a larger --steps than it started with follows
+# the new total's cosine from there on. `--lr-schedule constant` is the schedule of earlier versions:
 # --lr from the first step (after --warmup steps, if given).
 
 
