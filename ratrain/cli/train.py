@@ -132,7 +132,7 @@ def cmd_train(args) -> int:
     args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
     args.save_dir = args.save_dir or str(run_dir / "checkpoints")
     print(f"compiled into {run_dir}/program in {time.perf_counter() - started:.1f} s; "
-          f"starting mpiexec -n {options.world_size}", flush=True)
+          f"starting {options.world_size} ranks with mpiexec", flush=True)
     return launch(run_dir / "program", options.world_size, args)
 
 

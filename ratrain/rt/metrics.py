@@ -130,6 +130,13 @@ class MetricsLog:
         per_step = (elapsed - first.elapsed_s) / (step - first.step)
         return elapsed, per_step * (self.total - step)
 
+    def rate_fields(self, step_seconds: float) -> dict:
+        """StepMetrics' model_flops and mfu of a step; none for a program without them."""
+        if self.throughput is None:
+            return {}
+        return {"model_flops": self.throughput.model_flops,
+                "mfu": self.throughput.mfu(step_seconds)}
+
     def write(self, metrics: StepMetrics) -> None:
         self.steps.append(metrics)
         if self.path:

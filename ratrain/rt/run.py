@@ -20,8 +20,7 @@ from ratrain.rt.checkpoint import (check_save_dir, checkpoint_name, export_confi
 from ratrain.rt.data import (Batches, DataError, prepare_program_text_data, text_settings,
                              training_rows)
 from ratrain.rt.evaluate import due, evaluate, held_out
-from ratrain.rt.load import SetupError, open_program
-from ratrain.rt.load import read_manifest
+from ratrain.rt.load import SetupError, open_program, read_manifest
 from ratrain.rt.loss_plot import write_loss_plot
 from ratrain.rt.metrics import MetricsLog, StepMetrics, Throughput, rss_bytes
 from ratrain.rt.trace import TaskTrace
@@ -196,7 +195,7 @@ def train(args, comms, job: dict) -> None:
     from ratrain.rt.executor import RankExecutor
     program, batches = job["program"], job["batches"]
     if comms.rank == 0 and not args.quiet:
-        print(f"starting {comms.size} ranks: building the stage code (cached after the first "
+        print(f"{comms.size} ranks up: building the stage code (cached after the first "
               "build) and the arenas", flush=True)
     try:
         executor = RankExecutor(program, comms, job.pop("params"), job.pop("moments"),
@@ -316,13 +315,11 @@ def _log_step(args, log: MetricsLog, step: int, gathered, tokens: int, seconds: 
     losses = [loss for rank in gathered for loss in rank[0]]
     per_rank = list(zip(*gathered))
     elapsed, eta = log.clock(step)
-    rate = log.throughput
     metrics = StepMetrics(step, float(np.mean(losses)), tokens / seconds, seconds,
                           learning_rate(args, step), list(per_rank[1]), list(per_rank[2]),
                           arena_peak_bytes=list(per_rank[3]),
                           planned_peak_bytes=list(per_rank[4]), eval_loss=eval_loss,
-                          elapsed_s=elapsed, eta_s=eta,
-                          model_flops=rate and rate.model_flops, mfu=rate and rate.mfu(seconds),
+                          elapsed_s=elapsed, eta_s=eta, **log.rate_fields(seconds),
                           **gradients)
     log.write(metrics)
     if not args.quiet:

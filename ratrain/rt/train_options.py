@@ -133,8 +133,8 @@ def check_run_length(args, save_dir_given: bool = True) -> str | None:
 # 10% of --steps, long runs 100 steps. Warm-up and decay are functions of the total
 # --steps, so a resumed run (whose --steps is the total to reach) gets the same rates as
 # an uninterrupted one; a run resumed with a larger --steps than it started with follows
-# the new total's cosine from there on. `--lr-schedule constant` is the schedule of earlier versions:
-# --lr from the first step (after --warmup steps, if given).
+# the new total's cosine from there on. `--lr-schedule constant` is the schedule of
+# earlier versions: --lr from the first step (after --warmup steps, if given).
 
 
 def warmup_steps(args) -> int:

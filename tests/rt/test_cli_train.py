@@ -36,7 +36,8 @@ def test_train_on_defaults_prints_progress_and_summary(trained):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("compiling tiny for 2 ranks (pp 2 x dp 1")
     assert lines[1].startswith(f"compiled into {run_dir}/program in ")
-    assert lines[2].startswith("starting 2 ranks: building the stage code")
+    assert lines[1].endswith("; starting 2 ranks with mpiexec")
+    assert lines[2].startswith("2 ranks up: building the stage code")
     assert lines[3] == "first step: 1/3 (it also warms up)"
     assert [l.split()[1] for l in lines if l.startswith("step ")] == ["1/3", "2/3", "3/3"]
     assert [l for l in lines if l.startswith("removed ")] == ["removed step-000001 (keep-last 2)"]

@@ -76,7 +76,10 @@ def test_eta_is_the_mean_step_after_the_first(monkeypatch):
 def test_throughput_reads_the_manifest_and_divides():
     rate = Throughput.of_manifest({"flops": {"model_per_step": 6e9, "peak": 2e11}})
     assert rate == Throughput(6e9, 2e11) and rate.mfu(0.5) == pytest.approx(0.06)
+    assert MetricsLog(None, 3, rate).rate_fields(0.5) == {"model_flops": 6e9,
+                                                          "mfu": pytest.approx(0.06)}
     assert Throughput.of_manifest({}) is None  # a program compiled before the field
+    assert MetricsLog(None, 3, None).rate_fields(0.5) == {}
 
 
 def test_one_summary_names_time_loss_rate_mfu_memory_and_file():
