@@ -1,14 +1,15 @@
 """`ratrain run DIR -n N` and `ratrain train`: launch the MPI runtime with mpiexec.
 
 run starts `python -m ratrain.rt DIR` on N ranks with the training options. train first
-compiles a model (the tiny preset by default) into a run directory, then runs it and
-prints a summary. mpiexec is the one of the installed mpich wheel (next to Python). When
-a rank dies, the last line printed names it and the checkpoint to resume from.
+compiles a model (the tiny preset by default) into a run directory, then runs it (rank 0
+prints the progress and one summary). mpiexec is the one of the installed mpich wheel
+(next to Python). When a rank dies, the last line printed names it and the checkpoint to
+resume from.
 """
 from __future__ import annotations
 
-import json
 import os
+import time
 from pathlib import Path
 
 from ratrain.errors import UserError
@@ -110,7 +111,8 @@ def compile_run(args, run_dir: Path, config: dict, name: str, options) -> None:
 
 
 def cmd_train(args) -> int:
-    """Check every input, compile into a new run directory, run it, print a summary."""
+    """Check every input, compile into a new run directory, run it (the runtime prints
+    the progress, the loss plot and the summary)."""
     from ratrain.cli.train_inputs import (check_layout_numbers, check_run_dir,
                                           load_checked_model, resolve_layout)
     check_layout_numbers(args)
@@ -122,17 +124,16 @@ def cmd_train(args) -> int:
     tokenize_data(args, config, options.seq_len)
     check_checkpoint_options(args, save_dir_given=False)  # last: it creates --save-dir
     run_dir = check_run_dir(args.out)
+    print(f"compiling {name} for {options.world_size} ranks (pp {options.pp} x dp "
+          f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
+          f"x {options.seq_len} tokens){layout.cores_note(cores)}", flush=True)
+    started = time.perf_counter()
     compile_run(args, run_dir, config, name, options)
     args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
     args.save_dir = args.save_dir or str(run_dir / "checkpoints")
-    print(f"compiled {name} for {options.world_size} ranks (pp {options.pp} x dp "
-          f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
-          f"x {options.seq_len} tokens) into {run_dir}/program{layout.cores_note(cores)}",
-          flush=True)
-    code = launch(run_dir / "program", options.world_size, args)
-    if code == 0:
-        print(summary(Path(args.metrics), run_dir))
-    return code
+    print(f"compiled into {run_dir}/program in {time.perf_counter() - started:.1f} s; "
+          f"starting {options.world_size} ranks with mpiexec", flush=True)
+    return launch(run_dir / "program", options.world_size, args)
 
 
 def tokenize_data(args, config: dict, seq_len: int) -> None:
@@ -145,18 +146,6 @@ def tokenize_data(args, config: dict, seq_len: int) -> None:
         raise UserError(str(e)) from None
     except OSError as e:
         raise UserError(f"cannot read {e.filename}: {e.strerror}") from None
-
-
-def summary(metrics: Path, run_dir: Path) -> str:
-    steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    if not steps:
-        return f"no steps run; run directory {run_dir}"
-    timed = steps[1:] or steps
-    rate = sum(s["tokens_per_s"] for s in timed) / len(timed)
-    evaluated = [s["eval_loss"] for s in steps if s.get("eval_loss") is not None]
-    held_out = f", eval loss {evaluated[-1]:.4f}" if evaluated else ""
-    return (f"trained {len(steps)} steps: final loss {steps[-1]['loss']:.4f}{held_out}, "
-            f"{rate:,.0f} tokens/s; run directory {run_dir} (program/, checkpoints/, {metrics.name})")
 
 
 def add_train_parser(sub, model_help: str) -> None:

@@ -20,8 +20,9 @@ from ratrain.rt.checkpoint import (check_save_dir, checkpoint_name, export_confi
 from ratrain.rt.data import (Batches, DataError, prepare_program_text_data, text_settings,
                              training_rows)
 from ratrain.rt.evaluate import due, evaluate, held_out
-from ratrain.rt.load import SetupError, open_program
-from ratrain.rt.metrics import MetricsLog, StepMetrics, rss_bytes
+from ratrain.rt.load import SetupError, open_program, read_manifest
+from ratrain.rt.loss_plot import write_loss_plot
+from ratrain.rt.metrics import MetricsLog, StepMetrics, Throughput, rss_bytes
 from ratrain.rt.trace import TaskTrace
 from ratrain.rt.train_options import (add_training_options, check_run_length, learning_rate,
                                       optimizer_at)
@@ -193,6 +194,9 @@ def train(args, comms, job: dict) -> None:
     from ratrain.rt import comm
     from ratrain.rt.executor import RankExecutor
     program, batches = job["program"], job["batches"]
+    if comms.rank == 0 and not args.quiet:
+        print(f"{comms.size} ranks up: building the stage code (cached after the first "
+              "build) and the arenas", flush=True)
     try:
         executor = RankExecutor(program, comms, job.pop("params"), job.pop("moments"),
                                 job["step"], args.progress_us * 1e-6)
@@ -205,8 +209,11 @@ def train(args, comms, job: dict) -> None:
         np.seterr(over="ignore", invalid="ignore")
     if args.trace:
         executor.trace = TaskTrace(comms.rank, st.stage)
-    log = MetricsLog(args.metrics if comms.rank == 0 else None)
+    log = MetricsLog(args.metrics if comms.rank == 0 else None, args.steps,
+                     Throughput.of_manifest(read_manifest(Path(program.directory))))
     tokens_per_step = batches.global_batch * program.options.seq_len
+    if comms.rank == 0 and not args.quiet and job["step"] < args.steps:
+        print(f"first step: {job['step'] + 1}/{args.steps} (it also warms up)", flush=True)
     for k in range(job["step"], args.steps):
         start, scale = time.perf_counter(), st.scaler.scale
         losses = _run_step(executor, batches.step(k), optimizer_at(args, k + 1))
@@ -227,8 +234,8 @@ def train(args, comms, job: dict) -> None:
     executor.finish()
     if executor.trace is not None:
         executor.trace.write(args.trace)
-    if comms.rank == 0 and not args.quiet:
-        print(log.summary(), flush=True)
+    if comms.rank == 0:
+        _finish_log(args, log)
 
 
 def _run_step(executor, tokens, optimizer) -> list[float]:
@@ -276,14 +283,15 @@ def _save(args, comms, executor, job: dict) -> None:
         finish_checkpoint(executor.program, Path(staging), path, contents["config"],
                           {"step": executor.step, **job["data_order"], "data": args.data,
                            **_scaler_state(executor)}, contents["tokenizer"])
-        prune_checkpoints(args.save_dir, args.keep_last, path)
+        removed = prune_checkpoints(args.save_dir, args.keep_last, path)
     except Exception as e:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
         why = str(e) if errors else f"{type(e).__name__}: {e}"  # errors: already "rank R: ..."
         comm.abort_job(f"ratrain: writing checkpoint {path} failed: {why}")
     if not args.quiet:
-        print(f"saved {path}", flush=True)
+        print(f"saved {path}", *(f"removed {old.name} (keep-last {args.keep_last})"
+                                 for old in removed), sep="\n", flush=True)
 
 
 def _scaler_state(executor) -> dict:
@@ -306,11 +314,28 @@ def _log_step(args, log: MetricsLog, step: int, gathered, tokens: int, seconds: 
               gradients: dict, eval_loss: float | None = None):
     losses = [loss for rank in gathered for loss in rank[0]]
     per_rank = list(zip(*gathered))
+    elapsed, eta = log.clock(step)
     metrics = StepMetrics(step, float(np.mean(losses)), tokens / seconds, seconds,
                           learning_rate(args, step), list(per_rank[1]), list(per_rank[2]),
                           arena_peak_bytes=list(per_rank[3]),
                           planned_peak_bytes=list(per_rank[4]), eval_loss=eval_loss,
+                          elapsed_s=elapsed, eta_s=eta, **log.rate_fields(seconds),
                           **gradients)
     log.write(metrics)
     if not args.quiet:
         print(metrics.progress_line(args.steps), flush=True)
+
+
+def _finish_log(args, log: MetricsLog) -> None:
+    """Rank 0 after the last step: the loss plot beside --metrics, then the summary."""
+    if args.metrics and log.steps:
+        try:
+            plot = write_loss_plot(args.metrics)
+        except (OSError, ValueError, ImportError) as e:  # the run itself is done
+            print(f"ratrain: warning: no loss plot: {type(e).__name__}: {e}", file=sys.stderr,
+                  flush=True)
+        else:
+            if not args.quiet:
+                print(f"plotted the loss in {plot}", flush=True)
+    if not args.quiet:
+        print(log.summary(), flush=True)
