@@ -33,12 +33,33 @@ def run_losses(program, out, *flags, env=None) -> list[float]:
     return losses(out)
 
 
+@pytest.fixture(scope="module")
+def pp2_program(tmp_path_factory):
+    return compile_tiny(tmp_path_factory.mktemp("hosts") / "pp2", "--pp", 2,
+                        "--micro-batches", 2)
+
+
+@pytest.mark.mpi
+def test_hosts_of_this_machine_run_without_root(pp2_program, tmp_path):
+    """`--hosts localhost` (hydra starts a local host's proxy itself, no ssh) gives the
+    losses of a plain run; bad host lists stop before MPI starts, in one line."""
+    one_host = run_losses(pp2_program, tmp_path / "one.jsonl")
+    assert run_losses(pp2_program, tmp_path / "local.jsonl", "--hosts", "localhost") == \
+        one_host
+    for flags, says in [(("--hosts", "a,b,c"), "3 hosts do not divide the program's 2 ranks"),
+                        (("--hosts", "a,,b"), "--hosts 'a,,b': host 2 is empty"),
+                        (("--hostfile", tmp_path / "none"), "cannot read --hostfile")]:
+        done = ratrain("run", pp2_program, "--steps", 1, *flags)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"ratrain: error: {says}"), done.stderr
+
+
 @needs_root
 @pytest.mark.mpi
-def test_two_nodes_through_hosts_and_hostfile_match_one_host(state, tmp_path):
+def test_two_nodes_through_hosts_and_hostfile_match_one_host(state, pp2_program, tmp_path):
     """2 nodes x 1 rank, pp 2: `--hosts` and `--hostfile` runs give the one-host losses bit
     for bit, and the pipeline's activations crossed the shaped links."""
-    program = compile_tiny(tmp_path / "pp2", "--pp", 2, "--micro-batches", 2)
+    program = pp2_program
     one_host = run_losses(program, tmp_path / "one.jsonl", env=state)
     name = unique_name("m")
     up = ratrain("cluster", "up", name, "--nodes", 2, "--ranks-per-node", 1,
