@@ -330,9 +330,13 @@ def describe(cluster: Cluster) -> str:
     delay = "" if cluster.delay_applied or cluster.latency == 0 else \
         " (not applied: the kernel has no netem)"
     probed = "" if not cluster.probed else "; probed: " + describe_link(cluster.probed)
-    return (f"{cluster.nodes} nodes x {cluster.ranks_per_node} ranks, "
+    return (f"{counted(cluster.nodes, 'node')} x {counted(cluster.ranks_per_node, 'rank')}, "
             f"{cluster.bandwidth / 1e6:.2f} MB/s and {cluster.latency * 1e6:.1f} us{delay} "
             f"per node link{probed}")
+
+
+def counted(number: int, thing: str) -> str:
+    return f"{number} {thing}{'' if number == 1 else 's'}"
 
 
 def describe_link(fields: dict) -> str:

@@ -172,3 +172,11 @@ def test_cluster_up_sizes(capsys):
     assert node_count(2, None, 1) == 2
     with pytest.raises(UserError, match="-n 3 ranks do not fill nodes of --ranks-per-node 2"):
         node_count(3, None, 2)
+
+
+def test_a_cluster_is_described_by_its_nodes():
+    from ratrain.cluster.harness import describe
+    assert describe(Cluster("c", 2, 50e6, 0.0)) == \
+        "2 nodes x 1 rank, 50.00 MB/s and 0.0 us per node link"
+    assert describe(Cluster("c", 1, 50e6, 0.0, ranks_per_node=4)).startswith(
+        "1 node x 4 ranks, 50.00 MB/s")
