@@ -1,6 +1,7 @@
 """`ratrain run DIR -n N` and `ratrain train`: launch the MPI runtime with mpiexec.
 
-run starts `python -m ratrain.rt DIR` on N ranks with the training options. train first
+run starts `python -m ratrain.rt DIR` on N ranks with the training options, on this host or
+on --hosts/--hostfile (rt/hosts.py), or on a test cluster's nodes (--cluster). train first
 compiles a model (the tiny preset by default) into a run directory, then runs it (rank 0
 prints the progress and one summary). mpiexec is the one of the installed mpich wheel
 (next to Python). When a rank dies, the last line printed names it and the checkpoint to
@@ -17,6 +18,7 @@ from ratrain.inputs import load_hw, read_hf_config
 from ratrain.models.config import SEQ_LEN_HELP
 from ratrain.program_format.options import (PRECISION_HELP, PRECISIONS, RECOMPUTE_POLICIES,
                                             SCHEDULES)
+from ratrain.rt.hosts import resolve_hosts
 from ratrain.rt.launch import launch
 from ratrain.rt.train_options import add_training_options
 from ratrain.units import size_arg
@@ -36,13 +38,14 @@ def cmd_run(args) -> int:
         check_world_size(program, manifest, ranks)
     except SetupError as e:
         raise UserError(str(e)) from None
+    hosts = resolve_hosts(args.hosts, args.hostfile, ranks)
     tokenize_data(args, manifest["model"]["config"], manifest["options"]["seq_len"])
     if args.cluster is None:
-        return launch(program, ranks, args)
+        return launch(program, ranks, args, hosts=hosts)
     from ratrain.cluster import ClusterError, cluster_for_run
     try:
-        with cluster_for_run(args.cluster, ranks) as cluster:
-            return launch(program, ranks, args, cluster=cluster)
+        with cluster_for_run(args.cluster, ranks, hosts) as cluster:
+            return launch(program, ranks, args, cluster=cluster, hosts=hosts)
     except ClusterError as e:
         raise UserError(str(e)) from None
 
@@ -54,10 +57,15 @@ def add_run_parser(sub) -> None:
     p.add_argument("program", metavar="DIR", help="program directory from `ratrain compile`")
     p.add_argument("-n", "--ranks", type=int, default=None, metavar="N", help="MPI ranks to "
                    "start; must equal the program's pp x dp (default: the program's)")
-    p.add_argument("--cluster", default=None, metavar="NAME", help="run each rank in its "
-                   "own network namespace of the test cluster NAME, over its shaped link "
-                   "(`ratrain cluster up`; made for this run and removed after it if not up; "
-                   "needs root)")
+    p.add_argument("--cluster", default=None, metavar="NAME", help="run on the nodes of "
+                   "the test cluster NAME, in their network namespaces, over their shaped "
+                   "links (`ratrain cluster up`; made for this run, a node per rank or per "
+                   "--hosts entry, and removed after it if not up; needs root)")
+    p.add_argument("--hosts", default=None, metavar="H1,H2,...", help="run on these hosts, "
+                   "N / hosts consecutive ranks on each (mpiexec -hosts; started over ssh, "
+                   "or on the nodes of --cluster, given as their 10.213.0.x addresses)")
+    p.add_argument("--hostfile", default=None, metavar="FILE", help="as --hosts, one host "
+                   "per line (`host` or mpiexec's `host:count`; # comments)")
     add_training_options(p)
     p.set_defaults(func=cmd_run)
 

@@ -18,6 +18,7 @@ from collections import deque
 from pathlib import Path
 
 from ratrain.errors import UserError
+from ratrain.rt.hosts import job_command
 from ratrain.rt.train_options import forward_argv
 
 
@@ -43,13 +44,14 @@ def rank_python(module: str) -> list[str]:
 # (Python >= 3.11) leaves the working directory off; PYTHONPATH is still honoured.
 
 
-def launch(program_dir: Path, ranks: int, args, extra: list[str] = (), cluster=None) -> int:
+def launch(program_dir: Path, ranks: int, args, extra: list[str] = (), cluster=None,
+           hosts: tuple[str, ...] | None = None) -> int:
     """mpiexec -n ranks python -m ratrain.rt DIR <training options>; its exit code. If a
-    rank dies, the last line printed names it (NOTE [naming the lost rank]). With a
-    `cluster` (ratrain.cluster), each rank runs in its namespace and talks over its link."""
+    rank dies, the last line printed names it (NOTE [naming the lost rank]). With `hosts`
+    (rt/hosts.py), the ranks run on those hosts; with a `cluster` (ratrain.cluster), in its
+    node namespaces, talking over their links."""
     rank_command = [*rank_python("ratrain.rt"), str(program_dir), *forward_argv(args), *extra]
-    options, rank_command = cluster.placement(rank_command) if cluster else ([], rank_command)
-    command = [find_mpiexec(), *options, "-n", str(ranks), *rank_command]
+    command = job_command(find_mpiexec(), ranks, rank_command, hosts, cluster)
     job = subprocess.Popen(command, stdout=subprocess.PIPE)
     relay = StdoutRelay(job.stdout)
     watch = RankWatch(job.pid, ranks)
