@@ -2,8 +2,9 @@
 
 run starts `python -m ratrain.rt DIR` on N ranks with the training options. train first
 compiles a model (the tiny preset by default) into a run directory, then runs it and
-prints a summary. mpiexec is the one of the installed mpich wheel (next to Python). When
-a rank dies, the last line printed names it and the checkpoint to resume from.
+prints a summary. mpiexec is the one of the installed mpich wheel (next to Python).
+SIGINT or SIGTERM stops every rank after one step with a checkpoint; the last line printed
+names it and the command that resumes, as it does when a rank dies.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from ratrain.models.config import SEQ_LEN_HELP
 from ratrain.program_format.options import (PRECISION_HELP, PRECISIONS, RECOMPUTE_POLICIES,
                                             SCHEDULES)
 from ratrain.rt.launch import launch
-from ratrain.rt.train_options import add_training_options
+from ratrain.rt.stop import command_text
+from ratrain.rt.train_options import add_training_options, resume_argv
 from ratrain.units import size_arg
 
 
@@ -36,12 +38,14 @@ def cmd_run(args) -> int:
     except SetupError as e:
         raise UserError(str(e)) from None
     tokenize_data(args, manifest["model"]["config"], manifest["options"]["seq_len"])
+    resume = command_text(["ratrain", "run", program, *resume_argv(args),
+                           *(["--cluster", args.cluster] if args.cluster else [])])
     if args.cluster is None:
-        return launch(program, ranks, args)
+        return launch(program, ranks, args, resume)
     from ratrain.cluster import ClusterError, cluster_for_run
     try:
         with cluster_for_run(args.cluster, ranks) as cluster:
-            return launch(program, ranks, args, cluster=cluster)
+            return launch(program, ranks, args, resume, cluster=cluster)
     except ClusterError as e:
         raise UserError(str(e)) from None
 
@@ -129,7 +133,8 @@ def cmd_train(args) -> int:
           f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
           f"x {options.seq_len} tokens) into {run_dir}/program{layout.cores_note(cores)}",
           flush=True)
-    code = launch(run_dir / "program", options.world_size, args)
+    code = launch(run_dir / "program", options.world_size, args,
+                  command_text(["ratrain", "train", "--resume", run_dir]))
     if code == 0:
         print(summary(Path(args.metrics), run_dir))
     return code

@@ -5,9 +5,11 @@ Imports neither mpi4py nor jax, so the command line stays fast.
 """
 from __future__ import annotations
 
+import argparse
 import math
 
 from ratrain.optim import INITIAL_LOSS_SCALE, LOSS_SCALE_WINDOW, AdamW
+from ratrain.rt.stop import CHECKPOINT
 
 # flag, type (None = switch), default, help
 TRAINING_OPTIONS = (
@@ -91,6 +93,13 @@ def forward_argv(args) -> list[str]:
         if value != default:
             argv += [flag] if kind is None else [flag, str(value)]
     return argv
+
+
+def resume_argv(args) -> list[str]:
+    """--resume CHECKPOINT (rt/stop.py's placeholder) and the other training options of
+    `args` as flags: what a command that continues this run passes."""
+    return ["--resume", CHECKPOINT,
+            *forward_argv(argparse.Namespace(**{**vars(args), "resume": None}))]
 
 
 def check_run_length(args, save_dir_given: bool = True) -> str | None:
