@@ -57,11 +57,21 @@ def assert_ranks_gone(ranks: dict) -> None:
         time.sleep(0.1)
 
 
-def assert_quiet_launcher(out_dir) -> list[str]:
-    """stdout and stderr hold none of mpiexec's internals; the stderr lines."""
+def last_line(out_dir) -> str:
+    """The last line of stderr, the one `ratrain:` line there; stdout and stderr hold none
+    of mpiexec's internals."""
     text = (out_dir / "out.txt").read_text() + (out_dir / "err.txt").read_text()
     assert not [n for n in LAUNCHER_NOISE if n in text], text
-    return (out_dir / "err.txt").read_text().splitlines()
+    lines = (out_dir / "err.txt").read_text().splitlines()
+    assert [l for l in lines if l.startswith("ratrain:")] == lines[-1:], lines
+    return lines[-1]
+
+
+def assert_checkpoint(checkpoint, step: int) -> None:
+    """`checkpoint` holds step `step`, with the shard of each of the two stages."""
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == step
+    assert {f"model-0000{s}-of-00002.safetensors" for s in (1, 2)} <= \
+        {f.name for f in checkpoint.iterdir()}
 
 
 def losses(metrics) -> list[float]:
@@ -102,12 +112,8 @@ def test_signal_stops_train_at_one_step_and_resume_is_exact(tmp_path, uninterrup
     # the step in flight, and at most the next one if it began before the signal landed
     assert steps == list(range(1, last + 1)) and logged <= last <= logged + 2 < STEPS
     checkpoint = run_dir / "checkpoints" / f"step-{last:06d}"
-    assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == last
-    assert {f"model-0000{s}-of-00002.safetensors" for s in (1, 2)} <= \
-        {f.name for f in checkpoint.iterdir()}  # both stages wrote their shard
-    lines = assert_quiet_launcher(tmp_path)
-    assert [l for l in lines if l.startswith("ratrain:")] == lines[-1:]
-    assert lines[-1] == (f"ratrain: stopped by {name} after step {last} of {STEPS}; "
+    assert_checkpoint(checkpoint, last)
+    assert last_line(tmp_path) == (f"ratrain: stopped by {name} after step {last} of {STEPS}; "
                          f"checkpoint {checkpoint}; resume with: ratrain train --resume "
                          f"{run_dir}")
 
@@ -135,18 +141,42 @@ def test_ranks_under_mpiexec_stop_on_sigterm_and_print_their_resume(tmp_path, un
     last = read_metrics(metrics)[-1]["step"]
     assert logged <= last <= logged + 2 < STEPS
     checkpoint = tmp_path / "ckpt" / f"step-{last:06d}"
-    lines = assert_quiet_launcher(tmp_path)
-    assert [l for l in lines if l.startswith("ratrain:")] == lines[-1:]
+    assert_checkpoint(checkpoint, last)
+    line = last_line(tmp_path)
     said = re.fullmatch(rf"ratrain: stopped by SIGTERM after step {last} of {STEPS}; "
-                        rf"checkpoint {re.escape(str(checkpoint))}; resume with: (.*)",
-                        lines[-1])
-    assert said, lines[-1]
+                        rf"checkpoint {re.escape(str(checkpoint))}; resume with: (.*)", line)
+    assert said, line
     command = shlex.split(said.group(1))
     assert command[:8] == ["mpiexec", "-n", "2", sys.executable, "-m", "ratrain.rt",
                            str(program), "--resume"]
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert losses(metrics) == uninterrupted[0]  # the resumed run appended to the file
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, uninterrupted):
+    """SIGTERM reaches rank 1 only (as when a scheduler signals ranks at different times):
+    rank 0 learns of it from the agreement before the next step, so both stop there."""
+    program, metrics, save_dir = uninterrupted[1], tmp_path / "metrics.jsonl", tmp_path / "ckpt"
+    job = start(cli("run", program, "--steps", STEPS, "--save-dir", save_dir, "--metrics",
+                    metrics), tmp_path)
+
+    def rank_1_only(j):
+        os.kill(next(p for p, (r, _) in rank_processes(j.pid).items() if r == 1), signal.SIGTERM)
+    logged, ranks = signal_after(job, metrics, 2, rank_1_only)
+
+    assert job.wait(timeout=120) == 143
+    assert_ranks_gone(ranks)
+    last = read_metrics(metrics)[-1]["step"]
+    assert logged <= last <= logged + 2 < STEPS
+    checkpoint = save_dir / f"step-{last:06d}"
+    assert_checkpoint(checkpoint, last)
+    assert last_line(tmp_path) == (f"ratrain: stopped by SIGTERM after step {last} of {STEPS}; "
+                         f"checkpoint {checkpoint}; resume with: ratrain run {program} "
+                         f"--resume {checkpoint} --steps {STEPS} --save-dir {save_dir} "
+                         f"--metrics {metrics}")
 
 
 @pytest.mark.mpi
@@ -164,10 +194,8 @@ def test_second_signal_ends_the_job_at_once(tmp_path, uninterrupted):
 
     assert job.wait(timeout=60) == 130
     assert_ranks_gone(ranks)
-    lines = assert_quiet_launcher(tmp_path)
-    assert [l for l in lines if l.startswith("ratrain:")] == lines[-1:]
     checkpoint = sorted(save_dir.glob("step-*"))[-1]
-    assert lines[-1] == (
+    assert last_line(tmp_path) == (
         f"ratrain: stopped at once by a second SIGINT: the step in flight is lost; every "
         f"rank stopped; the last checkpoint is {checkpoint}: continue with `ratrain run "
         f"{program} --resume {checkpoint} --steps 100000 --save-dir {save_dir} "
