@@ -65,8 +65,8 @@ def launch(program_dir: Path, ranks: int, args, resume_command: str, cluster=Non
     for relay in relays:
         relay.join()
     if stop.ended_job:
-        print(f"ratrain: stopped at once by a second {signal_name(stop.received[-1])}: the "
-              f"step in flight is lost; {stopped(args, resume_command)}", file=sys.stderr,
+        print(f"ratrain: stopped at once by a second signal ({signal_name(stop.received[1])}):"
+              f" the step in flight is lost; {stopped(args, resume_command)}", file=sys.stderr,
               flush=True)
         return exit_code(stop.received[0])
     lost = relays[0].lost_process()
@@ -237,29 +237,38 @@ class RankWatch:
 
 
 def rank_processes(root_pid: int, known=()) -> dict[int, tuple[int, int]]:
-    """pid -> (PMI_RANK, start time) of root_pid's descendants not in `known` (empty
-    without /proc)."""
-    found = {}
-    for pid in descendants(root_pid):
-        if pid in known:
-            continue
-        rank, started = pmi_rank(pid), process_start(pid)
-        if rank is not None and started is not None:
-            found[pid] = (rank, started)
+    """pid -> (PMI_RANK, start time) of root_pid's rank processes not in `known` (empty
+    without /proc): the first process with PMI_RANK down each branch of its descendants,
+    not those a rank starts (its C compiler inherits PMI_RANK but is no rank to signal)."""
+    children, found, frontier = process_children(), {}, [root_pid]
+    while frontier:
+        below = []
+        for pid in (c for p in frontier for c in children.get(p, ())):
+            rank = None if pid in known else pmi_rank(pid)
+            if pid not in known and rank is None:
+                below.append(pid)
+            elif rank is not None and (started := process_start(pid)) is not None:
+                found[pid] = (rank, started)
+        frontier = below
     return found
 
 
 def descendants(root_pid: int) -> list[int]:
+    children, found, frontier = process_children(), [], [root_pid]
+    while frontier:
+        frontier = [c for p in frontier for c in children.get(p, ())]
+        found += frontier
+    return found
+
+
+def process_children() -> dict[int, list[int]]:
+    """parent pid -> its children's pids, from /proc (empty without it)."""
     children = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             parent = int(stat.read_bytes().rsplit(b")", 1)[1].split()[1])
             children.setdefault(parent, []).append(int(stat.parent.name))
-    found, frontier = [], [root_pid]
-    while frontier:
-        frontier = [c for p in frontier for c in children.get(p, ())]
-        found += frontier
-    return found
+    return children
 
 
 def pmi_rank(pid: int) -> int | None:

@@ -5,8 +5,10 @@ install the handlers before they import numpy or MPI, and the launcher imports i
 """
 from __future__ import annotations
 
+import contextlib
 import shlex
 import signal
+import threading
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 CHECKPOINT = "{checkpoint}"     # in a resume command: the checkpoint the stop wrote
@@ -52,6 +54,35 @@ def _record(number: int, frame) -> None:
 def received() -> int:
     """The first stop signal this process got since listen(), 0 for none."""
     return _received
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where SIGINT raises KeyboardInterrupt; args: (number,)."""
+
+
+def _raise_stopped(number: int, frame) -> None:
+    raise Stopped(number)
+
+
+@contextlib.contextmanager
+def signals_interrupt():
+    """Within the block (on the main thread), SIGTERM and SIGHUP interrupt the command as
+    Ctrl-C does, raising Stopped: a command stopped before its ranks start ends with its
+    own line (the launcher handles them while a job runs)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {n: signal.signal(n, _raise_stopped) for n in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def stopped_by(interrupt: KeyboardInterrupt) -> int:
+    """The signal that raised `interrupt` (Stopped or Ctrl-C's KeyboardInterrupt)."""
+    return interrupt.args[0] if isinstance(interrupt, Stopped) else signal.SIGINT
 
 
 def signal_name(number: int) -> str:

@@ -16,7 +16,8 @@ import time
 import pytest
 
 from ratrain.rt.launch import process_start, rank_processes
-from ratrain.rt.stop import CHECKPOINT, command_text, resume_text
+from ratrain.rt.stop import (CHECKPOINT, Stopped, command_text, resume_text,
+                             signals_interrupt, stopped_by)
 from rt_reference import read_metrics
 
 STEPS = 40  # the signal lands after step 2; a step of this model takes well under a second
@@ -187,18 +188,18 @@ def test_second_signal_ends_the_job_at_once(tmp_path, uninterrupted):
     job = start(cli("run", program, "--steps", 100_000, "--save-every", 1, "--save-dir",
                     save_dir, "--metrics", metrics), tmp_path)
 
-    def twice(j):
+    def twice(j):  # two signals of one kind sent at once may merge into one pending
         send_ctrl_c(j)
-        send_ctrl_c(j)
+        send_sigterm(j)
     _, ranks = signal_after(job, metrics, 2, twice)
 
     assert job.wait(timeout=60) == 130
     assert_ranks_gone(ranks)
     checkpoint = sorted(save_dir.glob("step-*"))[-1]
     assert last_line(tmp_path) == (
-        f"ratrain: stopped at once by a second SIGINT: the step in flight is lost; every "
-        f"rank stopped; the last checkpoint is {checkpoint}: continue with `ratrain run "
-        f"{program} --resume {checkpoint} --steps 100000 --save-dir {save_dir} "
+        f"ratrain: stopped at once by a second signal (SIGTERM): the step in flight is "
+        f"lost; every rank stopped; the last checkpoint is {checkpoint}: continue with "
+        f"`ratrain run {program} --resume {checkpoint} --steps 100000 --save-dir {save_dir} "
         f"--save-every 1 --metrics {metrics}`")
 
 
@@ -208,3 +209,15 @@ def test_resume_command_fills_in_the_checkpoint_quoted():
     assert command == "ratrain run 'my runs/p' --resume {checkpoint} --steps 9"
     assert shlex.split(resume_text(command, "my runs/ckpt/step-000003")) == \
         ["ratrain", "run", "my runs/p", "--resume", "my runs/ckpt/step-000003", "--steps", "9"]
+
+
+def test_sigterm_outside_a_job_interrupts_as_ctrl_c_does():
+    """Before the ranks start (compiling, tokenizing) the command ends with its own line."""
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Stopped) as stopped:
+        with signals_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    assert stopped_by(stopped.value) == signal.SIGTERM
+    assert stopped_by(KeyboardInterrupt()) == signal.SIGINT
+    assert signal.getsignal(signal.SIGTERM) is before
