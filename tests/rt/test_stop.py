@@ -20,9 +20,11 @@ from ratrain.rt.stop import (CHECKPOINT, Stopped, command_text, resume_text,
                              signals_interrupt, stopped_by)
 from rt_reference import read_metrics
 
-STEPS = 40  # the signal lands after step 2; a step of this model takes well under a second
-SHAPE = ["--seq-len", 32, "--global-batch", 4, "--pp", 2, "--micro-batches", 4,
-         "--precision", "fp32"]  # 2 ranks, fp32: a resumed run repeats every bit
+STEPS = 20  # the signal lands after step 2
+# 2 ranks, fp32 (a resumed run repeats every bit); a step takes a few tenths of a second,
+# long beside the time a signal takes to reach the ranks, short for the test
+SHAPE = ["--seq-len", 64, "--global-batch", 8, "--pp", 2, "--micro-batches", 4,
+         "--precision", "fp32"]
 LAUNCHER_NOISE = ("assert", "BAD TERMINATION", "terminated badly", "YOUR APPLICATION",
                   "[mpiexec@", "[proxy:", "Abort(", "Traceback")
 
