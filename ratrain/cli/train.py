@@ -4,8 +4,8 @@ run starts `python -m ratrain.rt DIR` on N ranks with the training options, on t
 on --hosts/--hostfile (rt/hosts.py), or on a test cluster's nodes (--cluster). train first
 compiles a model (the tiny preset by default) into a run directory, then runs it (rank 0
 prints the progress and one summary). mpiexec is the one of the installed mpich wheel
-(next to Python). When a rank dies, the last line printed names it and the checkpoint to
-resume from.
+(next to Python). SIGINT or SIGTERM stops every rank after one step with a checkpoint; the
+last line printed names it and the command that resumes, as it does when a rank dies.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from ratrain.program_format.options import (PRECISION_HELP, PRECISIONS, RECOMPUT
                                             SCHEDULES)
 from ratrain.rt.hosts import resolve_hosts
 from ratrain.rt.launch import launch
-from ratrain.rt.train_options import add_training_options
+from ratrain.rt.stop import command_text
+from ratrain.rt.train_options import add_training_options, resume_argv
 from ratrain.units import size_arg
 
 
@@ -40,12 +41,14 @@ def cmd_run(args) -> int:
         raise UserError(str(e)) from None
     hosts = resolve_hosts(args.hosts, args.hostfile, ranks)
     tokenize_data(args, manifest["model"]["config"], manifest["options"]["seq_len"])
+    resume = command_text(["ratrain", "run", program, *resume_argv(args),
+                           *(["--cluster", args.cluster] if args.cluster else [])])
     if args.cluster is None:
-        return launch(program, ranks, args, hosts=hosts)
+        return launch(program, ranks, args, resume, hosts=hosts)
     from ratrain.cluster import ClusterError, cluster_for_run
     try:
         with cluster_for_run(args.cluster, ranks, hosts) as cluster:
-            return launch(program, ranks, args, cluster=cluster, hosts=hosts)
+            return launch(program, ranks, args, resume, cluster=cluster, hosts=hosts)
     except ClusterError as e:
         raise UserError(str(e)) from None
 
@@ -141,7 +144,8 @@ def cmd_train(args) -> int:
     args.save_dir = args.save_dir or str(run_dir / "checkpoints")
     print(f"compiled into {run_dir}/program in {time.perf_counter() - started:.1f} s; "
           f"starting {options.world_size} ranks with mpiexec", flush=True)
-    return launch(run_dir / "program", options.world_size, args)
+    return launch(run_dir / "program", options.world_size, args,
+                  command_text(["ratrain", "train", "--resume", run_dir]))
 
 
 def tokenize_data(args, config: dict, seq_len: int) -> None:

@@ -9,6 +9,7 @@ import argparse
 import math
 
 from ratrain.optim import INITIAL_LOSS_SCALE, LOSS_SCALE_WINDOW, AdamW
+from ratrain.rt.stop import CHECKPOINT
 
 LR_SCHEDULES = ("cosine", "constant")
 
@@ -108,6 +109,13 @@ def forward_argv(args) -> list[str]:
         if value != default:
             argv += [flag] if kind is None else [flag, str(value)]
     return argv
+
+
+def resume_argv(args) -> list[str]:
+    """--resume CHECKPOINT (rt/stop.py's placeholder) and the other training options of
+    `args` as flags: what a command that continues this run passes."""
+    return ["--resume", CHECKPOINT,
+            *forward_argv(argparse.Namespace(**{**vars(args), "resume": None}))]
 
 
 def check_run_length(args, save_dir_given: bool = True) -> str | None:
