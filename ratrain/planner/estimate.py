@@ -28,7 +28,8 @@ from ratrain.sim.costs import (collective_port_bytes, collective_seconds, grad_s
                                norm_seconds, norm_share_bytes, prefetch_seconds,
                                sync_finish_seconds, sync_op, sync_seconds, undo_copy_bytes,
                                update_seconds)
-from ratrain.sim.kernels import graph_seconds
+from ratrain.ir.graph import Var
+from ratrain.sim.kernels import cold_profile, graph_seconds
 from ratrain.sim.simulate import rank_profile
 
 LEVELS = ("none", "selective", "full")  # recompute levels, least recompute first
@@ -46,14 +47,63 @@ class KindTimes:
 
 def kind_times(kind, profile: dict, precision: str) -> KindTimes:
     """Per-layer seconds and kept bytes of a layer kind on `profile`."""
-    fwd = graph_seconds(kind, "fwd", profile, precision)
+    fwd = _graph_seconds(kind, "fwd", profile, precision)
     masks = {level: kept_mask(kind, level) for level in LEVELS}
     kept = {level: sum(r.nbytes for r, k in zip(kind.residuals, mask) if k)
             for level, mask in masks.items()}
     recompute = {level: sum(s for s, n in zip(fwd, kind.fwd.nodes) if id(n) in
                             _nodes_rebuilding(kind, mask)) for level, mask in masks.items()}
-    return KindTimes(sum(fwd), sum(graph_seconds(kind, "bwd", profile, precision)),
+    return KindTimes(sum(fwd), sum(_graph_seconds(kind, "bwd", profile, precision)),
                      recompute, kept, unfused_grad_elements(kind))
+
+
+def _graph_seconds(kind, direction: str, profile: dict, precision: str) -> tuple:
+    """graph_seconds, between warm and cold by NOTE [estimated residency] on a profile
+    with cold costs and a cache size, as the simulator's calls."""
+    warm = graph_seconds(kind, direction, profile, precision)
+    cold = cold_profile(profile, precision)
+    if cold is None or not profile.get("cache_bytes"):
+        return warm
+    graph = kind.fwd if direction == "fwd" else kind.bwd
+    fractions = cold_fractions(graph, int(profile["cache_bytes"]))
+    return tuple(w + f * (c - w) for w, c, f in
+                 zip(warm, graph_seconds(kind, direction, cold, precision), fractions))
+
+
+# NOTE [estimated residency]: the simulator decides per call how much of its operands
+# the rank's caches still hold (NOTE [cache residency], sim/residency.py) by replaying a
+# stage's calls over the arena. The estimate has no arena; it walks one layer's nodes:
+# a value touched again within `cache_bytes` of other values is cached; at its first
+# touch an activation or cotangent from the layer before (a graph input other than a
+# residual) and a value the node writes are cached when they fit, since the rank has
+# just written them or reuses freed workspace; parameters and residuals, last touched
+# layers ago, are not.
+def cold_fractions(graph, capacity: int) -> tuple[float, ...]:
+    """Per node of `graph`: the fraction of its operand bytes not cached."""
+    residuals = {v.id for v, name in zip(graph.inputs, graph.input_names)
+                 if name.startswith("res")} | {v.id for v in graph.params}
+    recent: dict = {}                   # value id -> bytes, least recently touched first
+    out = []
+    for node in graph.nodes:
+        operands = {v.id: v.nbytes for v in (*node.inputs, *node.outputs) if isinstance(v, Var)}
+        cold = sum(n for i, n in operands.items() if not _cached(recent, i, n, capacity,
+                                                                 i in residuals))
+        out.append(cold / max(sum(operands.values()), 1))
+        for i, n in operands.items():
+            recent.pop(i, None)
+            recent[i] = n
+    return tuple(out)
+
+
+def _cached(recent: dict, value: int, nbytes: int, capacity: int, far: bool) -> bool:
+    if value not in recent:
+        return not far and nbytes <= capacity
+    newer, seen = 0, False
+    for i, n in recent.items():
+        if seen:
+            newer += n
+        seen = seen or i == value
+    return newer < capacity
 
 
 def _nodes_rebuilding(kind, mask) -> set:

@@ -21,7 +21,7 @@ from ratrain.sim.costs import (grad_scatter, link_host_seconds, memory_seconds, 
                                norm_share_bytes, scatter_bytes, slot_elements,
                                sync_finish_seconds, tie_local_bytes, tie_sum_seconds,
                                undo_copy_bytes, update_seconds, view_gather)
-from ratrain.sim.kernels import graph_seconds
+from ratrain.sim.kernels import cold_profile, graph_seconds
 from ratrain.sim.residency import cold_fractions
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
                                WorldSum, posted_receive, send_channel)
@@ -196,12 +196,10 @@ class ProfileCosts:
             layer_kind = self.program.graph.kinds[kind]
             graph = layer_kind.fwd if direction == "fwd" else layer_kind.bwd
             precision = self.options.precision
-            cold = self.profile.get("op_costs_cold", {}).get(precision)
-            cold_profile = self.profile | {"op_costs": {precision: {
-                **self.profile.get("op_costs", {}).get(precision, {}), **(cold or {})}}}
+            cold = cold_profile(self.profile, precision)
             self._tables[key] = (tuple(n.op for n in graph.nodes),
                                  graph_seconds(layer_kind, direction, self.profile, precision),
-                                 graph_seconds(layer_kind, direction, cold_profile, precision)
+                                 graph_seconds(layer_kind, direction, cold, precision)
                                  if cold else None)
         return self._tables[key]
 
