@@ -65,7 +65,7 @@ def _graph_seconds(kind, direction: str, profile: dict, precision: str) -> tuple
     if cold is None or not profile.get("cache_bytes"):
         return warm
     graph = kind.fwd if direction == "fwd" else kind.bwd
-    fractions = cold_fractions(graph, int(profile["cache_bytes"]))
+    fractions = node_cold_fractions(graph, int(profile["cache_bytes"]))
     return tuple(w + f * (c - w) for w, c, f in
                  zip(warm, graph_seconds(kind, direction, cold, precision), fractions))
 
@@ -78,16 +78,16 @@ def _graph_seconds(kind, direction: str, profile: dict, precision: str) -> tuple
 # residual) and a value the node writes are cached when they fit, since the rank has
 # just written them or reuses freed workspace; parameters and residuals, last touched
 # layers ago, are not.
-def cold_fractions(graph, capacity: int) -> tuple[float, ...]:
-    """Per node of `graph`: the fraction of its operand bytes not cached."""
-    residuals = {v.id for v, name in zip(graph.inputs, graph.input_names)
-                 if name.startswith("res")} | {v.id for v in graph.params}
+def node_cold_fractions(graph, capacity: int) -> tuple[float, ...]:
+    """Per node of a layer `graph`: the fraction of its operand bytes not cached."""
+    far = {v.id for v, name in zip(graph.inputs, graph.input_names)  # touched layers ago
+           if name.startswith("res")} | {v.id for v in graph.params}
     recent: dict = {}                   # value id -> bytes, least recently touched first
     out = []
     for node in graph.nodes:
         operands = {v.id: v.nbytes for v in (*node.inputs, *node.outputs) if isinstance(v, Var)}
-        cold = sum(n for i, n in operands.items() if not _cached(recent, i, n, capacity,
-                                                                 i in residuals))
+        cold = sum(n for i, n in operands.items()
+                   if not _cached(recent, i, n, capacity, i in far))
         out.append(cold / max(sum(operands.values()), 1))
         for i, n in operands.items():
             recent.pop(i, None)
@@ -96,6 +96,8 @@ def cold_fractions(graph, capacity: int) -> tuple[float, ...]:
 
 
 def _cached(recent: dict, value: int, nbytes: int, capacity: int, far: bool) -> bool:
+    """Is `value` cached: touched before with less than `capacity` bytes of others
+    touched since, or, at its first touch, near (not `far`) and fitting."""
     if value not in recent:
         return not far and nbytes <= capacity
     newer, seen = 0, False
@@ -287,42 +289,49 @@ class _StageModel:
     simulator charges the same work with (sim/costs.py, sim/calls.py)."""
 
     def __init__(self, est: Estimator, program, stage: int, plan: StagePlan):
-        p, o = est.rank_profile(program), program.options
-        layers = program.stages[stage]
-        times = [est.times(program, l) for l in layers]
+        p, layers = est.rank_profile(program), program.stages[stage]
         params = [layer_param_count(program, l) for l in layers]
-        ddr, bandwidth = p["ddr_bandwidth"], p["link_bandwidth"]
-        message, sends = _message_bytes(program, stage), _neighbours(program, stage)
-        self.forward = sum(t.forward for t in times)
-        self.backward = sum(t.backward for t in times)
         # gradient accumulation: the ops that make a gradient add it into the fp32
         # gradient as they write it (NOTE [fused gradient accumulation]), the others by an
         # accumulate_grad pass; or reduce-scatter each micro-batch's (costs.grad_scatter)
         scatters = [] if plan.local_grads else [_grad_scatter(program, n) for n in params]
+        self._add_micro_batch(est, p, program, stage, plan, scatters)
+        self._add_step_end(p, program, layers, params, scatters)
+
+    def _add_micro_batch(self, est, p: dict, program, stage: int, plan: StagePlan,
+                         scatters) -> None:
+        """Seconds of one micro-batch: its compute, its port time and a message's."""
+        o, layers = program.options, program.stages[stage]
+        times = [est.times(program, l) for l in layers]
+        message, sends = _message_bytes(program, stage), _neighbours(program, stage)
+        self.forward = sum(t.forward for t in times)
+        self.backward = sum(t.backward for t in times)
         accumulate = (sum((itemsize(program) + 8) * t.unfused_grads for t in times)
-                      if plan.local_grads else sum(g.concat + g.add for g in scatters)) / ddr
+                      if plan.local_grads else sum(g.concat + g.add for g in scatters))
         scatter_port = sum(collective_seconds(p, "reduce_scatter", o.dp, g.reduced)
                            for g in scatters)
         self.recompute = _recompute_per_micro_batch(program, stage, times, plan)
         # NOTE [link host cost]: messages sent and received, collectives' port bytes twice
         host = link_host_seconds(p, 2 * sends * message + 2 * sum(
             collective_port_bytes(p, "reduce_scatter", o.dp, g.reduced) for g in scatters))
-        self.compute = (self.forward + self.backward + self.recompute + accumulate + host
-                        + 2 * sends * message / ddr)
-        self.port = sends * message / bandwidth + scatter_port
+        self.compute = (self.forward + self.backward + self.recompute + host
+                        + (accumulate + 2 * sends * message) / p["ddr_bandwidth"])
+        self.port = sends * message / p["link_bandwidth"] + scatter_port
         self.message = message_seconds(p, message)
         self._add_view_gathers(p, program, layers, scatter_port)
-        # what is left to reduce after the last B: under scatter its last reduce-scatter
-        # (the stage's first layer), else every layer's SYNC
+
+    def _add_step_end(self, p: dict, program, layers, params, scatters) -> None:
+        """Seconds of the step's end: what is left to reduce after the last B (under
+        scatter its last reduce-scatter, of the stage's first layer, else every layer's
+        SYNC) and the compute of those SYNCs, the updates, the norm's share and PREF."""
+        o = program.options
         self.sync = (collective_seconds(p, "reduce_scatter", o.dp, scatters[0].reduced)
                      if scatters else sum(sync_seconds(p, o, n) for n in params))
-        # ... and the compute of those SYNCs: each finished when waited for, and the
-        # host's share of their bytes (NOTE [link host cost])
         self.sync_compute = 0.0 if scatters else sum(_sync_compute(p, program, n)
                                                      for n in params)
         self.update = sum(_update_seconds(p, program, n) for n in params)
         self.norm_share = 0.0 if commits_updates(o) or not needs_global_norm(o) else \
-            sum(_norm_share_bytes(program, n) for n in params) / ddr
+            sum(_norm_share_bytes(program, n) for n in params) / p["ddr_bandwidth"]
         self.prefetch = 0.0 if o.zero == 3 else sum(
             prefetch_seconds(program, p, l, gathers_in_place(program, l)) for l in layers)
 
