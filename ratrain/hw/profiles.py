@@ -50,6 +50,35 @@ sm_bytes, sources (field -> where the number comes from), and for the simulator 
 |                      |                | fp32_flops, ddr_bandwidth); the                 |
 |                      |                | simulator takes the entry for node_cores //     |
 |                      |                | ranks and records it as rank_threads            |
+
+The node (hw/topology.py; NOTE [node memory] there), each field optional, its default
+derived from the fields above:
+
+| field                     | unit | meaning (default)                                |
+|---------------------------|------|--------------------------------------------------|
+| ranks_per_node            | -    | ranks sharing one node's memory and port         |
+|                           |      | (node_cores // threads per rank, else 1)         |
+| node_memory_bandwidth     | B/s  | memory bandwidth the node's ranks share: their   |
+|                           |      | transfers within the node copy through it        |
+|                           |      | (threads["1"].ddr_bandwidth x node_cores, the    |
+|                           |      | per-rank rate with every core's rank streaming;  |
+|                           |      | else ddr_bandwidth x ranks_per_node)             |
+| inter_node_bandwidth      | B/s  | the node's one network port, shared by all its   |
+|                           |      | ranks (link_bandwidth)                           |
+| inter_node_latency        | s    | one message between nodes (link_latency)         |
+| collective_progress_share | 0..1 | speed a DP collective keeps while its rank       |
+|                           |      | computes (NOTE [manual progress], sim/engine.py; |
+|                           |      | 0 for calibrated profiles, whose MPI moves       |
+|                           |      | shared-memory bytes only inside its calls; else  |
+|                           |      | 1, links driven by DMA engines)                  |
+| node_collectives          | list | what `ratrain calibrate` measured with every     |
+|                           |      | rank at once: [op, members, groups, bytes, s]    |
+|                           |      | rows and the kernel beside collectives (kept for |
+|                           |      | reference; node_memory_bandwidth and             |
+|                           |      | collective_progress_share are derived from them) |
+
+link_bandwidth and link_latency are then those of two ranks of one node; a profile
+without the node fields is a node per rank whose link is its port, as before.
 """
 from __future__ import annotations
 
@@ -61,6 +90,7 @@ NUMBER_FIELDS = ("fp16_flops", "fp32_flops", "gemm_efficiency", "ddr_bandwidth",
                  "link_bandwidth", "link_latency", "usable_memory", "gsm_bytes", "am_bytes",
                  "cores")
 ALGORITHMS = ("ring", "tree", "auto")
+NODE_FIELDS = ("node_memory_bandwidth", "inter_node_bandwidth", "inter_node_latency")
 
 
 class ProfileError(ValueError):
@@ -108,4 +138,17 @@ def _simulator_problems(profile: dict) -> list[str]:
                         "positive numbers")
     if profile.get("collective_algorithm", "ring") not in ALGORITHMS:
         problems.append(f"collective_algorithm must be one of {', '.join(ALGORITHMS)}")
+    return problems + _node_problems(profile)
+
+
+def _node_problems(profile: dict) -> list[str]:
+    """The node fields (hw/topology.py), each named when it is wrong."""
+    problems = [f"{f} must be a positive number" for f in NODE_FIELDS if f in profile
+                and not (isinstance(profile[f], (int, float)) and profile[f] > 0)]
+    ranks = profile.get("ranks_per_node", 1)
+    if not (isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1):
+        problems.append("ranks_per_node must be a whole number of ranks, at least 1")
+    share = profile.get("collective_progress_share", 0.0)
+    if not (isinstance(share, (int, float)) and 0 <= share <= 1):
+        problems.append("collective_progress_share must be a number from 0 to 1")
     return problems

@@ -22,7 +22,7 @@ from ratrain.passes.buffers import (CATEGORIES, backward_workspace, gathers_in_p
 from ratrain.passes.residuals import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
-from ratrain.sim.costs import (collective_seconds, local_params, message_seconds,
+from ratrain.sim.costs import (collective_seconds, dp_group, local_params, message_seconds,
                                norm_seconds, sync_seconds, update_bytes, view_cast_bytes,
                                view_gather)
 from ratrain.sim.kernels import graph_seconds
@@ -228,7 +228,8 @@ class _StageModel:
         params = [layer_param_count(program, l) for l in layers]
         itemsize = np.dtype(program.graph.dtype).itemsize
         ddr, bandwidth = p["ddr_bandwidth"], p["link_bandwidth"]
-        reduce = lambda n: collective_seconds(p, "reduce_scatter", o.dp, 4 * n)
+        group = dp_group(p, o, stage)  # its members per node (NOTE [node memory])
+        reduce = lambda n: collective_seconds(p, "reduce_scatter", o.dp, 4 * n, group=group)
         message, sends = _message_bytes(program, stage), _neighbours(program, stage)
         self.forward = sum(t.forward for t in times)
         self.backward = sum(t.backward for t in times)
@@ -249,7 +250,7 @@ class _StageModel:
         # what is left to reduce after the last B: under scatter its last reduce-scatter
         # (the stage's first layer), else every layer's SYNC
         self.sync = (reduce(params[0]) if not plan.local_grads else
-                     sum(sync_seconds(p, o, n) for n in params))
+                     sum(sync_seconds(p, o, n, stage=stage) for n in params))
         self.update = sum(update_bytes(local_params(n, o)) for n in params) / ddr
         self.prefetch = 0.0 if o.zero == 3 else \
             sum(sum(_view_gather_seconds(p, program, l, gathers_in_place(program, l)))
@@ -281,7 +282,9 @@ def _view_gather_seconds(profile: dict, program, layer: int, in_place: bool):
     g = view_gather(shard_elements(params, program, True), itemsize, program.options.dp,
                     itemsize * params, in_place)
     return ((g.cast + g.unpack) / profile["ddr_bandwidth"],
-            collective_seconds(profile, "allgather", program.options.dp, g.gathered))
+            collective_seconds(profile, "allgather", program.options.dp, g.gathered,
+                               group=dp_group(profile, program.options,
+                                              program.stage_of_layer(layer))))
 
 
 def _recompute_per_micro_batch(program, stage: int, times, plan: StagePlan) -> float:
