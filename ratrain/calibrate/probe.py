@@ -1,6 +1,7 @@
 """`mpiexec -n R python -m ratrain.calibrate.probe OUT --threads T`: time every kernel case
 (cases.py) on all R ranks at once, T threads each (warm, and again with the caches swept
-under --evict), measure the ranks' cache share, then ping-pong between ranks 0 and 1.
+under --evict), measure the ranks' cache share, then ping-pong between ranks 0 and 1
+and, with --node, time DP collectives on every rank at once (node_probe.py).
 
 All ranks run the same case at the same time (a barrier before each, the same number of
 repetitions), so the rates are those of ranks sharing the node's caches and DDR as the

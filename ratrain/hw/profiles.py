@@ -71,11 +71,13 @@ derived from the fields above:
 |                           |      | 0 for calibrated profiles, whose MPI moves       |
 |                           |      | shared-memory bytes only inside its calls; else  |
 |                           |      | 1, links driven by DMA engines)                  |
-| node_collectives          | list | what `ratrain calibrate` measured with every     |
-|                           |      | rank at once: [op, members, groups, bytes, s]    |
-|                           |      | rows and the kernel beside collectives (kept for |
-|                           |      | reference; node_memory_bandwidth and             |
-|                           |      | collective_progress_share are derived from them) |
+| node_collectives          | {..} | what `ratrain calibrate` measured with every     |
+|                           |      | rank at once: `rows` [op, members, groups,       |
+|                           |      | bytes, s] and `kernel_slowdown_beside` (a GEMM   |
+|                           |      | loop's time with all-reduces streaming over its  |
+|                           |      | time alone); node_memory_bandwidth and           |
+|                           |      | collective_progress_share are derived from them  |
+|                           |      | (calibrate/node_fit.py)                          |
 
 link_bandwidth and link_latency are then those of two ranks of one node; a profile
 without the node fields is a node per rank whose link is its port, as before.
