@@ -142,7 +142,8 @@ def test_steady_state_period_hides_the_view_gathers_behind_the_next_forwards():
     and the next step's forwards start behind them, so a step of a run is shorter than a
     step timed alone; unit tests of the replay: a run of two steps minus one."""
     program = compiled("pp1-dp2-zero2-fp16")
-    profile = node_per_rank(load_profile("mt3000") | {"link_bandwidth": 1e9})  # gathers outlast casting
+    # gathers outlast casting
+    profile = node_per_rank(load_profile("mt3000") | {"link_bandwidth": 1e9})
     alone, steady = simulate(program, profile, steady=False), simulate(program, profile)
     assert steady.replay.period is not None and alone.replay.period is None
     assert steady.step_time < 0.99 * alone.step_time
