@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ratrain.cluster import netns
+from ratrain.hw.topology import node_per_rank
 from ratrain.rt.launch import find_mpiexec, rank_python
 
 PREFIX = "rtc"
@@ -221,9 +222,12 @@ def probe(cluster: Cluster) -> Cluster:
 
 def link_fields(cluster: Cluster) -> dict:
     """The profile fields of the cluster's links for the simulator: as probed, else as
-    shaped (no host cost known)."""
-    return cluster.probed or {"link_bandwidth": cluster.bandwidth,
+    shaped (no host cost known). Each rank is a node of its own whose link is its port,
+    and its TCP collectives move while it computes (the runtime's progress thread, NOTE
+    [progress while kernels run] in rt/comm.py)."""
+    link = cluster.probed or {"link_bandwidth": cluster.bandwidth,
                               "link_latency": cluster.latency, "link_host_cost": 0.0}
+    return node_per_rank(link) | {"collective_progress_share": 1.0}
 
 
 def _interrupt(signum, frame):
