@@ -1,6 +1,7 @@
 """`mpiexec -n R python -m ratrain.calibrate.probe OUT --threads T`: time every kernel case
 (cases.py) on all R ranks at once, T threads each (warm, and again with the caches swept
-under --evict), measure the ranks' cache share, then ping-pong between ranks 0 and 1.
+under --evict), measure the ranks' cache share, then ping-pong between ranks 0 and 1
+and, with --node, time DP collectives on every rank at once (node_probe.py).
 
 All ranks run the same case at the same time (a barrier before each, the same number of
 repetitions), so the rates are those of ranks sharing the node's caches and DDR as the
@@ -167,6 +168,9 @@ def main(argv=None) -> int:
                    "cases that sweep whole-model state (AdamW, prefetch, adds), and of a "
                    "second, cold timing of the kernels; also measures the ranks' cache "
                    "share (0: neither)")
+    p.add_argument("--node", action="store_true",
+                   help="also time DP collectives on all ranks at once and a kernel beside "
+                   "them (calibrate/node_probe.py)")
     p.add_argument("--evict-kernels", action="store_true",
                    help="also before each kernel call (default: kernels back to back)")
     args = p.parse_args(argv)
@@ -181,6 +185,12 @@ def main(argv=None) -> int:
     if world.rank == 0 and world.size > 1:
         print("  ping-pong between ranks 0 and 1", flush=True)
     result["ping_pong"] = ping_pong(world)
+    if args.node and world.size > 1:
+        from ratrain.calibrate.node_probe import beside_kernel, node_collectives
+        if world.rank == 0:
+            print("  collectives on every rank at once, and beside a kernel", flush=True)
+        result["node"] = {"collectives": node_collectives(world),
+                          "beside_kernel": beside_kernel(world, args.threads)}
     if world.rank == 0:
         with open(args.out, "w") as f:
             json.dump(result, f)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ratrain.calibrate.fit import fit_link, fit_op
+from ratrain.calibrate.node_fit import node_fields
 from ratrain.rt.launch import find_mpiexec, rank_python
 from ratrain.sim.kernels import fitted_seconds
 
@@ -84,6 +85,7 @@ def build_profile(runs: list[dict], machine: dict, evict: bool = False) -> dict:
     latency, bandwidth = fit_link(tuple(pings[0]), tuple(pings[-1]))
     cores = machine["node_cores"]
     whole = threads[str(max(map(int, threads)))]
+    node = next((node_fields(r["node"], r["ranks"]) for r in runs if r.get("node")), {})
     return _rounded({
         "name": "cpu", "description": f"this machine: {cores} cores, one MPI rank per core "
         "or one rank on all of them, measured by `ratrain calibrate`",
@@ -93,9 +95,23 @@ def build_profile(runs: list[dict], machine: dict, evict: bool = False) -> dict:
         "link_latency": latency, "usable_memory": machine["memory_bytes"] // cores,
         "gsm_bytes": machine["last_level_cache"], "am_bytes": machine["l1_data_cache"],
         "sm_bytes": machine["l1_data_cache"], "cores": cores, "node_cores": cores,
-        "default_precision": "fp32", "default_zero": 0, "threads": threads,
-        "sources": _sources(runs, pings, errors, evict),
+        "default_precision": "fp32", "default_zero": 0, "threads": threads, **node,
+        "sources": _sources(runs, pings, errors, evict) | (_NODE_SOURCES if node else {}),
     })
+
+
+_NODE_SOURCES = {
+    "node_collectives": "all-reduce, reduce-scatter and all-gather of 4 and 32 MB per rank, "
+                        "every rank at once in groups of all and of half the ranks "
+                        "[op, members, groups, bytes, s], and a GEMM loop's slowdown while "
+                        "all-reduces stream beside it (calibrate/node_probe.py)",
+    "node_memory_bandwidth": "ranks x each one's bytes per second in those reduce-scatters "
+                             "and all-gathers x memory traffic per byte (3 and 2, NOTE "
+                             "[node memory], hw/topology.py)",
+    "collective_progress_share": "all-reduce bytes per second finished while every rank ran "
+                                 "GEMMs, over their rate waited for alone (NOTE [manual "
+                                 "progress], sim/engine.py)",
+}
 
 
 def _sources(runs: list[dict], pings, errors: dict, evict: bool) -> dict:
@@ -168,7 +184,7 @@ def machine_facts() -> dict:
 
 
 def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0,
-              evict_kernels: bool = False) -> dict:
+              evict_kernels: bool = False, node: bool = False) -> dict:
     """`mpiexec -n ranks python -m ratrain.calibrate.probe` with `threads` per rank."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS="1",
                MKL_NUM_THREADS="1")
@@ -177,7 +193,8 @@ def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0,
         command = [find_mpiexec(), "-n", str(ranks), *rank_python("ratrain.calibrate.probe"),
                    str(out), "--threads", str(threads),
                    "--evict", str(evict)]
-        command += (["--ops", ops] if ops else []) + ["--evict-kernels"] * evict_kernels
+        command += (["--ops", ops] if ops else []) + ["--evict-kernels"] * evict_kernels \
+            + ["--node"] * node
         done = subprocess.run(command, env=env)
         if done.returncode or not out.is_file():
             raise RuntimeError(f"the calibration probe ({ranks} ranks x {threads} threads) "
@@ -205,5 +222,5 @@ def calibrate(progress: Callable[[str], None] = print, evict: bool = False) -> d
         progress(f"measuring {ranks} rank{'s' * (ranks > 1)} x {threads} "
                  f"thread{'s' * (threads > 1)}:")
         runs.append(run_probe(ranks, threads, evict=machine["last_level_cache"],
-                              evict_kernels=evict))
+                              evict_kernels=evict, node=ranks > 1))
     return build_profile(runs, machine, evict)

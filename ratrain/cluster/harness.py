@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ratrain.cluster import netns
 from ratrain.rt.hosts import hydra_hosts_option, rank_hosts
+from ratrain.hw.topology import node_per_rank
 from ratrain.rt.launch import find_mpiexec, rank_python
 
 PREFIX = "rtc"
@@ -317,9 +318,19 @@ def probe(cluster: Cluster) -> Cluster:
 
 def link_fields(cluster: Cluster) -> dict:
     """The profile fields of the cluster's links for the simulator: as probed, else as
-    shaped (no host cost known)."""
-    return cluster.probed or {"link_bandwidth": cluster.bandwidth,
+    shaped (no host cost known). Each node's link is its port, shared by its ranks (which
+    talk within the node as the profile says), and its TCP collectives move while the rank
+    computes (the runtime's progress thread, NOTE [progress while kernels run] in
+    rt/comm.py); with one rank per node the link is the rank's own."""
+    link = cluster.probed or {"link_bandwidth": cluster.bandwidth,
                               "link_latency": cluster.latency, "link_host_cost": 0.0}
+    if cluster.ranks_per_node == 1:
+        return node_per_rank(link) | {"collective_progress_share": 1.0}
+    return {"ranks_per_node": cluster.ranks_per_node,
+            "inter_node_bandwidth": link["link_bandwidth"],
+            "inter_node_latency": link["link_latency"],
+            "link_host_cost": link.get("link_host_cost", 0.0),
+            "collective_progress_share": 1.0}
 
 
 def _interrupt(signum, frame):

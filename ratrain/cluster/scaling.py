@@ -3,7 +3,7 @@ overrides of a hardware profile for `ratrain simulate` and `ratrain cluster up`.
 """
 from __future__ import annotations
 
-MT3000_LINK_BANDWIDTH = 3.7e9           # B/s between clusters (DESIGN section 7)
+MT3000_LINK_BANDWIDTH = 3.7e9           # B/s of a node's port (DESIGN section 7)
 MT3000_SUSTAINED_FLOPS = 0.70 * 8.1e12  # hand-written FP16 GEMM: ~70% of the peak
 RANK_THREADS = 1                        # one rank per core on the cluster
 
@@ -12,7 +12,8 @@ RANK_THREADS = 1                        # one rank per core on the cluster
 # the MT-3000's, link = 3.7e9 B/s x (sustained FLOP/s of one rank here) / (0.70 x 8.1e12
 # FLOP/s), makes every communication/compute ratio of a program match the MT-3000's. The
 # rank's sustained rate is the `cpu` profile's measured rate at one thread per rank, in the
-# profile's default precision; latency is the mt3000 profile's (5 us per message).
+# profile's default precision; latency is the mt3000 profile's between nodes (5 us per
+# message): each rank of the cluster is a node of its own.
 
 
 def rank_compute_rate(profile: dict, threads: int = RANK_THREADS) -> float:
@@ -26,9 +27,10 @@ def rank_compute_rate(profile: dict, threads: int = RANK_THREADS) -> float:
 def scaled_link(cpu: str = "cpu", reference: str = "mt3000") -> tuple[float, float]:
     """(bandwidth B/s, latency s) of the cluster's links (NOTE [link scaling])."""
     from ratrain.hw.profiles import load_profile
+    from ratrain.hw.topology import node_of
     rate = rank_compute_rate(load_profile(cpu))
     return (MT3000_LINK_BANDWIDTH * rate / MT3000_SUSTAINED_FLOPS,
-            float(load_profile(reference)["link_latency"]))
+            node_of(load_profile(reference)).port_latency)
 
 
 def with_link(profile: dict, bandwidth: float | None = None, latency: float | None = None,

@@ -17,6 +17,7 @@ NUMBER_FIELDS = ("fp16_flops", "fp32_flops", "gemm_efficiency", "ddr_bandwidth",
                  "link_bandwidth", "link_latency", "usable_memory", "gsm_bytes", "am_bytes",
                  "cores")
 ALGORITHMS = ("ring", "tree", "auto")
+NODE_FIELDS = ("node_memory_bandwidth", "inter_node_bandwidth", "inter_node_latency")
 
 
 class ProfileError(ValueError):
@@ -64,4 +65,17 @@ def _simulator_problems(profile: dict) -> list[str]:
                         "positive numbers")
     if profile.get("collective_algorithm", "ring") not in ALGORITHMS:
         problems.append(f"collective_algorithm must be one of {', '.join(ALGORITHMS)}")
+    return problems + _node_problems(profile)
+
+
+def _node_problems(profile: dict) -> list[str]:
+    """The node fields (hw/topology.py), each named when it is wrong."""
+    problems = [f"{f} must be a positive number" for f in NODE_FIELDS if f in profile
+                and not (isinstance(profile[f], (int, float)) and profile[f] > 0)]
+    ranks = profile.get("ranks_per_node", 1)
+    if not (isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1):
+        problems.append("ranks_per_node must be a whole number of ranks, at least 1")
+    share = profile.get("collective_progress_share", 0.0)
+    if not (isinstance(share, (int, float)) and 0 <= share <= 1):
+        problems.append("collective_progress_share must be a number from 0 to 1")
     return problems

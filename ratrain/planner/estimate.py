@@ -23,8 +23,8 @@ from ratrain.passes.buffers import (CATEGORIES, backward_workspace, gathers_in_p
 from ratrain.passes.residuals import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
-from ratrain.sim.costs import (collective_port_bytes, collective_seconds, grad_scatter,
-                               layer_view_gather, link_host_seconds, message_seconds,
+from ratrain.sim.costs import (collective_port_bytes, collective_seconds, crosses_node,
+                               dp_group, grad_scatter, layer_view_gather, link_host_seconds, message_seconds,
                                norm_seconds, norm_share_bytes, prefetch_seconds,
                                sync_finish_seconds, sync_op, sync_seconds, undo_copy_bytes,
                                update_seconds)
@@ -295,8 +295,9 @@ class _StageModel:
         # gradient as they write it (NOTE [fused gradient accumulation]), the others by an
         # accumulate_grad pass; or reduce-scatter each micro-batch's (costs.grad_scatter)
         scatters = [] if plan.local_grads else [_grad_scatter(program, n) for n in params]
+        self.group = dp_group(p, program.options, stage)  # its members per node
         self._add_micro_batch(est, p, program, stage, plan, scatters)
-        self._add_step_end(p, program, layers, params, scatters)
+        self._add_step_end(p, program, stage, params, scatters)
 
     def _add_micro_batch(self, est, p: dict, program, stage: int, plan: StagePlan,
                          scatters) -> None:
@@ -308,25 +309,29 @@ class _StageModel:
         self.backward = sum(t.backward for t in times)
         accumulate = (sum((itemsize(program) + 8) * t.unfused_grads for t in times)
                       if plan.local_grads else sum(g.concat + g.add for g in scatters))
-        scatter_port = sum(collective_seconds(p, "reduce_scatter", o.dp, g.reduced)
-                           for g in scatters)
+        scatter_port = sum(collective_seconds(p, "reduce_scatter", o.dp, g.reduced,
+                                              group=self.group) for g in scatters)
         self.recompute = _recompute_per_micro_batch(program, stage, times, plan)
         # NOTE [link host cost]: messages sent and received, collectives' port bytes twice
         host = link_host_seconds(p, 2 * sends * message + 2 * sum(
             collective_port_bytes(p, "reduce_scatter", o.dp, g.reduced) for g in scatters))
         self.compute = (self.forward + self.backward + self.recompute + host
                         + (accumulate + 2 * sends * message) / p["ddr_bandwidth"])
-        self.port = sends * message / p["link_bandwidth"] + scatter_port
-        self.message = message_seconds(p, message)
+        # a message to a stage on another node goes on the node's port (sim/calls _send)
+        across = any(crosses_node(p, o, stage, peer) for peer in (stage - 1, stage + 1)
+                     if 0 <= peer < o.pp)
+        self.message = message_seconds(p, message, across)
+        self.port = sends * (self.message - message_seconds(p, 0, across)) + scatter_port
         self._add_view_gathers(p, program, layers, scatter_port)
 
-    def _add_step_end(self, p: dict, program, layers, params, scatters) -> None:
+    def _add_step_end(self, p: dict, program, stage: int, params, scatters) -> None:
         """Seconds of the step's end: what is left to reduce after the last B (under
         scatter its last reduce-scatter, of the stage's first layer, else every layer's
         SYNC) and the compute of those SYNCs, the updates, the norm's share and PREF."""
-        o = program.options
-        self.sync = (collective_seconds(p, "reduce_scatter", o.dp, scatters[0].reduced)
-                     if scatters else sum(sync_seconds(p, o, n) for n in params))
+        o, layers = program.options, program.stages[stage]
+        self.sync = (collective_seconds(p, "reduce_scatter", o.dp, scatters[0].reduced,
+                                        group=self.group)
+                     if scatters else sum(sync_seconds(p, o, n, stage=stage) for n in params))
         self.sync_compute = 0.0 if scatters else sum(_sync_compute(p, program, n)
                                                      for n in params)
         self.update = sum(_update_seconds(p, program, n) for n in params)
@@ -344,7 +349,8 @@ class _StageModel:
         if o.zero != 3:
             return
         gathers = [layer_view_gather(program, l, in_place=False) for l in layers]
-        port = 2 * sum(collective_seconds(p, "allgather", o.dp, g.gathered) for g in gathers)
+        port = 2 * sum(collective_seconds(p, "allgather", o.dp, g.gathered, group=self.group)
+                       for g in gathers)
         self.compute += 2 * sum(g.cast + g.unpack for g in gathers) / p["ddr_bandwidth"] + \
             link_host_seconds(p, 4 * sum(collective_port_bytes(p, "allgather", o.dp, g.gathered)
                                          for g in gathers))

@@ -17,7 +17,9 @@ from ratrain.ir.tasks import Kind, counterpart
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, rollback_only
 from ratrain.sim.collectives import collective_cost
-from ratrain.sim.costs import (grad_scatter, link_host_seconds, memory_seconds, norm_seconds,
+from ratrain.hw.topology import node_of
+from ratrain.sim.costs import (collective_timed, crosses_node, dp_group, grad_scatter,
+                               link_host_seconds, memory_seconds, norm_seconds,
                                norm_share_bytes, scatter_bytes, slot_elements,
                                sync_finish_seconds, tie_local_bytes, tie_sum_seconds,
                                undo_copy_bytes, update_seconds, view_gather)
@@ -115,6 +117,7 @@ class ProfileCosts:
                        for c in lt.calls if c.op in ASYNC_CALLS
                        for s in _slots(c.inputs) + list(c.outputs)}
         self._tables: dict = {}
+        self._groups: dict = {}         # stage -> its DP group's members per node
         self._steps: dict = {}          # task -> its steps: a replay of two steps asks twice
         self._cold = self._cold_fractions()
         self._early = early_syncs(program, self._calls) if o.schedule == "ratrain" else {}
@@ -209,14 +212,15 @@ class ProfileCosts:
         """A memory-bound runtime call moving `nbytes` (costs.memory_seconds)."""
         return memory_seconds(self.profile, self.options.precision, op, nbytes)
 
-    def collective(self, op: str, nbytes: float, members: int, buffers, finish: float,
+    def collective(self, op: str, nbytes: float, stage: int, buffers, finish: float,
                    what: str) -> list[Step]:
-        """Start it; `finish`: compute seconds when it is waited for. The rank's host
-        then spends link_host_cost on every byte it sends and receives meanwhile."""
-        p = self.profile
-        cost = collective_cost(op, members, nbytes, p["link_latency"], p["link_bandwidth"],
-                               self.algorithm)
-        start = Start(tuple(buffers), cost.latency, cost.nbytes, finish, what)
+        """Start `op` over `stage`'s DP group (sim/collectives.node_collective: its bytes
+        move at the node's rates); `finish`: compute seconds when it is waited for. The
+        rank's host then spends link_host_cost on every byte it sends and receives."""
+        group = self._groups.setdefault(stage, dp_group(self.profile, self.options, stage))
+        cost = collective_timed(self.profile, op, nbytes, group, self.algorithm)
+        rate = cost.nbytes / cost.seconds if cost.seconds > 0 else 0.0
+        start = Start(tuple(buffers), cost.latency, cost.nbytes, finish, what, rate)
         return [start] + self.host_steps(2 * cost.nbytes)
 
     def host_steps(self, nbytes: float) -> list[Step]:
@@ -231,9 +235,15 @@ class ProfileCosts:
 # ---- runtime calls (rt/calls.py), one handler each ------------------------------------------
 
 def _send(c: ProfileCosts, task, call) -> list[Step]:
-    nbytes = call.inputs[0].nbytes
-    return [Compute(2 * nbytes / c.ddr),  # the runtime sends a copy of the arena slot
-            Send(counterpart(task), send_channel(task), c.profile["link_latency"], nbytes),
+    """A copy of the arena slot, sent on the link within the node or, to a stage on
+    another node, on the node's port."""
+    nbytes, peer = call.inputs[0].nbytes, counterpart(task).stage
+    node = node_of(c.profile)
+    across = crosses_node(c.profile, c.options, task.stage, peer)
+    latency, rate = (node.port_latency, node.port_bandwidth) if across else \
+        (node.link_latency, node.link_bandwidth)
+    return [Compute(2 * nbytes / c.ddr),
+            Send(counterpart(task), send_channel(task), latency, nbytes, rate),
             *c.host_steps(nbytes)]
 
 
@@ -248,7 +258,7 @@ def _grad_sync(c: ProfileCosts, task, call) -> list[Step]:
     grad, out = call.inputs[0], call.outputs[0]
     nbytes, out_bytes = grad.nbytes, out.nbytes
     # finish: the sum (or this rank's part of it) divided by dp, written to `out`
-    return c.collective(op, nbytes, c.options.dp, {grad.buffer, out.buffer},
+    return c.collective(op, nbytes, task.stage, {grad.buffer, out.buffer},
                         sync_finish_seconds(c.profile, c.options.precision, out_bytes),
                         f"{op} L{task.layer}")
 
@@ -259,7 +269,7 @@ def _grad_scatter(c: ProfileCosts, task, call) -> list[Step]:
     shard = call.outputs[0]
     g = grad_scatter(sum(s.nbytes for s in call.inputs), scatter_bytes(call), shard.nbytes)
     return [Compute(g.concat / c.ddr),
-            *c.collective("reduce_scatter", g.reduced, c.options.dp, {shard.buffer},
+            *c.collective("reduce_scatter", g.reduced, task.stage, {shard.buffer},
                           g.add / c.ddr, f"reduce_scatter {call.note} mb{task.micro_batch}")]
 
 
@@ -320,15 +330,16 @@ def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
     if not dict(call.params)["gather"]:
         view = sum(s.nbytes for s in call.outputs)
         return [Compute(c.memory_seconds("prefetch_view", call.inputs[0].nbytes + view))]
-    return _view_gather(c, call, f"allgather L{task.layer}")
+    return _view_gather(c, task, call, f"allgather L{task.layer}")
 
 
 def _gather_view(c: ProfileCosts, task, call) -> list[Step]:
     """NOTE [ZeRO-3 lifecycle]: a view gathered for one use (_view_gather)."""
-    return _view_gather(c, call, f"allgather {call.note} for {dict(call.params)['use']}")
+    return _view_gather(c, task, call,
+                        f"allgather {call.note} for {dict(call.params)['use']}")
 
 
-def _view_gather(c: ProfileCosts, call, label: str) -> list[Step]:
+def _view_gather(c: ProfileCosts, task, call, label: str) -> list[Step]:
     """Cast the master shard, all-gather the cast shards on the DP link (a Start: later
     calls overlap it until one touches the view), and copy the gathered view into place
     when it is waited for, unless it was gathered in place (NOTE [views gathered in
@@ -337,7 +348,7 @@ def _view_gather(c: ProfileCosts, call, label: str) -> list[Step]:
                     c.options.dp, sum(s.nbytes for s in call.outputs),
                     bool(dict(call.params).get("in_place")))
     return [Compute(g.cast / c.ddr),
-            *c.collective("allgather", g.gathered, c.options.dp,
+            *c.collective("allgather", g.gathered, task.stage,
                           {s.buffer for s in call.outputs}, g.unpack / c.ddr, label)]
 
 

@@ -55,3 +55,71 @@ def collective_cost(op: str, n: int, nbytes: float, alpha: float, bandwidth: flo
         return _tree(op, n, nbytes, alpha)
     return min(_ring(op, n, nbytes, alpha), _tree(op, n, nbytes, alpha),
                key=lambda c: c.latency + c.nbytes / bandwidth)
+
+
+# ---- on nodes of several ranks (NOTE [node memory], hw/topology.py) -----------------------
+#
+# A DP group spread over nodes, `group` = its members on each node (hw/topology.
+# dp_group_nodes), is costed as MPI libraries run it on such machines:
+#
+# | group               | how                                                          |
+# |---------------------|--------------------------------------------------------------|
+# | one node, L members | the formula above over L, at the node's copy rate for L      |
+# | K nodes, 1 each     | the formula above over K, on the node's port                 |
+# | K nodes, L each     | reduce-scatter within the node (S), the op over the K nodes  |
+# |                     | on S / L per rank with the L ranks sharing the port, then    |
+# |                     | all-gather within the node (S); all-gather: the inter-node   |
+# |                     | all-gather first, then the node's                            |
+#
+# Within a node, reduce phases move at copy_rate(L, "reduce"), gathers at
+# copy_rate(L, "copy"): an all-reduce is half of each.
+
+REDUCED_SHARE = {"allreduce": 0.5, "reduce_scatter": 1.0, "allgather": 0.0}
+
+
+@dataclass(frozen=True)
+class Timed:
+    latency: float                      # seconds of per-step latencies
+    nbytes: float                       # bytes this member moves
+    seconds: float                      # transfer seconds alone, at the rates they move at
+
+    def __add__(self, other: "Timed") -> "Timed":
+        return Timed(self.latency + other.latency, self.nbytes + other.nbytes,
+                     self.seconds + other.seconds)
+
+
+def _within_node(op: str, members: int, nbytes: float, node, algorithm: str) -> Timed:
+    cost = collective_cost(op, members, nbytes, node.link_latency, node.link_bandwidth,
+                           algorithm)
+    reduced = REDUCED_SHARE[op] * cost.nbytes
+    seconds = reduced / node.copy_rate(members, "reduce") + \
+        (cost.nbytes - reduced) / node.copy_rate(members, "copy")
+    return Timed(cost.latency, cost.nbytes, seconds)
+
+
+def _across_nodes(op: str, nodes: int, nbytes: float, sharing: int, node,
+                  algorithm: str) -> Timed:
+    rate = node.port_bandwidth / max(1, sharing)
+    cost = collective_cost(op, nodes, nbytes, node.port_latency, rate, algorithm)
+    return Timed(cost.latency, cost.nbytes, cost.nbytes / rate)
+
+
+def node_collective(op: str, group: tuple[int, ...], nbytes: float, node,
+                    algorithm: str = "ring") -> Timed:
+    """One member's cost of `op` over a DP group with `group[k]` members on node k (the
+    table above); `node` is hw/topology.Node. For reduce-scatter `nbytes` is the whole
+    input, for all-gather the whole output, as collective_cost."""
+    nodes, local = len(group), max(group, default=1)
+    if nodes * local <= 1:
+        return Timed(0.0, 0.0, 0.0)
+    if nodes == 1:
+        return _within_node(op, local, nbytes, node, algorithm)
+    if local == 1:
+        return _across_nodes(op, nodes, nbytes, 1, node, algorithm)
+    inner = _across_nodes(op, nodes, nbytes / local, local, node, algorithm)
+    if op == "allgather":
+        return inner + _within_node("allgather", local, nbytes, node, algorithm)
+    scatter = _within_node("reduce_scatter", local, nbytes, node, algorithm)
+    if op == "reduce_scatter":
+        return scatter + inner
+    return scatter + inner + _within_node("allgather", local, nbytes, node, algorithm)

@@ -18,7 +18,8 @@ from ratrain.passes.buffers import (gathers_in_place, layer_param_count, message
                                     recovers_in_backward, shard_elements)
 from ratrain.passes.residuals import recompute_flops
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
-from ratrain.sim.collectives import collective_cost
+from ratrain.hw.topology import dp_group_nodes, node_of, node_of_rank, ranks_per_node
+from ratrain.sim.collectives import Timed, node_collective
 from ratrain.sim.kernels import fitted_seconds, op_costs, peak_flops
 
 # Bytes the AdamW update moves per parameter: read grad (4), read+write master (8) and
@@ -37,21 +38,36 @@ def profile_algorithm(profile: dict) -> str:
     return profile.get("collective_algorithm", "ring")
 
 
+def dp_group(profile: dict, options, stage: int = 0) -> tuple[int, ...]:
+    """Members of `stage`'s DP group on each node it spans (hw/topology.py: the nodes
+    hold the profile's ranks_per_node consecutive ranks)."""
+    return dp_group_nodes(options.pp, options.dp, stage, ranks_per_node(profile))
+
+
+def collective_timed(profile: dict, op: str, nbytes: float, group: tuple[int, ...],
+                     algorithm: str | None = None) -> Timed:
+    """Latencies, bytes and transfer seconds of one member's share of `op` over a group
+    with `group[k]` members on node k (sim/collectives.node_collective)."""
+    return node_collective(op, group, nbytes, node_of(profile),
+                           algorithm or profile_algorithm(profile))
+
+
 def collective_seconds(profile: dict, op: str, members: int, nbytes: float,
-                       algorithm: str | None = None) -> float:
+                       algorithm: str | None = None,
+                       group: tuple[int, ...] | None = None) -> float:
     """Seconds of `op` (allreduce, reduce_scatter, allgather) of `nbytes` over `members`
-    ranks alone on the link: its latencies plus the bytes one member's port sends."""
-    cost = collective_cost(op, members, nbytes, profile["link_latency"],
-                           profile["link_bandwidth"], algorithm or profile_algorithm(profile))
-    return cost.latency + cost.nbytes / profile["link_bandwidth"]
+    ranks alone on the link: its latencies plus its transfer. `group`: the members on
+    each node (dp_group); without it, one member per node."""
+    cost = collective_timed(profile, op, nbytes, group or (1,) * members, algorithm)
+    return cost.latency + cost.seconds
 
 
 def collective_port_bytes(profile: dict, op: str, members: int, nbytes: float,
-                          algorithm: str | None = None) -> float:
-    """Bytes one member's port sends for `op` of `nbytes` over `members` ranks."""
-    algorithm = algorithm or profile_algorithm(profile)
-    return collective_cost(op, members, nbytes, profile["link_latency"],
-                           profile["link_bandwidth"], algorithm).nbytes
+                          algorithm: str | None = None,
+                          group: tuple[int, ...] | None = None) -> float:
+    """Bytes one member sends for `op` of `nbytes` over `members` ranks (`group`: their
+    count on each node, dp_group; without it, one member per node)."""
+    return collective_timed(profile, op, nbytes, group or (1,) * members, algorithm).nbytes
 
 
 def link_host_seconds(profile: dict, nbytes: float) -> float:
@@ -60,9 +76,19 @@ def link_host_seconds(profile: dict, nbytes: float) -> float:
     return nbytes * float(profile.get("link_host_cost", 0.0))
 
 
-def message_seconds(profile: dict, nbytes: float) -> float:
-    """One pipeline message of `nbytes` between neighbour stages."""
-    return profile["link_latency"] + nbytes / profile["link_bandwidth"]
+def crosses_node(profile: dict, options, stage: int, peer: int) -> bool:
+    """Whether stage `stage` and `peer` of DP replica 0 run on different nodes."""
+    ranks = ranks_per_node(profile)
+    return node_of_rank(stage, ranks) != node_of_rank(peer, ranks)
+
+
+def message_seconds(profile: dict, nbytes: float, across: bool = False) -> float:
+    """One pipeline message of `nbytes` between neighbour stages: on the link within a
+    node, on the node's port (`across`) between nodes."""
+    node = node_of(profile)
+    if across:
+        return node.port_latency + nbytes / node.port_bandwidth
+    return node.link_latency + nbytes / node.link_bandwidth
 
 
 def memory_seconds(profile: dict, precision: str, op: str, nbytes: float) -> float:
@@ -116,9 +142,11 @@ def sync_op(options) -> str:
     return "reduce_scatter" if options.zero >= 2 else "allreduce"
 
 
-def sync_seconds(profile: dict, options, num_params: int, algorithm: str | None = None) -> float:
-    """A layer's SYNC of its fp32 gradient over the DP group, alone on the link."""
-    return collective_seconds(profile, sync_op(options), options.dp, 4 * num_params, algorithm)
+def sync_seconds(profile: dict, options, num_params: int, algorithm: str | None = None,
+                 stage: int = 0) -> float:
+    """A layer's SYNC of its fp32 gradient over `stage`'s DP group, alone on the link."""
+    return collective_seconds(profile, sync_op(options), options.dp, 4 * num_params, algorithm,
+                              dp_group(profile, options, stage))
 
 
 def sync_finish_seconds(profile: dict, precision: str, out_bytes: float) -> float:
@@ -192,7 +220,8 @@ def prefetch_seconds(program, profile: dict, layer: int, in_place: bool,
         return memory_seconds(profile, o.precision, "prefetch_view", 4 * params + view)
     g = layer_view_gather(program, layer, in_place)
     return (g.cast + g.unpack) / profile["ddr_bandwidth"] + \
-        collective_seconds(profile, "allgather", o.dp, g.gathered, algorithm)
+        collective_seconds(profile, "allgather", o.dp, g.gathered, algorithm,
+                           dp_group(profile, o, program.stage_of_layer(layer)))
 
 
 def norm_seconds(profile: dict, options, algorithm: str | None = None) -> float:
@@ -229,9 +258,11 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
         Kind.B: lambda t: sum(cost(l).bwd_flops + _recomputed_in_backward(program, t, l)
                               for l in program.stages[t.stage]) / rate,
         Kind.REC: lambda t: recompute_flops(program, t.layer, t.micro_batch) / rate,
-        Kind.SEND_F: lambda t: message_seconds(profile, message_bytes(program, t.stage)),
-        Kind.SEND_B: lambda t: message_seconds(profile, message_bytes(program, t.stage - 1)),
-        Kind.SYNC: lambda t: sync_seconds(profile, o, params(t.layer)),
+        Kind.SEND_F: lambda t: message_seconds(profile, message_bytes(program, t.stage),
+                                               crosses_node(profile, o, t.stage, t.stage + 1)),
+        Kind.SEND_B: lambda t: message_seconds(profile, message_bytes(program, t.stage - 1),
+                                               crosses_node(profile, o, t.stage, t.stage - 1)),
+        Kind.SYNC: lambda t: sync_seconds(profile, o, params(t.layer), stage=t.stage),
         Kind.UPD: lambda t: update_seconds(profile, shard_elements(params(t.layer), program,
                                                                    o.zero >= 1), o.precision),
         Kind.PREF: prefetch,

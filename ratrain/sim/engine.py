@@ -84,6 +84,16 @@ class Signal:
 # traffic through this rank's port: by symmetry every member's port carries the same.
 
 
+# NOTE [manual progress]: an MPI library without a progress thread of its own (the mpich
+# wheel over shared memory) moves a collective's bytes only inside MPI calls: while the
+# rank runs a kernel, the runtime's helper thread probes every millisecond (NOTE [progress
+# while kernels run], rt/comm.py), which keeps a socket busy but copies only a few cells of
+# a large shared-memory transfer. Measured on a 16-core node (pp 1 x dp 16, ZeRO 2), the
+# backward ran as fast as alone while the layers' reduce-scatters waited for the UPDs to
+# move them. A Link therefore slows its DP channel to `progress_share` of its speed while
+# its rank computes (0: it stops; 1: DMA engines, no effect).
+
+
 class _Transfer:
     def __init__(self, nbytes: float, done: Signal, record):
         self.total, self.remaining, self.done, self.record = nbytes, nbytes, done, record
@@ -91,11 +101,14 @@ class _Transfer:
 
 
 class Link:
-    """One rank's outgoing port: per-channel FIFO queues sharing `bandwidth` (bytes/s)."""
+    """One rank's outgoing port: per-channel FIFO queues sharing `bandwidth` (bytes/s);
+    `held` channels move at `progress_share` of their share while the rank computes."""
 
-    def __init__(self, engine: Engine, bandwidth: float, on_transfer=None):
+    def __init__(self, engine: Engine, bandwidth: float, on_transfer=None,
+                 progress_share: float = 1.0, held: tuple[str, ...] = ("dp",)):
         self.engine, self.bandwidth = engine, bandwidth
         self.on_transfer = on_transfer  # called (channel, start, end, record) per transfer
+        self.progress_share, self.held, self.computing = progress_share, held, False
         self._queues: dict[str, deque] = {}
         self._updated, self._version = 0.0, 0
 
@@ -106,14 +119,25 @@ class Link:
         queue.append(_Transfer(nbytes, done, record))
         self._reschedule()
 
+    def set_computing(self, computing: bool) -> None:
+        """The rank's compute stream starts or stops (NOTE [manual progress])."""
+        if self.progress_share < 1 and computing != self.computing:
+            self._advance()
+            self.computing = computing
+            self._reschedule()
+
     def _heads(self) -> list[tuple[str, _Transfer]]:
         return [(channel, queue[0]) for channel, queue in self._queues.items() if queue]
+
+    def _rate(self, channel: str, heads: int) -> float:
+        share = self.progress_share if self.computing and channel in self.held else 1.0
+        return self.bandwidth / heads * share
 
     def _advance(self) -> None:
         """Account the bytes each head has sent since the last update."""
         now, heads = self.engine.now, self._heads()
-        for _, head in heads:
-            head.remaining -= (now - self._updated) * self.bandwidth / len(heads)
+        for channel, head in heads:
+            head.remaining -= (now - self._updated) * self._rate(channel, len(heads))
         self._updated = now
 
     def _reschedule(self) -> None:
@@ -122,11 +146,11 @@ class Link:
         for _, head in heads:
             if head.started is None:
                 head.started = self.engine.now
-        if heads:
-            first = min(max(head.remaining, 0.0) for _, head in heads)
+        waits = [max(head.remaining, 0.0) / rate for channel, head in heads
+                 if (rate := self._rate(channel, len(heads))) > 0]
+        if waits:
             version = self._version
-            self.engine.at(self.engine.now + first * len(heads) / self.bandwidth,
-                           lambda: self._tick(version))
+            self.engine.at(self.engine.now + min(waits), lambda: self._tick(version))
 
     def _tick(self, version: int) -> None:
         if version != self._version:  # superseded by a later send or tick
@@ -134,7 +158,10 @@ class Link:
         self._advance()
         heads = self._heads()
         for channel, head in heads:
-            left = head.remaining * len(heads) / self.bandwidth
+            rate = self._rate(channel, len(heads))
+            if rate <= 0:
+                continue
+            left = head.remaining / rate
             if head.remaining <= 1e-9 * head.total or self.engine.now + left == self.engine.now:
                 self._queues[channel].popleft()
                 if self.on_transfer is not None:

@@ -88,12 +88,12 @@ class _RankState:
 
 class _Replayer:
     def __init__(self, schedule: Schedule, costs, bandwidth: float, overlap: bool,
-                 steps: int = 1):
+                 steps: int = 1, progress_share: float = 1.0):
         self.schedule, self.costs, self.overlap, self.steps = schedule, costs, overlap, steps
-        self.engine = Engine()
+        self.bandwidth, self.engine = bandwidth, Engine()
         self.ranks = {rank: _RankState() for rank in schedule}
-        self.links = {rank: Link(self.engine, bandwidth, self._on_transfer(rank))
-                      for rank in schedule}
+        self.links = {rank: Link(self.engine, bandwidth, self._on_transfer(rank),
+                                 progress_share) for rank in schedule}
         self.posted: dict[Task, Signal] = {}
         self.arrived: dict[Task, Signal] = {}
         self.world_sums: dict[int, list] = {}       # k -> [arrivals, Signal]
@@ -171,7 +171,9 @@ class _Replayer:
     def _compute(self, rank: int, label: str, seconds: float):
         if seconds > 0:
             start = self.engine.now
+            self.links[rank].set_computing(True)  # NOTE [manual progress]
             yield seconds
+            self.links[rank].set_computing(False)
             self.ranks[rank].intervals.append(Interval("compute", start, self.engine.now, label))
 
     def _wait(self, rank: int, signal: Signal, label: str):
@@ -194,14 +196,18 @@ class _Replayer:
         self.ranks[rank].sends.append(arrived)
         self._signal(self.posted, key).on_fire(
             lambda: self._transmit(rank, step.channel, step.latency, step.nbytes, arrived,
-                                   str(step.message)))
+                                   str(step.message), step.rate))
 
-    def _transmit(self, rank, channel, latency, nbytes, done: Signal, label) -> None:
+    def _transmit(self, rank, channel, latency, nbytes, done: Signal, label,
+                  rate: float = 0.0) -> None:
+        """Put `nbytes` on the rank's port after `latency`; bytes that move at `rate`
+        alone (not the port's bandwidth) occupy it for as long as they take."""
         if nbytes <= 0:
             done.fire_after(latency)
-        else:
-            self.engine.at(self.engine.now + latency,
-                           lambda: self.links[rank].send(channel, nbytes, done, (label, nbytes)))
+            return
+        busy = nbytes * self.bandwidth / rate if rate else nbytes
+        self.engine.at(self.engine.now + latency,
+                       lambda: self.links[rank].send(channel, busy, done, (label, nbytes)))
 
     # ---- collectives ------------------------------------------------------------------
 
@@ -211,7 +217,8 @@ class _Replayer:
             if buffer in state.in_flight:
                 yield from self._complete(rank, state.in_flight[buffer], str(task))
         op = _Op(step, task, Signal(self.engine))
-        self._transmit(rank, "dp", step.latency, step.nbytes, op.done, step.what or str(task))
+        self._transmit(rank, "dp", step.latency, step.nbytes, op.done, step.what or str(task),
+                       step.rate)
         state.ops.append(op)
         state.in_flight.update(dict.fromkeys(step.buffers, op))
         if not self.overlap:
@@ -270,16 +277,18 @@ class _Replayer:
 # of a run. Replaying two steps back to back and subtracting one drained step gives the
 # steady-state period: both runs end with the same drained tail.
 def replay(schedule: Schedule, costs, *, bandwidth: float = 1.0, overlap: bool = True,
-           steady: bool = False) -> Replay:
+           steady: bool = False, progress_share: float = 1.0) -> Replay:
     """Time `schedule` (rank -> tasks) with `costs` (an object with `steps(task)`).
 
     `bandwidth` is every rank's port rate in bytes/s; overlap=False waits for each DP
     collective right after starting it (the serialized reference); steady=True also
-    measures the steady-state period (NOTE [steady state]) as the step time.
+    measures the steady-state period (NOTE [steady state]) as the step time;
+    `progress_share`: how fast DP collectives move while their rank computes (NOTE
+    [manual progress], sim/engine.py).
     """
-    one = _Replayer(schedule, costs, bandwidth, overlap).run()
+    one = _Replayer(schedule, costs, bandwidth, overlap, 1, progress_share).run()
     if not steady:
         return one
-    two = _Replayer(schedule, costs, bandwidth, overlap, steps=2).run()
+    two = _Replayer(schedule, costs, bandwidth, overlap, 2, progress_share).run()
     period = max(two.ends.values()) - max(one.ends.values())
     return replace(one, period=period)

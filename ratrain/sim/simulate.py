@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ratrain.hw.topology import node_of
 from ratrain.sim.calls import ProfileCosts
 from ratrain.sim.replay import Replay, replay
 
@@ -86,5 +87,5 @@ def simulate(program, profile: dict, *, overlap: bool = True,
     costs = ProfileCosts(program, profile, algorithm)
     pipeline = {program.rank(stage, 0): tasks for stage, tasks in program.tasks.items()}
     result = replay(pipeline, costs, bandwidth=profile["link_bandwidth"], overlap=overlap,
-                    steady=steady)
+                    steady=steady, progress_share=node_of(profile).progress_share)
     return Simulation(program, profile, result)

@@ -32,6 +32,8 @@ class Start:
     nbytes: float                       # bytes through this rank's port
     finish: float = 0.0                 # compute seconds when it is waited for
     what: str = ""                      # label in the trace ("reduce_scatter L3")
+    rate: float = 0.0                   # B/s its bytes move at alone (NOTE [node
+                                        # memory]); 0: the port's bandwidth
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Send:
     channel: str                        # port channel: one per peer direction
     latency: float                      # seconds before the first byte arrives
     nbytes: float                       # message size
+    rate: float = 0.0                   # B/s alone (across nodes: the node's port);
+                                        # 0: the port's bandwidth
 
 
 @dataclass(frozen=True)

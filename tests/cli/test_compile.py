@@ -195,7 +195,8 @@ def test_mt3000_defaults(tmp_path):
     assert compile_to(out, "--hw", "mt3000", "--dp", "2") == 0
     options = manifest_of(out)["options"]
     assert (options["precision"], options["zero"], options["budget"]) == ("fp16", 2, 20 * 10**9)
-    assert manifest_of(out)["hw"]["link_bandwidth"] == 3.7e9
+    hw = manifest_of(out)["hw"]
+    assert (hw["ranks_per_node"], hw["inter_node_bandwidth"]) == (4, 3.7e9)  # one shared port
 
 
 def test_unknown_profile_lists_known():
@@ -244,8 +245,13 @@ def test_task_costs_follow_the_profile():
     assert cost(Task(1, Kind.REC, micro_batch=0, layer=3)) == pytest.approx(
         program.layer_cost(3).fwd_flops / rate)
     grad_bytes = 4 * layer_param_count(program, 3)
-    assert cost(Task(1, Kind.SYNC, layer=3)) == pytest.approx(      # ring all-reduce, D = 4
-        6 * profile["link_latency"] + 2 * 3 / 4 * grad_bytes / profile["link_bandwidth"])
+    # stage 1's DP group is ranks 1, 3 (node 0) and 5, 7 (node 1) of 4 per node: reduce-
+    # scatter within the node, all-reduce of half the bytes across the 2 nodes with the
+    # node's 2 members sharing its port, all-gather within the node (NOTE [node memory])
+    within = profile["link_latency"] + grad_bytes / 2 / profile["link_bandwidth"]
+    across = 2 * profile["inter_node_latency"] + \
+        grad_bytes / 2 / (profile["inter_node_bandwidth"] / 2)
+    assert cost(Task(1, Kind.SYNC, layer=3)) == pytest.approx(2 * within + across)
     message = program.layer_cost(program.stages[0][-1]).output_bytes
     assert cost(Task(0, Kind.SEND_F, micro_batch=0)) == pytest.approx(
         profile["link_latency"] + message / profile["link_bandwidth"])

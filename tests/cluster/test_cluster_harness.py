@@ -13,6 +13,7 @@ import pytest
 from cluster_helpers import (REASON, compile_tiny, harness_leftovers, needs_root, ratrain,
                              unique_name)
 from ratrain.cluster import harness, netns
+from ratrain.hw.topology import node_of
 from ratrain.cluster.scaling import (parse_bandwidth, parse_latency, rank_compute_rate,
                                      scaled_link, with_link)
 from ratrain.hw.profiles import load_profile
@@ -139,7 +140,8 @@ def test_scaled_link_keeps_the_mt3000_bytes_per_flop():
     assert rank_compute_rate(cpu) == rate
     bandwidth, latency = scaled_link()
     assert bandwidth / rate == pytest.approx(3.7e9 / (0.70 * 8.1e12))
-    assert latency == mt3000["link_latency"] == 5e-6
+    assert bandwidth == pytest.approx(mt3000["inter_node_bandwidth"] * rate / (0.70 * 8.1e12))
+    assert latency == mt3000["inter_node_latency"] == 5e-6  # the node's port: a rank each
 
 
 def test_link_overrides_and_units():
@@ -160,3 +162,13 @@ def test_bad_cluster_names_are_refused(capsys):
     from ratrain.cli import main
     assert main(["cluster", "status", "Bad-Name"]) == 2
     assert "cluster name 'Bad-Name'" in capsys.readouterr().err
+
+
+def test_a_cluster_rank_is_a_node_whose_collectives_move_while_it_computes():
+    """Each namespace has its own shaped link (its port) and TCP collectives progress
+    through the runtime's helper thread: the simulator must not share a node between them
+    nor stall their transfers (NOTE [manual progress])."""
+    fields = harness.link_fields(harness.Cluster("t", 2, 61.67e6, 1e-4))
+    node = node_of(load_profile("cpu") | fields | {"rank_threads": 1})
+    assert (node.ranks, node.port_bandwidth, node.port_latency, node.progress_share) == \
+        (1, 61.67e6, 1e-4, 1.0)

@@ -190,17 +190,19 @@ def test_command_refuses_a_file_that_is_not_json(tmp_path, capsys):
 def test_probes_sweep_the_caches_only_under_evict(cases, tmp_path, monkeypatch, flag):
     """NOTE [warm operands]: by default the probes time kernel calls back to back and sweep
     the last-level cache only before the runtime calls; --evict sweeps before every call,
-    and the profile's sources say which."""
-    sweeps = []
+    and the profile's sources say which. The run of several ranks also probes the node."""
+    sweeps, nodes = [], []
 
-    def probe(ranks, threads, ops=None, evict=0, evict_kernels=False):
+    def probe(ranks, threads, ops=None, evict=0, evict_kernels=False, node=False):
         sweeps.append((evict, evict_kernels))
+        nodes.append((ranks, node))
         return made_up_run(cases, threads, PINGS if ranks > 1 else ())
     monkeypatch.setattr("ratrain.calibrate.profile.run_probe", probe)
     monkeypatch.setattr("ratrain.calibrate.profile.machine_facts", lambda: MACHINE)
     out = tmp_path / "cpu.json"
     assert main(["calibrate", "-o", str(out), *flag]) == 0
     assert sweeps == [(MACHINE["last_level_cache"], bool(flag))] * 2
+    assert nodes == [(1, False), (2, True)]
     sources = load_profile(out)["sources"]["op_costs"]
     assert ("operands come from DDR (--evict)" in sources) == bool(flag)
     assert ("operands are warm" in sources) != bool(flag)
@@ -217,3 +219,44 @@ def test_only_cold_cases_are_swept_unless_every_case():
     assert sweep.before(kernel) is not sweep and all(sweep.before(c) is sweep for c in cold)
     everything = Evictor(1 << 20, 1, every_case=True)
     assert everything.before(kernel) is everything
+
+
+def made_up_node(ranks: int, memory: float, progress: float) -> dict:
+    """Node probe output of `ranks` ranks whose collectives copy through `memory` B/s
+    (NOTE [node memory]) and move at `progress` of their speed beside kernels."""
+    rows = []
+    for op, traffic, port in (("reduce_scatter", 3, (ranks - 1) / ranks),
+                              ("allgather", 2, (ranks - 1) / ranks),
+                              ("allreduce", 2.5, 2 * (ranks - 1) / ranks)):
+        for nbytes in (4 << 20, 32 << 20):
+            rows.append({"op": op, "members": ranks, "groups": 1, "bytes": nbytes,
+                         "seconds": port * nbytes * traffic * ranks / memory})
+    allreduce = rows[-1]["seconds"]
+    return {"collectives": rows, "beside_kernel": {
+        "kernel_seconds": 1.0, "kernel_seconds_beside": 1.25, "allreduce_bytes": 32 << 20,
+        "allreduces_done": progress * 1.25 / allreduce, "members": ranks}}
+
+
+def test_node_fields_come_from_the_collectives_every_rank_ran(cases, tmp_path):
+    run = made_up_run(cases, 1, PINGS) | {"node": made_up_node(2, 40e9, 0.25)}
+    profile = build_profile([run, made_up_run(cases, 2)], MACHINE)
+    assert profile["node_memory_bandwidth"] == pytest.approx(40e9, rel=1e-3)
+    assert profile["collective_progress_share"] == pytest.approx(0.25, rel=1e-3)
+    assert profile["node_collectives"]["kernel_slowdown_beside"] == pytest.approx(1.25)
+    assert len(profile["node_collectives"]["rows"]) == 6
+    path = tmp_path / "node.json"
+    write_profile(profile, path)
+    assert load_profile(path)["node_memory_bandwidth"] == pytest.approx(40e9, rel=1e-3)
+    assert "node_memory_bandwidth" not in build_profile(
+        [made_up_run(cases, 1, PINGS), made_up_run(cases, 2)], MACHINE)
+
+
+def test_probe_times_collectives_on_every_rank_and_beside_a_kernel_under_mpiexec(capfd):
+    node = run_probe(2, 1, ops="add", node=True)["node"]
+    assert {(r["op"], r["members"], r["groups"]) for r in node["collectives"]} == \
+        {(op, 2, 1) for op in ("allreduce", "reduce_scatter", "allgather")}
+    assert all(r["seconds"] > 0 for r in node["collectives"])
+    beside = node["beside_kernel"]
+    assert beside["kernel_seconds"] > 0 and beside["kernel_seconds_beside"] > 0
+    assert beside["allreduces_done"] >= 0 and beside["members"] == 2
+    assert "collectives on every rank at once" in capfd.readouterr().out

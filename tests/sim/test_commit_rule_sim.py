@@ -9,6 +9,7 @@ import pytest
 from ratrain import models
 from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
+from ratrain.hw.topology import node_per_rank
 from ratrain.ir.tasks import Kind
 from ratrain.passes.lower_state import state_slots
 from ratrain.passes.program import CompileOptions
@@ -17,7 +18,7 @@ from ratrain.sim.calls import ProfileCosts
 from ratrain.sim.costs import UPDATE_BYTES_PER_PARAM
 from ratrain.sim.steps import Compute, WorldSum
 
-PROFILE = load_profile("mt3000") | {"link_bandwidth": 1e9, "op_costs": {}}
+PROFILE = node_per_rank(load_profile("mt3000") | {"link_bandwidth": 1e9, "op_costs": {}})
 
 
 @lru_cache(maxsize=None)
@@ -54,14 +55,15 @@ def test_speculative_update_costs_its_share_and_undo_copy(flags):
 
 
 @pytest.mark.parametrize("flags, tail_ms", [
-    (dict(pp=1, dp=2, zero=0, clip=1.0), (16.809, 13.493)),
-    (dict(pp=2, dp=2, zero=0, precision="fp16"), (9.385, 8.385))])
+    (dict(pp=1, dp=2, zero=0, clip=1.0), (16.793, 13.477)),
+    (dict(pp=2, dp=2, zero=0, precision="fp16"), (9.361, 8.361))])
 def test_updates_before_the_norm_shorten_the_exposed_tail(flags, tail_ms):
     """Values of this profile and model (a regression guard): after-norm's UPDs wait
     for the NORM behind the last SYNC; speculative ones overlap it."""
     tails = []
     for rule in ("after-norm", "commit"):
-        sim = simulate(compiled(rule, **flags), load_profile("mt3000") | {"link_bandwidth": 1e9})
+        sim = simulate(compiled(rule, **flags),
+                           node_per_rank(load_profile("mt3000") | {"link_bandwidth": 1e9}))
         tails.append(sim.exposed_tail * 1e3)
         updates = [s for s in sim.replay.spans[0] if s.task.kind == Kind.UPD]
         norm = next(s for s in sim.replay.spans[0] if s.task.kind == Kind.NORM)

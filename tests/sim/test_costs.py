@@ -10,6 +10,7 @@ from ratrain import models
 from ratrain.compiler import compile_graph, trace_for
 from ratrain.cluster.volume import _call_bytes
 from ratrain.hw import load_profile
+from ratrain.hw.topology import node_per_rank
 from ratrain.ir.tasks import Kind
 from ratrain.passes import buffers, lower_state
 from ratrain.passes.buffers import layer_param_count
@@ -18,16 +19,17 @@ from ratrain.planner import estimate as estimate_module
 from ratrain.planner.estimate import Estimator, StagePlan, _StageModel
 from ratrain.sim import costs as costs_module
 from ratrain.sim.calls import ProfileCosts
-from ratrain.sim.costs import (collective_port_bytes, collective_seconds, norm_seconds,
-                               sync_seconds, task_cost_model, update_bytes)
+from ratrain.sim.costs import (collective_port_bytes, collective_seconds, dp_group,
+                               norm_seconds, sync_seconds, task_cost_model, update_bytes)
 from ratrain.sim.steps import Compute, Send, Start, TieSum, WorldSum
 
 # mt3000 without measured op costs, its link slow enough that bytes matter; a large latency
 # makes `tree` and `auto` differ from `ring` for the tiny model's gradients
-MT3000 = load_profile("mt3000") | {"link_bandwidth": 1e9, "op_costs": {}}
+MT3000 = node_per_rank(load_profile("mt3000") | {"link_bandwidth": 1e9, "op_costs": {}})
+SLOW_START = {"link_latency": 1e-3}
 ALGORITHMS = {"ring": MT3000 | {"collective_algorithm": "ring"},
-              "tree": MT3000 | {"collective_algorithm": "tree", "link_latency": 1e-3},
-              "auto": MT3000 | {"collective_algorithm": "auto", "link_latency": 1e-3}}
+              "tree": node_per_rank(MT3000 | {"collective_algorithm": "tree"} | SLOW_START),
+              "auto": node_per_rank(MT3000 | {"collective_algorithm": "auto"} | SLOW_START)}
 
 
 @lru_cache(maxsize=None)
@@ -53,8 +55,9 @@ def _computed(costs: ProfileCosts, program, text: str) -> float:
 
 
 def _alone(profile: dict, start: Start) -> float:
-    """Seconds of a simulator collective alone on the link."""
-    return start.latency + start.nbytes / profile["link_bandwidth"]
+    """Seconds of a simulator collective alone on the link: its bytes at the rate the
+    node moves them (NOTE [node memory]), or at the link's bandwidth."""
+    return start.latency + start.nbytes / (start.rate or profile["link_bandwidth"])
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
@@ -74,9 +77,11 @@ def test_sync_costs_the_same_in_dry_run_simulator_and_planner(algorithm, zero):
     plan = StagePlan(local_grads=True, level="none", lowered=0, need={})
     estimate = _StageModel(Estimator(profile), program, stage, plan)
     assert estimate.sync == pytest.approx(sum(per_layer), rel=1e-12)
-    ring = collective_seconds(ALGORITHMS["ring"] | {"link_latency": profile["link_latency"]},
+    ring = collective_seconds(node_per_rank(ALGORITHMS["ring"] |
+                                            {"link_latency": profile["link_latency"]}),
                               "reduce_scatter" if zero else "allreduce", 4,
-                              4 * layer_param_count(program, program.stages[stage][0]))
+                              4 * layer_param_count(program, program.stages[stage][0]),
+                              group=dp_group(profile, o, stage))
     assert (per_layer[0] == pytest.approx(ring)) == (algorithm == "ring")  # the test can tell
 
 

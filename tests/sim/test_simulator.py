@@ -8,6 +8,7 @@ import pytest
 from ratrain import models
 from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
+from ratrain.hw.topology import node_per_rank
 from ratrain.ir.tasks import Kind, parse_schedule, parse_task
 from ratrain.passes.buffers import layer_param_count
 from ratrain.passes.dryrun import dry_run
@@ -129,7 +130,7 @@ SLOW_LINK = {"link_bandwidth": 2e8}
     ("pp3-dp2-zero2-scatter-fp16", 0.85)])   # each micro-batch's scatter overlaps later B's
 def test_overlapping_collectives_shortens_the_step(name, at_most):
     program = compiled(name)
-    profile = load_profile("mt3000") | SLOW_LINK
+    profile = node_per_rank(load_profile("mt3000") | SLOW_LINK)
     # one step alone: with overlap=False nothing is in flight at the step end either
     overlapped = simulate(program, profile, steady=False)
     serialized = simulate(program, profile, overlap=False, steady=False)
@@ -141,7 +142,8 @@ def test_steady_state_period_hides_the_view_gathers_behind_the_next_forwards():
     and the next step's forwards start behind them, so a step of a run is shorter than a
     step timed alone; unit tests of the replay: a run of two steps minus one."""
     program = compiled("pp1-dp2-zero2-fp16")
-    profile = load_profile("mt3000") | {"link_bandwidth": 1e9}  # gathers outlast casting
+    # gathers outlast casting
+    profile = node_per_rank(load_profile("mt3000") | {"link_bandwidth": 1e9})
     alone, steady = simulate(program, profile, steady=False), simulate(program, profile)
     assert steady.replay.period is not None and alone.replay.period is None
     assert steady.step_time < 0.99 * alone.step_time
@@ -207,7 +209,7 @@ def test_ratrain_starts_each_sync_inside_the_last_backward(schedule):
                                                      seq_len=32, **options)),
                             CompileOptions(micro_batches=1, micro_batch_size=2, seq_len=32,
                                            **options))[0]
-    replay = simulate(program, load_profile("mt3000") | SLOW_LINK).replay
+    replay = simulate(program, node_per_rank(load_profile("mt3000") | SLOW_LINK)).replay
     last_b = max(s.end for s in replay.spans[0] if s.task.kind == Kind.B)
     starts = [i.start for i in replay.intervals[0] if i.lane.startswith("port")
               and i.label.startswith("allreduce")]

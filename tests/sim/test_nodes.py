@@ -1,0 +1,97 @@
+"""Nodes of several ranks (hw/topology.py, sim/collectives.node_collective): where ranks sit,
+the node's shared memory and port in the collectives' costs (NOTE [node memory]), DP
+transfers stalled while their rank computes (NOTE [manual progress]), and the node fields
+of a profile validated by name."""
+import json
+
+import pytest
+
+from ratrain.hw import ProfileError, load_profile
+from ratrain.hw.topology import Node, dp_group_nodes, node_of, node_per_rank
+from ratrain.ir.tasks import parse_schedule
+from ratrain.sim import replay
+from ratrain.sim.collectives import collective_cost, node_collective
+from ratrain.sim.steps import Compute, Start, Touch
+
+NODE = Node(ranks=8, memory_bandwidth=96e9, port_bandwidth=2e9, port_latency=5e-6,
+            link_bandwidth=10e9, link_latency=1e-6, progress_share=1.0)
+S = 64e6
+
+
+def test_pipelines_fill_a_node_first():
+    """rank = replica x pp + stage, nodes of consecutive ranks."""
+    assert dp_group_nodes(pp=2, dp=8, stage=1, ranks=8) == (4, 4)
+    assert dp_group_nodes(pp=1, dp=16, stage=0, ranks=16) == (16,)
+    assert dp_group_nodes(pp=8, dp=4, stage=3, ranks=4) == (1, 1, 1, 1)
+
+
+def test_within_a_node_the_members_share_its_memory():
+    """Reduce-scatter: 3 bytes of traffic per byte; all-gather 2; at most the link."""
+    rs = node_collective("reduce_scatter", (8,), S, NODE)
+    assert rs.nbytes == pytest.approx(7 / 8 * S)
+    assert rs.seconds == pytest.approx(7 / 8 * S / (96e9 / (8 * 3)))
+    ag = node_collective("allgather", (8,), S, NODE)
+    assert ag.seconds == pytest.approx(7 / 8 * S / (96e9 / (8 * 2)))
+    pair = node_collective("allgather", (2,), S, NODE)  # 24 GB/s of memory: the link bounds
+    assert pair.seconds == pytest.approx(S / 2 / 10e9)
+    ar = node_collective("allreduce", (8,), S, NODE)
+    assert ar.seconds == pytest.approx(rs.seconds + ag.seconds)
+    assert ar.latency == pytest.approx(14 * 1e-6)
+
+
+def test_one_member_per_node_is_the_flat_collective_on_the_port():
+    cost = collective_cost("allreduce", 4, S, 5e-6, 2e9)
+    flat = node_collective("allreduce", (1, 1, 1, 1), S, NODE)
+    assert (flat.latency, flat.nbytes, flat.seconds) == \
+        pytest.approx((cost.latency, cost.nbytes, cost.nbytes / 2e9))
+
+
+def test_a_group_across_nodes_runs_hierarchically():
+    """Within (S), across the 2 nodes on S / 4 per rank with 4 ranks on the port, within."""
+    within_rs = node_collective("reduce_scatter", (4,), S, NODE)
+    within_ag = node_collective("allgather", (4,), S, NODE)
+    across = collective_cost("allreduce", 2, S / 4, 5e-6, 2e9 / 4)
+    both = node_collective("allreduce", (4, 4), S, NODE)
+    assert both.seconds == pytest.approx(within_rs.seconds + across.nbytes / (2e9 / 4)
+                                         + within_ag.seconds)
+    assert both.latency == pytest.approx(within_rs.latency + across.latency + within_ag.latency)
+    # the node's port carries S per node per phase, as one rank per node sends alone
+    assert across.nbytes * 4 == pytest.approx(collective_cost("allreduce", 2, S, 0, 1).nbytes)
+
+
+class _Table:
+    def __init__(self, steps: dict):
+        self.table = steps
+
+    def steps(self, task):
+        return self.table.get(str(task), (Compute(1.0),))
+
+
+@pytest.mark.parametrize("share, step", [(1.0, 4.0), (0.0, 6.0), (0.5, 5.0)])
+def test_dp_transfers_move_at_the_progress_share_while_the_rank_computes(share, step):
+    """B 0-1 starts a 2 s sync, F 1-3 computes beside it, UPD touches it. During F the
+    sync moves 2 x share s of its 2 s; the rest after F, so UPD waits until
+    3 + 2 - 2 x share and computes 1 s."""
+    schedule = parse_schedule("rank 0: 0B0 0F1 0UPD[L0]")
+    table = {"0B0": (Compute(1.0), Start(("grad.L0",), 0.0, 2.0)),
+             "0F1": (Compute(2.0),), "0UPD[L0]": (Touch(("grad.L0",)), Compute(1.0))}
+    result = replay(schedule, _Table(table), bandwidth=1.0, progress_share=share)
+    assert result.step_time == pytest.approx(step)
+
+
+def test_profiles_default_to_a_node_per_rank_and_name_a_bad_node_field(tmp_path):
+    mt3000 = load_profile("mt3000")
+    assert node_of(mt3000).ranks == 4 and node_of(mt3000).port_bandwidth == 3.7e9
+    plain = {k: v for k, v in mt3000.items() if k not in (
+        "ranks_per_node", "inter_node_bandwidth", "inter_node_latency",
+        "node_memory_bandwidth", "collective_progress_share")}
+    node = node_of(plain)
+    assert (node.ranks, node.port_bandwidth, node.port_latency, node.progress_share) == \
+        (1, plain["link_bandwidth"], plain["link_latency"], 1.0)
+    assert node_of(node_per_rank(mt3000)).port_bandwidth == mt3000["link_bandwidth"]
+    for field, value in (("inter_node_bandwidth", 0), ("ranks_per_node", 2.5),
+                         ("collective_progress_share", 1.5)):
+        path = tmp_path / f"{field}.json"
+        path.write_text(json.dumps(mt3000 | {field: value}))
+        with pytest.raises(ProfileError, match=field):
+            load_profile(path)
