@@ -12,11 +12,12 @@ import sys
 from ratrain.cli.calibrate import add_calibrate_parser
 from ratrain.cli.cluster import add_cluster_parser
 from ratrain.cli.compile import add_compile_parser, add_program_inspect_options
+from ratrain.cli.options import OneLineErrors, add_options
 from ratrain.cli.plan import add_plan_parser
 from ratrain.cli.sim import add_simulate_parser
 from ratrain.cli.train import add_run_parser, add_train_parser
 from ratrain.errors import UserError
-from ratrain.models.config import SEQ_LEN_HELP, preset_names
+from ratrain.models.config import preset_names
 from ratrain.units import format_bytes
 
 MODEL_HELP = (f"a preset name ({', '.join(preset_names())}), a Hugging Face config.json, "
@@ -78,13 +79,11 @@ def cmd_inspect(args) -> None:
 def _add_shape_options(p) -> None:
     p.add_argument("model", nargs="?", default="tiny", help=f"the model: {MODEL_HELP} "
                    "(default: tiny)")
-    p.add_argument("--micro-batch-size", type=int, default=1, metavar="B",
-                   help="sequences per micro-batch the graphs are traced for (default: 1)")
-    p.add_argument("--seq-len", type=int, default=None, metavar="T", help=SEQ_LEN_HELP)
+    add_options(p, "--micro-batch-size", "--seq-len")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog="ratrain", description="Compile, run, inspect and plan resource-aware 1F1B + DP "
         "training of dense LLMs (RATrain).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,

@@ -17,13 +17,8 @@ MAX_DEFAULT_MICRO_BATCHES = 4   # more, smaller micro-batches only add per-call 
 
 
 def check_layout_numbers(args) -> None:
-    """Every size flag given is a positive integer, and the evaluation flags agree."""
+    """The evaluation flags agree (the size flags are positive: their parser says so)."""
     from ratrain.rt.evaluate import check_eval_options
-    for flag, value in (("--pp", args.pp), ("--dp", args.dp), ("--seq-len", args.seq_len),
-                        ("--global-batch", args.global_batch),
-                        ("--micro-batches", args.micro_batches)):
-        if value is not None and value < 1:
-            raise UserError(f"{flag} must be at least 1, got {value}")
     try:
         check_eval_options(args)
     except ValueError as e:
@@ -149,6 +144,13 @@ def resolve_batch(batch: int, dp: int, micro_batches: int | None,
                           f"of {per_replica}")
     return m, per_replica // m
 
+
+# NOTE [default micro-batches]: a step of one micro-batch leaves a pipeline idle most of
+# the time (pp 2: a bubble of 1/2, pp 4: 3/4), and more, smaller micro-batches only add
+# per-call overhead; so without --micro-batches a replica's sequences are split into the
+# most micro-batches up to MAX_DEFAULT_MICRO_BATCHES that divide them, at least 2 where
+# they allow. `ratrain compile` takes no global batch (--micro-batch-size is what it gets),
+# so it has nothing to divide and takes MAX_DEFAULT_MICRO_BATCHES micro-batches.
 
 def _default_micro_batches(per_replica: int) -> int:
     """The largest divisor up to MAX_DEFAULT_MICRO_BATCHES, or one sequence each when

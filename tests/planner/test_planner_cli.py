@@ -89,7 +89,7 @@ def test_compile_plan_uses_the_best_row(record, tmp_path, capsys):
     (["plan", "tiny", "--global-batch", "8"], "give --clusters N, or --min-clusters"),
     (["plan", "tiny", "--min-clusters", "--clusters", "2", "--global-batch", "8",
       "--seq-len", "32", "--budget", "5MB"], "tiny fits on no cluster count up to 2"),
-    (["compile", "tiny", "--clusters", "4", "-o", "{tmp}/a"], "--clusters need --plan"),
+    (["compile", "tiny", "--clusters", "4", "-o", "{tmp}/a"], "--clusters steers only the planner: add --plan"),
     (["compile", "tiny", "--plan", "--pp", "2", "--clusters", "4", "--global-batch", "8",
       "-o", "{tmp}/b"], "--plan chooses the configuration without --pp"),
     (["compile", "tiny", "--plan", "--grad-accum", "scatter", "--clusters", "4",
