@@ -123,7 +123,8 @@ def cmd_train(args) -> int:
     args.save_dir = args.save_dir or str(run_dir / "checkpoints")
     print(f"compiled {name} for {options.world_size} ranks (pp {options.pp} x dp "
           f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
-          f"x {options.seq_len} tokens) into {run_dir}/program{layout.cores_note(cores)}",
+          f"x {options.seq_len} tokens) into {run_dir}/program"
+          f"{layout.cores_note(cores, layout.rank_threads(cores, os.environ))}",
           flush=True)
     code = launch(run_dir / "program", options.world_size, args)
     if code == 0:

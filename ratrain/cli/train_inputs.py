@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ratrain.errors import UserError
 from ratrain.inputs import load_model
+from ratrain.rt.threads import thread_environment
 
 DEFAULT_GLOBAL_BATCH = 8
 MAX_DEFAULT_MICRO_BATCHES = 4   # more, smaller micro-batches only add per-call overhead
@@ -87,12 +88,22 @@ class Layout:
     def ranks(self) -> int:
         return self.pp * self.dp
 
-    def cores_note(self, cores: int) -> str:
-        """What the printed line says when the layout leaves cores idle."""
-        if self.ranks >= cores:
-            return ""
-        return (f"; using {self.ranks} of {cores} cores (NOTE [default layout]: a larger "
-                f"--global-batch lets more replicas run)")
+    def rank_threads(self, cores: int, environ) -> int:
+        """Threads each rank will run on: its share of `cores` (NOTE [threads per rank]),
+        or the OMP_NUM_THREADS `environ` exports."""
+        shares = thread_environment({**environ, "MPI_LOCALNRANKS": str(self.ranks)}, cores)
+        return int(shares["OMP_NUM_THREADS"])
+
+    def cores_note(self, cores: int, threads: int) -> str:
+        """How the ranks use the cores, for the printed line."""
+        text = (f"; {self.ranks} rank{'s' * (self.ranks > 1)} x {threads} "
+                f"thread{'s' * (threads > 1)}")
+        used = self.ranks * threads
+        if used == cores:
+            return f"{text} = all {cores} cores"
+        if used < cores:
+            return f"{text} = {used} of {cores} cores (NOTE [threads per rank])"
+        return f"{text} on {cores} cores: oversubscribed, slower than fewer --pp x --dp"
 
 
 def resolve_layout(pp: int | None, dp: int | None, micro_batches: int | None,
@@ -114,8 +125,10 @@ def resolve_layout(pp: int | None, dp: int | None, micro_batches: int | None,
 # pipeline is what ratrain is about; one on a single core) and as many data-parallel
 # replicas as fit the cores while dividing the global batch and leaving every replica at
 # least 2 micro-batches (1F1B needs them to overlap its stages). With the default global
-# batch of 8 that is at most 4 replicas, so big machines run fewer ranks than cores; the
-# printed line says so. Flags the user gives are kept, and a conflict names only them.
+# batch of 8 that is at most 4 replicas, so big machines run fewer ranks than cores, and
+# each rank runs on its share of them (NOTE [threads per rank]: pp 2 x dp 4 on 16 cores is
+# 8 ranks x 2 threads, on 64 cores 8 ranks x 8 threads); the printed line says how many
+# ranks and threads. Flags the user gives are kept, and a conflict names only them.
 
 def _default_dp(pp: int, micro_batches: int | None, batch: int, cores: int) -> int:
     """The most replicas that divide the batch, fit pp x dp on the cores and leave each
