@@ -114,12 +114,15 @@ def cmd_compile(args) -> None:
 def cmd_inspect_program(args) -> None:
     directory = Path(args.model)
     manifest = read_manifest(directory)
-    text = pass_file(directory, manifest, args.after).read_text()
-    if args.rank is not None:
-        text = (rank_line(text, manifest, args.rank) + "\n"
-                + rank_lowered(text, manifest, args.rank))
-    print(text, end="")
-    if args.schedule_png or args.memory_png:
+    pictures = args.schedule_png or args.memory_png
+    if not pictures or args.after is not None or args.rank is not None:
+        # pictures alone print only what they wrote, not the whole last pass's text
+        text = pass_file(directory, manifest, args.after).read_text()
+        if args.rank is not None:
+            text = (rank_line(text, manifest, args.rank) + "\n"
+                    + rank_lowered(text, manifest, args.rank))
+        print(text, end="")
+    if pictures:
         instance = None
         if manifest.get("periods"):  # a step of M micro-batches would be a wall of bars
             instance = manifest["periods"]["0"]["instance"]
@@ -142,7 +145,8 @@ def write_pictures(program, profile: dict, args) -> None:
     from ratrain.sim.costs import task_cost_model
     from ratrain.passes.plots import memory_png, schedule_png
     if args.schedule_png:
-        bars = schedule_png(program, args.schedule_png, cost=task_cost_model(program, profile))
+        bars = schedule_png(program, args.schedule_png, cost=task_cost_model(program, profile),
+                            unit="s")
         print(f"wrote {args.schedule_png} ({bars} task bars, times from the {profile['name']} "
               "profile in seconds)")
     if args.memory_png:

@@ -182,7 +182,14 @@ def test_inspect_writes_pngs(program_dir, tmp_path, capsys):
                  "--memory-png", str(memory)]) == 0
     for png in (schedule, memory):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "(2 stages)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(2 stages)" in out and out.startswith("rank 0: ")   # --rank asks for its tasks
+    assert main(["inspect", str(program_dir), "--schedule-png", str(schedule)]) == 0
+    # pictures alone: only what was written, in seconds, not the lowered program
+    bars = sum(t.kind != Kind.FREE for stage in (0, 1)
+               for t in parse_tasks((program_dir / f"rank{stage}.txt").read_text()))
+    assert capsys.readouterr().out == (f"wrote {schedule} ({bars} task bars, times from the "
+                                       "cpu profile in seconds)\n")
 
 
 def test_overwrite_protection(tmp_path, capsys):
