@@ -123,9 +123,10 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)  # launchers return mpiexec's exit code
-    except UserError as e:
-        for line in str(e).splitlines() or [""]:
-            print(f"ratrain: error: {line}", file=sys.stderr)
+    except UserError as e:  # one error line; what explains it (a breakdown) indented below
+        first, *details = str(e).splitlines() or [""]
+        print("\n".join([f"ratrain: error: {first}", *(f"  {d}" for d in details)]),
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ratrain: interrupted", file=sys.stderr)

@@ -20,6 +20,7 @@ from ratrain.units import SIZE_HELP, format_budget, format_bytes
 
 # --schedule: a compiler schedule (all its candidates), a strategy, or everything
 SCHEDULE_CHOICES = SCHEDULES + tuple(n for n in STRATEGIES if n not in SCHEDULES) + ("all",)
+NOTHING_FITS = 1    # plan's exit status when no configuration fits (2: a usage error)
 SCHEDULE_PLAN_HELP = (
     "what to search: a schedule with every configuration (" + OPTIONS["--schedule"].help
     + "), or one strategy: tuned (baseline, any configuration), backward-checkpointing "
@@ -194,7 +195,7 @@ def plan_everything(planner, args):
     return merged_plan(bests), bests
 
 
-def cmd_plan(args) -> None:
+def cmd_plan(args) -> int:
     from ratrain.planner import Planner
     _check_search_flags(args)
     name = args.schedule
@@ -212,6 +213,7 @@ def cmd_plan(args) -> None:
     else:
         print(format_plan(plan, args.top, args.min_clusters)
               + ("\n" + "\n".join(strategy_lines(bests)) if bests else ""))
+    return 0 if plan.best is not None else NOTHING_FITS
 
 
 # ---- compile --plan --------------------------------------------------------------------------
@@ -276,8 +278,9 @@ def add_plan_parser(sub, model_help: str) -> None:
                        "scatter: reduce-scattered each micro-batch), micro-batch size and count "
                        "(dp x M x B = G), recompute policy and schedule. Candidates that cannot fit are dropped with the stage and "
                        "memory categories over budget; the rest are ordered by an analytic "
-                       "estimate and the best few compiled and simulated. Sizes: "
-                       f"{SIZE_HELP}.")
+                       "estimate and the best few compiled and simulated. Exit status "
+                       f"{NOTHING_FITS} when no configuration fits (the table says why). "
+                       f"Sizes: {SIZE_HELP}.")
     p.add_argument("model", help=f"the model: {model_help}")
     add_search_options(p, required=True)
     add_options(p, "--seq-len", "--hw", "--budget", "--precision", "--schedule",

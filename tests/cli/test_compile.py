@@ -143,8 +143,9 @@ def test_budget_too_small_is_exit_2_with_breakdown(tmp_path, capsys):
     assert compile_to(out, *PP2_DP2, "--budget", "20MB") == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
-    assert lines and all(line.startswith("ratrain: error: ") for line in lines)
-    assert "20 MB (19.07 MiB)" in lines[0]
+    assert lines[0].startswith("ratrain: error: ") and "20 MB (19.07 MiB)" in lines[0]
+    # one error line; the breakdown below it indented, not a second "ratrain: error:"
+    assert len(lines) > 1 and all(line.startswith("  ") for line in lines[1:])
     assert all(c in captured.err for c in ("params", "optimizer", "views", "activations"))
     assert "Traceback" not in captured.err and captured.out == ""
     assert not out.exists() and list(tmp_path.iterdir()) == []
@@ -232,6 +233,21 @@ def test_building_the_parser_does_not_import_jax():
 def test_program_options_need_a_program_dir(capsys):
     assert main(["inspect", "tiny", "--rank", "0"]) == 2
     assert "--rank need a program DIR" in capsys.readouterr().err
+
+
+def test_compile_defaults_to_train_micro_batch_rule(tmp_path):
+    """NOTE [default micro-batches]: no global batch to divide, so 4, not 1."""
+    assert compile_to(tmp_path / "prog", "--pp", "2") == 0
+    assert manifest_of(tmp_path / "prog")["options"]["micro_batches"] == 4
+    assert compile_to(tmp_path / "one", "--pp", "2", "--micro-batches", "1") == 0
+    assert manifest_of(tmp_path / "one")["options"]["micro_batches"] == 1
+
+
+def test_global_batch_without_plan_says_what_to_do(tmp_path, capsys):
+    assert compile_to(tmp_path / "prog", "--global-batch", "8") == 2
+    assert capsys.readouterr().err == (
+        "ratrain: error: --global-batch steers only the planner: add --plan to let it "
+        "choose the layout, or drop it and give --pp, --dp and --micro-batches yourself\n")
 
 
 def test_clip_must_be_positive(tmp_path, capsys):

@@ -108,7 +108,7 @@ def test_errors_are_one_line(argv, message, tmp_path, capsys):
 
 def test_nothing_fits_is_said(capsys):
     assert main(["plan", "tiny", "--clusters", "1", "--global-batch", "8", "--seq-len", "32",
-                 "--budget", "5MB"]) == 0
+                 "--budget", "5MB"]) == 1   # NOTHING_FITS: scripts can tell
     out = capsys.readouterr().out
     assert "16 candidates" in out and ": 0 fit, 16 do not\n" in out
     assert "no candidate compiled within the budget" in out
