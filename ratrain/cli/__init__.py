@@ -55,6 +55,11 @@ def cmd_info(args) -> None:
         print(f"{layer.index:>5} {layer.kind:<8} {n:>12} {cost.fwd_flops / 1e9:>10.3f} "
               f"{cost.bwd_flops / 1e9:>10.3f} {format_bytes(cost.param_bytes):>12} "
               f"{format_bytes(cost.residual_bytes):>13}")
+    for name, layers in tg.tied.items():
+        print(f"note: {name} ({types[name].size} parameters) is tied: counted in layers "
+              f"{' and '.join(map(str, layers))}, so the rows sum to "
+              f"{sum(types[p].size for layer in tg.layers for p in layer.param_names)}, "
+              f"above the {tg.num_params()} parameters")
     if args.graph:
         print(tg.kinds["decoder"].fwd)
 
