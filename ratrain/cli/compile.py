@@ -198,7 +198,6 @@ def add_program_inspect_options(p) -> None:
     p.add_argument("--rank", type=int, default=None, metavar="R",
                    help="with a program DIR: print only rank R's task list (and, after the "
                    "lower pass, its stage's lowered calls)")
-    p.add_argument("--schedule-png", default=None, metavar="FILE", help="with a program DIR: "
-                   "draw the schedule (dry-run times on the program's --hw profile) to FILE")
+    add_options(p, "--schedule-png")
     p.add_argument("--memory-png", default=None, metavar="FILE",
                    help="with a program DIR: draw each stage's memory timeline to FILE")

@@ -114,6 +114,9 @@ OPTIONS = {o.flag: o for o in (
            "update waits for the norm. Same numbers either way; the baseline schedule always "
            f"uses after-norm (default: {DEFAULTS.update_rule})", None, DEFAULTS.update_rule,
            UPDATE_RULES),
+    Option("--schedule-png", "draw the schedule to FILE, one row per stage, times in seconds "
+           "(inspect DIR: the dry run on the program's profile; simulate: the simulated "
+           "step)", None, None, metavar="FILE"),
     Option("--clusters", "ranks (MT-3000 clusters) to plan for: pp x dp = N", positive_int,
            None, metavar="N"),
     Option("--simulate", "compile and simulate at most the S best candidates by the "

@@ -16,7 +16,8 @@ from ratrain.program_format.options import CompileOptions
 CLI = Path(ratrain.cli.__file__).parent
 SHARED = ("--budget", "--precision", "--recompute", "--schedule", "--seq-len", "--hw",
           "--zero", "--clip", "--pp", "--dp", "--micro-batches", "--micro-batch-size",
-          "--global-batch", "--update-rule", "--zero3-prefetch", "--grad-accum")
+          "--global-batch", "--update-rule", "--zero3-prefetch", "--grad-accum",
+          "--schedule-png")
 COMMANDS = ("info", "inspect", "compile", "train", "plan", "simulate")
 
 
@@ -52,6 +53,7 @@ def test_every_command_takes_the_one_definition():
     assert seen["--budget"] == seen["--precision"] == ["compile", "train", "plan"]
     assert seen["--seq-len"] == ["info", "inspect", "compile", "train", "plan"]
     assert seen["--hw"] == ["compile", "plan", "simulate"]
+    assert seen["--schedule-png"] == ["inspect", "simulate"]
 
 
 def test_defaults_come_from_compile_options():
