@@ -21,26 +21,21 @@ DEFAULTS = CompileOptions()
 DEFAULT_SIMULATE = 3            # candidates the planner compiles and simulates at most
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1, else a usage error naming what was given."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _int_at_least(low: int, words: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= low, else a usage error naming what was given."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
+        return value
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or a positive integer, got {text!r}")
-    return value
+positive_int = _int_at_least(1, "a positive integer")
+non_negative_int = _int_at_least(0, "0 or a positive integer")
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -126,19 +121,24 @@ OPTIONS = {o.flag: o for o in (
 )}
 
 
+def dest(flag: str) -> str:
+    """The attribute argparse stores `flag` under: "--seq-len" -> "seq_len"."""
+    return flag.lstrip("-").replace("-", "_")
+
+
 def add_options(parser, *flags: str, **changes) -> None:
     """Add OPTIONS[flag] for each flag. `changes` (keyword: a dict of Option fields) adapt
     one option to a command where its meaning widens, e.g. plan's --schedule, which also
     takes a strategy: add_options(p, "--schedule", schedule={"choices": ...})."""
     for flag in flags:
         option = OPTIONS[flag]
-        option = replace(option, **changes.get(flag.lstrip("-").replace("-", "_"), {}))
+        option = replace(option, **changes.get(dest(flag), {}))
         extra = {"choices": option.choices} if option.choices else {"metavar": option.metavar}
         parser.add_argument(option.flag, type=option.type, default=option.default,
                             required=option.required, help=option.help, **extra)
 
 
-# every flag of CompileOptions a compile takes (compile; train leaves out what its layout
-# decides and --hw, which is the machine it runs on)
+# the policy flags compile and train both take (compile adds --hw and --grad-accum; train
+# runs on this machine's cpu profile)
 POLICY_FLAGS = ("--schedule", "--recompute", "--zero", "--zero3-prefetch", "--budget",
                 "--precision", "--clip", "--update-rule")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 
+from ratrain.cli.options import DEFAULT_SIMULATE, OPTIONS, add_options, dest, positive_int
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, load_model
-from ratrain.cli.options import DEFAULT_SIMULATE, OPTIONS, add_options, positive_int
 from ratrain.models.config import default_seq_len
 from ratrain.planner.strategies import STRATEGIES
 from ratrain.program_format.options import SCHEDULES
@@ -225,24 +225,20 @@ PLANNED = ("--pp", "--dp", "--micro-batches", "--micro-batch-size", "--zero", "-
 UNPLANNED = ("--clip",)
 
 
-def _dest(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_")
-
-
 def apply_plan(args) -> None:
     """compile --plan: set the parallel and policy options from the best row; without
     --plan, refuse the planner's flags rather than ignore them."""
     if not args.plan:
         search_flags = [f for f in ("--clusters", "--global-batch", "--min-clusters",
-                                    "--simulate") if getattr(args, _dest(f))]
+                                    "--simulate") if getattr(args, dest(f))]
         if search_flags:
-            verb = "steers" if len(search_flags) == 1 else "steer"
+            verb, them = ("steers", "it") if len(search_flags) == 1 else ("steer", "them")
             raise UserError(f"{', '.join(search_flags)} {verb} only the planner: add --plan "
-                            "to let it choose the layout, or drop it and give --pp, --dp and "
-                            "--micro-batches yourself")
+                            f"to let it choose the layout, or drop {them} and give --pp, --dp "
+                            "and --micro-batches yourself")
         return
     given = [flag for flag in PLANNED + UNPLANNED
-             if getattr(args, _dest(flag)) != OPTIONS[flag].default]
+             if getattr(args, dest(flag)) != OPTIONS[flag].default]
     if given:
         raise UserError(f"--plan chooses the configuration without {', '.join(given)}: "
                           "give either those or --plan")
@@ -253,8 +249,8 @@ def apply_plan(args) -> None:
                           f"--budget {format_bytes(plan.budget)}; see `ratrain plan`")
     best = plan.best
     for flag in PLANNED:
-        value = getattr(best, _dest(flag))
-        setattr(args, _dest(flag), OPTIONS[flag].default if value is None else value)
+        value = getattr(best, dest(flag))
+        setattr(args, dest(flag), OPTIONS[flag].default if value is None else value)
     args.seq_len = plan.seq_len
     print(f"planned for {plan.clusters} ranks: {best.candidate} ({_timing(best)})")
 
