@@ -11,7 +11,6 @@ import re
 import shutil
 import tempfile
 from dataclasses import asdict
-from datetime import datetime, timezone
 from pathlib import Path
 
 from ratrain.errors import UserError
@@ -24,8 +23,8 @@ def program_files(program, records) -> dict[str, str | bytes]:
     from ratrain.codegen.program_dir import code_files
     from ratrain.passes.periodic_program import describe_periods
     periodic = "".join(f"{line}\n" for line in describe_periods(program))
-    files = {f"passes/{i:02d}_{r.name}.txt": f"# after: {r.name} ({r.seconds * 1e3:.1f} ms)\n"
-             f"{periodic}{r.text}\n" for i, r in enumerate(records, 1)}
+    files = {f"passes/{i:02d}_{r.name}.txt": f"# after: {r.name}\n{periodic}{r.text}\n"
+             for i, r in enumerate(records, 1)}
     stage_text = {s: "".join(f"{t}\n" for t in tasks) for s, tasks in program.tasks.items()}
     for rank in range(program.options.world_size):
         files[f"rank{rank}.txt"] = stage_text[program.coords(rank)[0]]
@@ -52,14 +51,13 @@ def build_manifest(program, records, profile: dict, hashes: dict[str, str],
     model = {"name": program.graph.name, "config": program.graph.config}
     return {
         "format": FORMAT, "ratrain_version": ratrain_version(),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": model | ({"hf_config": hf_config} if hf_config is not None else {}),
         "options": asdict(o), "hw": profile, "world_size": o.world_size,
         "ranks": {str(r): dict(zip(("stage", "replica"), program.coords(r)))
                   for r in range(o.world_size)},
         "stages": _stage_summary(program), "flops": step_flops(program, profile),
         "periods": {str(s): asdict(p) for s, p in sorted((program.periods or {}).items())},
-        "passes": [{"name": r.name, "seconds": r.seconds} for r in records],
+        "passes": [{"name": r.name} for r in records],
         "files": hashes}
 
 

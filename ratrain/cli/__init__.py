@@ -12,11 +12,12 @@ import sys
 from ratrain.cli.calibrate import add_calibrate_parser
 from ratrain.cli.cluster import add_cluster_parser
 from ratrain.cli.compile import add_compile_parser, add_program_inspect_options
+from ratrain.cli.options import OneLineErrors, add_options
 from ratrain.cli.plan import add_plan_parser
 from ratrain.cli.sim import add_simulate_parser
 from ratrain.cli.train import add_run_parser, add_train_parser
 from ratrain.errors import UserError
-from ratrain.models.config import SEQ_LEN_HELP, preset_names
+from ratrain.models.config import preset_names
 from ratrain.rt.stop import exit_code, signal_name, signals_interrupt, stopped_by
 from ratrain.units import format_bytes
 
@@ -55,6 +56,11 @@ def cmd_info(args) -> None:
         print(f"{layer.index:>5} {layer.kind:<8} {n:>12} {cost.fwd_flops / 1e9:>10.3f} "
               f"{cost.bwd_flops / 1e9:>10.3f} {format_bytes(cost.param_bytes):>12} "
               f"{format_bytes(cost.residual_bytes):>13}")
+    for name, layers in tg.tied.items():
+        print(f"note: {name} ({types[name].size} parameters) is tied: counted in layers "
+              f"{' and '.join(map(str, layers))}, so the rows sum to "
+              f"{sum(types[p].size for layer in tg.layers for p in layer.param_names)}, "
+              f"above the {tg.num_params()} parameters")
     if args.graph:
         print(tg.kinds["decoder"].fwd)
 
@@ -79,13 +85,11 @@ def cmd_inspect(args) -> None:
 def _add_shape_options(p) -> None:
     p.add_argument("model", nargs="?", default="tiny", help=f"the model: {MODEL_HELP} "
                    "(default: tiny)")
-    p.add_argument("--micro-batch-size", type=int, default=1, metavar="B",
-                   help="sequences per micro-batch the graphs are traced for (default: 1)")
-    p.add_argument("--seq-len", type=int, default=None, metavar="T", help=SEQ_LEN_HELP)
+    add_options(p, "--micro-batch-size", "--seq-len")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog="ratrain", description="Compile, run, inspect and plan resource-aware 1F1B + DP "
         "training of dense LLMs (RATrain).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
@@ -126,9 +130,10 @@ def main(argv=None) -> int:
     try:
         with signals_interrupt():
             code = args.func(args)  # launchers return mpiexec's exit code
-    except UserError as e:
-        for line in str(e).splitlines() or [""]:
-            print(f"ratrain: error: {line}", file=sys.stderr)
+    except UserError as e:  # one error line; what explains it (a breakdown) indented below
+        first, *details = str(e).splitlines() or [""]
+        print("\n".join([f"ratrain: error: {first}", *(f"  {d}" for d in details)]),
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # before or after a job (rt/launch.py handles it during)
         print(f"ratrain: stopped by {signal_name(stopped_by(e))}", file=sys.stderr)

@@ -13,20 +13,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ratrain.cli.options import POLICY_FLAGS, add_options
 from ratrain.cli.plan import add_search_options, apply_plan
+from ratrain.cli.train_inputs import MAX_DEFAULT_MICRO_BATCHES
 from ratrain.compiler import (FLAGS, compile_graph, compile_other_schedule, other_schedule,
                               recompile, resolve_options, simulate, trace_for)
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, load_model, read_hf_config
-from ratrain.models.config import SEQ_LEN_HELP
 from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.plan_memory import format_bytes
-from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISION_HELP, PRECISIONS,
-                                            RECOMPUTE_POLICIES, SCHEDULES, UPDATE_RULES)
 from ratrain.programs import (MANIFEST, build_manifest, check_output, pass_file,
                               program_files, rank_line, rank_lowered, read_manifest,
                               write_program_dir)
-from ratrain.units import SIZE_HELP, format_budget, size_arg
+from ratrain.units import SIZE_HELP, format_budget
 
 
 # ---- --report ----------------------------------------------------------------------------------
@@ -94,6 +93,8 @@ def cmd_compile(args) -> None:
     out = Path(args.output)
     check_output(out, args.force)
     apply_plan(args)
+    if args.micro_batches is None:  # NOTE [default micro-batches]
+        args.micro_batches = MAX_DEFAULT_MICRO_BATCHES
     options = resolve_options(config, profile, **{f: getattr(args, f) for f in FLAGS})
     graph = trace_for(config, name, options)
     program, records = compile_graph(graph, options, expand=args.expand)
@@ -113,12 +114,15 @@ def cmd_compile(args) -> None:
 def cmd_inspect_program(args) -> None:
     directory = Path(args.model)
     manifest = read_manifest(directory)
-    text = pass_file(directory, manifest, args.after).read_text()
-    if args.rank is not None:
-        text = (rank_line(text, manifest, args.rank) + "\n"
-                + rank_lowered(text, manifest, args.rank))
-    print(text, end="")
-    if args.schedule_png or args.memory_png:
+    pictures = args.schedule_png or args.memory_png
+    if not pictures or args.after is not None or args.rank is not None:
+        # pictures alone print only what they wrote, not the whole last pass's text
+        text = pass_file(directory, manifest, args.after).read_text()
+        if args.rank is not None:
+            text = (rank_line(text, manifest, args.rank) + "\n"
+                    + rank_lowered(text, manifest, args.rank))
+        print(text, end="")
+    if pictures:
         instance = None
         if manifest.get("periods"):  # a step of M micro-batches would be a wall of bars
             instance = manifest["periods"]["0"]["instance"]
@@ -141,7 +145,8 @@ def write_pictures(program, profile: dict, args) -> None:
     from ratrain.sim.costs import task_cost_model
     from ratrain.passes.plots import memory_png, schedule_png
     if args.schedule_png:
-        bars = schedule_png(program, args.schedule_png, cost=task_cost_model(program, profile))
+        bars = schedule_png(program, args.schedule_png, cost=task_cost_model(program, profile),
+                            unit="s")
         print(f"wrote {args.schedule_png} ({bars} task bars, times from the {profile['name']} "
               "profile in seconds)")
     if args.memory_png:
@@ -161,8 +166,8 @@ def add_compile_parser(sub, model_help: str) -> None:
                        "code/stage<N>.pyx with its rows, code/stage<N>.tasks.json (JSON, no "
                        f"pickle). Sizes: {SIZE_HELP}.")
     p.add_argument("model", help=f"the model: {model_help}")
-    _add_parallel_options(p)
-    _add_policy_options(p)
+    add_options(p, "--pp", "--dp", "--micro-batches", "--micro-batch-size", "--seq-len",
+                *POLICY_FLAGS, "--hw", "--grad-accum")
     p.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="program directory to write (atomically; see --force)")
     p.add_argument("--force", action="store_true",
@@ -186,55 +191,6 @@ def add_compile_parser(sub, model_help: str) -> None:
     p.set_defaults(func=cmd_compile)
 
 
-def _add_parallel_options(p) -> None:
-    for flag, dest, meta, text in (
-            ("--pp", "pp", "P", "pipeline stages (default: 1)"),
-            ("--dp", "dp", "D", "data-parallel replicas of every stage (default: 1)"),
-            ("--micro-batches", "micro_batches", "M", "micro-batches per step (default: 1)"),
-            ("--micro-batch-size", "micro_batch_size", "B",
-             "sequences per micro-batch (default: 1)")):
-        p.add_argument(flag, dest=dest, type=int, default=1, metavar=meta, help=text)
-    p.add_argument("--seq-len", type=int, default=None, metavar="T", help=SEQ_LEN_HELP)
-
-
-def _add_policy_options(p) -> None:
-    p.add_argument("--schedule", choices=SCHEDULES, default="ratrain", help="ratrain: "
-                   "lifecycle scheduling (overlapped sync, forward-side recovery); baseline: "
-                   "GPU-style 1F1B with everything at the step end (default: ratrain)")
-    p.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="auto", help="activation"
-                   " recovery: auto = the least recompute that fits --budget, run on the forward side "
-                   "where that fits too, else in the backward (default: auto)")
-    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage over "
-                   "the DP group (default: the profile's default_zero when --dp > 1, else 0; "
-                   "2 for mt3000, 0 for cpu); 3 also shards the views, gathered at each use")
-    p.add_argument("--zero3-prefetch", type=int, default=1, metavar="K", help="--zero 3: "
-                   "gather each layer view K uses ahead, in K + 1 view slots (0 = gather at "
-                   "use, nothing overlapped) (default: 1)")
-    p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE", help="usable "
-                   "memory per rank, e.g. 20GB (= 20 * 10^9 bytes) or 18GiB (= 18 * 2^30) "
-                   "(default: the profile's usable_memory)")
-    p.add_argument("--hw", default="cpu", metavar="PROFILE", help="hardware profile: mt3000, "
-                   "cpu or a path to a profile .json (default: cpu)")
-    p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
-    p.add_argument("--grad-accum", choices=GRAD_ACCUMULATION, default="auto",
-                   help="ZeRO-2 gradient accumulation: local (full gradient until the step's "
-                   "sync), scatter (reduce-scatter every micro-batch, only a shard kept) or "
-                   "auto (scatter only where local cannot fit the budget)")
-    p.add_argument("--clip", type=float, default=None, metavar="X",
-                   help="clip gradients to global norm X (default: no clipping)")
-    add_update_rule_option(p)
-
-
-def add_update_rule_option(p) -> None:
-    """--update-rule, shared by compile and train (NOTE [commit rule])."""
-    p.add_argument("--update-rule", choices=UPDATE_RULES, default="commit", help="with "
-                   "--clip or fp16 loss scaling (a global norm): commit = each layer's AdamW "
-                   "runs speculatively right after its gradient sync and the step's norm "
-                   "commits it or rolls it back and redoes it exactly; after-norm = every "
-                   "update waits for the norm. Same numbers either way; the baseline "
-                   "schedule always uses after-norm (default: commit)")
-
-
 def add_program_inspect_options(p) -> None:
     """Options of `ratrain inspect DIR` (a compiled program rather than a model)."""
     p.add_argument("--after", default=None, metavar="PASS", help="with a program DIR: show "
@@ -242,7 +198,6 @@ def add_program_inspect_options(p) -> None:
     p.add_argument("--rank", type=int, default=None, metavar="R",
                    help="with a program DIR: print only rank R's task list (and, after the "
                    "lower pass, its stage's lowered calls)")
-    p.add_argument("--schedule-png", default=None, metavar="FILE", help="with a program DIR: "
-                   "draw the schedule (dry-run times on the program's --hw profile) to FILE")
+    add_options(p, "--schedule-png")
     p.add_argument("--memory-png", default=None, metavar="FILE",
                    help="with a program DIR: draw each stage's memory timeline to FILE")

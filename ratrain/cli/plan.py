@@ -11,29 +11,23 @@ from __future__ import annotations
 import json
 
 from ratrain.cli.sim import add_link_options
+from ratrain.cli.options import DEFAULT_SIMULATE, OPTIONS, add_options, dest, positive_int
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, load_model
-from ratrain.models.config import SEQ_LEN_HELP, default_seq_len
+from ratrain.models.config import default_seq_len
 from ratrain.planner.strategies import STRATEGIES
-from ratrain.program_format.options import PRECISION_HELP, PRECISIONS, SCHEDULES
-from ratrain.units import SIZE_HELP, format_budget, format_bytes, size_arg
+from ratrain.program_format.options import SCHEDULES
+from ratrain.units import SIZE_HELP, format_budget, format_bytes
 
 # --schedule: a compiler schedule (all its candidates), a strategy, or everything
 SCHEDULE_CHOICES = SCHEDULES + tuple(n for n in STRATEGIES if n not in SCHEDULES) + ("all",)
-
-DEFAULT_SIMULATE = 3
-
-
-def _positive(text: str) -> int:
-    import argparse
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
+NOTHING_FITS = 1    # plan's exit status when no configuration fits (2: a usage error)
+SCHEDULE_PLAN_HELP = (
+    "what to search: a schedule with every configuration (" + OPTIONS["--schedule"].help
+    + "), or one strategy: tuned (baseline, any configuration), backward-checkpointing "
+    "(baseline, full recompute at backward time), keep-all (baseline, no recompute), "
+    "zero3-heavy (baseline, ZeRO-3 gathering parameters at each use); all: both schedules, "
+    "then every strategy's best in one table with ratrain's speedup over it")
 
 # ---- running the planner ------------------------------------------------------------------
 
@@ -211,7 +205,7 @@ def plan_everything(planner, args):
     return merged_plan(bests), bests
 
 
-def cmd_plan(args) -> None:
+def cmd_plan(args) -> int:
     from ratrain.planner import Planner
     _check_search_flags(args)
     name = args.schedule
@@ -229,29 +223,32 @@ def cmd_plan(args) -> None:
     else:
         print(format_plan(plan, args.top, args.min_clusters)
               + ("\n" + "\n".join(strategy_lines(bests)) if bests else ""))
+    return 0 if plan.best is not None else NOTHING_FITS
 
 
 # ---- compile --plan --------------------------------------------------------------------------
 
-# (option, its default): a row's None keeps the default (NOTE [update rule fallback])
-PLANNED = (("pp", 1), ("dp", 1), ("micro_batches", 1), ("micro_batch_size", 1),
-           ("zero", None), ("recompute", "auto"), ("update_rule", "commit"),
-           ("zero3_prefetch", 1), ("grad_accum", "auto"))
-UNPLANNED = (("clip", None),)  # the planner assumes this default
+# the options --plan chooses, at their defaults unless given (a row's None keeps the
+# default: NOTE [update rule fallback]); and those the planner assumes at their defaults
+PLANNED = ("--pp", "--dp", "--micro-batches", "--micro-batch-size", "--zero", "--recompute",
+           "--update-rule", "--zero3-prefetch", "--grad-accum")
+UNPLANNED = ("--clip",)
 
 
 def apply_plan(args) -> None:
     """compile --plan: set the parallel and policy options from the best row; without
     --plan, refuse the planner's flags rather than ignore them."""
     if not args.plan:
-        search_flags = [f for f, v in (("--clusters", args.clusters), ("--global-batch",
-                        args.global_batch), ("--min-clusters", args.min_clusters),
-                        ("--simulate", args.simulate)) if v]
+        search_flags = [f for f in ("--clusters", "--global-batch", "--min-clusters",
+                                    "--simulate") if getattr(args, dest(f))]
         if search_flags:
-            raise UserError(f"{', '.join(search_flags)} need --plan")
+            verb, them = ("steers", "it") if len(search_flags) == 1 else ("steer", "them")
+            raise UserError(f"{', '.join(search_flags)} {verb} only the planner: add --plan "
+                            f"to let it choose the layout, or drop {them} and give --pp, --dp "
+                            "and --micro-batches yourself")
         return
-    given = [f"--{dest.replace('_', '-')}" for dest, default in PLANNED + UNPLANNED
-             if getattr(args, dest) != default]
+    given = [flag for flag in PLANNED + UNPLANNED
+             if getattr(args, dest(flag)) != OPTIONS[flag].default]
     if given:
         raise UserError(f"--plan chooses the configuration without {', '.join(given)}: "
                           "give either those or --plan")
@@ -261,9 +258,9 @@ def apply_plan(args) -> None:
         raise UserError(f"no configuration of {plan.model} on {plan.clusters} rank(s) fits "
                           f"--budget {format_bytes(plan.budget)}; see `ratrain plan`")
     best = plan.best
-    for dest, default in PLANNED:
-        value = getattr(best, dest)
-        setattr(args, dest, default if value is None else value)
+    for flag in PLANNED:
+        value = getattr(best, dest(flag))
+        setattr(args, dest(flag), OPTIONS[flag].default if value is None else value)
     args.seq_len = plan.seq_len
     print(f"planned for {plan.clusters} ranks: {best.candidate} ({_timing(best)})")
 
@@ -272,18 +269,11 @@ def apply_plan(args) -> None:
 
 def add_search_options(p, *, required: bool) -> None:
     """--clusters, --min-clusters, --global-batch, --simulate: shared by plan and compile."""
-    p.add_argument("--clusters", type=_positive, default=None, metavar="N",
-                   help="ranks (MT-3000 clusters) to plan for: pp x dp = N")
+    add_options(p, "--clusters")
     p.add_argument("--min-clusters", action="store_true", help="find the smallest cluster "
                    "count (up to --clusters, if given) at which a configuration fits, and "
                    "plan there")
-    p.add_argument("--global-batch", type=_positive, required=required,
-                   default=None, metavar="G", help="sequences per step: dp x micro-batches x "
-                   "micro-batch size = G")
-    p.add_argument("--simulate", type=_positive, default=None, metavar="S", help="compile and "
-                   "simulate at most the S best candidates by the analytic estimate, skipping "
-                   "those estimated over 15%% slower than the best simulated (default: "
-                   f"{DEFAULT_SIMULATE})")
+    add_options(p, "--global-batch", "--simulate", global_batch={"required": required})
 
 
 def add_plan_parser(sub, model_help: str) -> None:
@@ -294,27 +284,15 @@ def add_plan_parser(sub, model_help: str) -> None:
                        "scatter: reduce-scattered each micro-batch), micro-batch size and count "
                        "(dp x M x B = G), recompute policy and schedule. Candidates that cannot fit are dropped with the stage and "
                        "memory categories over budget; the rest are ordered by an analytic "
-                       "estimate and the best few compiled and simulated. Sizes: "
-                       f"{SIZE_HELP}.")
+                       "estimate and the best few compiled and simulated. Exit status "
+                       f"{NOTHING_FITS} when no configuration fits (the table says why). "
+                       f"Sizes: {SIZE_HELP}.")
     p.add_argument("model", help=f"the model: {model_help}")
     add_search_options(p, required=True)
-    p.add_argument("--seq-len", type=_positive, default=None, metavar="T", help=SEQ_LEN_HELP)
-    p.add_argument("--hw", default="cpu", metavar="PROFILE", help="hardware profile: mt3000, "
-                   "cpu or a path to a profile .json (default: cpu)")
-    p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE", help="usable "
-                   "memory per rank, e.g. 20GB (default: the profile's usable_memory)")
+    add_options(p, "--seq-len", "--hw", "--budget", "--precision", "--schedule",
+                schedule={"choices": SCHEDULE_CHOICES, "help": SCHEDULE_PLAN_HELP})
     add_link_options(p)
-    p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
-    p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="ratrain",
-                   help="what to search: a schedule (ratrain: lifecycle scheduling; "
-                   "baseline: GPU-style 1F1B, sync and update at the step end) with every "
-                   "configuration, or one strategy: tuned (baseline, any configuration), "
-                   "backward-checkpointing (baseline, full recompute at backward time), "
-                   "keep-all (baseline, no recompute), zero3-heavy (baseline, ZeRO-3 "
-                   "gathering parameters at each use); all: both schedules, then every "
-                   "strategy's best in one table with ratrain's speedup over it (default: "
-                   "ratrain)")
-    p.add_argument("--top", type=_positive, default=10, metavar="K",
+    p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="show the K best rows that fit (default: 10)")
     p.add_argument("--json", action="store_true", help="print the search and its rows as "
                    "one JSON object (rows: pp, dp, zero, micro_batch_size, micro_batches, "

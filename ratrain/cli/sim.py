@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from ratrain.cli.options import HW_HELP, add_options
 from ratrain.errors import UserError
 from ratrain.hw.profiles import ALGORITHMS
 from ratrain.inputs import load_hw
@@ -95,12 +96,11 @@ def add_simulate_parser(sub) -> None:
                        "non-blocking overlap as the runtime does it. Prints step time, "
                        "tokens/s, bubble, exposed tail and per-stage memory peaks.")
     p.add_argument("program", metavar="DIR", help="program directory from `ratrain compile`")
-    p.add_argument("--hw", default=None, metavar="PROFILE", help="hardware profile: mt3000, "
-                   "cpu or a profile .json (default: the one DIR was compiled for)")
+    add_options(p, "--hw", hw={"default": None,
+                               "help": f"{HW_HELP} (default: the one DIR was compiled for)"})
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="write a Chrome trace (JSON) of the simulated step to FILE")
-    p.add_argument("--schedule-png", default=None, metavar="FILE",
-                   help="draw the simulated schedule to FILE")
+    add_options(p, "--schedule-png")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--algorithm", choices=ALGORITHMS, default=None, help="collective "
                    "algorithm (default: the profile's collective_algorithm, else ring)")

@@ -15,14 +15,10 @@ from pathlib import Path
 
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, read_hf_config
-from ratrain.models.config import SEQ_LEN_HELP
-from ratrain.program_format.options import (PRECISION_HELP, PRECISIONS, RECOMPUTE_POLICIES,
-                                            SCHEDULES)
 from ratrain.rt.hosts import resolve_hosts
 from ratrain.rt.launch import launch
 from ratrain.rt.stop import command_text
 from ratrain.rt.train_options import add_training_options, resume_argv
-from ratrain.units import size_arg
 
 
 # ---- ratrain run ---------------------------------------------------------------------------
@@ -137,7 +133,8 @@ def cmd_train(args) -> int:
     run_dir = check_run_dir(args.out)
     print(f"compiling {name} for {options.world_size} ranks (pp {options.pp} x dp "
           f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
-          f"x {options.seq_len} tokens){layout.cores_note(cores)}", flush=True)
+          f"x {options.seq_len} tokens)"
+          f"{layout.cores_note(cores, layout.rank_threads(cores, os.environ))}", flush=True)
     started = time.perf_counter()
     compile_run(args, run_dir, config, name, options)
     args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
@@ -174,31 +171,7 @@ def add_train_parser(sub, model_help: str) -> None:
 
 
 def _add_layout_options(p) -> None:
-    p.add_argument("--seq-len", type=int, default=None, metavar="T", help=SEQ_LEN_HELP)
-    p.add_argument("--global-batch", type=int, default=None, metavar="G",
-                   help="sequences per step over all replicas (default: 8)")
-    p.add_argument("--micro-batches", type=int, default=None, metavar="M", help="micro-batches "
-                   "per step and replica (default: the largest divisor of G / dp up to 4, "
-                   "at least 2 where G / dp allows)")
-    p.add_argument("--pp", type=int, default=None, metavar="P", help="pipeline stages, at "
-                   "most the model's layers + 2 (default: 2 when there are cores for it, else 1)")
-    p.add_argument("--dp", type=int, default=None, metavar="D", help="data-parallel replicas "
-                   "(default: the most that divide G, leave 2 micro-batches per replica and "
-                   "fit pp x dp ranks on the cores)")
-    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
-                   help="ZeRO stage over the DP group (default: 0)")
-    p.add_argument("--zero3-prefetch", type=int, default=1, metavar="K",
-                   help="--zero 3: gather each layer view K uses ahead (default: 1)")
-    p.add_argument("--schedule", choices=SCHEDULES, default="ratrain", help="ratrain "
-                   "(lifecycle scheduling) or baseline (everything at the step end) "
-                   "(default: ratrain)")
-    p.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="auto",
-                   help="activation recovery; auto = the least recompute that fits --budget "
-                   "(default: auto)")
-    p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE",
-                   help="usable memory per rank, e.g. 2GB (default: the cpu profile's)")
-    p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
-    p.add_argument("--clip", type=float, default=None, metavar="X",
-                   help="clip gradients to global norm X (default: no clipping)")
-    from ratrain.cli.compile import add_update_rule_option
-    add_update_rule_option(p)
+    """The layout (NOTE [default layout]) and the compile policies; the profile is cpu."""
+    from ratrain.cli.options import POLICY_FLAGS, add_options
+    add_options(p, "--seq-len", "--global-batch", "--micro-batches", "--pp", "--dp",
+                *POLICY_FLAGS)

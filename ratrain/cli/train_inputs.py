@@ -11,19 +11,15 @@ from pathlib import Path
 
 from ratrain.errors import UserError
 from ratrain.inputs import load_model
+from ratrain.rt.threads import thread_environment
 
 DEFAULT_GLOBAL_BATCH = 8
 MAX_DEFAULT_MICRO_BATCHES = 4   # more, smaller micro-batches only add per-call overhead
 
 
 def check_layout_numbers(args) -> None:
-    """Every size flag given is a positive integer, and the evaluation flags agree."""
+    """The evaluation flags agree (the size flags are positive: their parser says so)."""
     from ratrain.rt.evaluate import check_eval_options
-    for flag, value in (("--pp", args.pp), ("--dp", args.dp), ("--seq-len", args.seq_len),
-                        ("--global-batch", args.global_batch),
-                        ("--micro-batches", args.micro_batches)):
-        if value is not None and value < 1:
-            raise UserError(f"{flag} must be at least 1, got {value}")
     try:
         check_eval_options(args)
     except ValueError as e:
@@ -92,12 +88,22 @@ class Layout:
     def ranks(self) -> int:
         return self.pp * self.dp
 
-    def cores_note(self, cores: int) -> str:
-        """What the printed line says when the layout leaves cores idle."""
-        if self.ranks >= cores:
-            return ""
-        return (f"; using {self.ranks} of {cores} cores (NOTE [default layout]: a larger "
-                f"--global-batch lets more replicas run)")
+    def rank_threads(self, cores: int, environ) -> int:
+        """Threads each rank will run on: its share of `cores` (NOTE [threads per rank]),
+        or the OMP_NUM_THREADS `environ` exports."""
+        shares = thread_environment({**environ, "MPI_LOCALNRANKS": str(self.ranks)}, cores)
+        return int(shares["OMP_NUM_THREADS"])
+
+    def cores_note(self, cores: int, threads: int) -> str:
+        """How the ranks use the cores, for the printed line."""
+        text = (f"; {self.ranks} rank{'s' * (self.ranks > 1)} x {threads} "
+                f"thread{'s' * (threads > 1)}")
+        used = self.ranks * threads
+        if used == cores:
+            return f"{text} = all {cores} cores"
+        if used < cores:
+            return f"{text} = {used} of {cores} cores (NOTE [threads per rank])"
+        return f"{text} on {cores} cores: oversubscribed, slower than fewer --pp x --dp"
 
 
 def resolve_layout(pp: int | None, dp: int | None, micro_batches: int | None,
@@ -119,8 +125,10 @@ def resolve_layout(pp: int | None, dp: int | None, micro_batches: int | None,
 # pipeline is what ratrain is about; one on a single core) and as many data-parallel
 # replicas as fit the cores while dividing the global batch and leaving every replica at
 # least 2 micro-batches (1F1B needs them to overlap its stages). With the default global
-# batch of 8 that is at most 4 replicas, so big machines run fewer ranks than cores; the
-# printed line says so. Flags the user gives are kept, and a conflict names only them.
+# batch of 8 that is at most 4 replicas, so big machines run fewer ranks than cores, and
+# each rank runs on its share of them (NOTE [threads per rank]: pp 2 x dp 4 on 16 cores is
+# 8 ranks x 2 threads, on 64 cores 8 ranks x 8 threads); the printed line says how many
+# ranks and threads. Flags the user gives are kept, and a conflict names only them.
 
 def _default_dp(pp: int, micro_batches: int | None, batch: int, cores: int) -> int:
     """The most replicas that divide the batch, fit pp x dp on the cores and leave each
@@ -149,6 +157,13 @@ def resolve_batch(batch: int, dp: int, micro_batches: int | None,
                           f"of {per_replica}")
     return m, per_replica // m
 
+
+# NOTE [default micro-batches]: a step of one micro-batch leaves a pipeline idle most of
+# the time (pp 2: a bubble of 1/2, pp 4: 3/4), and more, smaller micro-batches only add
+# per-call overhead; so without --micro-batches a replica's sequences are split into the
+# most micro-batches up to MAX_DEFAULT_MICRO_BATCHES that divide them, at least 2 where
+# they allow. `ratrain compile` takes no global batch (--micro-batch-size is what it gets),
+# so it has nothing to divide and takes MAX_DEFAULT_MICRO_BATCHES micro-batches.
 
 def _default_micro_batches(per_replica: int) -> int:
     """The largest divisor up to MAX_DEFAULT_MICRO_BATCHES, or one sequence each when

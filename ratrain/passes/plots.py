@@ -46,11 +46,12 @@ def _group(kind: Kind) -> str:
 
 
 def schedule_png(program, path, timeline: DryRunResult | None = None,
-                 cost: Callable[[Task], float] = unit_cost) -> int:
+                 cost: Callable[[Task], float] = unit_cost, unit: str = "cost units") -> int:
     """Gantt chart of the per-stage task lists, one row per stage, FREE tasks skipped.
 
     Times come from `timeline` if given (a simulated or measured run), else from
-    dry_run(program.tasks, cost). Returns the number of task bars drawn.
+    dry_run(program.tasks, cost); `unit` names what they count (the axis says it: "s"
+    for a profile's cost model or a simulation). Returns the number of task bars drawn.
     """
     timeline = timeline or dry_run(program.tasks, cost)
     height = 1 + 0.6 * len(timeline.timeline)
@@ -60,7 +61,7 @@ def schedule_png(program, path, timeline: DryRunResult | None = None,
         ax.barh(ys, widths, left=lefts, height=0.8, color=GROUPS[group], edgecolor="black",
                 linewidth=0.3, label=group)
     _label_micro_batches(ax, timeline)
-    _finish_gantt(ax, program, timeline)
+    _finish_gantt(ax, program, timeline, unit)
     drawn = sum(len(container.patches) for container in ax.containers)
     _save(fig, path)
     return drawn
@@ -88,13 +89,13 @@ def _label_micro_batches(ax, timeline: DryRunResult) -> None:
                         ha="center", va="center", fontsize=6, color="white")
 
 
-def _finish_gantt(ax, program, timeline: DryRunResult) -> None:
+def _finish_gantt(ax, program, timeline: DryRunResult, unit: str) -> None:
     stages = sorted(timeline.timeline)
     ax.set_yticks(stages, [f"stage {s}" for s in stages])
     ax.invert_yaxis()
     ax.set_xlim(0, max(timeline.makespan, 1e-9))
-    ax.set_xlabel("time (cost units)")
-    ax.set_title(f"{options_title(program)}\nstep {timeline.makespan:g}, "
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_title(f"{options_title(program)}\nstep {timeline.makespan:.4g} {unit}, "
                  f"bubble {timeline.bubble_fraction:.0%}", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
 

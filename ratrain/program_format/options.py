@@ -27,7 +27,7 @@ class CompileOptions:
     micro_batch_size: int = 1           # sequences per micro-batch
     seq_len: int = 128                  # tokens per sequence
     schedule: str = "ratrain"           # "ratrain" (lifecycle scheduling) or "baseline"
-    recompute: str = "none"             # activation recovery policy, RECOMPUTE_POLICIES
+    recompute: str = "auto"             # activation recovery policy, RECOMPUTE_POLICIES
     zero: int = 0                       # ZeRO stage 0, 1, 2 or 3 over the DP group
     budget: int | None = None           # usable bytes per rank; None = unlimited
     hw: str = "cpu"                     # hardware profile name

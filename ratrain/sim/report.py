@@ -139,4 +139,4 @@ def write_schedule_png(sim, path) -> int:
              if r.last_backward_end(rank) is not None}
     result = DryRunResult(timeline, r.step_time, {rank: r.busy(rank) for rank in r.ends},
                           r.bubble_fraction, tails)
-    return schedule_png(sim.program, path, timeline=result)
+    return schedule_png(sim.program, path, timeline=result, unit="s")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratrain.hw.topology import node_of
+from ratrain.rt.threads import threads_per_rank
 from ratrain.sim.calls import ProfileCosts
 from ratrain.sim.replay import Replay, replay
 
@@ -61,12 +62,12 @@ class Simulation:
 def rank_profile(profile: dict, world_size: int) -> dict:
     """The profile of one rank of a `world_size`-rank job on one node of `node_cores`
     cores: its `threads` entry for the threads the runtime gives each rank
-    (rt/__main__.share_cores: node cores // ranks, at least 1; the nearest measured count
-    below, else the smallest) over the profile's own fields. Without `threads`, as is."""
+    (NOTE [threads per rank]; the nearest measured count below, else the smallest) over
+    the profile's own fields. Without `threads`, as is."""
     table = profile.get("threads")
     if not table:
         return profile
-    wanted = max(1, int(profile.get("node_cores", profile["cores"])) // max(1, world_size))
+    wanted = threads_per_rank(int(profile.get("node_cores", profile["cores"])), world_size)
     counts = sorted(int(k) for k in table)
     chosen = max((c for c in counts if c <= wanted), default=counts[0])
     return {**profile, **table[str(chosen)], "rank_threads": chosen}

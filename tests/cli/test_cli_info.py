@@ -20,6 +20,19 @@ def test_info_prints_exact_count_and_layers(capsys):
     rows = [l for l in out.splitlines() if re.match(r"\s+\d+ (embed|decoder|head) ", l)]
     assert [r.split()[1] for r in rows] == ["embed"] + ["decoder"] * 4 + ["head"]
     assert sum(int(r.split()[2]) for r in rows) == 3295488
+    assert "note:" not in out                               # nothing tied, nothing to note
+
+
+def test_info_of_a_tied_model_says_why_rows_sum_above_the_total(capsys):
+    assert main(["info", "tiny-tied", "--seq-len", "32"]) == 0
+    out = capsys.readouterr().out
+    rows = [l for l in out.splitlines() if re.match(r"\s+\d+ (embed|decoder|head) ", l)]
+    total = int(re.search(r"^parameters: (\d+)$", out, re.M).group(1))
+    tied = 256 * 256                                   # vocab x hidden, in embed and head
+    assert sum(int(r.split()[2]) for r in rows) == total + tied
+    assert out.splitlines()[-1] == (
+        f"note: model.embed_tokens.weight ({tied} parameters) is tied: counted in layers 0 "
+        f"and 5, so the rows sum to {total + tied}, above the {total} parameters")
 
 
 def test_info_graph_prints_decoder_ir(capsys):

@@ -56,7 +56,8 @@ def test_manifest_has_every_field(program_dir):
     assert (options["pp"], options["dp"], options["micro_batches"], options["seq_len"]) == (2, 2, 4, 32)
     assert (options["schedule"], options["recompute"], options["precision"]) == ("ratrain", "selective", "fp32")
     assert options["budget"] == load_profile("cpu")["usable_memory"] and options["hw"] == "cpu"
-    assert manifest["world_size"] == 4 and manifest["ratrain_version"] and manifest["created"]
+    assert manifest["world_size"] == 4 and manifest["ratrain_version"]
+    assert "created" not in manifest and "seconds" not in manifest["passes"][0]
     assert manifest["ranks"] == {"0": {"stage": 0, "replica": 0}, "1": {"stage": 1, "replica": 0},
                                  "2": {"stage": 0, "replica": 1}, "3": {"stage": 1, "replica": 1}}
     layers = [layer for s in manifest["stages"] for layer in s["layers"]]
@@ -84,8 +85,19 @@ def test_pass_files_in_pipeline_order(program_dir):
     assert [p["name"] for p in manifest_of(program_dir)["passes"]] == PASS_NAMES
     planned = names.index(f"{PASS_NAMES.index('plan_memory') + 1:02d}_plan_memory.txt")
     text = (program_dir / "passes" / names[planned]).read_text()
-    assert text.startswith("# after: plan_memory (") and "FREE[" in text
+    assert text.startswith("# after: plan_memory\n") and "FREE[" in text
     assert "FREE[" not in (program_dir / "passes" / names[planned - 1]).read_text()
+
+
+def test_recompiles_are_byte_identical(program_dir, tmp_path):
+    """Two compiles of the same inputs: every file equal (no times, dates or paths in
+    what is written), so `diff -r` and content hashes see only real changes."""
+    again = tmp_path / "again"
+    assert compile_to(again, *PP2_DP2, "--recompute", "selective") == 0
+    files = sorted(p.relative_to(program_dir) for p in program_dir.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    assert [f for f in files if (program_dir / f).read_bytes() != (again / f).read_bytes()] == []
+    assert subprocess.run(["diff", "-r", str(program_dir), str(again)]).returncode == 0
 
 
 def test_rank_files_parse_back(program_dir):
@@ -131,8 +143,9 @@ def test_budget_too_small_is_exit_2_with_breakdown(tmp_path, capsys):
     assert compile_to(out, *PP2_DP2, "--budget", "20MB") == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
-    assert lines and all(line.startswith("ratrain: error: ") for line in lines)
-    assert "20 MB (19.07 MiB)" in lines[0]
+    assert lines[0].startswith("ratrain: error: ") and "20 MB (19.07 MiB)" in lines[0]
+    # one error line; the breakdown below it indented, not a second "ratrain: error:"
+    assert len(lines) > 1 and all(line.startswith("  ") for line in lines[1:])
     assert all(c in captured.err for c in ("params", "optimizer", "views", "activations"))
     assert "Traceback" not in captured.err and captured.out == ""
     assert not out.exists() and list(tmp_path.iterdir()) == []
@@ -149,10 +162,10 @@ def test_inspect_after_and_rank(program_dir, capsys):
 
 def test_inspect_default_is_last_pass_and_numbers_work(program_dir, capsys):
     assert main(["inspect", str(program_dir)]) == 0
-    assert capsys.readouterr().out.startswith(f"# after: {PASS_NAMES[-1]} (")
+    assert capsys.readouterr().out.startswith(f"# after: {PASS_NAMES[-1]}\n")
     assert main(["inspect", str(program_dir), "--after", "2"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# after: schedule_pipeline (") and "rank 0: 0F0" in out
+    assert out.startswith("# after: schedule_pipeline\n") and "rank 0: 0F0" in out
 
 
 def test_inspect_bad_pass_and_rank(program_dir, capsys):
@@ -170,7 +183,14 @@ def test_inspect_writes_pngs(program_dir, tmp_path, capsys):
                  "--memory-png", str(memory)]) == 0
     for png in (schedule, memory):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "(2 stages)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(2 stages)" in out and out.startswith("rank 0: ")   # --rank asks for its tasks
+    assert main(["inspect", str(program_dir), "--schedule-png", str(schedule)]) == 0
+    # pictures alone: only what was written, in seconds, not the lowered program
+    bars = sum(t.kind != Kind.FREE for stage in (0, 1)
+               for t in parse_tasks((program_dir / f"rank{stage}.txt").read_text()))
+    assert capsys.readouterr().out == (f"wrote {schedule} ({bars} task bars, times from the "
+                                       "cpu profile in seconds)\n")
 
 
 def test_overwrite_protection(tmp_path, capsys):
@@ -214,6 +234,21 @@ def test_building_the_parser_does_not_import_jax():
 def test_program_options_need_a_program_dir(capsys):
     assert main(["inspect", "tiny", "--rank", "0"]) == 2
     assert "--rank need a program DIR" in capsys.readouterr().err
+
+
+def test_compile_defaults_to_train_micro_batch_rule(tmp_path):
+    """NOTE [default micro-batches]: no global batch to divide, so 4, not 1."""
+    assert compile_to(tmp_path / "prog", "--pp", "2") == 0
+    assert manifest_of(tmp_path / "prog")["options"]["micro_batches"] == 4
+    assert compile_to(tmp_path / "one", "--pp", "2", "--micro-batches", "1") == 0
+    assert manifest_of(tmp_path / "one")["options"]["micro_batches"] == 1
+
+
+def test_global_batch_without_plan_says_what_to_do(tmp_path, capsys):
+    assert compile_to(tmp_path / "prog", "--global-batch", "8") == 2
+    assert capsys.readouterr().err == (
+        "ratrain: error: --global-batch steers only the planner: add --plan to let it "
+        "choose the layout, or drop it and give --pp, --dp and --micro-batches yourself\n")
 
 
 def test_clip_must_be_positive(tmp_path, capsys):

@@ -11,6 +11,9 @@ import pytest
 
 from ratrain.cli import UserError
 from ratrain.cli.train_inputs import resolve_layout
+from ratrain.hw import load_profile
+from ratrain.rt.threads import thread_environment
+from ratrain.sim.simulate import rank_profile
 from ratrain.models import get_config
 
 TINY_LAYERS = get_config("tiny")["num_hidden_layers"] + 2   # embedding + decoders + head
@@ -125,3 +128,38 @@ def test_given_flags_are_kept(flags, cores, expected):
 def test_one_stage_model_gets_one_stage():
     layout = resolve_layout(None, None, None, None, cores=8, max_pp=1)
     assert (layout.pp, layout.dp) == (1, 4)
+
+
+@pytest.mark.parametrize("cores, threads", [(16, 2), (64, 8)])
+def test_default_layout_uses_every_core(cores, threads):
+    """The default global batch of 8 splits into at most 4 replicas of 2 stages: the 8
+    ranks get cores // 8 threads each (NOTE [threads per rank]), so no core idles."""
+    layout = resolve_layout(None, None, None, None, cores, max_pp=TINY_LAYERS)
+    assert (layout.pp, layout.dp, layout.ranks) == (2, 4, 8)
+    assert layout.rank_threads(cores, {}) == threads
+    assert layout.cores_note(cores, threads) == f"; 8 ranks x {threads} threads = all {cores} cores"
+    # what each rank sets before numpy loads: mpiexec starts 8 on the node
+    assert thread_environment({"MPI_LOCALNRANKS": "8"}, cores) == dict.fromkeys(
+        ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), str(threads))
+
+
+def test_thread_counts_the_user_exports_are_kept_and_said():
+    layout = resolve_layout(None, None, None, None, 16, max_pp=TINY_LAYERS)
+    assert layout.rank_threads(16, {"OMP_NUM_THREADS": "1"}) == 1
+    assert layout.cores_note(16, 1) == "; 8 ranks x 1 thread = 8 of 16 cores (NOTE [threads per rank])"
+    assert thread_environment({"MPI_LOCALNRANKS": "8", "OMP_NUM_THREADS": "1"}, 16)[
+        "OMP_NUM_THREADS"] == "1"
+    odd = resolve_layout(3, 1, None, None, 16, max_pp=TINY_LAYERS)   # 16 // 3 = 5 threads
+    assert odd.cores_note(16, odd.rank_threads(16, {})) == \
+        "; 3 ranks x 5 threads = 15 of 16 cores (NOTE [threads per rank])"
+    over = resolve_layout(3, 1, None, None, 2, max_pp=TINY_LAYERS)
+    assert over.cores_note(2, over.rank_threads(2, {})) == \
+        "; 3 ranks x 1 thread on 2 cores: oversubscribed, slower than fewer --pp x --dp"
+
+
+def test_simulator_gives_a_rank_the_threads_the_runtime_does():
+    profile = load_profile("cpu") | {"node_cores": 64, "threads": {
+        "1": {"fp32_flops": 1.0}, "8": {"fp32_flops": 8.0}, "64": {"fp32_flops": 64.0}}}
+    assert rank_profile(profile, 8)["rank_threads"] == 8    # 2 x 4 ranks on 64 cores
+    assert rank_profile(profile, 8)["fp32_flops"] == 8.0
+    assert rank_profile(profile | {"node_cores": 16}, 8)["rank_threads"] == 1  # 2 not measured

@@ -86,7 +86,7 @@ def test_three_speeds_match_brute_force(tiny):
 
 def test_budget_forces_a_worse_balanced_split(tiny):
     # The fast stage 0 wants 3 decoders; a budget just below that stage's need caps it.
-    options = dict(pp=2, micro_batches=4, stage_speeds=(2.0, 1.0))
+    options = dict(pp=2, micro_batches=4, stage_speeds=(2.0, 1.0), recompute="none")
     free = partition_stages(Program(tiny, CompileOptions(**options)))
     budget = max(stage_peaks(free, free.stages)) - 1
     program = partition_stages(Program(tiny, CompileOptions(budget=budget, **options)))
@@ -98,7 +98,8 @@ def test_budget_forces_a_worse_balanced_split(tiny):
 
 
 def test_impossible_budget_names_the_least_peak_and_breakdown(tiny):
-    program = Program(tiny, CompileOptions(pp=2, dp=2, micro_batches=4, budget=2**20))
+    program = Program(tiny, CompileOptions(pp=2, dp=2, micro_batches=4, budget=2**20,
+                                           recompute="none"))
     least = min(max(stage_peaks(program, stages)) for stages in all_splits(6, 2))
     with pytest.raises(PartitionError) as info:
         partition_stages(program)
@@ -121,7 +122,7 @@ def test_more_stages_than_layers_is_an_error(tiny):
 def test_stage_memory_estimate_values(tiny):
     # tiny fp32, seq 128: embed 65,536 params (residual: 512 B of token ids), decoder 791,040
     # params (2,239,488 B residuals), hidden state 131,072 B. Stage 0 of 2 holds min(2, 4) = 2 mbs.
-    zero1 = Program(tiny, CompileOptions(pp=2, dp=2, zero=1, micro_batches=4))
+    zero1 = Program(tiny, CompileOptions(pp=2, dp=2, zero=1, micro_batches=4, recompute="none"))
     params = 65_536 + 791_040
     assert stage_memory_estimate(zero1, 0, (0, 1)) == {
         "params": 4 * params // 2, "optimizer": 8 * params // 2, "views": 4 * params,

@@ -57,6 +57,19 @@ def test_schedule_png_takes_a_given_timeline_and_cost(tmp_path):
     assert png_size(tmp_path / "b.png")[0] >= 800
 
 
+def test_schedule_png_axis_names_the_unit(tmp_path, monkeypatch):
+    import ratrain.passes.plots as plots
+    labels = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: labels.append(
+        (fig.axes[0].get_xlabel(), fig.axes[0].get_title().splitlines()[1])))
+    program = plan_memory(planned())
+    makespan = dry_run(program.tasks, unit_cost).makespan
+    schedule_png(program, tmp_path / "units.png")
+    schedule_png(program, tmp_path / "seconds.png", unit="s")
+    assert [label for label, _ in labels] == ["time (cost units)", "time (s)"]
+    assert labels[1][1].startswith(f"step {makespan:.4g} s, bubble ")
+
+
 def test_unit_costs_by_kind_unless_the_task_has_an_estimate():
     schedule = parse_schedule("rank 0: 0F0 0B0 0REC[L1]0 0SYNC[L1] 0UPD[L1] 0PREF[L1] "
                               "0FREE[x] 0NORM")

@@ -125,7 +125,7 @@ def test_compile_plan_uses_the_best_row(record, tmp_path, capsys):
     (["plan", "tiny", "--global-batch", "8"], "give --clusters N, or --min-clusters"),
     (["plan", "tiny", "--min-clusters", "--clusters", "2", "--global-batch", "8",
       "--seq-len", "32", "--budget", "5MB"], "tiny fits on no cluster count up to 2"),
-    (["compile", "tiny", "--clusters", "4", "-o", "{tmp}/a"], "--clusters need --plan"),
+    (["compile", "tiny", "--clusters", "4", "-o", "{tmp}/a"], "--clusters steers only the planner: add --plan"),
     (["compile", "tiny", "--plan", "--pp", "2", "--clusters", "4", "--global-batch", "8",
       "-o", "{tmp}/b"], "--plan chooses the configuration without --pp"),
     (["compile", "tiny", "--plan", "--grad-accum", "scatter", "--clusters", "4",
@@ -144,7 +144,7 @@ def test_errors_are_one_line(argv, message, tmp_path, capsys):
 
 def test_nothing_fits_is_said(capsys):
     assert main(["plan", "tiny", "--clusters", "1", "--global-batch", "8", "--seq-len", "32",
-                 "--budget", "5MB"]) == 0
+                 "--budget", "5MB"]) == 1   # NOTHING_FITS: scripts can tell
     out = capsys.readouterr().out
     assert "16 candidates" in out and ": 0 fit, 16 do not\n" in out
     assert "no candidate compiled within the budget" in out

@@ -1,0 +1,144 @@
+"""The options several commands share, each defined once: one type, default and help in
+the OPTIONS table, added to a command's parser by `add_options`. Defaults are
+CompileOptions' (program_format/options.py); None means "decided by the command" (the
+profile, the model, or `ratrain train`'s layout rules), which the help says.
+Imports neither jax nor the passes, so building the parser stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from ratrain.models.config import SEQ_LEN_HELP
+from ratrain.planner.margin import SIMULATION_MARGIN
+from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISION_HELP, PRECISIONS,
+                                            RECOMPUTE_POLICIES, SCHEDULES, UPDATE_RULES,
+                                            CompileOptions)
+from ratrain.units import size_arg
+
+DEFAULTS = CompileOptions()
+DEFAULT_SIMULATE = 3            # candidates the planner compiles and simulates at most
+
+
+def _int_at_least(low: int, words: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= low, else a usage error naming what was given."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
+        return value
+    return parse
+
+
+positive_int = _int_at_least(1, "a positive integer")
+non_negative_int = _int_at_least(0, "0 or a positive integer")
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """A parser (and its subcommands' parsers) whose usage errors are one `ratrain: error:`
+    line naming the input and where the options are listed, like every other error."""
+
+    def error(self, message: str):
+        self.exit(2, f"ratrain: error: {message} (`{self.prog} --help` lists the "
+                  "options)\n")
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str                           # "--seq-len"
+    help: str                           # what it means, ending with its default
+    type: Callable | None = None        # argparse type; None with choices = str
+    default: Any = None                 # None = the command decides (the help says how)
+    choices: tuple | None = None        # the values it takes, if a fixed set
+    metavar: str | None = None          # the value's name in --help
+    required: bool = False              # the command cannot run without it
+
+
+HW_HELP = "hardware profile: mt3000, cpu or a path to a profile .json"
+
+OPTIONS = {o.flag: o for o in (
+    Option("--pp", "pipeline stages (default: compile 1; train 2 when there are cores for "
+           "it, else 1; at most the model's layers + 2)", positive_int, None, metavar="P"),
+    Option("--dp", "data-parallel replicas of every stage (default: compile 1; train the "
+           "most that divide G, leave 2 micro-batches per replica and fit pp x dp ranks on "
+           "the cores)", positive_int, None, metavar="D"),
+    Option("--micro-batches", "micro-batches per step and replica (default: the largest "
+           "divisor of the replica's sequences up to 4, at least 2 where they allow; "
+           "compile, which takes no global batch, 4; NOTE [default micro-batches])",
+           positive_int, None, metavar="M"),
+    Option("--micro-batch-size", "sequences per micro-batch (default: "
+           f"{DEFAULTS.micro_batch_size})", positive_int, DEFAULTS.micro_batch_size,
+           metavar="B"),
+    Option("--seq-len", SEQ_LEN_HELP, positive_int, None, metavar="T"),
+    Option("--global-batch", "sequences per step over all replicas: dp x micro-batches x "
+           "micro-batch size = G (default: train 8; plan and compile --plan need it)",
+           positive_int, None, metavar="G"),
+    Option("--schedule", "ratrain: lifecycle scheduling (overlapped sync, forward-side "
+           "recovery); baseline: GPU-style 1F1B with sync and update at the step end "
+           f"(default: {DEFAULTS.schedule})", None, DEFAULTS.schedule, SCHEDULES),
+    Option("--recompute", "activation recovery: none, full, selective, or auto = the least "
+           "recompute that fits --budget, run on the forward side where that fits too, else "
+           f"in the backward (default: {DEFAULTS.recompute})", None, DEFAULTS.recompute,
+           RECOMPUTE_POLICIES),
+    Option("--zero", "ZeRO stage over the DP group (default: the profile's default_zero "
+           "when --dp > 1, else 0; 2 for mt3000, 0 for cpu); 3 also shards the views, "
+           "gathered at each use", int, None, (0, 1, 2, 3)),
+    Option("--zero3-prefetch", "--zero 3: gather each layer view K uses ahead, in K + 1 "
+           "view slots (0 = gather at use, nothing overlapped) (default: "
+           f"{DEFAULTS.zero3_prefetch})", non_negative_int, DEFAULTS.zero3_prefetch,
+           metavar="K"),
+    Option("--budget", "usable memory per rank, e.g. 20GB (= 20 * 10^9 bytes) or 18GiB "
+           "(= 18 * 2^30) (default: the profile's usable_memory)", size_arg, None,
+           metavar="SIZE"),
+    Option("--hw", f"{HW_HELP} (default: {DEFAULTS.hw})", None, DEFAULTS.hw,
+           metavar="PROFILE"),
+    Option("--precision", PRECISION_HELP, None, None, PRECISIONS),
+    Option("--grad-accum", "ZeRO-2 gradient accumulation: local (full gradient until the "
+           "step's sync), scatter (reduce-scatter every micro-batch, only a shard kept) or "
+           f"auto (scatter only where local cannot fit the budget) (default: "
+           f"{DEFAULTS.grad_accum})", None, DEFAULTS.grad_accum, GRAD_ACCUMULATION),
+    Option("--clip", "clip gradients to global norm X (default: no clipping)", float,
+           DEFAULTS.clip, metavar="X"),
+    Option("--update-rule", "with --clip or fp16 loss scaling (a global norm): commit = each "
+           "layer's AdamW runs speculatively right after its gradient sync and the step's "
+           "norm commits it or rolls it back and redoes it exactly; after-norm = every "
+           "update waits for the norm. Same numbers either way; the baseline schedule always "
+           f"uses after-norm (default: {DEFAULTS.update_rule})", None, DEFAULTS.update_rule,
+           UPDATE_RULES),
+    Option("--schedule-png", "draw the schedule to FILE, one row per stage, times in seconds "
+           "(inspect DIR: the dry run on the program's profile; simulate: the simulated "
+           "step)", None, None, metavar="FILE"),
+    Option("--clusters", "ranks (MT-3000 clusters) to plan for: pp x dp = N", positive_int,
+           None, metavar="N"),
+    Option("--simulate", "compile and simulate at most the S best candidates by the "
+           "analytic estimate, skipping those estimated over "
+           f"{SIMULATION_MARGIN:.0%} slower than the best simulated (default: "
+           f"{DEFAULT_SIMULATE})".replace("%", "%%"), positive_int, None, metavar="S"),
+)}
+
+
+def dest(flag: str) -> str:
+    """The attribute argparse stores `flag` under: "--seq-len" -> "seq_len"."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_options(parser, *flags: str, **changes) -> None:
+    """Add OPTIONS[flag] for each flag. `changes` (keyword: a dict of Option fields) adapt
+    one option to a command where its meaning widens, e.g. plan's --schedule, which also
+    takes a strategy: add_options(p, "--schedule", schedule={"choices": ...})."""
+    for flag in flags:
+        option = OPTIONS[flag]
+        option = replace(option, **changes.get(dest(flag), {}))
+        extra = {"choices": option.choices} if option.choices else {"metavar": option.metavar}
+        parser.add_argument(option.flag, type=option.type, default=option.default,
+                            required=option.required, help=option.help, **extra)
+
+
+# the policy flags compile and train both take (compile adds --hw and --grad-accum; train
+# runs on this machine's cpu profile)
+POLICY_FLAGS = ("--schedule", "--recompute", "--zero", "--zero3-prefetch", "--budget",
+                "--precision", "--clip", "--update-rule")
