@@ -26,6 +26,7 @@ from ratrain.units import size_arg
 def cmd_run(args) -> int:
     """Check the program directory and the rank count here (no MPI job for a certain
     failure), then launch."""
+    from ratrain.cli.resume import check_start
     from ratrain.rt.load import SetupError, check_world_size, read_manifest
     program = Path(args.program)
     check_checkpoint_options(args)
@@ -35,6 +36,8 @@ def cmd_run(args) -> int:
         check_world_size(program, manifest, ranks)
     except SetupError as e:
         raise UserError(str(e)) from None
+    check_start(args, manifest["model"]["config"])
+    check_save_dir_option(args)
     tokenize_data(args, manifest["model"]["config"], manifest["options"]["seq_len"])
     if args.cluster is None:
         return launch(program, ranks, args)
@@ -62,10 +65,10 @@ def add_run_parser(sub) -> None:
 
 
 def check_checkpoint_options(args, save_dir_given: bool = True) -> None:
-    """--steps, --save-every, --keep-last, --resume and --save-dir, checked before anything
-    is compiled or started (the runtime checks them again for `python -m ratrain.rt`);
-    --resume becomes the checkpoint directory it names."""
-    from ratrain.rt.checkpoint import check_save_dir, find_resume_checkpoint
+    """--steps, --save-every, --keep-last and --resume, checked before anything is compiled
+    or started (the runtime checks them again for `python -m ratrain.rt`); --resume
+    becomes the checkpoint directory it names."""
+    from ratrain.rt.checkpoint import find_resume_checkpoint
     from ratrain.rt.train_options import check_run_length
     problem = check_run_length(args, save_dir_given)
     if problem is None and args.resume:
@@ -73,9 +76,14 @@ def check_checkpoint_options(args, save_dir_given: bool = True) -> None:
             args.resume = str(find_resume_checkpoint(args.resume))
         except ValueError as e:
             problem = str(e)
-    if problem is None and args.save_dir:
-        problem = check_save_dir(args.save_dir)
     if problem is not None:
+        raise UserError(problem)
+
+
+def check_save_dir_option(args) -> None:
+    """--save-dir can be written (it is created: the last check before a run writes)."""
+    from ratrain.rt.checkpoint import check_save_dir
+    if args.save_dir and (problem := check_save_dir(args.save_dir)) is not None:
         raise UserError(problem)
 
 
@@ -93,54 +101,122 @@ def compile_options(args, config: dict, layout):
         zero3_prefetch=args.zero3_prefetch, update_rule=args.update_rule)
 
 
-def compile_run(args, run_dir: Path, config: dict, name: str, options) -> None:
-    """Compile the model in memory, then write run_dir/program: a program that does not
-    fit is reported before the run directory exists."""
+def compile_program(config: dict, name: str, options):
+    """Compile the model in memory: (files, manifest_of) of its program directory, so
+    that a program that does not fit is reported before anything is written."""
     from ratrain.compiler import compile_graph, trace_for
-    from ratrain.programs import build_manifest, program_files, write_program_dir
+    from ratrain.programs import build_manifest, program_files
     program, records = compile_graph(trace_for(config, name, options), options)
     hf_config = read_hf_config(name)
+    return program_files(program, records), \
+        lambda h: build_manifest(program, records, load_hw("cpu"), h, hf_config)
+
+
+def write_run(args, run_dir: Path, compiled, made: list[Path]) -> None:
+    """run_dir/program and the run's record; on failure the token caches this start
+    `made` are removed too (a failed start leaves nothing behind)."""
+    from ratrain.cli.resume import write_run_record
+    from ratrain.programs import write_program_dir
     try:
-        write_program_dir(run_dir / "program", program_files(program, records),
-                          lambda h: build_manifest(program, records, load_hw("cpu"), h,
-                                                   hf_config))
+        write_program_dir(run_dir / "program", *compiled)
+        write_run_record(run_dir, args)
     except OSError as e:
+        for file in made:
+            file.unlink(missing_ok=True)
         raise UserError(f"cannot write the run directory {run_dir}: {e.strerror or e}") \
             from None
 
 
 def cmd_train(args) -> int:
-    """Check every input, compile into a new run directory, run it, print a summary."""
-    from ratrain.cli.train_inputs import (check_layout_numbers, check_run_dir,
-                                          load_checked_model, resolve_layout)
-    check_layout_numbers(args)
-    config, name = load_checked_model(args.init_from or args.model)
-    cores = os.cpu_count() or 1
-    layout = resolve_layout(args.pp, args.dp, args.micro_batches, args.global_batch, cores,
-                            config["num_hidden_layers"] + 2)
-    options = compile_options(args, config, layout)
-    tokenize_data(args, config, options.seq_len)
-    check_checkpoint_options(args, save_dir_given=False)  # last: it creates --save-dir
-    run_dir = check_run_dir(args.out)
-    compile_run(args, run_dir, config, name, options)
-    args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
-    args.save_dir = args.save_dir or str(run_dir / "checkpoints")
-    print(f"compiled {name} for {options.world_size} ranks (pp {options.pp} x dp "
-          f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
-          f"x {options.seq_len} tokens) into {run_dir}/program{layout.cores_note(cores)}",
-          flush=True)
-    code = launch(run_dir / "program", options.world_size, args)
+    """A new run (every input checked, then compiled into a new run directory) or, with
+    --resume RUN (or a checkpoint of RUN) and no other --out, RUN continued in place; run
+    it, print a summary."""
+    from ratrain.cli.resume import refuse_old_run_dir, run_of
+    run = run_of(args.resume) if args.resume else None
+    if run is not None and args.out is not None and Path(args.out).resolve() != run.resolve():
+        run = None  # a new run in --out, starting from RUN's checkpoint
+    elif args.resume and run is None:
+        refuse_old_run_dir(args.resume)
+    code, run_dir = resume_run(args, run) if run is not None else start_run(args)
     if code == 0:
         print(summary(Path(args.metrics), run_dir))
     return code
 
 
-def tokenize_data(args, config: dict, seq_len: int) -> None:
+def start_run(args) -> tuple[int, Path]:
+    """Check every input, then compile, tokenize and write the run directory, in that
+    order: nothing is written before every check passed."""
+    from ratrain.cli.resume import check_start
+    from ratrain.cli.train_inputs import (check_layout_numbers, check_run_dir,
+                                          load_checked_model, model_tokenizer, resolve_layout)
+    check_layout_numbers(args)
+    config, name = load_checked_model(args.init_from or args.model)
+    if args.tokenizer is None and args.init_from is None:
+        args.tokenizer = model_tokenizer(args.model)
+    cores = os.cpu_count() or 1
+    layout = resolve_layout(args.pp, args.dp, args.micro_batches, args.global_batch, cores,
+                            config["num_hidden_layers"] + 2)
+    options = compile_options(args, config, layout)
+    check_checkpoint_options(args, save_dir_given=False)
+    check_start(args, config)
+    run_dir = check_run_dir(args.out)
+    compiled = compile_program(config, name, options)
+    check_save_dir_option(args)  # creates --save-dir
+    made = tokenize_data(args, config, options.seq_len)
+    args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
+    args.save_dir = args.save_dir or str(run_dir / "checkpoints")
+    write_run(args, run_dir, compiled, made)
+    print(f"compiled {name} for {options.world_size} ranks (pp {options.pp} x dp "
+          f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
+          f"x {options.seq_len} tokens) into {run_dir}/program{layout.cores_note(cores)}",
+          flush=True)
+    return launch(run_dir / "program", options.world_size, args), run_dir
+
+
+def resume_run(args, run: Path) -> tuple[int, Path]:
+    """RUN continued in place (NOTE [a run directory is the unit of work] in
+    cli/resume.py): its program, recorded options and newest checkpoint."""
+    from ratrain.cli.resume import (check_start, keep_metrics_until, resumed_args,
+                                    write_run_record)
+    from ratrain.rt.load import SetupError, read_manifest
+    start = resumed_args(args, run)
+    try:
+        manifest = read_manifest(run / "program")
+    except SetupError as e:
+        raise UserError(str(e)) from None
+    config, seq_len = manifest["model"]["config"], manifest["options"]["seq_len"]
+    check_checkpoint_options(args)
+    check_start(args, config)
+    step = _resumed_step(args)
+    if step >= args.steps:
+        raise UserError(f"{run} has reached step {step} of --steps {args.steps} already; "
+                        "pass a larger --steps to train it further")
+    check_save_dir_option(args)
+    tokenize_data(args, config, seq_len)
+    dropped = keep_metrics_until(Path(args.metrics), step)
+    write_run_record(run, args, start)
+    where = "its start (no checkpoint yet)" if args.resume == start["resume"] else \
+        f"its checkpoint {args.resume}"
+    print(f"resuming {run} from {where}: steps {step + 1}..{args.steps}"
+          + (f"; {dropped} metrics records after step {step} dropped" if dropped else ""),
+          flush=True)
+    return launch(run / "program", manifest["world_size"], args), run
+
+
+def _resumed_step(args) -> int:
+    """The step the run continues after: its checkpoint's (0 from a seeded start)."""
+    from ratrain.rt.checkpoint import STATE_FILE
+    if not args.resume:
+        return 0
+    return int(json.loads((Path(args.resume) / STATE_FILE).read_text())["step"])
+
+
+def tokenize_data(args, config: dict, seq_len: int) -> list[Path]:
     """Tokenize text --data/--eval-data into their caches here, once, before the ranks
-    start (NOTE [tokenize once] in rt/data.py)."""
+    start (NOTE [tokenize once] in rt/data.py); the cache files made (none on failure)."""
     from ratrain.rt.data import DataError, prepare_text_data
     try:
-        prepare_text_data(args, config, seq_len)
+        return prepare_text_data(args, config, seq_len)
     except DataError as e:
         raise UserError(str(e)) from None
     except OSError as e:

@@ -44,6 +44,15 @@ def load_checked_model(model: str) -> tuple[dict, str]:
     return config, name
 
 
+def model_tokenizer(model: str) -> str | None:
+    """The folder of a --model config (a directory, or a config.json's) when it holds a
+    tokenizer.json: the model's own tokenizer, used as --init-from's is."""
+    from ratrain.data.tokenizer import TOKENIZER_FILE
+    path = Path(model)
+    folder = path if path.is_dir() else path.parent if path.is_file() else None
+    return str(folder) if folder is not None and (folder / TOKENIZER_FILE).is_file() else None
+
+
 # ---- the run directory ------------------------------------------------------------------------
 
 def new_run_dir(out: str | None) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -18,7 +19,7 @@ from collections import deque
 from pathlib import Path
 
 from ratrain.errors import UserError
-from ratrain.rt.train_options import forward_argv
+from ratrain.rt.train_options import RUN_RECORD, forward_argv
 
 
 def find_mpiexec() -> str:
@@ -215,7 +216,23 @@ def stopped(program_dir: Path, args) -> str:
     checkpoint = latest_checkpoint(args.save_dir)
     if checkpoint is not None:
         return (f"every rank stopped; the last checkpoint is {checkpoint}: continue with "
-                f"`ratrain run {program_dir} --resume {checkpoint}` and the same options")
+                f"`{resume_command(program_dir, args, checkpoint)}`")
     if args.save_dir:
         return f"every rank stopped; no checkpoint was written to {args.save_dir} yet"
     return "every rank stopped; no checkpoints (--save-dir and --save-every make runs resumable)"
+
+
+def resume_command(program_dir: Path, args, checkpoint: Path) -> str:
+    """The one command that continues a stopped job from `checkpoint`: `ratrain train
+    --resume RUN` for a run directory of `ratrain train` (it recorded its options), else
+    the whole `ratrain run` command with this job's training options."""
+    run = Path(program_dir).parent
+    if (run / RUN_RECORD).is_file():
+        return shlex.join(["ratrain", "train", "--resume", str(run)])
+    options = forward_argv(args)
+    if "--resume" in options:
+        at = options.index("--resume")
+        del options[at:at + 2]
+    ranks = ["-n", str(args.ranks)] if getattr(args, "ranks", None) else []
+    return shlex.join(["ratrain", "run", str(program_dir), *ranks, "--resume",
+                       str(checkpoint), *options])

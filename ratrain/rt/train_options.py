@@ -53,7 +53,12 @@ TRAINING_OPTIONS = (
      "--save-dir, removing older ones after each save (default: 3; 0 = keep all)"),
     ("--resume", str, None, "continue from a checkpoint: its directory, a --save-dir or a "
      "`ratrain train` run directory (their newest step-NNNNNN/); weights, AdamW moments, "
-     "step, loss scale and data order; --steps is the total to reach"),
+     "step, loss scale, data order and tokenizer; --steps is the total to reach. `ratrain "
+     "train --resume RUN` continues RUN in place with its recorded options"),
+    ("--allow-data-change", None, False, "with --resume: continue even though the token "
+     "stream or its order differs from the checkpoint's (other --data, another tokenizer, "
+     "--seed or --no-shuffle); the run is then no longer the one it continues (default: "
+     "refuse, naming the change)"),
     ("--progress-us", int, 1000, "while a kernel runs with messages or collectives in flight, "
      "a helper thread lets MPI move them every N microseconds (transports such as TCP move "
      "bytes only inside MPI calls); 0 = only between kernels (default: 1000)"),
@@ -62,6 +67,11 @@ TRAINING_OPTIONS = (
     ("--metrics", str, None, "append one JSON line per step (step, loss, tokens/s, grad "
      "norm, loss scale, skipped, arena bytes and RSS per rank) to this file (default: none)"),
 )
+
+# The options `ratrain train` was given, recorded in its run directory when the run starts:
+# `ratrain train --resume RUN` continues with them (NOTE [a run directory is the unit of
+# work] in cli/resume.py), and a stopped run's hint names that command.
+RUN_RECORD = "train_options.json"
 
 METAVARS = {"--steps": "N", "--data": "FILE", "--tokenizer": "DIR", "--eval-data": "FILE",
             "--eval-every": "N", "--eval-batches": "K", "--seed": "S", "--init-from": "DIR",
@@ -83,11 +93,16 @@ def add_training_options(parser, skip: tuple = ()) -> None:
                                 metavar=METAVARS[flag])
 
 
+def option_dest(flag: str) -> str:
+    """The attribute argparse stores a flag's value under: --eval-data -> eval_data."""
+    return flag.lstrip("-").replace("-", "_")
+
+
 def forward_argv(args) -> list[str]:
     """The training options of parsed `args` as flags (only those not at their default)."""
     argv = []
     for flag, kind, default, _ in TRAINING_OPTIONS:
-        value = getattr(args, flag.lstrip("-").replace("-", "_"), default)
+        value = getattr(args, option_dest(flag), default)
         if value != default:
             argv += [flag] if kind is None else [flag, str(value)]
     return argv
