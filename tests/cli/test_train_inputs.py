@@ -125,3 +125,10 @@ def test_given_flags_are_kept(flags, cores, expected):
 def test_one_stage_model_gets_one_stage():
     layout = resolve_layout(None, None, None, None, cores=8, max_pp=1)
     assert (layout.pp, layout.dp) == (1, 4)
+
+
+def test_given_options_tell_a_flag_passed_again_from_its_default():
+    from ratrain.cli import build_parser, given_options
+    argv = ["train", "--resume", "run", "--seed", "0", "--ste", "9", "--no-shuffle"]
+    assert given_options(build_parser(), argv) == {"resume", "seed", "steps", "no_shuffle"}
+    assert given_options(build_parser(), ["run", "prog"]) == {"program"}
