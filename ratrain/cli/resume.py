@@ -141,7 +141,8 @@ def resumed_args(args, run: Path) -> dict:
         dest = option_dest(flag)
         if dest not in given and dest not in ONCE_OPTIONS:
             setattr(args, dest, record.get(dest, default))
-    checkpoint = latest_checkpoint(args.save_dir) if named.resolve() == run.resolve() else \
+    saved_in = record.get("save_dir") or run / "checkpoints"  # where the run saved so far
+    checkpoint = latest_checkpoint(saved_in) if named.resolve() == run.resolve() else \
         _checkpoint_named(find_resume_checkpoint, named)
     args.resume = str(checkpoint) if checkpoint is not None else record.get("resume")
     args.out = str(run)
@@ -157,13 +158,21 @@ def _checkpoint_named(find, path: Path) -> Path:
 
 def keep_metrics_until(metrics: Path, step: int) -> int:
     """Drop the records of steps after `step` from the metrics file (they are trained
-    again); how many were dropped."""
+    again), and a last line cut short; how many were dropped."""
     if not metrics.is_file():
         return 0
     lines = metrics.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    kept = [line for line in lines if _record_step(line) <= step]
     if len(kept) != len(lines):
         temp = metrics.with_name(f".{metrics.name}.{os.getpid()}.tmp")
         temp.write_text("".join(kept))
         os.replace(temp, metrics)
     return len(lines) - len(kept)
+
+
+def _record_step(line: str) -> float:
+    """The step of a metrics line; infinite for a line cut short by a kill (dropped)."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")

@@ -65,12 +65,12 @@ def add_run_parser(sub) -> None:
 
 
 def check_checkpoint_options(args, save_dir_given: bool = True) -> None:
-    """--steps, --save-every, --keep-last and --resume, checked before anything is compiled
-    or started (the runtime checks them again for `python -m ratrain.rt`); --resume
+    """--steps, --save-every, --keep-last, the runtime's numbers and --resume, checked
+    before anything is compiled or started (the runtime checks them again for `python -m ratrain.rt`); --resume
     becomes the checkpoint directory it names."""
     from ratrain.rt.checkpoint import find_resume_checkpoint
-    from ratrain.rt.train_options import check_run_length
-    problem = check_run_length(args, save_dir_given)
+    from ratrain.rt.train_options import check_run_length, check_run_numbers
+    problem = check_run_length(args, save_dir_given) or check_run_numbers(args)
     if problem is None and args.resume:
         try:
             args.resume = str(find_resume_checkpoint(args.resume))
@@ -239,7 +239,8 @@ def add_train_parser(sub, model_help: str) -> None:
     p = sub.add_parser("train", help="compile a model and train it on MPI ranks in one "
                        "command", description="Compile MODEL (tiny by default) into a run "
                        "directory, start one MPI rank per core with mpiexec, print a progress "
-                       "line per step and a summary.")
+                       "line per step and a summary. --resume RUN continues the run directory "
+                       "RUN in place with the options it started with.")
     p.add_argument("--model", default="tiny", help=f"the model: {model_help} (default: tiny)")
     p.add_argument("--out", default=None, metavar="DIR", help="run directory for the program "
                    "and the metrics (default: runs/<timestamp>)")

@@ -132,6 +132,8 @@ def prepare_text_data(args, config: dict, seq_len: int) -> list[Path]:
     if not texts:
         return []
     text = text_settings(args, config, build=True)
+    for flag, path in texts:
+        find_sources(path, flag)  # a missing or empty file first: no tokenizer fixes that
     files = [f for _, path in texts for f in cache_files(path, text_tokenizer(text))]
     existing = {f for f in files if f.exists()}
     try:

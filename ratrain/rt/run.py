@@ -24,10 +24,8 @@ from ratrain.rt.load import SetupError, open_program
 from ratrain.rt.metrics import MetricsLog, StepMetrics, rss_bytes
 from ratrain.rt.start import checkpoints_problem, data_order, resume_problem
 from ratrain.rt.trace import TaskTrace
-from ratrain.rt.train_options import (add_training_options, check_run_length, learning_rate,
-                                      optimizer_at)
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)  # the loss scale is a float32 (GradScaler)
+from ratrain.rt.train_options import (add_training_options, check_run_length,
+                                      check_run_numbers, learning_rate, optimizer_at)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,32 +40,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def initial_state(args, config: dict, names=None):
     """(params, moments, state of a resumed run): seeded, from --init-from or from
-    --resume; only the parameters `names` (a rank's stage's), if given."""
+    --resume; only the parameters `names` (a rank's stage's), if given. The checkpoint's
+    files and shapes were checked against `config` before (checkpoints_problem)."""
     from ratrain import models
     if args.init_from is None and args.resume is None:
         return models.init_params(config, args.seed, names), None, {}
     source, flag = (args.resume, "--resume") if args.resume else (args.init_from, "--init-from")
     try:
-        params, moments, state = load_checkpoint(source, names) if args.resume else \
+        return load_checkpoint(source, names) if args.resume else \
             (models.load_pretrained(source, names)[1], None, {})
     except (OSError, ValueError, KeyError) as e:
         raise SetupError(f"cannot load {flag} {source}: {e}") from None
-    for name, shape in models.param_shapes(config).items():
-        if names is not None and name not in names:
-            continue
-        if name not in params or tuple(params[name].shape) != tuple(shape):
-            held = list(params[name].shape) if name in params else "missing"
-            raise SetupError(f"{flag} {source} does not fit the program's model: {name} "
-                             f"is {held} in the checkpoint, the model needs {list(shape)}")
-    return params, moments, state
 
 
 def prepare(args, world_size: int, rank: int = 0) -> dict:
     """Everything a job starts from (program, initial state, batches), or a SetupError."""
-    if args.progress_us < 0:
-        raise SetupError(f"--progress-us must be 0 (off) or a positive number of "
-                         f"microseconds, got {args.progress_us}")
-    if (problem := check_run_length(args)) is not None:
+    if (problem := check_run_length(args) or check_run_numbers(args)) is not None:
         raise SetupError(problem)
     manifest, program = open_program(args.program, world_size)
     o, config = program.options, program.graph.config
@@ -123,12 +111,8 @@ def checkpoint_contents(args, manifest: dict, config: dict, stream: dict) -> dic
 
 
 def loss_scaler(args, precision: str, state: dict) -> LossScaler:
-    """The loss scale the run starts from: a resumed fp16 run's, else the flags'."""
-    if not 0 < args.initial_loss_scale <= FLOAT32_MAX:
-        raise SetupError(f"--initial-loss-scale must be positive and at most 3.4e38 (a "
-                         f"float32), got {args.initial_loss_scale:g}")
-    if args.loss_scale_window < 1:
-        raise SetupError(f"--loss-scale-window must be at least 1, got {args.loss_scale_window}")
+    """The loss scale the run starts from: a resumed fp16 run's, else the flags' (checked
+    by check_run_numbers)."""
     scaler = starting_scaler(precision, args.initial_loss_scale, args.loss_scale_window)
     saved = state.get("loss_scale")
     if precision == "fp16" and saved is not None:

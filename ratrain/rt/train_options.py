@@ -9,6 +9,8 @@ import math
 
 from ratrain.optim import INITIAL_LOSS_SCALE, LOSS_SCALE_WINDOW, AdamW
 
+FLOAT32_MAX = 3.4028234663852886e38     # the loss scale is a float32 (GradScaler)
+
 # flag, type (None = switch), default, help
 TRAINING_OPTIONS = (
     ("--steps", int, 50, "training steps to run (default: 50)"),
@@ -17,8 +19,8 @@ TRAINING_OPTIONS = (
      "next to it; or a .npy of integer token rows [N, seq-len + 1] (default: the installed "
      "Python standard library's sources as bytes, vocab 256)"),
     ("--tokenizer", str, None, "directory holding the model's tokenizer.json for text data "
-     "(default: the --init-from checkpoint's, else UTF-8 bytes when the vocabulary has 256 "
-     "or more ids)"),
+     "(default: the --resume checkpoint's, else the --init-from checkpoint's or `ratrain "
+     "train --model DIR`'s, else UTF-8 bytes when the vocabulary has 256 or more ids)"),
     ("--eval-data", str, None, "held-out text or .npy rows (the --data formats): report the "
      "mean next-token loss over --eval-batches global batches of it, without training on "
      "it (default: none)"),
@@ -120,6 +122,21 @@ def check_run_length(args, save_dir_given: bool = True) -> str | None:
     if args.save_every and save_dir_given and not args.save_dir:
         return (f"--save-every {args.save_every} needs --save-dir DIR to write the "
                 "checkpoints to")
+    return None
+
+
+def check_run_numbers(args) -> str | None:
+    """What is wrong with --progress-us, --initial-loss-scale or --loss-scale-window, if
+    anything (one line): checked by `ratrain train`/`run` before anything is written, and
+    by the ranks at set-up."""
+    if args.progress_us < 0:
+        return (f"--progress-us must be 0 (off) or a positive number of microseconds, got "
+                f"{args.progress_us}")
+    if not 0 < args.initial_loss_scale <= FLOAT32_MAX:
+        return (f"--initial-loss-scale must be positive and at most 3.4e38 (a float32), got "
+                f"{args.initial_loss_scale:g}")
+    if args.loss_scale_window < 1:
+        return f"--loss-scale-window must be at least 1, got {args.loss_scale_window}"
     return None
 
 

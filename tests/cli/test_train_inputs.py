@@ -50,6 +50,8 @@ BAD_FLAGS = {
     "data empty": ["--data", "EMPTY"],
     "data unknown kind": ["--data", "FILE"],
     "eval-every without eval-data": ["--eval-every", 5],
+    "progress-us -1": ["--progress-us", -1],
+    "initial-loss-scale 0": ["--initial-loss-scale", 0],
 }
 
 

@@ -162,8 +162,8 @@ def test_metrics_after_the_checkpoint_are_dropped(tmp_path):
     from ratrain.cli.resume import keep_metrics_until
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n"
-                               for s in range(1, 6)))
-    assert keep_metrics_until(metrics, 3) == 2
+                               for s in range(1, 6)) + '{"step": 6, "lo')  # killed
+    assert keep_metrics_until(metrics, 3) == 3
     assert [json.loads(l)["step"] for l in metrics.read_text().splitlines()] == [1, 2, 3]
     assert keep_metrics_until(metrics, 3) == 0 and keep_metrics_until(tmp_path / "no", 1) == 0
 

@@ -73,3 +73,13 @@ def test_failed_start_writes_nothing(workdir, tmp_path, case):
     assert "Traceback" not in result.stderr and result.stdout == ""
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
     assert sorted(p.name for p in workdir.iterdir()) == before   # no token cache by the data
+
+
+@pytest.mark.mpi
+def test_ranks_started_directly_check_the_checkpoint_too(workdir):
+    from rt_reference import mpirun
+    run = mpirun(2, workdir / "program", "--steps", 1, "--resume", workdir / "tiny-ckpt")
+    assert run.returncode == 2 and "step 1/1" not in run.stdout
+    assert run.stderr.strip().splitlines() == [
+        f"ratrain: error: --resume {workdir / 'tiny-ckpt'} does not fit the model: "
+        f"{TINY_SHAPES}"]
