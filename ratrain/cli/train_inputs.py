@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ratrain.errors import UserError
 from ratrain.inputs import load_model
+from ratrain.rt.train_options import RUN_RECORD
 
 DEFAULT_GLOBAL_BATCH = 8
 MAX_DEFAULT_MICRO_BATCHES = 4   # more, smaller micro-batches only add per-call overhead
@@ -72,7 +73,9 @@ def check_run_dir(out: str | None) -> Path:
     run_dir = new_run_dir(out)
     where = f"--out {out}" if out is not None else f"run directory {run_dir}"
     if (run_dir / "program").exists():
-        raise UserError(f"{run_dir} already holds a run; choose another --out")
+        resume = f"continue it with `ratrain train --resume {run_dir}`, or " \
+            if (run_dir / RUN_RECORD).is_file() else ""
+        raise UserError(f"{run_dir} already holds a run; {resume}choose another --out")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{where} is a file, not a directory; choose another --out")
     ancestor = next(p for p in (run_dir.absolute(), *run_dir.absolute().parents)

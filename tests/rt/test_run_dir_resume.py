@@ -115,3 +115,26 @@ def test_run_resume_without_the_tokenizer_uses_the_checkpoints(workdir, referenc
         "--seed 0; --seed 1 would take other rows from here: leave it out, or pass "
         "--allow-data-change"]
     assert not list(workdir.glob("other.txt.*"))   # refused before tokenizing
+    again = ratrain(workdir, "train", *TRAIN, "--out", "ref")
+    assert again.returncode == 2 and again.stderr.splitlines() == [
+        "ratrain: error: ref already holds a run; continue it with `ratrain train --resume "
+        "ref`, or choose another --out"]
+
+
+def test_options_given_again_override_and_are_recorded(workdir, reference):
+    whole = read_metrics(reference / "metrics.jsonl")
+    more = ratrain(workdir, "train", "--resume", "ref", "--steps", 7)
+    assert more.returncode == 0, more.stderr
+    assert [l.split()[1] for l in more.stdout.splitlines() if l.startswith("step ")] == ["7/7"]
+    records = read_metrics(reference / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 8)) and records[:6] == whole
+    record = json.loads((reference / "train_options.json").read_text())
+    assert record["options"]["steps"] == 7 and record["options"]["resume"] is None
+    done = ratrain(workdir, "train", "--resume", "ref")
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "ratrain: error: ref has reached step 7 of --steps 7 already; pass a larger --steps "
+        "to train it further"]
+    relaid = ratrain(workdir, "train", "--resume", "ref", "--pp", 1, "--steps", 8)
+    assert relaid.returncode == 2 and relaid.stderr.splitlines() == [
+        "ratrain: error: --pp cannot change when resuming ref: its program is compiled with "
+        "the model and layout it started with; leave --pp out, or start a new run with --out"]
