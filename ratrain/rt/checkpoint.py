@@ -108,7 +108,8 @@ def finish_checkpoint(program, staging: Path, path: Path, config: dict, state: d
         (staging / INDEX_FILE).write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
     for file in tokenizer:
-        shutil.copyfile(file, staging / file.name)
+        name = file.name if file.name in TOKENIZER_FILES else "tokenizer.json"
+        shutil.copyfile(file, staging / name)
     (staging / CONFIG_FILE).write_text(config_text(config))
     (staging / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
     os.chmod(staging, 0o755)
@@ -216,13 +217,14 @@ def export_config(hf_config: dict) -> dict:
 
 def tokenizer_files(*sources: str | None) -> list[Path]:
     """The tokenizer files of the first source that has any: a directory's TOKENIZER_FILES,
-    or a tokenizer.json given as a file (sources: --tokenizer, --resume, --init-from, the
-    order in which choose_tokenizer looks)."""
+    or a tokenizer.json given as a file under any name (copied as tokenizer.json, so a
+    resumed run finds it); sources: --tokenizer, --resume, --init-from, the order in which
+    choose_tokenizer looks."""
     for source in sources:
         if not source:
             continue
         path = Path(source)
-        if path.is_file() and path.name in TOKENIZER_FILES:
+        if path.is_file():  # --tokenizer FILE: a tokenizer.json, whatever its name
             return [path]
         found = [path / name for name in TOKENIZER_FILES if (path / name).is_file()]
         if found:

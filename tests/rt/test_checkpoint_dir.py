@@ -103,6 +103,8 @@ def test_tokenizer_files_come_from_the_first_source_that_has_them(tmp_path):
     assert sorted(p.name for p in found) == ["generation_config.json", "merges.txt",
                                              "tokenizer.json"]
     assert ck.tokenizer_files(str(full / "tokenizer.json")) == [full / "tokenizer.json"]
+    (full / "my-bpe.json").write_text("{}")   # --tokenizer FILE: copied as tokenizer.json
+    assert ck.tokenizer_files(str(full / "my-bpe.json"), str(full)) == [full / "my-bpe.json"]
     assert ck.tokenizer_files(None, str(empty)) == []
 
 
@@ -182,3 +184,14 @@ def test_stop_hint_is_the_one_command_that_resumes(tmp_path):
     (tmp_path / RUN_RECORD).write_text("{}")
     assert resume_command(tmp_path / "program", args, checkpoint) == \
         f"ratrain train --resume {tmp_path}"
+
+
+def test_a_tokenizer_file_given_by_another_name_is_saved_as_tokenizer_json(tmp_path):
+    from types import SimpleNamespace
+    bpe = tmp_path / "my-bpe.json"
+    bpe.write_text('{"model": {"type": "BPE"}}')
+    path = tmp_path / "save" / ck.checkpoint_name(4)
+    ck.finish_checkpoint(SimpleNamespace(stages=((0,),)), ck.staging_dir(path), path, {},
+                         {"step": 4}, ck.tokenizer_files(str(bpe)))
+    assert (path / "tokenizer.json").read_text() == bpe.read_text()
+    assert not (path / "my-bpe.json").exists()
