@@ -7,8 +7,10 @@ a rank dies, the last line printed names it and the checkpoint to resume from.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from ratrain.errors import UserError
@@ -16,6 +18,7 @@ from ratrain.inputs import load_hw, read_hf_config
 from ratrain.models.config import SEQ_LEN_HELP
 from ratrain.program_format.options import (PRECISION_HELP, PRECISIONS, RECOMPUTE_POLICIES,
                                             SCHEDULES)
+from ratrain.rt.checkpoint import latest_checkpoint
 from ratrain.rt.launch import launch
 from ratrain.rt.train_options import add_training_options
 from ratrain.units import size_arg
@@ -165,12 +168,37 @@ def start_run(args) -> tuple[int, Path]:
     made = tokenize_data(args, config, options.seq_len)
     args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
     args.save_dir = args.save_dir or str(run_dir / "checkpoints")
+    existed = run_dir.exists()
     write_run(args, run_dir, compiled, made)
     print(f"compiled {name} for {options.world_size} ranks (pp {options.pp} x dp "
           f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
           f"x {options.seq_len} tokens) into {run_dir}/program{layout.cores_note(cores)}",
           flush=True)
-    return launch(run_dir / "program", options.world_size, args), run_dir
+    code = launch(run_dir / "program", options.world_size, args)
+    if code == SETUP_FAILED and not _has_trained(args):
+        _undo_start(run_dir, existed, made)
+    return code, run_dir
+
+
+SETUP_FAILED = 2    # the ranks' exit status when they agree a job cannot start (rt/run.py)
+
+
+def _has_trained(args) -> bool:
+    metrics = Path(args.metrics)
+    return (metrics.is_file() and metrics.stat().st_size > 0) or \
+        latest_checkpoint(args.save_dir) is not None
+
+
+def _undo_start(run_dir: Path, existed: bool, made: list[Path]) -> None:
+    """Remove what a start the ranks refused wrote (the program, the record, empty metrics
+    and checkpoint folders, the token caches it made), so the same command can run again."""
+    from ratrain.rt.train_options import RUN_RECORD
+    shutil.rmtree(run_dir / "program", ignore_errors=True)
+    for file in (run_dir / RUN_RECORD, run_dir / "metrics.jsonl", *made):
+        file.unlink(missing_ok=True)
+    for folder in (run_dir / "checkpoints", *(() if existed else (run_dir,))):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty
 
 
 def resume_run(args, run: Path) -> tuple[int, Path]:

@@ -83,3 +83,18 @@ def test_ranks_started_directly_check_the_checkpoint_too(workdir):
     assert run.stderr.strip().splitlines() == [
         f"ratrain: error: --resume {workdir / 'tiny-ckpt'} does not fit the model: "
         f"{TINY_SHAPES}"]
+
+
+@pytest.mark.mpi
+def test_a_start_the_ranks_refuse_is_undone(workdir, tmp_path):
+    """--metrics is checked by the ranks (they write it): their refusal removes the run
+    directory and the token cache the start wrote, so the same command can run again."""
+    before = sorted(p.name for p in workdir.iterdir())
+    result = ratrain(workdir, "train", "--model", "model", "--data", "train.txt", "--seq-len",
+                     16, "--steps", 1, "--metrics", "/proc/ratrain-m/m.jsonl", "--out",
+                     tmp_path / "run", cache=tmp_path / "cache")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == \
+        "ratrain: error: cannot write --metrics /proc/ratrain-m/m.jsonl: No such file or directory"
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+    assert sorted(p.name for p in workdir.iterdir()) == before
