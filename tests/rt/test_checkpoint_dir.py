@@ -195,3 +195,18 @@ def test_a_tokenizer_file_given_by_another_name_is_saved_as_tokenizer_json(tmp_p
                          {"step": 4}, ck.tokenizer_files(str(bpe)))
     assert (path / "tokenizer.json").read_text() == bpe.read_text()
     assert not (path / "my-bpe.json").exists()
+
+
+def test_resume_problem_of_a_checkpoint_from_before_stream_identities():
+    """An older checkpoint names only its --data (None: the built-in corpus); the message
+    says so in words, not as Python's None."""
+    from argparse import Namespace
+    from ratrain.rt.start import resume_problem
+    args = Namespace(resume="ck", allow_data_change=False, data="b.txt")
+    assert resume_problem(args, {"step": 3, "data": None}, {}) == (
+        "--resume ck was trained on other tokens: its --data was the built-in corpus, this "
+        "run's is b.txt; pass the run's --data (and --tokenizer) to continue it, or "
+        "--allow-data-change to train on these tokens from its weights")
+    assert resume_problem(args, {"step": 3, "data": "b.txt"}, {}) is None
+    assert resume_problem(Namespace(**{**vars(args), "allow_data_change": True}),
+                          {"step": 3, "data": None}, {}) is None
