@@ -17,6 +17,7 @@ from ratrain.cli.sim import add_simulate_parser
 from ratrain.cli.train import add_run_parser, add_train_parser
 from ratrain.errors import UserError
 from ratrain.models.config import SEQ_LEN_HELP, preset_names
+from ratrain.rt.stop import exit_code, signal_name, signals_interrupt, stopped_by
 from ratrain.units import format_bytes
 
 MODEL_HELP = (f"a preset name ({', '.join(preset_names())}), a Hugging Face config.json, "
@@ -137,14 +138,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.given = given_options(parser, argv)
     try:
-        code = args.func(args)  # launchers return mpiexec's exit code
+        with signals_interrupt():
+            code = args.func(args)  # launchers return mpiexec's exit code
     except UserError as e:
         for line in str(e).splitlines() or [""]:
             print(f"ratrain: error: {line}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("ratrain: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # before or after a job (rt/launch.py handles it during)
+        print(f"ratrain: stopped by {signal_name(stopped_by(e))}", file=sys.stderr)
+        return exit_code(stopped_by(e))
     except BrokenPipeError:  # the reader went away (`ratrain plan ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

@@ -1,10 +1,10 @@
 """`ratrain cluster up|down|status`: the bandwidth-constrained test cluster (ratrain/cluster).
 
-up makes one network namespace per rank on a shaped link (default: the scaled MT-3000
-link, NOTE [link scaling]); down removes everything up made and is safe to repeat; status
-shows the links and the bytes their qdiscs have counted; probe measures what the links
-give and cost from two ranks, for `ratrain simulate --cluster NAME`. `ratrain run
---cluster NAME` runs a program on it.
+up makes one network namespace per node (its ranks share it) on a shaped link (default:
+the scaled MT-3000 link, NOTE [link scaling]); down removes everything up made and is safe
+to repeat; status shows the links and the bytes their qdiscs have counted; probe measures
+what the links give and cost from two nodes, for `ratrain simulate --cluster NAME`.
+`ratrain run --cluster NAME [--hosts ...]` runs a program on its nodes.
 """
 from __future__ import annotations
 
@@ -26,10 +26,22 @@ def cmd_up(args) -> None:
     from ratrain.cluster.harness import bring_up, describe
     from ratrain.cluster.scaling import scaled_link
     bandwidth, latency = scaled_link()
-    cluster = bring_up(args.name, args.ranks, args.link_bandwidth or bandwidth,
-                       latency if args.link_latency is None else args.link_latency)
+    nodes = node_count(args.ranks, args.nodes, args.ranks_per_node)
+    cluster = bring_up(args.name, nodes, args.link_bandwidth or bandwidth,
+                       latency if args.link_latency is None else args.link_latency,
+                       args.ranks_per_node)
     print(f"cluster {cluster.name} up: {describe(cluster)}; `ratrain run DIR -n "
           f"{cluster.ranks} --cluster {cluster.name}` runs on it")
+
+
+def node_count(ranks: int | None, nodes: int | None, ranks_per_node: int) -> int:
+    """Nodes of `cluster up`: --nodes, or -n ranks over --ranks-per-node."""
+    if nodes is not None:
+        return nodes
+    if ranks_per_node < 1 or ranks % ranks_per_node:
+        raise UserError(f"-n {ranks} ranks do not fill nodes of --ranks-per-node "
+                        f"{ranks_per_node}: give --nodes N, or -n a multiple of it")
+    return ranks // ranks_per_node
 
 
 def cmd_down(args) -> None:
@@ -56,10 +68,10 @@ def cmd_status(args) -> None:
     from ratrain.cluster.harness import describe, link_counters
     cluster = cluster_up(args.name)
     print(f"cluster {cluster.name}: {describe(cluster)}")
-    print(f"{'rank':>4} {'namespace':<18} {'address':<12} {'sent bytes':>14} "
+    print(f"{'node':>4} {'namespace':<18} {'address':<12} {'sent bytes':>14} "
           f"{'received bytes':>14}")
-    for rank, (sent, received) in link_counters(cluster).items():
-        print(f"{rank:>4} {cluster.rank_namespace(rank):<18} {cluster.address(rank):<12} "
+    for node, (sent, received) in link_counters(cluster).items():
+        print(f"{node:>4} {cluster.node_namespace(node):<18} {cluster.address(node):<12} "
               f"{sent:>14,} {received:>14,}")
 
 
@@ -85,16 +97,23 @@ def add_cluster_parser(sub) -> None:
     from ratrain.cluster.scaling import parse_bandwidth, parse_latency
     p = sub.add_parser("cluster", help="a bandwidth-constrained test cluster on this machine "
                        "(network namespaces on shaped links; needs root)",
-                       description="One network namespace per MPI rank, joined through a "
-                       "bridge by veth links that tc shapes to a chosen bandwidth (and delay, "
-                       "where the kernel has netem); MPI runs over TCP on them.")
+                       description="One network namespace per node (shared by its MPI ranks), "
+                       "joined through a bridge by veth links that tc shapes to a chosen "
+                       "bandwidth (and delay, where the kernel has netem); MPI runs over TCP "
+                       "on them between nodes, through shared memory within one.")
     actions = p.add_subparsers(dest="cluster_command", metavar="ACTION", required=True,
                                help="up, down, status or probe; `ratrain cluster ACTION "
                                "--help`")
-    up = actions.add_parser("up", help="make a cluster of N rank namespaces")
+    up = actions.add_parser("up", help="make a cluster of node namespaces")
     up.add_argument("name", metavar="NAME", help="1-12 lowercase letters or digits")
-    up.add_argument("-n", "--ranks", type=int, required=True, metavar="N",
-                    help="rank namespaces (one per MPI rank)")
+    size = up.add_mutually_exclusive_group(required=True)
+    size.add_argument("-n", "--ranks", type=int, metavar="N",
+                      help="MPI ranks in all: N / --ranks-per-node nodes")
+    size.add_argument("--nodes", type=int, metavar="N", help="node namespaces, each on "
+                      "its own shaped link")
+    up.add_argument("--ranks-per-node", type=int, default=1, metavar="R",
+                    help="MPI ranks each node runs, sharing its namespace and link "
+                    "(default: 1)")
     up.add_argument("--link-bandwidth", type=link_type(parse_bandwidth), default=None,
                     metavar="B", help="bytes/s of each link and direction, e.g. 62MB/s or "
                     "500Mbit (default: the MT-3000's 3.7 GB/s scaled to this machine's "
@@ -109,7 +128,7 @@ def add_cluster_parser(sub) -> None:
     status = actions.add_parser("status", help="links, addresses and qdisc byte counters")
     status.add_argument("name", metavar="NAME", help="the cluster's name, as given to up")
     status.set_defaults(action=cmd_status)
-    probe = actions.add_parser("probe", help="measure the links from two ranks: MPI "
+    probe = actions.add_parser("probe", help="measure the links from two nodes: MPI "
                                "bandwidth and latency, and the CPU a rank spends per byte "
                                "it moves (NOTE [link host cost]); for `simulate --cluster`")
     probe.add_argument("name", metavar="NAME", help="the cluster's name, as given to up")

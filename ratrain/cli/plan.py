@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from ratrain.cli.sim import add_link_options
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, load_model
 from ratrain.models.config import SEQ_LEN_HELP, default_seq_len
@@ -38,9 +39,11 @@ def _positive(text: str) -> int:
 
 def search_for(args, schedules: tuple[str, ...]):
     """The planner's Search from the command's model, hardware and batch flags."""
+    from ratrain.cluster.scaling import with_link
     from ratrain.planner import Search
     config, name = load_model(args.model)
-    profile = load_hw(args.hw)
+    profile = with_link(load_hw(args.hw), getattr(args, "link_bandwidth", None),  # plan only
+                        getattr(args, "link_latency", None))
     return Search(config, name, args.global_batch, args.seq_len or default_seq_len(config),
                   profile, args.budget or int(profile["usable_memory"]), schedules,
                   args.precision or profile.get("default_precision", "fp32"),
@@ -98,14 +101,20 @@ def plan_json(plan, top: int, smallest: bool, strategies=None) -> dict:
                                                                if not r.feasible]]}
 
 
-def _row_line(index: int, row) -> str:
-    step = f"{row.step_time_s:.4g}" if row.simulated else "-"
-    tokens = f"{row.tokens_per_s:,.0f}" if row.simulated else "-"
-    status = "simulated" if row.simulated else row.reason.removeprefix("not simulated: ")
+def _row_line(index: int, row, tokens_per_step: int) -> str:
+    """One table row: its step time and tokens/s as simulated, else as estimated, and
+    which of the two (the `timed` column)."""
+    seconds = row.step_time_s if row.simulated else row.estimated_step_s
+    step = f"{seconds:.4g}" if seconds else "-"
+    tokens = f"{tokens_per_step / seconds:,.0f}" if seconds else "-"
+    timed = "simulated" if row.simulated else "estimated" if seconds else "-"
+    status = row.reason.removeprefix("not simulated: ") if row.reason else \
+        f"estimate {row.estimated_step_s:.4g} s ({row.estimated_step_s / seconds - 1:+.1%})"
     grads = row.grad_accum or ("auto" if row.zero >= 2 else "-")
     return (f"{index:>3} {row.pp:>4} {row.dp:>5} {row.zero:>4} {grads:<7} "
             f"{row.micro_batch_size:>4} {row.micro_batches:>5} {row.recompute:<9} "
-            f"{row.schedule:<8} {format_bytes(row.peak_bytes):>10} {step:>9} {tokens:>11}  {status}")
+            f"{row.schedule:<8} {format_bytes(row.peak_bytes):>10} {step:>9} {timed:<9} "
+            f"{tokens:>11}  {status}")
 
 
 def format_plan(plan, top: int, smallest: bool) -> str:
@@ -128,8 +137,9 @@ def format_plan(plan, top: int, smallest: bool) -> str:
     if feasible:
         lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'zero':>4} {'grads':<7} {'mbs':>4} {'M':>5} "
                      f"{'recompute':<9} {'schedule':<8} {'peak':>10} {'step s':>9} "
-                     f"{'tokens/s':>11}")
-        lines += [_row_line(i, r) for i, r in enumerate(shown[:top], 1)]
+                     f"{'timed':<9} {'tokens/s':>11}")
+        lines += [_row_line(i, r, plan.global_batch * plan.seq_len)
+                  for i, r in enumerate(shown[:top], 1)]
         if len(shown) > top:
             lines.append(f"    ({len(shown) - top} more: --top)")
         if len(shown) < len(feasible):
@@ -293,6 +303,7 @@ def add_plan_parser(sub, model_help: str) -> None:
                    "cpu or a path to a profile .json (default: cpu)")
     p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE", help="usable "
                    "memory per rank, e.g. 20GB (default: the profile's usable_memory)")
+    add_link_options(p)
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="ratrain",
                    help="what to search: a schedule (ratrain: lifecycle scheduling; "
@@ -308,7 +319,8 @@ def add_plan_parser(sub, model_help: str) -> None:
     p.add_argument("--json", action="store_true", help="print the search and its rows as "
                    "one JSON object (rows: pp, dp, zero, micro_batch_size, micro_batches, "
                    "recompute, schedule, zero3_prefetch, update_rule, grad_accum, feasible, "
-                   "reason, peak_bytes, step_time_s, tokens_per_s; with --schedule all, "
+                   "reason, peak_bytes, step_time_s, tokens_per_s (simulated), "
+                   "estimated_step_s; with --schedule all, "
                    "strategies: strategy, "
                    "paper, best (a row or null), note, speedup)")
     p.set_defaults(func=cmd_plan)

@@ -30,6 +30,18 @@ def _program_and_profile(args):
     return manifest, with_link(profile, args.link_bandwidth, args.link_latency)
 
 
+def add_link_options(p) -> None:
+    """--link-bandwidth and --link-latency (simulate and plan): with_link's overrides."""
+    from ratrain.cli.cluster import link_type
+    from ratrain.cluster.scaling import parse_bandwidth, parse_latency
+    p.add_argument("--link-bandwidth", type=link_type(parse_bandwidth), default=None,
+                   metavar="B", help="bytes/s of every link, replacing the profile's "
+                   "link_bandwidth, e.g. 61.7MB/s (as `ratrain cluster up` takes it)")
+    p.add_argument("--link-latency", type=link_type(parse_latency), default=None,
+                   metavar="S", help="seconds per message, replacing the profile's "
+                   "link_latency, e.g. 5us")
+
+
 def _cluster_link(name: str) -> dict:
     """The link fields of cluster `name` (as probed, else as shaped)."""
     from ratrain.cli.cluster import cluster_up
@@ -92,14 +104,7 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--algorithm", choices=ALGORITHMS, default=None, help="collective "
                    "algorithm (default: the profile's collective_algorithm, else ring)")
-    from ratrain.cli.cluster import link_type
-    from ratrain.cluster.scaling import parse_bandwidth, parse_latency
-    p.add_argument("--link-bandwidth", type=link_type(parse_bandwidth), default=None,
-                   metavar="B", help="bytes/s of every link, replacing the profile's "
-                   "link_bandwidth, e.g. 61.7MB/s (as `ratrain cluster up` takes it)")
-    p.add_argument("--link-latency", type=link_type(parse_latency), default=None,
-                   metavar="S", help="seconds per message, replacing the profile's "
-                   "link_latency, e.g. 5us")
+    add_link_options(p)
     p.add_argument("--cluster", default=None, metavar="NAME", help="take the links of the "
                    "test cluster NAME that is up: as `ratrain cluster probe` measured them "
                    "(bandwidth, latency, host CPU per byte), else as shaped; --link-bandwidth "

@@ -1,9 +1,11 @@
 """`ratrain run DIR -n N` and `ratrain train`: launch the MPI runtime with mpiexec.
 
-run starts `python -m ratrain.rt DIR` on N ranks with the training options. train first
-compiles a model (the tiny preset by default) into a run directory, then runs it and
-prints a summary. mpiexec is the one of the installed mpich wheel (next to Python). When
-a rank dies, the last line printed names it and the checkpoint to resume from.
+run starts `python -m ratrain.rt DIR` on N ranks with the training options, on this host or
+on --hosts/--hostfile (rt/hosts.py), or on a test cluster's nodes (--cluster). train first
+compiles a model (the tiny preset by default) into a run directory, then runs it (rank 0
+prints the progress and one summary). mpiexec is the one of the installed mpich wheel
+(next to Python). SIGINT or SIGTERM stops every rank after one step with a checkpoint; the
+last line printed names it and the command that resumes, as it does when a rank dies.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 from ratrain.errors import UserError
@@ -19,8 +22,10 @@ from ratrain.models.config import SEQ_LEN_HELP
 from ratrain.program_format.options import (PRECISION_HELP, PRECISIONS, RECOMPUTE_POLICIES,
                                             SCHEDULES)
 from ratrain.rt.checkpoint import latest_checkpoint
+from ratrain.rt.hosts import resolve_hosts
 from ratrain.rt.launch import launch
-from ratrain.rt.train_options import add_training_options
+from ratrain.rt.stop import command_text
+from ratrain.rt.train_options import add_training_options, resume_argv
 from ratrain.units import size_arg
 
 
@@ -39,15 +44,18 @@ def cmd_run(args) -> int:
         check_world_size(program, manifest, ranks)
     except SetupError as e:
         raise UserError(str(e)) from None
+    hosts = resolve_hosts(args.hosts, args.hostfile, ranks)
     check_start(args, manifest["model"]["config"])
     check_save_dir_option(args)
     tokenize_data(args, manifest["model"]["config"], manifest["options"]["seq_len"])
+    resume = command_text(["ratrain", "run", program, *resume_argv(args),
+                           *(["--cluster", args.cluster] if args.cluster else [])])
     if args.cluster is None:
-        return launch(program, ranks, args)
+        return launch(program, ranks, args, resume, hosts=hosts)
     from ratrain.cluster import ClusterError, cluster_for_run
     try:
-        with cluster_for_run(args.cluster, ranks) as cluster:
-            return launch(program, ranks, args, cluster=cluster)
+        with cluster_for_run(args.cluster, ranks, hosts) as cluster:
+            return launch(program, ranks, args, resume, cluster=cluster, hosts=hosts)
     except ClusterError as e:
         raise UserError(str(e)) from None
 
@@ -59,18 +67,23 @@ def add_run_parser(sub) -> None:
     p.add_argument("program", metavar="DIR", help="program directory from `ratrain compile`")
     p.add_argument("-n", "--ranks", type=int, default=None, metavar="N", help="MPI ranks to "
                    "start; must equal the program's pp x dp (default: the program's)")
-    p.add_argument("--cluster", default=None, metavar="NAME", help="run each rank in its "
-                   "own network namespace of the test cluster NAME, over its shaped link "
-                   "(`ratrain cluster up`; made for this run and removed after it if not up; "
-                   "needs root)")
+    p.add_argument("--cluster", default=None, metavar="NAME", help="run on the nodes of "
+                   "the test cluster NAME, in their network namespaces, over their shaped "
+                   "links (`ratrain cluster up`; made for this run, a node per rank or per "
+                   "--hosts entry, and removed after it if not up; needs root)")
+    p.add_argument("--hosts", default=None, metavar="H1,H2,...", help="run on these hosts, "
+                   "N / hosts consecutive ranks on each (mpiexec -hosts; started over ssh, "
+                   "or on the nodes of --cluster, given as their 10.213.0.x addresses)")
+    p.add_argument("--hostfile", default=None, metavar="FILE", help="as --hosts, one host "
+                   "per line (`host` or mpiexec's `host:count`; # comments)")
     add_training_options(p)
     p.set_defaults(func=cmd_run)
 
 
 def check_checkpoint_options(args, save_dir_given: bool = True) -> None:
     """--steps, --save-every, --keep-last, the runtime's numbers and --resume, checked
-    before anything is compiled or started (the runtime checks them again for `python -m ratrain.rt`); --resume
-    becomes the checkpoint directory it names."""
+    before anything is compiled or started (the runtime checks them again for `python -m
+    ratrain.rt`); --resume becomes the checkpoint directory it names."""
     from ratrain.rt.checkpoint import find_resume_checkpoint
     from ratrain.rt.train_options import check_run_length, check_run_numbers
     problem = check_run_length(args, save_dir_given) or check_run_numbers(args)
@@ -133,20 +146,17 @@ def write_run(args, run_dir: Path, compiled, made: list[Path]) -> None:
 def cmd_train(args) -> int:
     """A new run (every input checked, then compiled into a new run directory) or, with
     --resume RUN (or a checkpoint of RUN) and no other --out, RUN continued in place; run
-    it, print a summary."""
+    it (the runtime prints the progress, the loss plot and the summary)."""
     from ratrain.cli.resume import refuse_old_run_dir, run_of
     run = run_of(args.resume) if args.resume else None
     if run is not None and args.out is not None and Path(args.out).resolve() != run.resolve():
         run = None  # a new run in --out, starting from RUN's checkpoint
     elif args.resume and run is None:
         refuse_old_run_dir(args.resume)
-    code, run_dir = resume_run(args, run) if run is not None else start_run(args)
-    if code == 0:
-        print(summary(Path(args.metrics), run_dir))
-    return code
+    return resume_run(args, run) if run is not None else start_run(args)
 
 
-def start_run(args) -> tuple[int, Path]:
+def start_run(args) -> int:
     """Check every input, then compile, tokenize and write the run directory, in that
     order: nothing is written before every check passed."""
     from ratrain.cli.resume import check_start
@@ -163,21 +173,24 @@ def start_run(args) -> tuple[int, Path]:
     check_checkpoint_options(args, save_dir_given=False)
     check_start(args, config)
     run_dir = check_run_dir(args.out)
+    check_save_dir_option(args)  # creates --save-dir: the last check
+    print(f"compiling {name} for {options.world_size} ranks (pp {options.pp} x dp "
+          f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
+          f"x {options.seq_len} tokens){layout.cores_note(cores)}", flush=True)
+    started = time.perf_counter()
     compiled = compile_program(config, name, options)
-    check_save_dir_option(args)  # creates --save-dir
     made = tokenize_data(args, config, options.seq_len)
     args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
     args.save_dir = args.save_dir or str(run_dir / "checkpoints")
     existed = run_dir.exists()
     write_run(args, run_dir, compiled, made)
-    print(f"compiled {name} for {options.world_size} ranks (pp {options.pp} x dp "
-          f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
-          f"x {options.seq_len} tokens) into {run_dir}/program{layout.cores_note(cores)}",
-          flush=True)
-    code = launch(run_dir / "program", options.world_size, args)
+    print(f"compiled into {run_dir}/program in {time.perf_counter() - started:.1f} s; "
+          f"starting {options.world_size} ranks with mpiexec", flush=True)
+    code = launch(run_dir / "program", options.world_size, args,
+                  command_text(["ratrain", "train", "--resume", run_dir]))
     if code == SETUP_FAILED and not _has_trained(args):
         _undo_start(run_dir, existed, made)
-    return code, run_dir
+    return code
 
 
 SETUP_FAILED = 2    # the ranks' exit status when they agree a job cannot start (rt/run.py)
@@ -201,7 +214,7 @@ def _undo_start(run_dir: Path, existed: bool, made: list[Path]) -> None:
             folder.rmdir()  # only when empty
 
 
-def resume_run(args, run: Path) -> tuple[int, Path]:
+def resume_run(args, run: Path) -> int:
     """RUN continued in place (NOTE [a run directory is the unit of work] in
     cli/resume.py): its program, recorded options and newest checkpoint."""
     from ratrain.cli.resume import (check_start, keep_metrics_until, resumed_args,
@@ -228,7 +241,8 @@ def resume_run(args, run: Path) -> tuple[int, Path]:
     print(f"resuming {run} from {where}: steps {step + 1}..{args.steps}"
           + (f"; {dropped} metrics records after step {step} dropped" if dropped else ""),
           flush=True)
-    return launch(run / "program", manifest["world_size"], args), run
+    return launch(run / "program", manifest["world_size"], args,
+                  command_text(["ratrain", "train", "--resume", run]))
 
 
 def _resumed_step(args) -> int:
@@ -249,18 +263,6 @@ def tokenize_data(args, config: dict, seq_len: int) -> list[Path]:
         raise UserError(str(e)) from None
     except OSError as e:
         raise UserError(f"cannot read {e.filename}: {e.strerror}") from None
-
-
-def summary(metrics: Path, run_dir: Path) -> str:
-    steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    if not steps:
-        return f"no steps run; run directory {run_dir}"
-    timed = steps[1:] or steps
-    rate = sum(s["tokens_per_s"] for s in timed) / len(timed)
-    evaluated = [s["eval_loss"] for s in steps if s.get("eval_loss") is not None]
-    held_out = f", eval loss {evaluated[-1]:.4f}" if evaluated else ""
-    return (f"trained {len(steps)} steps: final loss {steps[-1]['loss']:.4f}{held_out}, "
-            f"{rate:,.0f} tokens/s; run directory {run_dir} (program/, checkpoints/, {metrics.name})")
 
 
 def add_train_parser(sub, model_help: str) -> None:

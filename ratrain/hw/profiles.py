@@ -1,55 +1,11 @@
 """Hardware profiles: what one rank's device and links can do, loaded from JSON.
 
-A profile is a JSON file (`ratrain/hw/<name>.json`, or any path) with the fields below,
-all per rank (one MPI rank drives one MT-3000 cluster, or one CPU process). The compiler
-reads `usable_memory` as the default --budget; the one cost model (ratrain/sim/costs.py)
-turns tasks and calls into seconds on it for `ratrain compile --report`, the pictures,
-the planner and the simulator. This module imports nothing else of ratrain.
-
-| field              | unit      | meaning                                                  |
-|--------------------|-----------|----------------------------------------------------------|
-| name               | -         | the profile's name (`--hw NAME`)                         |
-| fp16_flops         | FLOP/s    | peak FP16 rate of one rank                               |
-| fp32_flops         | FLOP/s    | peak FP32 rate of one rank                               |
-| gemm_efficiency    | 0..1      | fraction of peak a layer's kernels reach (GEMM-bound)    |
-| ddr_bandwidth      | B/s       | effective DDR bandwidth (optimizer update, view casts)   |
-| link_bandwidth     | B/s       | bandwidth of one link between ranks                      |
-| link_latency       | s         | latency of one message between ranks                     |
-| usable_memory      | B         | DDR a rank may use: the default --budget                 |
-| gsm_bytes          | B         | shared on-chip memory (GSM; a CPU's last-level cache)    |
-| am_bytes           | B         | per-core on-chip memory (AM; a CPU core's L1)            |
-| cores              | -         | compute cores per rank                                   |
-| default_precision  | fp32/fp16 | --precision when not given                               |
-| default_zero       | 0/1/2/3   | --zero when not given and --dp > 1                       |
-
-Optional: description, calibrated (false until `ratrain calibrate` measured the numbers),
-sm_bytes, sources (field -> where the number comes from), and for the simulator (ratrain/sim):
-
-| field                | unit           | meaning                                         |
-|----------------------|----------------|-------------------------------------------------|
-| gemm_shape_curve     | [[dim, x], ..] | factor x on gemm_efficiency for a GEMM or       |
-|                      |                | attention kernel whose smallest dimension is    |
-|                      |                | dim; linear in log2(dim) between points, flat   |
-|                      |                | outside them (default: 1 for every shape)       |
-| collective_algorithm | ring/tree/auto | how DP collectives are costed, see              |
-|                      |                | sim/collectives.py (default: ring)              |
-| link_host_cost       | s/B            | compute a rank loses per byte it sends or       |
-|                      |                | receives (TCP links; NOTE [link host cost] in   |
-|                      |                | sim/calls.py; default 0: DMA links)             |
-| op_costs             | {precision:    | measured kernel and runtime-call costs: per op  |
-|                      |  {op: fit}}    | `measured` [[FLOPs, bytes, s], ..] and a fit    |
-|                      |                | (seconds, flop_rate, byte_rate) for other       |
-|                      |                | shapes (`ratrain calibrate`)                    |
-| op_costs_cold        | as op_costs    | the same kernels timed with swept caches; with  |
-|                      |                | cache_bytes, a call costs between the two by    |
-|                      |                | its operands' residency (sim/residency.py)      |
-| cache_bytes          | B              | working set one rank keeps in the caches        |
-| node_cores           | -              | cores of a node the ranks share (cpu)           |
-| threads              | {count: {..}}  | fields measured at that many threads per rank   |
-|                      |                | (op_costs, op_costs_cold, cache_bytes,          |
-|                      |                | fp32_flops, ddr_bandwidth); the                 |
-|                      |                | simulator takes the entry for node_cores //     |
-|                      |                | ranks and records it as rank_threads            |
+A profile is a JSON file (`ratrain/hw/<name>.json`, or any path), all fields per rank
+(one MPI rank drives one MT-3000 cluster, or one CPU process); its fields, units and
+readers are the table of docs/DESIGN.md section 7.1, their one list. The compiler reads
+`usable_memory` as the default --budget; the one cost model (ratrain/sim/costs.py) turns
+tasks and calls into seconds on it for `ratrain compile --report`, the pictures, the
+planner and the simulator. This module imports nothing else of ratrain.
 """
 from __future__ import annotations
 

@@ -61,3 +61,9 @@ class TrainGraph:
 
     def num_params(self) -> int:
         return sum(v.size for v in self.param_types().values())
+
+    def micro_batch_flops(self) -> int:
+        """Model FLOPs of one micro-batch's forward and backward: 3 x every layer's forward
+        FLOPs by the rule tables (ratrain.ir.costs), no recompute counted (NOTE [model
+        FLOPs and MFU] in rt/metrics.py)."""
+        return 3 * sum(self.kind_costs[layer.kind].fwd_flops for layer in self.layers)

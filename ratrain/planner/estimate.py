@@ -4,10 +4,11 @@ The planner compiles and simulates only the few candidates these estimates rank 
 70B program takes ~25 s to compile). Memory follows what plan_memory will see (the
 persistent state of buffers.py, gradient buffers, activations in flight, one
 micro-batch's recomputed residuals, messages, the backward workspace) and the choices
-choose_grad_accumulation and insert_recovery(auto) will make. Time reuses the
-simulator's per-node roofline (sim/kernels.py) and the one cost model's collective,
-update and cast costs (sim/costs.py) on a 1F1B timeline. Reported step times are the
-simulator's; this orders the search.
+choose_grad_accumulation and insert_recovery(auto) will make. Time charges each piece
+of work what the simulator charges it, on the same rank profile (sim/simulate.py
+rank_profile): per-node op costs (sim/kernels.py) and the one cost model's helpers
+(sim/costs.py), on a 1F1B timeline. It orders the search; simulated rows report the
+simulator's step.
 """
 from __future__ import annotations
 
@@ -22,10 +23,14 @@ from ratrain.passes.buffers import (CATEGORIES, backward_workspace, gathers_in_p
 from ratrain.passes.residuals import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
-from ratrain.sim.costs import (collective_seconds, local_params, message_seconds,
-                               norm_seconds, sync_seconds, update_bytes, view_cast_bytes,
-                               view_gather)
-from ratrain.sim.kernels import graph_seconds
+from ratrain.sim.costs import (collective_port_bytes, collective_seconds, grad_scatter,
+                               layer_view_gather, link_host_seconds, message_seconds,
+                               norm_seconds, norm_share_bytes, prefetch_seconds,
+                               sync_finish_seconds, sync_op, sync_seconds, undo_copy_bytes,
+                               update_seconds)
+from ratrain.ir.graph import Var
+from ratrain.sim.kernels import cold_profile, graph_seconds
+from ratrain.sim.simulate import rank_profile
 
 LEVELS = ("none", "selective", "full")  # recompute levels, least recompute first
 
@@ -42,14 +47,65 @@ class KindTimes:
 
 def kind_times(kind, profile: dict, precision: str) -> KindTimes:
     """Per-layer seconds and kept bytes of a layer kind on `profile`."""
-    fwd = graph_seconds(kind, "fwd", profile, precision)
+    fwd = _graph_seconds(kind, "fwd", profile, precision)
     masks = {level: kept_mask(kind, level) for level in LEVELS}
     kept = {level: sum(r.nbytes for r, k in zip(kind.residuals, mask) if k)
             for level, mask in masks.items()}
     recompute = {level: sum(s for s, n in zip(fwd, kind.fwd.nodes) if id(n) in
                             _nodes_rebuilding(kind, mask)) for level, mask in masks.items()}
-    return KindTimes(sum(fwd), sum(graph_seconds(kind, "bwd", profile, precision)),
+    return KindTimes(sum(fwd), sum(_graph_seconds(kind, "bwd", profile, precision)),
                      recompute, kept, unfused_grad_elements(kind))
+
+
+def _graph_seconds(kind, direction: str, profile: dict, precision: str) -> tuple:
+    """graph_seconds, between warm and cold by NOTE [estimated residency] on a profile
+    with cold costs and a cache size, as the simulator's calls."""
+    warm = graph_seconds(kind, direction, profile, precision)
+    cold = cold_profile(profile, precision)
+    if cold is None or not profile.get("cache_bytes"):
+        return warm
+    graph = kind.fwd if direction == "fwd" else kind.bwd
+    fractions = node_cold_fractions(graph, int(profile["cache_bytes"]))
+    return tuple(w + f * (c - w) for w, c, f in
+                 zip(warm, graph_seconds(kind, direction, cold, precision), fractions))
+
+
+# NOTE [estimated residency]: the simulator decides per call how much of its operands
+# the rank's caches still hold (NOTE [cache residency], sim/residency.py) by replaying a
+# stage's calls over the arena. The estimate has no arena; it walks one layer's nodes:
+# a value touched again within `cache_bytes` of other values is cached; at its first
+# touch an activation or cotangent from the layer before (a graph input other than a
+# residual) and a value the node writes are cached when they fit, since the rank has
+# just written them or reuses freed workspace; parameters and residuals, last touched
+# layers ago, are not.
+def node_cold_fractions(graph, capacity: int) -> tuple[float, ...]:
+    """Per node of a layer `graph`: the fraction of its operand bytes not cached."""
+    far = {v.id for v, name in zip(graph.inputs, graph.input_names)  # touched layers ago
+           if name.startswith("res")} | {v.id for v in graph.params}
+    recent: dict = {}                   # value id -> bytes, least recently touched first
+    out = []
+    for node in graph.nodes:
+        operands = {v.id: v.nbytes for v in (*node.inputs, *node.outputs) if isinstance(v, Var)}
+        cold = sum(n for i, n in operands.items()
+                   if not _cached(recent, i, n, capacity, i in far))
+        out.append(cold / max(sum(operands.values()), 1))
+        for i, n in operands.items():
+            recent.pop(i, None)
+            recent[i] = n
+    return tuple(out)
+
+
+def _cached(recent: dict, value: int, nbytes: int, capacity: int, far: bool) -> bool:
+    """Is `value` cached: touched before with less than `capacity` bytes of others
+    touched since, or, at its first touch, near (not `far`) and fitting."""
+    if value not in recent:
+        return not far and nbytes <= capacity
+    newer, seen = 0, False
+    for i, n in recent.items():
+        if seen:
+            newer += n
+        seen = seen or i == value
+    return newer < capacity
 
 
 def _nodes_rebuilding(kind, mask) -> set:
@@ -74,12 +130,22 @@ class Estimator:
     def __init__(self, profile: dict):
         self.profile = profile
         self._times: dict = {}
+        self._ranks: dict = {}
+
+    def rank_profile(self, program) -> dict:
+        """The profile one rank of `program` runs on, as the simulator takes it: the
+        `threads` entry for its world size (sim/simulate.rank_profile)."""
+        world = program.options.world_size
+        if world not in self._ranks:
+            self._ranks[world] = rank_profile(self.profile, world)
+        return self._ranks[world]
 
     def times(self, program, layer: int) -> KindTimes:
         kind = program.graph.kinds[program.graph.layers[layer].kind]
-        key = (id(kind), program.options.precision)
+        profile = self.rank_profile(program)
+        key = (id(kind), program.options.precision, profile.get("rank_threads"))
         if key not in self._times:  # the kind is kept alive with its times: ids stay unique
-            self._times[key] = (kind, kind_times(kind, self.profile, program.options.precision))
+            self._times[key] = (kind, kind_times(kind, profile, program.options.precision))
         return self._times[key][1]
 
     def stage_plans(self, program) -> list[StagePlan]:
@@ -88,7 +154,7 @@ class Estimator:
     def step_seconds(self, program, plans: list[StagePlan]) -> float:
         """Estimated step time of `program` with its stages' `plans`."""
         stages = [_StageModel(self, program, s, plan) for s, plan in enumerate(plans)]
-        return _step(stages, program, self.profile)
+        return _step(stages, program, self.rank_profile(program))
 
     def compute_bound(self, program) -> float:
         """A lower bound of the simulated step (the simulator costs the same graph
@@ -219,69 +285,120 @@ def _auto_plan(est, program, stage: int, local: bool, level: str, need: dict) ->
 # ---- time ---------------------------------------------------------------------------------
 
 class _StageModel:
-    """Per-micro-batch and per-step seconds of one stage."""
+    """Per-micro-batch and per-step seconds of one stage, each from the cost helper the
+    simulator charges the same work with (sim/costs.py, sim/calls.py)."""
 
     def __init__(self, est: Estimator, program, stage: int, plan: StagePlan):
-        p, o = est.profile, program.options
-        layers = program.stages[stage]
-        times = [est.times(program, l) for l in layers]
+        p, layers = est.rank_profile(program), program.stages[stage]
         params = [layer_param_count(program, l) for l in layers]
-        itemsize = np.dtype(program.graph.dtype).itemsize
-        ddr, bandwidth = p["ddr_bandwidth"], p["link_bandwidth"]
-        reduce = lambda n: collective_seconds(p, "reduce_scatter", o.dp, 4 * n)
+        # gradient accumulation: the ops that make a gradient add it into the fp32
+        # gradient as they write it (NOTE [fused gradient accumulation]), the others by an
+        # accumulate_grad pass; or reduce-scatter each micro-batch's (costs.grad_scatter)
+        scatters = [] if plan.local_grads else [_grad_scatter(program, n) for n in params]
+        self._add_micro_batch(est, p, program, stage, plan, scatters)
+        self._add_step_end(p, program, layers, params, scatters)
+
+    def _add_micro_batch(self, est, p: dict, program, stage: int, plan: StagePlan,
+                         scatters) -> None:
+        """Seconds of one micro-batch: its compute, its port time and a message's."""
+        o, layers = program.options, program.stages[stage]
+        times = [est.times(program, l) for l in layers]
         message, sends = _message_bytes(program, stage), _neighbours(program, stage)
         self.forward = sum(t.forward for t in times)
         self.backward = sum(t.backward for t in times)
-        # gradient accumulation: the ops that make a gradient add it into the fp32
-        # gradient as they write it (NOTE [fused gradient accumulation]), the others by an
-        # accumulate_grad pass; or concatenate, reduce-scatter and add into the shard
-        # (sim/calls.py)
-        accumulate = sum((itemsize + 8) * t.unfused_grads if plan.local_grads else
-                         (itemsize + 4) * n + 12 * n / o.dp
-                         for n, t in zip(params, times)) / ddr
+        accumulate = (sum((itemsize(program) + 8) * t.unfused_grads for t in times)
+                      if plan.local_grads else sum(g.concat + g.add for g in scatters))
+        scatter_port = sum(collective_seconds(p, "reduce_scatter", o.dp, g.reduced)
+                           for g in scatters)
         self.recompute = _recompute_per_micro_batch(program, stage, times, plan)
-        self.compute = (self.forward + self.backward + self.recompute + accumulate
-                        + 2 * sends * message / ddr)
-        self.port = sends * message / bandwidth + (0.0 if plan.local_grads else
-                                                   sum(map(reduce, params)))
+        # NOTE [link host cost]: messages sent and received, collectives' port bytes twice
+        host = link_host_seconds(p, 2 * sends * message + 2 * sum(
+            collective_port_bytes(p, "reduce_scatter", o.dp, g.reduced) for g in scatters))
+        self.compute = (self.forward + self.backward + self.recompute + host
+                        + (accumulate + 2 * sends * message) / p["ddr_bandwidth"])
+        self.port = sends * message / p["link_bandwidth"] + scatter_port
         self.message = message_seconds(p, message)
-        self._add_view_gathers(p, program, layers)
-        # what is left to reduce after the last B: under scatter its last reduce-scatter
-        # (the stage's first layer), else every layer's SYNC
-        self.sync = (reduce(params[0]) if not plan.local_grads else
-                     sum(sync_seconds(p, o, n) for n in params))
-        self.update = sum(update_bytes(local_params(n, o)) for n in params) / ddr
-        self.prefetch = 0.0 if o.zero == 3 else \
-            sum(sum(_view_gather_seconds(p, program, l, gathers_in_place(program, l)))
-                if o.zero >= 1 else view_cast_bytes(n, itemsize) / ddr
-                for l, n in zip(layers, params))
+        self._add_view_gathers(p, program, layers, scatter_port)
 
-    def _add_view_gathers(self, p: dict, program, layers) -> None:
+    def _add_step_end(self, p: dict, program, layers, params, scatters) -> None:
+        """Seconds of the step's end: what is left to reduce after the last B (under
+        scatter its last reduce-scatter, of the stage's first layer, else every layer's
+        SYNC) and the compute of those SYNCs, the updates, the norm's share and PREF."""
+        o = program.options
+        self.sync = (collective_seconds(p, "reduce_scatter", o.dp, scatters[0].reduced)
+                     if scatters else sum(sync_seconds(p, o, n) for n in params))
+        self.sync_compute = 0.0 if scatters else sum(_sync_compute(p, program, n)
+                                                     for n in params)
+        self.update = sum(_update_seconds(p, program, n) for n in params)
+        self.norm_share = 0.0 if commits_updates(o) or not needs_global_norm(o) else \
+            sum(_norm_share_bytes(program, n) for n in params) / p["ddr_bandwidth"]
+        self.prefetch = 0.0 if o.zero == 3 else sum(
+            prefetch_seconds(program, p, l, gathers_in_place(program, l)) for l in layers)
+
+    def _add_view_gathers(self, p: dict, program, layers, scatter_port: float) -> None:
         """NOTE [ZeRO-3 lifecycle]: every micro-batch gathers each layer's view for its F
         and again for its B (shared gathers ignored): on the port, overlapping compute
-        when prefetched, else waited for before each use; the shard casts and the copies
-        into the views in DDR."""
+        when prefetched, else waited for before each use (NOTE [gathers behind
+        scatters]); the shard casts and the copies into the views in DDR."""
         o = program.options
         if o.zero != 3:
             return
-        ddr, port = zip(*(_view_gather_seconds(p, program, l, in_place=False) for l in layers))
-        gathers = 2 * sum(port)
-        self.compute += 2 * sum(ddr)
+        gathers = [layer_view_gather(program, l, in_place=False) for l in layers]
+        port = 2 * sum(collective_seconds(p, "allgather", o.dp, g.gathered) for g in gathers)
+        self.compute += 2 * sum(g.cast + g.unpack for g in gathers) / p["ddr_bandwidth"] + \
+            link_host_seconds(p, 4 * sum(collective_port_bytes(p, "allgather", o.dp, g.gathered)
+                                         for g in gathers))
         if o.zero3_prefetch == 0:
-            self.compute += gathers
+            self.compute += port + scatter_port
         else:
-            self.port += gathers
+            self.port += port
 
 
-def _view_gather_seconds(profile: dict, program, layer: int, in_place: bool):
-    """(DDR seconds, port seconds) of building the layer's view from the DP group's
-    master shards (costs.view_gather, as the simulator's PREF and gather_view)."""
-    itemsize = np.dtype(program.graph.dtype).itemsize
-    params = layer_param_count(program, layer)
-    g = view_gather(shard_elements(params, program, True), itemsize, program.options.dp,
-                    itemsize * params, in_place)
-    return ((g.cast + g.unpack) / profile["ddr_bandwidth"],
-            collective_seconds(profile, "allgather", program.options.dp, g.gathered))
+# NOTE [gathers behind scatters]: a rank's DP collectives share one FIFO channel of its
+# port (sim/replay.py), so a ZeRO-3 gather at use (zero3_prefetch 0) issued when a layer's
+# B ends queues behind the reduce-scatter that B has just started (gradients scattered
+# each micro-batch), and the next layer waits for both. Charged as compute: every
+# micro-batch's reduce-scatters as well as its gathers (13B on 256 mt3000 clusters: 8
+# micro-batches of 2 simulated 960 s, estimated 850 s without this, 970 s with it).
+
+def itemsize(program) -> int:
+    """Bytes of one element of the model's dtype (its views, gradients, messages)."""
+    return np.dtype(program.graph.dtype).itemsize
+
+
+def _grad_scatter(program, params: int):
+    """costs.grad_scatter of one micro-batch's gradients of a layer of `params`."""
+    return grad_scatter(itemsize(program) * params, 4 * params,
+                        4 * shard_elements(params, program, True))
+
+
+def _sync_compute(profile: dict, program, params: int) -> float:
+    """Compute a layer's SYNC costs its rank (sim/calls.py _grad_sync): the collective's
+    finish and NOTE [link host cost] on its port bytes, sent and received."""
+    o = program.options
+    out = 4 * shard_elements(params, program, o.zero >= 2)
+    port = collective_port_bytes(profile, sync_op(o), o.dp, 4 * params)
+    return sync_finish_seconds(profile, o.precision, out) + link_host_seconds(profile, 2 * port)
+
+
+def _update_seconds(profile: dict, program, params: int) -> float:
+    """A layer's UPD as the simulator's adamw call costs it: the update, and under the
+    commit rule the norm share and the undo copies (NOTE [commit rule])."""
+    o = program.options
+    elements = shard_elements(params, program, o.zero >= 1)
+    seconds = update_seconds(profile, elements, o.precision)
+    if commits_updates(o):
+        seconds += (_norm_share_bytes(program, params) + undo_copy_bytes(elements)) \
+            / profile["ddr_bandwidth"]
+    return seconds
+
+
+def _norm_share_bytes(program, params: int) -> float:
+    """costs.norm_share_bytes of a layer's gradient as the update reads it: its shard
+    under ZeRO 2-3, of which it owns all, else the full gradient, of which 1/dp."""
+    o = program.options
+    grad = 4 * shard_elements(params, program, o.zero >= 2)
+    return norm_share_bytes(grad if o.zero >= 2 else grad / o.dp, grad, o.precision == "fp16")
 
 
 def _recompute_per_micro_batch(program, stage: int, times, plan: StagePlan) -> float:
@@ -307,7 +424,7 @@ def _step(stages: list[_StageModel], program, profile: dict) -> float:
     # stage s's last B ends before stages s-1..0 have run theirs
     last_backward = [compute_end - sum(t.backward + t.message for t in stages[:s])
                      for s in range(len(stages))]
-    synced = [end + s.sync for end, s in zip(last_backward, stages)]
+    synced = [end + s.sync + s.sync_compute for end, s in zip(last_backward, stages)]
     if o.schedule == "ratrain":
         tails = [max(s.update, s.prefetch) for s in stages]
     else:
@@ -316,5 +433,5 @@ def _step(stages: list[_StageModel], program, profile: dict) -> float:
         return max(a + b for a, b in zip(synced, tails)) + norm_seconds(profile, o)
     if needs_global_norm(o):
         world = norm_seconds(profile, o)
-        return max(synced) + world + max(tails)
+        return max(a + s.norm_share for a, s in zip(synced, stages)) + world + max(tails)
     return max(a + b for a, b in zip(synced, tails))

@@ -22,8 +22,9 @@ from ratrain.planner.screen import Screen, compile_reason
 from ratrain.planner.strategies import Strategy
 
 # NOTE [simulation margin]: the estimate has been within about 5% of the simulator on
-# LLaMA-2-7B and Baichuan2-13B from 8 to 1024 mt3000 clusters (it is exact for neither
-# recompute placement nor port sharing; tests/planner/test_search_rules.py), so
+# LLaMA-2-7B and Baichuan2-13B from 8 to 1024 mt3000 clusters, and within 10% on the
+# calibrated cpu profile (it is exact for neither recompute placement, port sharing nor
+# cache residency; tests/planner/test_search_rules.py, test_estimate_accuracy.py), so
 # a candidate estimated more than this much slower than the best simulated one so far
 # is not worth a compile; nor is one whose compute alone (Estimator.compute_bound)
 # cannot beat it.
@@ -61,6 +62,8 @@ class Row:
                                         # candidate's: its dominator's, a lower bound)
     step_time_s: float | None           # simulated step time
     tokens_per_s: float | None          # simulated tokens/s
+    estimated_step_s: float | None      # the closed-form estimate (estimate.py) of a row
+                                        # that may fit, simulated or not
 
     @property
     def candidate(self) -> Candidate:
@@ -353,6 +356,7 @@ def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str,
                 zero3_prefetch=c.zero3_prefetch, update_rule=c.update_rule,
                 grad_accum=c.grad_accum)
     auto = replace(c, recompute=policy)
+    base["estimated_step_s"] = None if auto in failed else estimates.get(c)  # fits: estimated
     if c in compiled:
         r = compiled[c]
         reason = None if r.checked_with is None else (
@@ -375,15 +379,15 @@ def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str,
 
 def _not_simulated(c: Candidate, estimates, best, policy: str, compiled=(),
                    skipped: str | None = None) -> str:
-    estimate = f"estimated step {estimates[c]:.4g} s"
+    """Why a row that may fit was not simulated (its estimate is the row's own field)."""
     if c.recompute != policy:
-        return f"not simulated: recompute auto recomputes no more here ({estimate})"
+        return "not simulated: recompute auto recomputes no more here"
     if skipped:
-        return f"not simulated: {skipped} ({estimate})"
+        return f"not simulated: {skipped}"
     sibling = near_tie_sibling(c, compiled, estimates)
     if sibling is not None:
-        return (f"not simulated: {estimate}, within {SIBLING_TIE:.0%} of the simulated "
+        return (f"not simulated: estimated within {SIBLING_TIE:.0%} of the simulated "
                 f"{sibling.batching} (NOTE [near-tie siblings])")
     if best is not None and estimates[c] > best:
-        return f"not simulated: {estimate}, slower than the best simulated {best:.4g} s"
-    return f"not simulated: {estimate}"
+        return f"not simulated: estimated slower than the best simulated {best:.4g} s"
+    return "not simulated: only the best few by estimate are (NOTE [simulation margin])"

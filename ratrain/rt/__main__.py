@@ -2,6 +2,10 @@
 import os
 import sys
 
+from ratrain.rt.stop import listen
+
+listen()  # first: a stop signal during the imports below is kept for the first step
+
 
 def share_cores() -> None:
     """One BLAS/OpenMP thread pool per rank sized to its share of the node's cores, set

@@ -59,6 +59,11 @@ class Communicators:
         """Every rank's set-up error (or None), on every rank: all fail together."""
         return [m for m in self.world.allgather(message) if m]
 
+    def agree_on_stop(self, received: int) -> int:
+        """The largest stop signal any rank received (0: none), on every rank: all stop at
+        the same step (NOTE [stopping at one step], rt/stop.py)."""
+        return int(self.world.allreduce(received, op=MPI.MAX))
+
     def gather_to_root(self, value):
         return self.world.gather(value, root=0)
 

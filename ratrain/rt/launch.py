@@ -1,6 +1,7 @@
 """Launching the MPI runtime: find mpiexec (the mpich wheel's, next to Python), start
-`python -P -m ratrain.rt DIR` on N ranks, relay their output, stop them on an interrupt,
-and when one dies name it (by its PMI rank, read from /proc) and the signal.
+`python -P -m ratrain.rt DIR` on N ranks, relay their output, forward a stop signal to
+every rank (a second one ends the job at once), and when one dies name it (by its PMI
+rank, read from /proc) and the signal.
 `ratrain run`, `ratrain train`, calibration and the test clusters launch through here.
 """
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -19,7 +19,9 @@ from collections import deque
 from pathlib import Path
 
 from ratrain.errors import UserError
-from ratrain.rt.train_options import RUN_RECORD, forward_argv
+from ratrain.rt.hosts import job_command
+from ratrain.rt.stop import STOP_SIGNALS, exit_code, resume_text, signal_name
+from ratrain.rt.train_options import forward_argv
 
 
 def find_mpiexec() -> str:
@@ -44,31 +46,55 @@ def rank_python(module: str) -> list[str]:
 # (Python >= 3.11) leaves the working directory off; PYTHONPATH is still honoured.
 
 
-def launch(program_dir: Path, ranks: int, args, extra: list[str] = (), cluster=None) -> int:
-    """mpiexec -n ranks python -m ratrain.rt DIR <training options>; its exit code. If a
-    rank dies, the last line printed names it (NOTE [naming the lost rank]). With a
-    `cluster` (ratrain.cluster), each rank runs in its namespace and talks over its link."""
-    rank_command = [*rank_python("ratrain.rt"), str(program_dir), *forward_argv(args), *extra]
-    options, rank_command = cluster.placement(rank_command) if cluster else ([], rank_command)
-    command = [find_mpiexec(), *options, "-n", str(ranks), *rank_command]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE)
-    relay = StdoutRelay(job.stdout)
-    watch = RankWatch(job.pid, ranks)
-    try:
-        code = watch.until_exit(job)
-    except KeyboardInterrupt:
-        stop_after_interrupt(job, watch)
-        print(f"ratrain: interrupted; {stopped(program_dir, args)}", file=sys.stderr)
-        return 130
-    relay.join()
-    lost = relay.lost_process()
+def launch(program_dir: Path, ranks: int, args, resume_command: str, cluster=None,
+           hosts: tuple[str, ...] | None = None) -> int:
+    """mpiexec -n ranks python -m ratrain.rt DIR <training options>; its exit code.
+    `resume_command` (rt/stop.command_text) is what a stopped run prints to continue
+    (NOTE [forwarding stop signals]). If a rank dies, the last line printed names it (NOTE
+    [naming the lost rank]). With `hosts` (rt/hosts.py), the ranks run on those hosts;
+    with a `cluster` (ratrain.cluster), in its node namespaces, talking over their links."""
+    rank_command = [*rank_python("ratrain.rt"), str(program_dir), *forward_argv(args),
+                    "--resume-command", resume_command]
+    command = job_command(find_mpiexec(), ranks, rank_command, hosts, cluster)
+    with StopSignals() as stop:
+        job = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, start_new_session=True)
+        relays = OutputRelay(job.stdout, sys.stdout), OutputRelay(job.stderr, sys.stderr)
+        watch = RankWatch(job.pid, ranks)
+        stop.act = lambda: stop.forward(job, watch, relays)
+        code = watch.until_exit(job, stop.act)
+    for relay in relays:
+        relay.join()
+    if stop.ended_job:
+        print(f"ratrain: stopped at once by a second signal ({signal_name(stop.received[1])}):"
+              f" the step in flight is lost; {stopped(args, resume_command)}", file=sys.stderr,
+              flush=True)
+        return exit_code(stop.received[0])
+    lost = relays[0].lost_process()
     if code != 0 and lost is not None:
         watch.stop_leftovers()
         pid, how, local = lost
         who = f"rank {watch.ranks[pid][0]}" if local and pid in watch.ranks else "a rank"
-        print(f"ratrain: error: {who} (pid {pid}) {how}; {stopped(program_dir, args)}",
+        print(f"ratrain: error: {who} (pid {pid}) {how}; {stopped(args, resume_command)}",
               file=sys.stderr, flush=True)
     return code
+
+
+# NOTE [forwarding stop signals]: mpiexec runs in a session of its own, so a terminal's
+# Ctrl-C (SIGINT to the foreground process group) reaches `ratrain` alone, and hydra
+# (mpich's mpiexec) never sees a signal it would answer with its own messages ("Sending
+# Ctrl-C to processes as requested") or a dying rank it would report in a banner. While
+# the job runs, `ratrain` catches SIGINT, SIGTERM and SIGHUP and sends the signal it got to
+# every rank process itself (the pids RankWatch found), each as soon as the rank catches
+# it (SigCgt in /proc/PID/status: a rank still starting Python would be killed by
+# SIGTERM); the ranks stop after the step they agree on (NOTE [stopping at one step],
+# rt/stop.py), rank 0 prints the one `ratrain:` line with `resume_command` filled in, and
+# every rank exits 128 + the signal, which mpiexec returns without a banner. A second
+# signal ends the job at once: the relays go quiet, then mpiexec, its proxies and the
+# ranks are killed (SIGKILL: none of them prints anything) and `ratrain` says which
+# checkpoint is the last. When the scheduler signals mpiexec directly too (Slurm signals
+# every process of the job), hydra forwards it to the ranks, which count it once; its
+# two Ctrl-C lines are not relayed (HYDRA_CTRL_C).
 
 
 # NOTE [naming the lost rank]: when a rank dies by a signal (killed, segfault, out of
@@ -80,29 +106,32 @@ def launch(program_dir: Path, ranks: int, args, extra: list[str] = (), cluster=N
 # `ratrain:` line and hydra prints no banner, so nothing is added then.
 
 POLL_SECONDS, START_POLL_SECONDS = 0.5, 0.05
-INTERRUPT_GRACE_SECONDS = 5.0
 BANNER_PID = re.compile(r"PID (\d+) RUNNING AT (\S+)")
 BANNER_SIGNAL = re.compile(r"EXIT STRING: .*\(signal (\d+)\)")
+HYDRA_CTRL_C = re.compile(r"\[mpiexec@[^]]*\] (Sending Ctrl-C to processes as requested|"
+                          r"Press Ctrl-C again to force abort)$")
 
 
-class StdoutRelay:
-    """Copies mpiexec's stdout to ours line by line on a thread, keeping the last lines
-    to find hydra's banner in."""
+class OutputRelay:
+    """Copies one of mpiexec's output streams to `out` line by line on a thread, keeping
+    the last lines to find hydra's banner in; hydra's Ctrl-C lines are dropped, and
+    nothing is copied once muted."""
 
-    def __init__(self, stream):
-        self.tail = deque(maxlen=64)
-        self.thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
+    def __init__(self, stream, out):
+        self.tail, self.muted = deque(maxlen=64), False
+        self.thread = threading.Thread(target=self._copy, args=(stream, out), daemon=True)
         self.thread.start()
 
-    def _copy(self, stream) -> None:
-        out = sys.stdout
+    def _copy(self, stream, out) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
             self.tail.append(line)
+            if self.muted or HYDRA_CTRL_C.match(line.rstrip("\n")):
+                continue
             try:
                 out.write(line)
                 out.flush()
-            except (OSError, ValueError):  # our stdout is closed: keep draining mpiexec's
+            except (OSError, ValueError):  # our output is closed: keep draining mpiexec's
                 out = open(os.devnull, "w")
 
     def join(self) -> None:
@@ -120,18 +149,40 @@ class StdoutRelay:
         return int(pid.group(1)), how, local
 
 
-def stop_after_interrupt(job: subprocess.Popen, watch: RankWatch) -> None:
-    """mpiexec got the same Ctrl-C and forwards it to the ranks, but a rank interrupted
-    before it can abort the job leaves the others waiting for it: after a grace period a
-    second SIGINT makes hydra abort the job, then mpiexec and the ranks are killed."""
-    for escalation in (signal.SIGINT, signal.SIGKILL, None):
-        try:
-            job.wait(timeout=INTERRUPT_GRACE_SECONDS)
-            break
-        except subprocess.TimeoutExpired:
-            if escalation is not None:
-                job.send_signal(escalation)
-    watch.stop_leftovers()
+class StopSignals:
+    """Within the block: SIGINT, SIGTERM and SIGHUP are recorded and acted on at once
+    (`act`, set once the job runs; the poll loop calls it too, for ranks found later):
+    the first is forwarded to the ranks, the second ends the job (NOTE [forwarding stop
+    signals]). Handlers are set only on the main thread (the only one Python delivers
+    signals to, between bytecodes: `act` may run inside the poll loop's own call)."""
+
+    def __init__(self):
+        self.received, self.signalled, self.ended_job, self.previous = [], set(), False, {}
+        self.act = lambda: None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {n: signal.signal(n, self._record) for n in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+
+    def _record(self, number: int, frame) -> None:
+        self.received.append(number)
+        self.act()
+
+    def forward(self, job: subprocess.Popen, watch: RankWatch, relays) -> None:
+        """Send the first signal to every rank not yet sent it that catches it; after a
+        second, mute the relays and kill the job."""
+        if len(self.received) > 1 and not self.ended_job:
+            for relay in relays:
+                relay.muted = True
+            watch.kill_job(job)
+            self.ended_job = True
+        elif self.received and not self.ended_job:
+            self.signalled |= watch.send(self.received[0], exclude=self.signalled)
 
 
 def signal_text(number: int) -> str:
@@ -147,16 +198,36 @@ class RankWatch:
     def __init__(self, root_pid: int, world_size: int):
         self.root_pid, self.world_size, self.ranks = root_pid, world_size, {}
 
-    def until_exit(self, job: subprocess.Popen) -> int:
+    def until_exit(self, job: subprocess.Popen, between) -> int:
         """Poll the ranks until mpiexec exits (quickly until every rank is known, so that
-        one dying at start-up is named too); its exit code."""
+        one dying at start-up is named too), calling between() after each look; its exit
+        code."""
         while True:
             self.ranks |= rank_processes(self.root_pid, known=self.ranks)
+            between()
             try:
                 return job.wait(timeout=POLL_SECONDS if len(self.ranks) >= self.world_size
                                 else START_POLL_SECONDS)
             except subprocess.TimeoutExpired:
                 continue
+
+    def send(self, number: int, exclude=()) -> set[int]:
+        """Send signal `number` to the live ranks outside `exclude` that catch it; their
+        pids."""
+        sent = set()
+        for pid, (_, started) in self.ranks.items():
+            if pid not in exclude and process_start(pid) == started and catches(pid, number):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, number)
+                    sent.add(pid)
+        return sent
+
+    def kill_job(self, job: subprocess.Popen) -> None:
+        """SIGKILL mpiexec, its proxies and the ranks (a dead process prints nothing)."""
+        for pid in [job.pid, *descendants(job.pid)]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        self.stop_leftovers()
 
     def stop_leftovers(self) -> None:
         """SIGKILL any rank still running after mpiexec ended (hydra stops them first)."""
@@ -167,29 +238,38 @@ class RankWatch:
 
 
 def rank_processes(root_pid: int, known=()) -> dict[int, tuple[int, int]]:
-    """pid -> (PMI_RANK, start time) of root_pid's descendants not in `known` (empty
-    without /proc)."""
-    found = {}
-    for pid in descendants(root_pid):
-        if pid in known:
-            continue
-        rank, started = pmi_rank(pid), process_start(pid)
-        if rank is not None and started is not None:
-            found[pid] = (rank, started)
+    """pid -> (PMI_RANK, start time) of root_pid's rank processes not in `known` (empty
+    without /proc): the first process with PMI_RANK down each branch of its descendants,
+    not those a rank starts (its C compiler inherits PMI_RANK but is no rank to signal)."""
+    children, found, frontier = process_children(), {}, [root_pid]
+    while frontier:
+        below = []
+        for pid in (c for p in frontier for c in children.get(p, ())):
+            rank = None if pid in known else pmi_rank(pid)
+            if pid not in known and rank is None:
+                below.append(pid)
+            elif rank is not None and (started := process_start(pid)) is not None:
+                found[pid] = (rank, started)
+        frontier = below
     return found
 
 
 def descendants(root_pid: int) -> list[int]:
+    children, found, frontier = process_children(), [], [root_pid]
+    while frontier:
+        frontier = [c for p in frontier for c in children.get(p, ())]
+        found += frontier
+    return found
+
+
+def process_children() -> dict[int, list[int]]:
+    """parent pid -> its children's pids, from /proc (empty without it)."""
     children = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             parent = int(stat.read_bytes().rsplit(b")", 1)[1].split()[1])
             children.setdefault(parent, []).append(int(stat.parent.name))
-    found, frontier = [], [root_pid]
-    while frontier:
-        frontier = [c for p in frontier for c in children.get(p, ())]
-        found += frontier
-    return found
+    return children
 
 
 def pmi_rank(pid: int) -> int | None:
@@ -201,6 +281,15 @@ def pmi_rank(pid: int) -> int | None:
     return None
 
 
+def catches(pid: int, number: int) -> bool:
+    """Whether the live process `pid` has a handler for signal `number` (SigCgt)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (number - 1) & 1)
+    return False
+
+
 def process_start(pid: int) -> int | None:
     """Start time (clock ticks after boot) of a live process: with the pid, its identity;
     None once it is gone or a zombie."""
@@ -210,29 +299,13 @@ def process_start(pid: int) -> int | None:
     return None
 
 
-def stopped(program_dir: Path, args) -> str:
+def stopped(args, resume_command: str) -> str:
     """What a user whose job ended early can do next."""
     from ratrain.rt.checkpoint import latest_checkpoint
     checkpoint = latest_checkpoint(args.save_dir)
     if checkpoint is not None:
         return (f"every rank stopped; the last checkpoint is {checkpoint}: continue with "
-                f"`{resume_command(program_dir, args, checkpoint)}`")
+                f"`{resume_text(resume_command, checkpoint)}`")
     if args.save_dir:
         return f"every rank stopped; no checkpoint was written to {args.save_dir} yet"
     return "every rank stopped; no checkpoints (--save-dir and --save-every make runs resumable)"
-
-
-def resume_command(program_dir: Path, args, checkpoint: Path) -> str:
-    """The one command that continues a stopped job from `checkpoint`: `ratrain train
-    --resume RUN` for a run directory of `ratrain train` (it recorded its options), else
-    the whole `ratrain run` command with this job's training options."""
-    run = Path(program_dir).parent
-    if (run / RUN_RECORD).is_file():
-        return shlex.join(["ratrain", "train", "--resume", str(run)])
-    options = forward_argv(args)
-    if "--resume" in options:
-        at = options.index("--resume")
-        del options[at:at + 2]
-    ranks = ["-n", str(args.ranks)] if getattr(args, "ranks", None) else []
-    return shlex.join(["ratrain", "run", str(program_dir), *ranks, "--resume",
-                       str(checkpoint), *options])

@@ -20,12 +20,16 @@ from ratrain.rt.checkpoint import (check_save_dir, checkpoint_name, export_confi
 from ratrain.rt.data import (Batches, DataError, prepare_program_text_data, text_settings,
                              token_stream_identity, training_rows)
 from ratrain.rt.evaluate import due, evaluate, held_out
-from ratrain.rt.load import SetupError, open_program
-from ratrain.rt.metrics import MetricsLog, StepMetrics, rss_bytes
+from ratrain.rt.load import SetupError, open_program, read_manifest
+from ratrain.rt.loss_plot import write_loss_plot
+from ratrain.rt.metrics import MetricsLog, StepMetrics, Throughput, rss_bytes
 from ratrain.rt.start import checkpoints_problem, data_order, resume_problem
+from ratrain.rt.stop import (CHECKPOINT, command_text, exit_code, listen, received,
+                             resume_text, signal_name)
 from ratrain.rt.trace import TaskTrace
 from ratrain.rt.train_options import (add_training_options, check_run_length,
-                                      check_run_numbers, learning_rate, optimizer_at)
+                                      check_run_numbers, learning_rate, optimizer_at,
+                                      resume_argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("program", metavar="DIR", help="program directory (program.json, ...)")
     add_training_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress line per step")
+    p.add_argument("--resume-command", default=None, metavar="TEXT", help="the command a "
+                   f"stopped run prints to resume it, {CHECKPOINT} standing for the checkpoint "
+                   "written (default: this mpiexec command with --resume; `ratrain run` and "
+                   "`ratrain train` pass theirs)")
     return p
 
 
@@ -148,6 +156,7 @@ def tokenize_on_rank0(args, comms) -> str | None:
 
 
 def main(argv=None) -> int:
+    listen()  # again for callers other than rt/__main__.py (which listens before imports)
     args = build_parser().parse_args(argv)
     from ratrain.rt import comm
     comms = comm.Communicators()
@@ -165,8 +174,6 @@ def main(argv=None) -> int:
                 raise SetupError(problem)
     except SetupError as e:
         error = str(e)
-    except KeyboardInterrupt:  # the other ranks would wait for this one forever
-        comm.abort_job(f"ratrain: rank {comms.rank} interrupted at set-up")
     except Exception as e:  # a bug, not a user error: say where and stop everyone
         comm.abort_job(f"ratrain: rank {comms.rank} failed at set-up: {type(e).__name__}: {e}")
     errors = comms.agree_on_errors(error)
@@ -174,14 +181,18 @@ def main(argv=None) -> int:
         if comms.rank == 0:
             print(f"ratrain: error: {errors[0]}", file=sys.stderr)
         return 2
-    train(args, comms, job)
-    return 0
+    return train(args, comms, job)
 
 
-def train(args, comms, job: dict) -> None:
+def train(args, comms, job: dict) -> int:
+    """Run the steps from job's to --steps, or until a stop signal (NOTE [stopping at one
+    step], rt/stop.py); the exit code: 0, or 128 + the signal after a stop."""
     from ratrain.rt import comm
     from ratrain.rt.executor import RankExecutor
     program, batches = job["program"], job["batches"]
+    if comms.rank == 0 and not args.quiet:
+        print(f"{comms.size} ranks up: building the stage code (cached after the first "
+              "build) and the arenas", flush=True)
     try:
         executor = RankExecutor(program, comms, job.pop("params"), job.pop("moments"),
                                 job["step"], args.progress_us * 1e-6)
@@ -194,9 +205,15 @@ def train(args, comms, job: dict) -> None:
         np.seterr(over="ignore", invalid="ignore")
     if args.trace:
         executor.trace = TaskTrace(comms.rank, st.stage)
-    log = MetricsLog(args.metrics if comms.rank == 0 else None)
+    log = MetricsLog(args.metrics if comms.rank == 0 else None, args.steps,
+                     Throughput.of_manifest(read_manifest(Path(program.directory))))
     tokens_per_step = batches.global_batch * program.options.seq_len
+    if comms.rank == 0 and not args.quiet and job["step"] < args.steps:
+        print(f"first step: {job['step'] + 1}/{args.steps} (it also warms up)", flush=True)
+    stop, saved = 0, None
     for k in range(job["step"], args.steps):
+        if stop := comms.agree_on_stop(received()):
+            break
         start, scale = time.perf_counter(), st.scaler.scale
         losses = _run_step(executor, batches.step(k), optimizer_at(args, k + 1))
         gathered = comms.gather_to_root((losses, executor.arena_bytes, rss_bytes(),
@@ -212,12 +229,43 @@ def train(args, comms, job: dict) -> None:
                 comm.abort_job(f"ratrain: rank 0 failed writing metrics: {e}")
         if args.save_dir and (k + 1 == args.steps or args.save_every and
                               (k + 1) % args.save_every == 0):
-            _save(args, comms, executor, job)
+            saved = _save(args, comms, executor, job)
+    if stop and args.save_dir and executor.step > job["step"] and saved != executor.step:
+        saved = _save(args, comms, executor, job)
     executor.finish()
     if executor.trace is not None:
         executor.trace.write(args.trace)
-    if comms.rank == 0 and not args.quiet:
-        print(log.summary(), flush=True)
+    if comms.rank == 0:
+        _finish_log(args, log)
+    if comms.rank == 0 and stop:
+        print(stop_line(args, comms.size, stop, executor.step, job["step"], saved),
+              file=sys.stderr, flush=True)
+    return exit_code(stop) if stop else 0
+
+
+def stop_line(args, world_size: int, number: int, step: int, first: int,
+              saved: int | None) -> str:
+    """The one line a stopped run ends with: where it stopped, the checkpoint to continue
+    from (the one just written, else the one it resumed from) and the command that does."""
+    at = f"after step {step} of {args.steps}" if step > first else \
+        f"before step {step + 1} of {args.steps}"
+    checkpoint = Path(args.save_dir) / checkpoint_name(saved) if saved is not None \
+        else args.resume if step == first else None
+    if checkpoint is None:
+        return f"ratrain: stopped by {signal_name(number)} {at}; " + (
+            "no step was trained" if step == first else
+            "nothing saved (--save-dir DIR makes a run resumable)")
+    command = resume_text(args.resume_command or mpiexec_command(args, world_size),
+                          checkpoint)
+    return (f"ratrain: stopped by {signal_name(number)} {at}; checkpoint {checkpoint}; "
+            f"resume with: {command}")
+
+
+def mpiexec_command(args, world_size: int) -> str:
+    """This run's own command line (started under mpiexec directly) with --resume."""
+    return command_text(["mpiexec", "-n", world_size, sys.executable, "-m", "ratrain.rt",
+                         args.program, *resume_argv(args),
+                         *(["--quiet"] if args.quiet else [])])
 
 
 def _run_step(executor, tokens, optimizer) -> list[float]:
@@ -225,9 +273,6 @@ def _run_step(executor, tokens, optimizer) -> list[float]:
     from ratrain.rt import comm
     try:
         return executor.run_step(tokens, optimizer)
-    except KeyboardInterrupt:
-        comm.abort_job(f"ratrain: rank {executor.comms.rank} interrupted at task "
-                       f"{executor.position[0]}")
     except Exception as e:
         task, call = executor.position
         where = f"{call.op}, {call.note}" if call is not None and call.note else \
@@ -236,9 +281,9 @@ def _run_step(executor, tokens, optimizer) -> list[float]:
                        f"{where}): {type(e).__name__}: {e}")
 
 
-def _save(args, comms, executor, job: dict) -> None:
+def _save(args, comms, executor, job: dict) -> int:
     """Write a checkpoint, every stage its own files (NOTE [checkpoints without
-    gathering]); then remove the ones --keep-last no longer keeps."""
+    gathering]); then remove the ones --keep-last no longer keeps. The step saved."""
     from ratrain.rt import comm
     from ratrain.rt.checkpoint import (finish_checkpoint, prune_checkpoints, staging_dir,
                                        write_stage)
@@ -258,7 +303,7 @@ def _save(args, comms, executor, job: dict) -> None:
             error = f"{type(e).__name__}: {e}"
     errors = comms.agree_on_errors(error and f"rank {comms.rank}: {error}")
     if comms.rank != 0:
-        return
+        return executor.step
     try:
         if errors:
             raise RuntimeError("; ".join(errors))
@@ -266,14 +311,16 @@ def _save(args, comms, executor, job: dict) -> None:
                           {"step": executor.step, **job["data_order"], "data": args.data,
                            "token_stream": contents["token_stream"],
                            **_scaler_state(executor)}, contents["tokenizer"])
-        prune_checkpoints(args.save_dir, args.keep_last, path)
+        removed = prune_checkpoints(args.save_dir, args.keep_last, path)
     except Exception as e:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
         why = str(e) if errors else f"{type(e).__name__}: {e}"  # errors: already "rank R: ..."
         comm.abort_job(f"ratrain: writing checkpoint {path} failed: {why}")
     if not args.quiet:
-        print(f"saved {path}", flush=True)
+        print(f"saved {path}", *(f"removed {old.name} (keep-last {args.keep_last})"
+                                 for old in removed), sep="\n", flush=True)
+    return executor.step
 
 
 def _scaler_state(executor) -> dict:
@@ -296,11 +343,28 @@ def _log_step(args, log: MetricsLog, step: int, gathered, tokens: int, seconds: 
               gradients: dict, eval_loss: float | None = None):
     losses = [loss for rank in gathered for loss in rank[0]]
     per_rank = list(zip(*gathered))
+    elapsed, eta = log.clock(step)
     metrics = StepMetrics(step, float(np.mean(losses)), tokens / seconds, seconds,
                           learning_rate(args, step), list(per_rank[1]), list(per_rank[2]),
                           arena_peak_bytes=list(per_rank[3]),
                           planned_peak_bytes=list(per_rank[4]), eval_loss=eval_loss,
+                          elapsed_s=elapsed, eta_s=eta, **log.rate_fields(seconds),
                           **gradients)
     log.write(metrics)
     if not args.quiet:
         print(metrics.progress_line(args.steps), flush=True)
+
+
+def _finish_log(args, log: MetricsLog) -> None:
+    """Rank 0 after the last step: the loss plot beside --metrics, then the summary."""
+    if args.metrics and log.steps:
+        try:
+            plot = write_loss_plot(args.metrics)
+        except (OSError, ValueError, ImportError) as e:  # the run itself is done
+            print(f"ratrain: warning: no loss plot: {type(e).__name__}: {e}", file=sys.stderr,
+                  flush=True)
+        else:
+            if not args.quiet:
+                print(f"plotted the loss in {plot}", flush=True)
+    if not args.quiet:
+        print(log.summary(), flush=True)

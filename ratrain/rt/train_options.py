@@ -5,9 +5,22 @@ Imports neither mpi4py nor jax, so the command line stays fast.
 """
 from __future__ import annotations
 
+import argparse
 import math
 
 from ratrain.optim import INITIAL_LOSS_SCALE, LOSS_SCALE_WINDOW, AdamW
+from ratrain.rt.stop import CHECKPOINT
+
+LR_SCHEDULES = ("cosine", "constant")
+
+
+def lr_schedule_name(text: str) -> str:
+    """The --lr-schedule argument type: one of LR_SCHEDULES."""
+    if text not in LR_SCHEDULES:
+        raise argparse.ArgumentTypeError(f"choose one of {', '.join(LR_SCHEDULES)}, "
+                                         f"not {text!r}")
+    return text
+
 
 FLOAT32_MAX = 3.4028234663852886e38     # the loss scale is a float32 (GradScaler)
 
@@ -34,9 +47,14 @@ TRAINING_OPTIONS = (
     ("--init-from", str, None, "start from the weights of this Hugging Face checkpoint "
      "directory instead of a seeded initialisation"),
     ("--lr", float, 1e-3, "peak learning rate of AdamW (default: 1e-3)"),
-    ("--warmup", int, 0, "linear warm-up steps from 0 to --lr (default: 0)"),
-    ("--min-lr", float, None, "decay the learning rate after warm-up to this value by the "
-     "last step, along a cosine (default: keep --lr constant)"),
+    ("--lr-schedule", lr_schedule_name, "cosine", "cosine: linear warm-up over --warmup "
+     "steps, then a cosine decay from --lr to --min-lr at the last step, as nanoGPT and "
+     "LLaMA train; constant: linear warm-up, then --lr (earlier versions' only schedule) "
+     "(default: cosine)"),
+    ("--warmup", int, None, "linear warm-up steps from 0 to --lr (default: cosine: "
+     "min(100, 10%% of --steps); constant: 0)"),
+    ("--min-lr", float, None, "with --lr-schedule cosine, the learning rate of the last "
+     "step (default: --lr / 10)"),
     ("--weight-decay", float, 0.1, "AdamW decoupled weight decay, applied only to parameters "
      "with 2 or more dimensions (default: 0.1)"),
     ("--beta1", float, 0.9, "AdamW first-moment decay (default: 0.9)"),
@@ -77,9 +95,9 @@ RUN_RECORD = "train_options.json"
 
 METAVARS = {"--steps": "N", "--data": "FILE", "--tokenizer": "DIR", "--eval-data": "FILE",
             "--eval-every": "N", "--eval-batches": "K", "--seed": "S", "--init-from": "DIR",
-            "--lr": "LR", "--warmup": "N", "--min-lr": "LR", "--weight-decay": "W",
-            "--beta1": "B1", "--beta2": "B2", "--eps": "EPS", "--metrics": "FILE",
-            "--initial-loss-scale": "S", "--loss-scale-window": "N",
+            "--lr": "LR", "--lr-schedule": "NAME", "--warmup": "N", "--min-lr": "LR",
+            "--weight-decay": "W", "--beta1": "B1", "--beta2": "B2", "--eps": "EPS",
+            "--metrics": "FILE", "--initial-loss-scale": "S", "--loss-scale-window": "N",
             "--save-dir": "DIR", "--save-every": "N", "--keep-last": "K", "--resume": "DIR",
             "--progress-us": "N", "--trace": "DIR"}
 
@@ -110,8 +128,16 @@ def forward_argv(args) -> list[str]:
     return argv
 
 
+def resume_argv(args) -> list[str]:
+    """--resume CHECKPOINT (rt/stop.py's placeholder) and the other training options of
+    `args` as flags: what a command that continues this run passes."""
+    return ["--resume", CHECKPOINT,
+            *forward_argv(argparse.Namespace(**{**vars(args), "resume": None}))]
+
+
 def check_run_length(args, save_dir_given: bool = True) -> str | None:
-    """What is wrong with --steps, --save-every or --keep-last, if anything (one line).
+    """What is wrong with --steps, --save-every, --keep-last or the learning-rate schedule
+    (check_lr_schedule), if anything (one line).
     `save_dir_given`: False where a default --save-dir is filled in later (`ratrain train`)."""
     if args.steps < 1:
         return f"--steps must be at least 1, got {args.steps}"
@@ -122,6 +148,33 @@ def check_run_length(args, save_dir_given: bool = True) -> str | None:
     if args.save_every and save_dir_given and not args.save_dir:
         return (f"--save-every {args.save_every} needs --save-dir DIR to write the "
                 "checkpoints to")
+    return check_lr_schedule(args)
+
+
+# NOTE [default learning-rate schedule]: as nanoGPT and the LLaMA papers train, the
+# default is a linear warm-up from 0 to --lr, then a cosine down to --min-lr = --lr / 10
+# at the last step (Chinchilla's 10x decay; torchtitan also warms up linearly and decays
+# after). nanoGPT warms up 2,000 of 600,000 steps and torchtitan 200: short runs warm up
+# 10% of --steps, long runs 100 steps. Warm-up and decay are functions of the total
+# --steps, so a resumed run (whose --steps is the total to reach) gets the same rates as
+# an uninterrupted one; a run resumed with a larger --steps than it started with follows
+# the new total's cosine from there on. `--lr-schedule constant` is the schedule of
+# earlier versions: --lr from the first step (after --warmup steps, if given).
+
+
+def warmup_steps(args) -> int:
+    """--warmup, or the schedule's default (NOTE [default learning-rate schedule])."""
+    if args.warmup is not None:
+        return args.warmup
+    return min(100, args.steps // 10) if args.lr_schedule == "cosine" else 0
+
+
+def check_lr_schedule(args) -> str | None:
+    """What is wrong with --lr-schedule, --warmup or --min-lr, if anything (one line)."""
+    if args.warmup is not None and args.warmup < 0:
+        return f"--warmup must be 0 or a positive number of steps, got {args.warmup}"
+    if args.min_lr is not None and args.lr_schedule == "constant":
+        return "--min-lr ends a cosine decay: drop it, or --lr-schedule constant"
     return None
 
 
@@ -141,13 +194,16 @@ def check_run_numbers(args) -> str | None:
 
 
 def learning_rate(args, step: int) -> float:
-    """lr of 1-based `step`: linear warm-up, then constant or cosine down to --min-lr."""
-    if step <= args.warmup:
-        return args.lr * step / args.warmup
-    if args.min_lr is None or args.steps <= args.warmup:
+    """lr of 1-based `step`: linear warm-up, then constant or cosine down to --min-lr
+    (NOTE [default learning-rate schedule])."""
+    warmup = warmup_steps(args)
+    if step <= warmup:
+        return args.lr * step / warmup
+    if args.lr_schedule == "constant" or args.steps <= warmup:
         return args.lr
-    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
-    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * progress))
+    min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
+    progress = (step - warmup) / max(1, args.steps - warmup)
+    return min_lr + 0.5 * (args.lr - min_lr) * (1 + math.cos(math.pi * progress))
 
 
 def optimizer_at(args, step: int) -> AdamW:

@@ -17,9 +17,11 @@ from ratrain.ir.tasks import Kind, counterpart
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, rollback_only
 from ratrain.sim.collectives import collective_cost
-from ratrain.sim.costs import (memory_seconds, norm_seconds, scatter_bytes, slot_elements,
-                               tie_local_bytes, tie_sum_seconds, update_seconds, view_gather)
-from ratrain.sim.kernels import graph_seconds
+from ratrain.sim.costs import (grad_scatter, link_host_seconds, memory_seconds, norm_seconds,
+                               norm_share_bytes, scatter_bytes, slot_elements,
+                               sync_finish_seconds, tie_local_bytes, tie_sum_seconds,
+                               undo_copy_bytes, update_seconds, view_gather)
+from ratrain.sim.kernels import cold_profile, graph_seconds
 from ratrain.sim.residency import cold_fractions
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
                                WorldSum, posted_receive, send_channel)
@@ -194,12 +196,10 @@ class ProfileCosts:
             layer_kind = self.program.graph.kinds[kind]
             graph = layer_kind.fwd if direction == "fwd" else layer_kind.bwd
             precision = self.options.precision
-            cold = self.profile.get("op_costs_cold", {}).get(precision)
-            cold_profile = self.profile | {"op_costs": {precision: {
-                **self.profile.get("op_costs", {}).get(precision, {}), **(cold or {})}}}
+            cold = cold_profile(self.profile, precision)
             self._tables[key] = (tuple(n.op for n in graph.nodes),
                                  graph_seconds(layer_kind, direction, self.profile, precision),
-                                 graph_seconds(layer_kind, direction, cold_profile, precision)
+                                 graph_seconds(layer_kind, direction, cold, precision)
                                  if cold else None)
         return self._tables[key]
 
@@ -221,7 +221,8 @@ class ProfileCosts:
 
     def host_steps(self, nbytes: float) -> list[Step]:
         """NOTE [link host cost]: compute the rank loses to moving `nbytes` over its link."""
-        return [Compute(nbytes * self.host_cost)] if self.host_cost and nbytes else []
+        return [Compute(link_host_seconds(self.profile, nbytes))] if self.host_cost and nbytes \
+            else []
 
     def world_sum_seconds(self) -> float:
         return norm_seconds(self.profile, self.options, self.algorithm)
@@ -248,18 +249,18 @@ def _grad_sync(c: ProfileCosts, task, call) -> list[Step]:
     nbytes, out_bytes = grad.nbytes, out.nbytes
     # finish: the sum (or this rank's part of it) divided by dp, written to `out`
     return c.collective(op, nbytes, c.options.dp, {grad.buffer, out.buffer},
-                        c.memory_seconds("grad_sync", 2 * out_bytes), f"{op} L{task.layer}")
+                        sync_finish_seconds(c.profile, c.options.precision, out_bytes),
+                        f"{op} L{task.layer}")
 
 
 def _grad_scatter(c: ProfileCosts, task, call) -> list[Step]:
     """Concatenate one micro-batch's gradients in fp32, reduce-scatter them, then add
     this rank's part into its shard (NOTE [gradient accumulation])."""
-    shard, fp32 = call.outputs[0], scatter_bytes(call)
-    concat = sum(s.nbytes for s in call.inputs) + fp32
-    return [Compute(concat / c.ddr),
-            *c.collective("reduce_scatter", fp32, c.options.dp, {shard.buffer},
-                          3 * shard.nbytes / c.ddr,
-                          f"reduce_scatter {call.note} mb{task.micro_batch}")]
+    shard = call.outputs[0]
+    g = grad_scatter(sum(s.nbytes for s in call.inputs), scatter_bytes(call), shard.nbytes)
+    return [Compute(g.concat / c.ddr),
+            *c.collective("reduce_scatter", g.reduced, c.options.dp, {shard.buffer},
+                          g.add / c.ddr, f"reduce_scatter {call.note} mb{task.micro_batch}")]
 
 
 def _owned_bytes(c: ProfileCosts, grads) -> float:
@@ -275,9 +276,9 @@ def _global_norm(c: ProfileCosts, task, call) -> list[Step]:
     the shares already: only the world sum is left (NOTE [commit rule])."""
     if "layers" in dict(call.params):
         return [WorldSum(c.world_sum_seconds())]
-    unscale = 2 * sum(s.nbytes for s in call.outputs)
-    checks = 2 if call.outputs else 1
-    return [Compute((checks * _owned_bytes(c, call.inputs) + unscale) / c.ddr),
+    share = norm_share_bytes(_owned_bytes(c, call.inputs), sum(s.nbytes for s in call.outputs),
+                             bool(call.outputs))  # fp16: unscaled in place
+    return [Compute(share / c.ddr),
             WorldSum(c.world_sum_seconds())]
 
 
@@ -305,9 +306,9 @@ def _adamw(c: ProfileCosts, task, call) -> list[Step]:
     if not params.get("speculative"):
         return [Compute(update)]
     grad = call.inputs[0]
-    scaled = bool(params.get("loss_scale"))
-    share = (2 if scaled else 1) * _owned_bytes(c, (grad,)) + (2 * grad.nbytes if scaled else 0)
-    undo = 2 * sum(s.nbytes for s in call.outputs[3:])
+    share = norm_share_bytes(_owned_bytes(c, (grad,)), grad.nbytes,
+                             bool(params.get("loss_scale")))
+    undo = undo_copy_bytes(slot_elements(call.outputs[0]))
     return [Compute(update + (share + undo) / c.ddr)]
 
 

@@ -46,6 +46,20 @@ def collective_seconds(profile: dict, op: str, members: int, nbytes: float,
     return cost.latency + cost.nbytes / profile["link_bandwidth"]
 
 
+def collective_port_bytes(profile: dict, op: str, members: int, nbytes: float,
+                          algorithm: str | None = None) -> float:
+    """Bytes one member's port sends for `op` of `nbytes` over `members` ranks."""
+    algorithm = algorithm or profile_algorithm(profile)
+    return collective_cost(op, members, nbytes, profile["link_latency"],
+                           profile["link_bandwidth"], algorithm).nbytes
+
+
+def link_host_seconds(profile: dict, nbytes: float) -> float:
+    """NOTE [link host cost] (calls.py): compute a rank loses to moving `nbytes` over its
+    link (sent or received); 0 on DMA links."""
+    return nbytes * float(profile.get("link_host_cost", 0.0))
+
+
 def message_seconds(profile: dict, nbytes: float) -> float:
     """One pipeline message of `nbytes` between neighbour stages."""
     return profile["link_latency"] + nbytes / profile["link_bandwidth"]
@@ -79,12 +93,23 @@ def gather_bytes(call, dp: int) -> int:
     return view_gather(slot_elements(call.inputs[0]), itemsize, dp, 0, True).gathered
 
 
+@dataclass(frozen=True)
+class GradScatter:
+    """One micro-batch's gradients of a layer reduce-scattered into this rank's shard
+    (NOTE [gradient accumulation], rt/calls.py)."""
+    concat: int                         # DDR bytes: read the gradients, write them as fp32
+    reduced: int                        # bytes of the reduce-scatter's fp32 input
+    add: int                            # DDR bytes of adding this rank's part into its
+                                        # shard: read the part, read and write the shard
+
+
+def grad_scatter(grad_bytes: int, fp32_bytes: int, shard_bytes: int) -> GradScatter:
+    """Concatenate `grad_bytes` of gradients into `fp32_bytes`, reduce-scatter them and
+    add this rank's part into its `shard_bytes` fp32 shard."""
+    return GradScatter(grad_bytes + fp32_bytes, fp32_bytes, 3 * shard_bytes)
+
+
 # ---- the lifecycle tasks: SYNC, UPD, PREF, NORM --------------------------------------------
-
-def local_params(num_params: float, options) -> float:
-    """Parameters of a layer whose state this rank updates: its 1/dp share under ZeRO."""
-    return num_params / options.dp if options.zero >= 1 else num_params
-
 
 def sync_op(options) -> str:
     """The collective of a layer's SYNC: ZeRO-2 and 3 reduce-scatter the fp32 gradient."""
@@ -94,6 +119,25 @@ def sync_op(options) -> str:
 def sync_seconds(profile: dict, options, num_params: int, algorithm: str | None = None) -> float:
     """A layer's SYNC of its fp32 gradient over the DP group, alone on the link."""
     return collective_seconds(profile, sync_op(options), options.dp, 4 * num_params, algorithm)
+
+
+def sync_finish_seconds(profile: dict, precision: str, out_bytes: float) -> float:
+    """Finishing a SYNC once its collective is done: the sum (or this rank's part of it)
+    divided by dp, read and written into its `out_bytes` output."""
+    return memory_seconds(profile, precision, "grad_sync", 2 * out_bytes)
+
+
+def norm_share_bytes(owned: float, grad_bytes: float, scaled: bool) -> float:
+    """DDR bytes of taking a gradient's share of the global norm: the `owned` bytes this
+    rank counts read once, or under a loss scale twice (finite check, then squares) with
+    the whole `grad_bytes` gradient unscaled in place (read and written)."""
+    return (2 * owned + 2 * grad_bytes) if scaled else owned
+
+
+def undo_copy_bytes(elements: float) -> float:
+    """NOTE [commit rule]: DDR bytes of a speculative update's undo copies of `elements`
+    parameters: master, m and v (fp32) read and written into undo.L."""
+    return 2 * 3 * 4 * elements
 
 
 def update_bytes(elements: float) -> float:
@@ -131,15 +175,22 @@ def view_gather(shard: int, itemsize: int, dp: int, view_bytes: int,
                       0 if in_place else gathered + view_bytes)
 
 
+def layer_view_gather(program, layer: int, in_place: bool) -> ViewGather:
+    """A layer's view_gather: its master shard over the DP group into its view."""
+    itemsize, params = np.dtype(program.graph.dtype).itemsize, layer_param_count(program, layer)
+    return view_gather(shard_elements(params, program, True), itemsize, program.options.dp,
+                       program.layer_cost(layer).param_bytes, in_place)
+
+
 def prefetch_seconds(program, profile: dict, layer: int, in_place: bool,
                      algorithm: str | None = None) -> float:
     """A layer's PREF (in_place: as PREF gathers) or ZeRO-3 GATH alone: cast the fp32
     master to the view's dtype, under ZeRO 1-3 as a view_gather over the DP group."""
     o, view = program.options, program.layer_cost(layer).param_bytes
-    itemsize, params = np.dtype(program.graph.dtype).itemsize, layer_param_count(program, layer)
     if o.zero == 0:
+        params = layer_param_count(program, layer)
         return memory_seconds(profile, o.precision, "prefetch_view", 4 * params + view)
-    g = view_gather(shard_elements(params, program, True), itemsize, o.dp, view, in_place)
+    g = layer_view_gather(program, layer, in_place)
     return (g.cast + g.unpack) / profile["ddr_bandwidth"] + \
         collective_seconds(profile, "allgather", o.dp, g.gathered, algorithm)
 

@@ -78,6 +78,16 @@ def op_costs(profile: dict, precision: str, op: str) -> dict | None:
     return profile.get("op_costs", {}).get(precision, {}).get(op)
 
 
+def cold_profile(profile: dict, precision: str) -> dict | None:
+    """The profile whose `op_costs` at `precision` are its cold ones (`op_costs_cold`
+    over the warm ones it lacks), None without cold costs (NOTE [cache residency])."""
+    cold = profile.get("op_costs_cold", {}).get(precision)
+    if not cold:
+        return None
+    return profile | {"op_costs": {precision: {
+        **profile.get("op_costs", {}).get(precision, {}), **cold}}}
+
+
 def fitted_seconds(costs: dict, flops: float, nbytes: float) -> float:
     """What an op_costs entry charges a call of `flops` and `nbytes`: the time measured
     for a case of exactly these FLOPs and bytes (its `measured` [[FLOPs, bytes, s], ...]),

@@ -37,16 +37,17 @@ def test_up_makes_recorded_shaped_links_and_down_removes_them(state):
     assert up.returncode == 0, up.stderr
     try:
         cluster = harness.read_cluster(name)
-        assert (cluster.ranks, cluster.bandwidth) == (2, 50e6)
+        assert (cluster.nodes, cluster.ranks_per_node, cluster.bandwidth) == (2, 1, 50e6)
+        assert cluster.launcher.is_file() and os.access(cluster.launcher, os.X_OK)
         assert set(cluster.namespaces) <= set(netns.namespaces())
-        for rank in (0, 1):
-            addresses = subprocess.run(["ip", "-n", cluster.rank_namespace(rank), "-j", "addr"],
+        for node in (0, 1):
+            addresses = subprocess.run(["ip", "-n", cluster.node_namespace(node), "-j", "addr"],
                                        capture_output=True, text=True).stdout
             inet = [a["local"] for l in json.loads(addresses) for a in l["addr_info"]
                     if a["family"] == "inet"]
-            assert inet == ["127.0.0.1", f"10.213.0.{rank + 1}"]
-            for where, device in ((cluster.rank_namespace(rank), "rtc0"),
-                                  (cluster.switch, f"p{rank}")):
+            assert inet == ["127.0.0.1", f"10.213.0.{node + 1}"]
+            for where, device in ((cluster.node_namespace(node), "rtc0"),
+                                  (cluster.switch, f"p{node}")):
                 shown = json.loads(subprocess.run(
                     ["tc", "-j", "-n", where, "qdisc", "show", "dev", device],
                     capture_output=True, text=True).stdout)
@@ -60,7 +61,7 @@ def test_up_makes_recorded_shaped_links_and_down_removes_them(state):
         down = ratrain("cluster", "down", name, env=state)
     assert down.returncode == 0, down.stderr
     assert not any(n.startswith(f"rtc-{name}-") for n in netns.namespaces())
-    assert harness_leftovers(name) == []
+    assert harness_leftovers(name) == [] and not cluster.launcher.exists()
     again = ratrain("cluster", "down", name, env=state)
     assert again.returncode == 0 and "nothing of it was left" in again.stdout
 
@@ -104,7 +105,7 @@ def test_interrupted_run_leaves_nothing(state, pp2_program, stop):
         if job.poll() is None:
             job.kill()
             harness.bring_down(name)
-    assert job.returncode == 130
+    assert job.returncode == 128 + stop  # the ranks stopped after a step (rt/stop.py)
     time.sleep(0.2)
     assert harness_leftovers(name) == []
     assert not harness.state_path(name).exists()

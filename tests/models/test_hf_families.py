@@ -279,7 +279,8 @@ def test_native_qwen3_run_matches_reference(tmp_path, monkeypatch):
                  "--precision", "fp32", "-o", str(tmp_path / "program")]) == 0
     run = mpirun(2, tmp_path / "program", "--steps", steps, "--no-shuffle", "--data",
                  tmp_path / "tokens.npy", "--metrics", tmp_path / "m.jsonl", "--quiet",
-                 "--lr", "3e-3", "--eps", "1e-6", "--weight-decay", "0.1", "--seed", "5")
+                 "--lr", "3e-3", "--eps", "1e-6", "--weight-decay", "0.1", "--seed", "5",
+                 "--lr-schedule", "constant")  # the reference's AdamW has one lr
     assert run.returncode == 0, run.stderr
     expected, _ = reference(QWEN3, 5, np.load(tmp_path / "tokens.npy"), 4, steps,
                             AdamW(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-6, weight_decay=0.1))

@@ -9,7 +9,8 @@ PLAN = ["plan", "tiny", "--clusters", "4", "--global-batch", "8", "--seq-len", "
         "--budget", "30MB"]
 ROW_KEYS = {"pp", "dp", "zero", "micro_batch_size", "micro_batches", "recompute", "schedule",
             "zero3_prefetch", "update_rule", "grad_accum",
-            "feasible", "reason", "peak_bytes", "step_time_s", "tokens_per_s"}
+            "feasible", "reason", "peak_bytes", "step_time_s", "tokens_per_s",
+            "estimated_step_s"}
 
 
 def run_json(argv, capsys) -> dict:
@@ -42,6 +43,7 @@ def test_json_rows_carry_exactly_the_documented_fields(record):
         assert row["dp"] * row["micro_batches"] * row["micro_batch_size"] == 8
         assert isinstance(row["peak_bytes"], int) and row["peak_bytes"] > 0
         assert (row["step_time_s"] is None) == (row["reason"] is not None)
+        assert (row["estimated_step_s"] is not None) == row["feasible"]
     infeasible = [r for r in rows if not r["feasible"]]
     assert infeasible and all(r["reason"] for r in infeasible)
 
@@ -58,6 +60,40 @@ def test_text_table_best_row_and_reasons(record, capsys):
             f"{best['micro_batches']} {batches} of {best['micro_batch_size']}")
     assert f"\nbest: {name}, recompute auto, ratrain schedule: peak" in out
     assert "\ndo not fit (" in out and "\n  pp 1 x dp 4, zero 2, 2 micro-batches of 1" in out
+
+
+def test_rows_say_whether_their_step_is_simulated_or_estimated(record, capsys):
+    """The step column holds the simulated step, else the estimate, and `timed` says
+    which; a simulated row shows its estimate beside it."""
+    assert main(PLAN + ["--top", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#"))
+    assert lines[header].split()[-3:] == ["s", "timed", "tokens/s"]
+    shown = [r for r in record["rows"] if r["feasible"] and r["recompute"] == "auto"]
+    for line, row in zip(lines[header + 1:header + 5], shown):
+        fields = line.split()
+        if row["step_time_s"] is not None:
+            assert fields[11:13] == [f"{row['step_time_s']:.4g}", "simulated"]
+            ratio = row["estimated_step_s"] / row["step_time_s"] - 1
+            assert line.endswith(f"estimate {row['estimated_step_s']:.4g} s ({ratio:+.1%})")
+        else:
+            assert fields[11:13] == [f"{row['estimated_step_s']:.4g}", "estimated"]
+            assert row["reason"].removeprefix("not simulated: ") in line
+    assert "estimated" in [line.split()[12] for line in lines[header + 1:header + 5]]
+
+
+def test_link_options_replace_the_profiles_link(record, capsys):
+    """plan --link-bandwidth/--link-latency as simulate takes them: a link 1000x slower
+    makes every estimate and the best simulated step slower."""
+    slow = run_json(PLAN + ["--top", "4", "--link-bandwidth", "10MB/s", "--link-latency",
+                            "1ms"], capsys)
+    fast = {(r["pp"], r["dp"], r["zero"], r["micro_batch_size"], r["grad_accum"]): r
+            for r in record["rows"] if r["feasible"]}
+    assert slow["rows"][0]["step_time_s"] > 2 * record["rows"][0]["step_time_s"]
+    for row in slow["rows"]:
+        key = (row["pp"], row["dp"], row["zero"], row["micro_batch_size"], row["grad_accum"])
+        if row["feasible"] and key in fast and row["dp"] > 1:
+            assert row["estimated_step_s"] > fast[key]["estimated_step_s"]
 
 
 def test_min_clusters_reports_the_smallest_count(capsys):

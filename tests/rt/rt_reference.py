@@ -19,7 +19,8 @@ CONFIG = models.fill_defaults({
     "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1})
 SEED = 3
 OPTIMIZER = AdamW(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-6, weight_decay=0.1)
-HYPER = ["--lr", "0.01", "--eps", "1e-6", "--weight-decay", "0.1", "--seed", str(SEED)]
+HYPER = ["--lr", "0.01", "--lr-schedule", "constant", "--eps", "1e-6", "--weight-decay", "0.1",
+         "--seed", str(SEED)]  # the reference trains at a constant lr
 
 
 def reference(config: dict, seed: int, rows: np.ndarray, global_batch: int, steps: int,

@@ -29,7 +29,8 @@ def train(workdir, precision: str, schedule: str) -> list[dict]:
     run = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "ratrain.rt", str(out),
                           "--data", str(workdir / "rows.npy"), "--metrics", str(metrics),
                           "--steps", str(STEPS), "--lr", "1e-3", "--seed", "1", "--no-shuffle",
-                          "--quiet"], capture_output=True, text=True, timeout=1200)
+                          "--lr-schedule", "constant", "--quiet"], capture_output=True, text=True,
+                         timeout=1200)
     assert run.returncode == 0, run.stderr
     return [json.loads(line) for line in metrics.read_text().splitlines()]
 
@@ -64,7 +65,8 @@ def test_bf16_views_gathered_over_dp_under_zero_2_and_3(workdir):
         run = subprocess.run(["mpiexec", "-n", "4", sys.executable, "-m", "ratrain.rt", str(out),
                               "--data", str(workdir / "rows.npy"), "--metrics", str(metrics),
                               "--steps", "6", "--lr", "1e-3", "--seed", "1", "--no-shuffle",
-                              "--quiet"], capture_output=True, text=True, timeout=600)
+                              "--lr-schedule", "constant", "--quiet"], capture_output=True, text=True,
+                             timeout=600)
         assert run.returncode == 0, run.stderr
         runs[zero] = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
     assert runs["2"] == runs["3"] and runs["2"][-1] < runs["2"][0]

@@ -170,22 +170,6 @@ def test_metrics_after_the_checkpoint_are_dropped(tmp_path):
     assert keep_metrics_until(metrics, 3) == 0 and keep_metrics_until(tmp_path / "no", 1) == 0
 
 
-def test_stop_hint_is_the_one_command_that_resumes(tmp_path):
-    from argparse import Namespace
-    from ratrain.rt.launch import resume_command
-    from ratrain.rt.train_options import RUN_RECORD, TRAINING_OPTIONS, option_dest
-    args = Namespace(**{option_dest(f): d for f, _, d, _ in TRAINING_OPTIONS})
-    args.steps, args.data, args.resume, args.ranks = 100, "my text.txt", "old", 4
-    checkpoint = tmp_path / "ckpt" / "step-000025"
-    assert resume_command(tmp_path / "prog", args, checkpoint) == (
-        f"ratrain run {tmp_path}/prog -n 4 --resume {checkpoint} --steps 100 "
-        "--data 'my text.txt'")
-    (tmp_path / "program").mkdir()
-    (tmp_path / RUN_RECORD).write_text("{}")
-    assert resume_command(tmp_path / "program", args, checkpoint) == \
-        f"ratrain train --resume {tmp_path}"
-
-
 def test_a_tokenizer_file_given_by_another_name_is_saved_as_tokenizer_json(tmp_path):
     from types import SimpleNamespace
     bpe = tmp_path / "my-bpe.json"

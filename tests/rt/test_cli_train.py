@@ -1,12 +1,18 @@
-"""`ratrain train` and `ratrain run`: compile + mpiexec in one command, a summary at the
-end; run forwards the training options and returns the runtime's exit code."""
+"""`ratrain train` and `ratrain run`: compile + mpiexec in one command, a line per phase,
+progress with MFU, one summary and a loss plot at the end; run forwards the training
+options and returns the runtime's exit code."""
 import json
 import subprocess
 import sys
 
 import pytest
 
+from test_progress import png_size
+
 from ratrain import models
+from ratrain.hw.profiles import load_profile
+from ratrain.ir.costs import node_flops
+from ratrain.models.trace import trace_model
 
 pytestmark = pytest.mark.mpi
 
@@ -20,21 +26,56 @@ def ratrain(*args, timeout=150):
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("train") / "run"
     return run_dir, ratrain("train", "--steps", 3, "--seq-len", 32, "--global-batch", 4,
-                            "--out", run_dir, "--trace", run_dir / "trace")
+                            "--out", run_dir, "--trace", run_dir / "trace",
+                            "--save-every", 1, "--keep-last", 2)
 
 
 def test_train_on_defaults_prints_progress_and_summary(trained):
     run_dir, result = trained
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert "pp 2 x dp 1" in lines[0]
+    assert lines[0].startswith("compiling tiny for 2 ranks (pp 2 x dp 1")
+    assert lines[1].startswith(f"compiled into {run_dir}/program in ")
+    assert lines[1].endswith("; starting 2 ranks with mpiexec")
+    assert lines[2].startswith("2 ranks up: building the stage code")
+    assert lines[3] == "first step: 1/3 (it also warms up)"
     assert [l.split()[1] for l in lines if l.startswith("step ")] == ["1/3", "2/3", "3/3"]
-    assert lines[-1].startswith("trained 3 steps: final loss") and str(run_dir) in lines[-1]
+    assert [l for l in lines if l.startswith("removed ")] == ["removed step-000001 (keep-last 2)"]
+    assert lines[-2] == f"plotted the loss in {run_dir}/loss.png"
+    assert lines[-1].startswith("done: 3 steps in ") and "final loss" in lines[-1]
+    assert lines[-1].endswith(f"; metrics {run_dir}/metrics.jsonl")
+    assert sum(l.startswith("done: ") for l in lines) == 1  # one summary
     steps = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert steps[-1]["loss"] < steps[0]["loss"]  # bytes of Python source are learnable
     _, params = models.load_pretrained(run_dir / "checkpoints" / "step-000003")  # 2 shards
     assert set(params) == set(models.param_shapes(models.get_config("tiny")))
+
+
+def test_mfu_is_model_flops_over_step_seconds_over_peak(trained):
+    """MFU = model FLOPs of a step (3 x the traced forward, by the rule tables, for the 4
+    micro-batches of 1 x 32 tokens) / step seconds / peak of 2 ranks (each 1 of the cpu
+    profile's 2 node cores: its 1-thread fp32 rate)."""
+    run_dir, _ = trained
+    graph = trace_model(models.get_config("tiny"), micro_batch_size=1, seq_len=32)
+    forward = sum(node_flops(node) for layer in graph.layers
+                  for node in graph.kinds[layer.kind].fwd.nodes)
+    model_flops = 3 * forward * 4
+    peak = 2 * load_profile("cpu")["threads"]["1"]["fp32_flops"]
+    steps = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for s in steps:
+        assert s["model_flops"] == model_flops
+        assert s["mfu"] == pytest.approx(model_flops / s["step_seconds"] / peak, rel=0.01)
+        assert 0 < s["mfu"] < 1 and s["eta_s"] >= 0
+    assert 0 < steps[0]["elapsed_s"] < steps[1]["elapsed_s"] < steps[2]["elapsed_s"]
+    assert steps[-1]["eta_s"] == 0
+    line = next(l for l in trained[1].stdout.splitlines() if l.startswith("step 3/3"))
+    assert f"MFU {steps[-1]['mfu']:.1%}" in line and "  mem " in line and "  ETA 0.0s" in line
+
+
+def test_run_directory_holds_the_loss_plot(trained):
+    run_dir, _ = trained
+    assert png_size(run_dir / "loss.png") == (800, 500)
 
 
 def test_trace_has_every_task_of_every_step(trained):

@@ -1,13 +1,15 @@
 """Training data (built-in corpus, .npy rows, step batches) and the learning-rate schedule,
 in one process."""
 import argparse
+import math
 import re
 
 import numpy as np
 import pytest
 
 from ratrain.rt.data import Batches, DataError, load_rows, training_rows
-from ratrain.rt.train_options import add_training_options, forward_argv, learning_rate
+from ratrain.rt.train_options import (add_training_options, check_run_length, forward_argv,
+                                      learning_rate, warmup_steps)
 
 
 def test_builtin_corpus_is_byte_rows():
@@ -46,7 +48,40 @@ def test_warmup_then_cosine_to_min_lr():
     lrs = [learning_rate(args, step) for step in range(1, 7)]
     assert lrs[:2] == [0.5, 1.0] and lrs[-1] == pytest.approx(0.1)
     assert all(a > b for a, b in zip(lrs[1:], lrs[2:]))
-    assert learning_rate(parse("--lr", "0.3"), 7) == 0.3
+    assert learning_rate(parse("--lr", "0.3", "--lr-schedule", "constant"), 7) == 0.3
+
+
+def test_default_schedule_warms_up_10_percent_then_decays_to_a_tenth():
+    """NOTE [default learning-rate schedule]: warm-up min(100, steps // 10), cosine to lr/10."""
+    args = parse("--lr", "1.0", "--steps", "50")
+    lrs = [learning_rate(args, step) for step in range(1, 51)]
+    assert lrs[:5] == [0.2, 0.4, 0.6, 0.8, 1.0]
+    assert lrs[5] == pytest.approx(0.5 * 0.9 * (1 + math.cos(math.pi / 45)) + 0.1)
+    assert all(a > b for a, b in zip(lrs[4:], lrs[5:])) and lrs[-1] == pytest.approx(0.1)
+    assert warmup_steps(parse("--steps", "5000")) == 100
+    assert warmup_steps(parse("--steps", "9")) == 0
+    assert learning_rate(parse("--lr", "1.0", "--steps", "1"), 1) == pytest.approx(0.1)
+
+
+def test_constant_schedule_is_the_earlier_default():
+    args = parse("--lr", "0.5", "--lr-schedule", "constant", "--steps", "50")
+    assert [learning_rate(args, step) for step in (1, 25, 50)] == [0.5, 0.5, 0.5]
+    warm = parse("--lr", "0.5", "--lr-schedule", "constant", "--warmup", "2", "--steps", "50")
+    assert [learning_rate(warm, step) for step in (1, 2, 3, 50)] == [0.25, 0.5, 0.5, 0.5]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--lr-schedule", "constant", "--min-lr", "0.1"), "--min-lr ends a cosine decay"),
+    (("--warmup", "-1"), "--warmup must be 0 or a positive number of steps, got -1")])
+def test_schedule_options_are_checked(argv, message):
+    assert check_run_length(parse(*argv)).startswith(message)
+    assert check_run_length(parse()) is None
+
+
+def test_unknown_schedule_is_refused_by_argparse(capsys):
+    with pytest.raises(SystemExit):
+        parse("--lr-schedule", "linear")
+    assert "choose one of cosine, constant, not 'linear'" in capsys.readouterr().err
 
 
 def test_forward_argv_round_trips():

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.mpi
 
 T, M, G, STEPS, SEED, K = 16, 4, 8, 3, 5, 2
 OPTIMIZER = AdamW(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-6, weight_decay=0.1)
-HYPER = ["--lr", "3e-3", "--eps", "1e-6", "--weight-decay", "0.1", "--seed", SEED,
-         "--no-shuffle", "--quiet"]
+HYPER = ["--lr", "3e-3", "--lr-schedule", "constant", "--eps", "1e-6", "--weight-decay", "0.1",
+         "--seed", SEED, "--no-shuffle", "--quiet"]
 WORDS = "the cat sat on a mat and the dog ran to the cat then a bird sang".split()
 
 

@@ -81,7 +81,7 @@ def test_train_resume_continues_the_run_in_place_bit_exactly(workdir, reference)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert [(r["loss"], r["lr"]) for r in records] == [(r["loss"], r["lr"]) for r in whole]
     assert sorted(p.name for p in run.iterdir()) == \
-        ["checkpoints", "metrics.jsonl", "program", "train_options.json"]
+        ["checkpoints", "loss.png", "metrics.jsonl", "program", "train_options.json"]
     finals = [d / "checkpoints" / "step-000006" for d in (reference, run)]
     names = sorted(p.name for p in finals[0].iterdir())
     assert sorted(p.name for p in finals[1].iterdir()) == names

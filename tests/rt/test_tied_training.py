@@ -16,7 +16,8 @@ pytestmark = pytest.mark.mpi
 TIED = models.fill_defaults(dict(CONFIG, tie_word_embeddings=True))
 T, M, G, STEPS, SEED, ROWS = 16, 4, 8, 30, 3, 400
 OPTIMIZER = AdamW(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-6, weight_decay=0.1)
-HYPER = ["--lr", "3e-3", "--eps", "1e-6", "--weight-decay", "0.1", "--seed", str(SEED)]
+HYPER = ["--lr", "3e-3", "--lr-schedule", "constant", "--eps", "1e-6", "--weight-decay", "0.1",
+         "--seed", str(SEED)]
 CASES = [(2, 1, 0), (2, 2, 2)]
 
 

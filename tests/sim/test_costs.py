@@ -18,8 +18,8 @@ from ratrain.planner import estimate as estimate_module
 from ratrain.planner.estimate import Estimator, StagePlan, _StageModel
 from ratrain.sim import costs as costs_module
 from ratrain.sim.calls import ProfileCosts
-from ratrain.sim.costs import (collective_seconds, norm_seconds, sync_seconds,
-                               task_cost_model, update_bytes)
+from ratrain.sim.costs import (collective_port_bytes, collective_seconds, norm_seconds,
+                               sync_seconds, task_cost_model, update_bytes)
 from ratrain.sim.steps import Compute, Send, Start, TieSum, WorldSum
 
 # mt3000 without measured op costs, its link slow enough that bytes matter; a large latency
@@ -31,9 +31,9 @@ ALGORITHMS = {"ring": MT3000 | {"collective_algorithm": "ring"},
 
 
 @lru_cache(maxsize=None)
-def compiled(model="tiny", **flags):
+def compiled(model="tiny", schedule="baseline", **flags):
     options = CompileOptions(micro_batches=2, micro_batch_size=2, seq_len=32,
-                             schedule="baseline", **flags)
+                             schedule=schedule, **flags)
     return compile_graph(trace_for(models.get_config(model), model, options), options)[0]
 
 
@@ -94,6 +94,53 @@ def test_update_costs_the_same_in_dry_run_simulator_and_planner(zero):
     plan = StagePlan(local_grads=True, level="none", lowered=0, need={})
     estimate = _StageModel(Estimator(profile), program, 0, plan)
     assert estimate.update == pytest.approx(sum(simulated), rel=1e-12)
+
+
+@pytest.mark.parametrize("zero", [0, 2])
+def test_sync_compute_is_the_same_in_simulator_and_planner(zero):
+    """What a SYNC costs its rank besides the link: the collective's finish, and on a
+    TCP link the host's share of its bytes (NOTE [link host cost])."""
+    profile = MT3000 | {"link_host_cost": 2e-9}
+    program = compiled(pp=2, dp=4, zero=zero)
+    costs, finishes, host = ProfileCosts(program, profile), 0.0, 0.0
+    for layer in program.stages[1]:
+        steps = costs.steps(_task(program, f"1SYNC[L{layer}]"))
+        finishes += sum(s.finish for s in steps if isinstance(s, Start))
+        host += sum(s.seconds for s in steps if isinstance(s, Compute))
+    assert finishes > 0 and host > 0
+    plan = StagePlan(local_grads=True, level="none", lowered=0, need={})
+    estimate = _StageModel(Estimator(profile), program, 1, plan)
+    assert estimate.sync_compute == pytest.approx(finishes + host, rel=1e-12)
+
+
+@pytest.mark.parametrize("flags", [dict(zero=0, clip=1.0), dict(zero=2, precision="fp16")])
+def test_speculative_update_costs_the_same_in_simulator_and_planner(flags):
+    """NOTE [commit rule]: a speculative UPD also takes its gradient's norm share and
+    copies master, m and v into undo."""
+    profile, program = MT3000, compiled(schedule="ratrain", pp=2, dp=2, **flags)
+    costs = ProfileCosts(program, profile)
+    simulated = sum(_computed(costs, program, f"0UPD[L{layer}]") for layer in program.stages[0])
+    local = sum(layer_param_count(program, l) / (2 if flags["zero"] else 1)
+                for l in program.stages[0])
+    assert simulated > 1.5 * update_bytes(local) / profile["ddr_bandwidth"]
+    plan = StagePlan(local_grads=True, level="none", lowered=0, need={})
+    estimate = _StageModel(Estimator(profile), program, 0, plan)
+    assert estimate.update == pytest.approx(simulated, rel=1e-12)
+
+
+def test_a_scattered_gradient_costs_the_same_in_simulator_and_planner():
+    """costs.grad_scatter: the estimate's reduce-scatter of each layer's gradients in a
+    micro-batch's B moves the bytes the simulator's grad_scatter call does."""
+    profile = ALGORITHMS["tree"]
+    program = compiled(pp=1, dp=4, zero=2, grad_accum="scatter")
+    costs = ProfileCosts(program, profile)
+    started = {s.what.split()[1]: s for s in _started(costs, program, "0B0")}
+    assert len(started) == len(program.stages[0])
+    for layer in program.stages[0]:
+        g = estimate_module._grad_scatter(program, layer_param_count(program, layer))
+        start = started[f"L{layer}"]
+        assert start.nbytes == collective_port_bytes(profile, "reduce_scatter", 4, g.reduced)
+        assert start.finish == pytest.approx(g.add / profile["ddr_bandwidth"], rel=1e-12)
 
 
 @pytest.mark.parametrize("in_place", [True, False])
