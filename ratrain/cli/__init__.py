@@ -125,8 +125,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def given_options(parser: argparse.ArgumentParser, argv) -> frozenset[str]:
+    """The dests of the options `argv` names, whatever their values: parsed again with
+    every default suppressed, so `--seed 0` counts as given and abbreviations are read
+    as argparse reads them (a resumed run takes only these from the command line)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                for option in command._actions:
+                    option.default = argparse.SUPPRESS
+    return frozenset(vars(parser.parse_args(argv))) - {"command", "func"}
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.given = given_options(parser, argv)
     try:
         with signals_interrupt():
             code = args.func(args)  # launchers return mpiexec's exit code

@@ -9,12 +9,16 @@ last line printed names it and the command that resumes, as it does when a rank 
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, read_hf_config
+from ratrain.rt.checkpoint import latest_checkpoint
 from ratrain.rt.hosts import resolve_hosts
 from ratrain.rt.launch import launch
 from ratrain.rt.stop import command_text
@@ -26,6 +30,7 @@ from ratrain.rt.train_options import add_training_options, resume_argv
 def cmd_run(args) -> int:
     """Check the program directory and the rank count here (no MPI job for a certain
     failure), then launch."""
+    from ratrain.cli.resume import check_start
     from ratrain.rt.load import SetupError, check_world_size, read_manifest
     program = Path(args.program)
     check_checkpoint_options(args)
@@ -36,6 +41,8 @@ def cmd_run(args) -> int:
     except SetupError as e:
         raise UserError(str(e)) from None
     hosts = resolve_hosts(args.hosts, args.hostfile, ranks)
+    check_start(args, manifest["model"]["config"])
+    check_save_dir_option(args)
     tokenize_data(args, manifest["model"]["config"], manifest["options"]["seq_len"])
     resume = command_text(["ratrain", "run", program, *resume_argv(args),
                            *(["--cluster", args.cluster] if args.cluster else [])])
@@ -70,20 +77,25 @@ def add_run_parser(sub) -> None:
 
 
 def check_checkpoint_options(args, save_dir_given: bool = True) -> None:
-    """--steps, --save-every, --keep-last, --resume and --save-dir, checked before anything
-    is compiled or started (the runtime checks them again for `python -m ratrain.rt`);
-    --resume becomes the checkpoint directory it names."""
-    from ratrain.rt.checkpoint import check_save_dir, find_resume_checkpoint
-    from ratrain.rt.train_options import check_run_length
-    problem = check_run_length(args, save_dir_given)
+    """--steps, --save-every, --keep-last, the runtime's numbers and --resume, checked
+    before anything is compiled or started (the runtime checks them again for `python -m
+    ratrain.rt`); --resume becomes the checkpoint directory it names."""
+    from ratrain.rt.checkpoint import find_resume_checkpoint
+    from ratrain.rt.train_options import check_run_length, check_run_numbers
+    problem = check_run_length(args, save_dir_given) or check_run_numbers(args)
     if problem is None and args.resume:
         try:
             args.resume = str(find_resume_checkpoint(args.resume))
         except ValueError as e:
             problem = str(e)
-    if problem is None and args.save_dir:
-        problem = check_save_dir(args.save_dir)
     if problem is not None:
+        raise UserError(problem)
+
+
+def check_save_dir_option(args) -> None:
+    """--save-dir can be written (it is created: the last check before a run writes)."""
+    from ratrain.rt.checkpoint import check_save_dir
+    if args.save_dir and (problem := check_save_dir(args.save_dir)) is not None:
         raise UserError(problem)
 
 
@@ -101,56 +113,149 @@ def compile_options(args, config: dict, layout):
         zero3_prefetch=args.zero3_prefetch, update_rule=args.update_rule)
 
 
-def compile_run(args, run_dir: Path, config: dict, name: str, options) -> None:
-    """Compile the model in memory, then write run_dir/program: a program that does not
-    fit is reported before the run directory exists."""
+def compile_program(config: dict, name: str, options):
+    """Compile the model in memory: (files, manifest_of) of its program directory, so
+    that a program that does not fit is reported before anything is written."""
     from ratrain.compiler import compile_graph, trace_for
-    from ratrain.programs import build_manifest, program_files, write_program_dir
+    from ratrain.programs import build_manifest, program_files
     program, records = compile_graph(trace_for(config, name, options), options)
     hf_config = read_hf_config(name)
+    return program_files(program, records), \
+        lambda h: build_manifest(program, records, load_hw("cpu"), h, hf_config)
+
+
+def write_run(args, run_dir: Path, compiled, made: list[Path]) -> None:
+    """run_dir/program and the run's record; on failure the token caches this start
+    `made` are removed too (a failed start leaves nothing behind)."""
+    from ratrain.cli.resume import write_run_record
+    from ratrain.programs import write_program_dir
     try:
-        write_program_dir(run_dir / "program", program_files(program, records),
-                          lambda h: build_manifest(program, records, load_hw("cpu"), h,
-                                                   hf_config))
+        write_program_dir(run_dir / "program", *compiled)
+        write_run_record(run_dir, args)
     except OSError as e:
+        for file in made:
+            file.unlink(missing_ok=True)
         raise UserError(f"cannot write the run directory {run_dir}: {e.strerror or e}") \
             from None
 
 
 def cmd_train(args) -> int:
-    """Check every input, compile into a new run directory, run it (the runtime prints
-    the progress, the loss plot and the summary)."""
+    """A new run (every input checked, then compiled into a new run directory) or, with
+    --resume RUN (or a checkpoint of RUN) and no other --out, RUN continued in place; run
+    it (the runtime prints the progress, the loss plot and the summary)."""
+    from ratrain.cli.resume import refuse_old_run_dir, run_of
+    run = run_of(args.resume) if args.resume else None
+    if run is not None and args.out is not None and Path(args.out).resolve() != run.resolve():
+        run = None  # a new run in --out, starting from RUN's checkpoint
+    elif args.resume and run is None:
+        refuse_old_run_dir(args.resume)
+    return resume_run(args, run) if run is not None else start_run(args)
+
+
+def start_run(args) -> int:
+    """Check every input, then compile, tokenize and write the run directory, in that
+    order: nothing is written before every check passed."""
+    from ratrain.cli.resume import check_start
     from ratrain.cli.train_inputs import (check_layout_numbers, check_run_dir,
-                                          load_checked_model, resolve_layout)
+                                          load_checked_model, model_tokenizer, resolve_layout)
     check_layout_numbers(args)
     config, name = load_checked_model(args.init_from or args.model)
+    if args.tokenizer is None and args.init_from is None:
+        args.tokenizer = model_tokenizer(args.model)
     cores = os.cpu_count() or 1
     layout = resolve_layout(args.pp, args.dp, args.micro_batches, args.global_batch, cores,
                             config["num_hidden_layers"] + 2)
     options = compile_options(args, config, layout)
-    tokenize_data(args, config, options.seq_len)
-    check_checkpoint_options(args, save_dir_given=False)  # last: it creates --save-dir
+    check_checkpoint_options(args, save_dir_given=False)
+    check_start(args, config)
     run_dir = check_run_dir(args.out)
+    check_save_dir_option(args)  # creates --save-dir: the last check
     print(f"compiling {name} for {options.world_size} ranks (pp {options.pp} x dp "
           f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
           f"x {options.seq_len} tokens)"
           f"{layout.cores_note(cores, layout.rank_threads(cores, os.environ))}", flush=True)
     started = time.perf_counter()
-    compile_run(args, run_dir, config, name, options)
+    compiled = compile_program(config, name, options)
+    made = tokenize_data(args, config, options.seq_len)
     args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
     args.save_dir = args.save_dir or str(run_dir / "checkpoints")
+    existed = run_dir.exists()
+    write_run(args, run_dir, compiled, made)
     print(f"compiled into {run_dir}/program in {time.perf_counter() - started:.1f} s; "
           f"starting {options.world_size} ranks with mpiexec", flush=True)
-    return launch(run_dir / "program", options.world_size, args,
+    code = launch(run_dir / "program", options.world_size, args,
                   command_text(["ratrain", "train", "--resume", run_dir]))
+    if code == SETUP_FAILED and not _has_trained(args):
+        _undo_start(run_dir, existed, made)
+    return code
 
 
-def tokenize_data(args, config: dict, seq_len: int) -> None:
+SETUP_FAILED = 2    # the ranks' exit status when they agree a job cannot start (rt/run.py)
+
+
+def _has_trained(args) -> bool:
+    metrics = Path(args.metrics)
+    return (metrics.is_file() and metrics.stat().st_size > 0) or \
+        latest_checkpoint(args.save_dir) is not None
+
+
+def _undo_start(run_dir: Path, existed: bool, made: list[Path]) -> None:
+    """Remove what a start the ranks refused wrote (the program, the record, empty metrics
+    and checkpoint folders, the token caches it made), so the same command can run again."""
+    from ratrain.rt.train_options import RUN_RECORD
+    shutil.rmtree(run_dir / "program", ignore_errors=True)
+    for file in (run_dir / RUN_RECORD, run_dir / "metrics.jsonl", *made):
+        file.unlink(missing_ok=True)
+    for folder in (run_dir / "checkpoints", *(() if existed else (run_dir,))):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty
+
+
+def resume_run(args, run: Path) -> int:
+    """RUN continued in place (NOTE [a run directory is the unit of work] in
+    cli/resume.py): its program, recorded options and newest checkpoint."""
+    from ratrain.cli.resume import (check_start, keep_metrics_until, resumed_args,
+                                    write_run_record)
+    from ratrain.rt.load import SetupError, read_manifest
+    start = resumed_args(args, run)
+    try:
+        manifest = read_manifest(run / "program")
+    except SetupError as e:
+        raise UserError(str(e)) from None
+    config, seq_len = manifest["model"]["config"], manifest["options"]["seq_len"]
+    check_checkpoint_options(args)
+    check_start(args, config)
+    step = _resumed_step(args)
+    if step >= args.steps:
+        raise UserError(f"{run} has reached step {step} of --steps {args.steps} already; "
+                        "pass a larger --steps to train it further")
+    check_save_dir_option(args)
+    tokenize_data(args, config, seq_len)
+    dropped = keep_metrics_until(Path(args.metrics), step)
+    write_run_record(run, args, start)
+    where = "its start (no checkpoint yet)" if args.resume == start["resume"] else \
+        f"its checkpoint {args.resume}"
+    print(f"resuming {run} from {where}: steps {step + 1}..{args.steps}"
+          + (f"; {dropped} metrics records after step {step} dropped" if dropped else ""),
+          flush=True)
+    return launch(run / "program", manifest["world_size"], args,
+                  command_text(["ratrain", "train", "--resume", run]))
+
+
+def _resumed_step(args) -> int:
+    """The step the run continues after: its checkpoint's (0 from a seeded start)."""
+    from ratrain.rt.checkpoint import STATE_FILE
+    if not args.resume:
+        return 0
+    return int(json.loads((Path(args.resume) / STATE_FILE).read_text())["step"])
+
+
+def tokenize_data(args, config: dict, seq_len: int) -> list[Path]:
     """Tokenize text --data/--eval-data into their caches here, once, before the ranks
-    start (NOTE [tokenize once] in rt/data.py)."""
+    start (NOTE [tokenize once] in rt/data.py); the cache files made (none on failure)."""
     from ratrain.rt.data import DataError, prepare_text_data
     try:
-        prepare_text_data(args, config, seq_len)
+        return prepare_text_data(args, config, seq_len)
     except DataError as e:
         raise UserError(str(e)) from None
     except OSError as e:
@@ -161,7 +266,8 @@ def add_train_parser(sub, model_help: str) -> None:
     p = sub.add_parser("train", help="compile a model and train it on MPI ranks in one "
                        "command", description="Compile MODEL (tiny by default) into a run "
                        "directory, start one MPI rank per core with mpiexec, print a progress "
-                       "line per step and a summary.")
+                       "line per step and a summary. --resume RUN continues the run directory "
+                       "RUN in place with the options it started with.")
     p.add_argument("--model", default="tiny", help=f"the model: {model_help} (default: tiny)")
     p.add_argument("--out", default=None, metavar="DIR", help="run directory for the program "
                    "and the metrics (default: runs/<timestamp>)")

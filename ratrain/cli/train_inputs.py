@@ -12,6 +12,7 @@ from pathlib import Path
 from ratrain.errors import UserError
 from ratrain.inputs import load_model
 from ratrain.rt.threads import thread_environment
+from ratrain.rt.train_options import RUN_RECORD
 
 DEFAULT_GLOBAL_BATCH = 8
 MAX_DEFAULT_MICRO_BATCHES = 4   # more, smaller micro-batches only add per-call overhead
@@ -40,6 +41,15 @@ def load_checked_model(model: str) -> tuple[dict, str]:
     return config, name
 
 
+def model_tokenizer(model: str) -> str | None:
+    """The folder of a --model config (a directory, or a config.json's) when it holds a
+    tokenizer.json: the model's own tokenizer, used as --init-from's is."""
+    from ratrain.data.tokenizer import TOKENIZER_FILE
+    path = Path(model)
+    folder = path if path.is_dir() else path.parent if path.is_file() else None
+    return str(folder) if folder is not None and (folder / TOKENIZER_FILE).is_file() else None
+
+
 # ---- the run directory ------------------------------------------------------------------------
 
 def new_run_dir(out: str | None) -> Path:
@@ -59,7 +69,9 @@ def check_run_dir(out: str | None) -> Path:
     run_dir = new_run_dir(out)
     where = f"--out {out}" if out is not None else f"run directory {run_dir}"
     if (run_dir / "program").exists():
-        raise UserError(f"{run_dir} already holds a run; choose another --out")
+        resume = f"continue it with `ratrain train --resume {run_dir}`, or " \
+            if (run_dir / RUN_RECORD).is_file() else ""
+        raise UserError(f"{run_dir} already holds a run; {resume}choose another --out")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{where} is a file, not a directory; choose another --out")
     ancestor = next(p for p in (run_dir.absolute(), *run_dir.absolute().parents)

@@ -62,12 +62,21 @@ def _expected(path: str, sources, choice: TokenizerChoice, vocab: int) -> dict:
 
 def _places(path: str, choice: TokenizerChoice) -> tuple[Path, Path]:
     """Base names of the cache: next to the data, and under $RATRAIN_CACHE."""
-    data = Path(path).resolve()
-    key = hashlib.sha256(f"{choice.digest}:{choice.eos_id}".encode()).hexdigest()[:10]
+    data, key = Path(path).resolve(), cache_key(choice)
     root = Path(os.environ.get("RATRAIN_CACHE", Path.home() / ".cache" / "ratrain"))
     where = hashlib.sha256(str(data).encode()).hexdigest()[:12]
     return (data.parent / f"{data.name}.{key}.tokens",
             root / "tokens" / f"{data.name}.{where}.{key}.tokens")
+
+
+def cache_key(choice: TokenizerChoice) -> str:
+    """The key in a cache's file names: a hash of the tokenizer and its EOS id."""
+    return hashlib.sha256(f"{choice.digest}:{choice.eos_id}".encode()).hexdigest()[:10]
+
+
+def cache_files(path: str, choice: TokenizerChoice) -> list[Path]:
+    """Every file a token cache of `path` under `choice` may have (in both places)."""
+    return [f(place) for place in _places(path, choice) for f in (_bin, _sidecar)]
 
 
 def _bin(place: Path) -> Path:

@@ -1,6 +1,7 @@
 """Which tokenizer turns the user's text into the model's token ids, and its end-of-document
-token: --tokenizer DIR, else the --init-from checkpoint's tokenizer.json, else UTF-8 bytes
-(vocab 256, what the built-in corpus uses) when the model's vocabulary holds them.
+token: --tokenizer DIR, else the tokenizer.json of the --resume checkpoint, else of the
+--init-from checkpoint, else UTF-8 bytes (vocab 256, what the built-in corpus uses) when
+the model's vocabulary holds them.
 """
 from __future__ import annotations
 
@@ -40,8 +41,11 @@ class TokenizerChoice:
                               tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
-def choose_tokenizer(config: dict, tokenizer: str | None, init_from: str | None) -> TokenizerChoice:
-    """The tokenizer of a run (see the module docstring), or a one-line DataError."""
+def choose_tokenizer(config: dict, tokenizer: str | None, init_from: str | None,
+                     resume: str | None = None) -> TokenizerChoice:
+    """The tokenizer of a run (see the module docstring), or a one-line DataError. A
+    resumed run tokenizes as it did before (a checkpoint holds its run's tokenizer files),
+    so leaving out --tokenizer when resuming never switches to bytes."""
     if tokenizer is not None:
         path = Path(tokenizer)
         path = path if path.is_file() else path / TOKENIZER_FILE
@@ -49,8 +53,9 @@ def choose_tokenizer(config: dict, tokenizer: str | None, init_from: str | None)
             raise DataError(f"--tokenizer {tokenizer} holds no {TOKENIZER_FILE}; pass the "
                             "directory of the model's Hugging Face tokenizer")
         return _hf_choice(path, f"--tokenizer {tokenizer}", config)
-    if init_from is not None and (Path(init_from) / TOKENIZER_FILE).is_file():
-        return _hf_choice(Path(init_from) / TOKENIZER_FILE, f"--init-from {init_from}", config)
+    for flag, folder in (("--resume", resume), ("--init-from", init_from)):
+        if folder is not None and (Path(folder) / TOKENIZER_FILE).is_file():
+            return _hf_choice(Path(folder) / TOKENIZER_FILE, f"{flag} {folder}", config)
     vocab = int(config["vocab_size"])
     if vocab < 256:
         raise DataError(f"the model's vocabulary has {vocab} ids, too few for byte tokens "

@@ -63,9 +63,37 @@ def _weight_map(path: Path) -> dict[str, str]:
     if (path / INDEX_FILE).is_file():
         return json.loads((path / INDEX_FILE).read_text())["weight_map"]
     if (path / SINGLE_FILE).is_file():
-        with safe_open(str(path / SINGLE_FILE), framework="numpy") as f:
-            return {name: SINGLE_FILE for name in f.keys()}
+        return dict.fromkeys(safetensors_shapes(path / SINGLE_FILE), SINGLE_FILE)
     raise ValueError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+
+
+def tensor_shapes(path) -> dict[str, list[int]]:
+    """name -> shape of every model tensor of a checkpoint directory, read from the
+    safetensors headers only (no tensor is loaded): what a run checks a --resume or
+    --init-from directory against before it compiles anything. A ValueError names a
+    missing or unreadable weights file."""
+    path = Path(path)
+    shapes = {}
+    for file in sorted(set(_weight_map(path).values())):
+        shapes |= safetensors_shapes(path / file)
+    return shapes
+
+
+def safetensors_shapes(file: Path) -> dict[str, list[int]]:
+    """name -> shape of the tensors of one .safetensors file, from its JSON header (an
+    8-byte little-endian length, then the header); a ValueError if it is not one."""
+    try:
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= 100 * 2 ** 20:
+                raise ValueError("no safetensors header")
+            header = json.loads(f.read(size))
+            return {name: entry["shape"] for name, entry in header.items()
+                    if name != "__metadata__"}
+    except OSError as e:
+        raise ValueError(f"cannot read {file}: {e.strerror or e}") from None
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        raise ValueError(f"{file} is not a safetensors file") from None
 
 
 def load_pretrained(path, names=None) -> tuple[dict, dict[str, np.ndarray]]:

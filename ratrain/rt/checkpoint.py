@@ -108,7 +108,8 @@ def finish_checkpoint(program, staging: Path, path: Path, config: dict, state: d
         (staging / INDEX_FILE).write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
     for file in tokenizer:
-        shutil.copyfile(file, staging / file.name)
+        name = file.name if file.name in TOKENIZER_FILES else "tokenizer.json"
+        shutil.copyfile(file, staging / name)
     (staging / CONFIG_FILE).write_text(config_text(config))
     (staging / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
     os.chmod(staging, 0o755)
@@ -136,6 +137,72 @@ def load_checkpoint(path: str, names=None) -> tuple[dict, dict, dict]:
     return params, moments, state
 
 
+# What must agree between a checkpoint's config.json and the model it starts, beyond the
+# shapes (which the tensors' headers give): the family and the attention layout.
+ARCHITECTURE_KEYS = ("model_type", "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "tie_word_embeddings")
+
+
+def checkpoint_problem(path, config: dict, flag: str) -> str | None:
+    """What keeps checkpoint directory `path` from starting a run of the model `config`,
+    as one line naming `flag` (--resume or --init-from); None if it fits. Reads only
+    config.json, trainer_state.json and the safetensors headers, never a tensor, so a
+    run can check it before it compiles or writes anything. --resume also needs the
+    AdamW moments of every parameter and the trainer state."""
+    from ratrain.models import param_shapes
+    from ratrain.models.checkpoint import tensor_shapes
+    try:
+        shapes = tensor_shapes(path)
+        saved = json.loads((Path(path) / CONFIG_FILE).read_text())
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e
+        return (f"{flag} {path} is not a checkpoint directory ({why}); pass a directory "
+                f"holding {CONFIG_FILE} and model.safetensors")
+    needed = param_shapes(config)
+    problem = _shape_problem(shapes, needed, "the checkpoint") or \
+        _architecture_problem(saved, config)
+    if problem is None and flag == "--resume":
+        problem = _state_problem(Path(path), needed)
+    return problem and f"{flag} {path} does not fit the model: {problem}"
+
+
+def _shape_problem(held: dict, needed: dict, where: str) -> str | None:
+    for name, shape in needed.items():
+        if name not in held:
+            return f"{name} is not in {where}; the model needs it as {list(shape)}"
+        if list(held[name]) != list(shape):
+            return f"{name} is {list(held[name])} in {where}, the model needs {list(shape)}"
+    return None
+
+
+def _architecture_problem(saved: dict, config: dict) -> str | None:
+    from ratrain.models import fill_defaults
+    try:
+        saved = fill_defaults(saved)
+    except (ValueError, KeyError, TypeError) as e:
+        return f"its {CONFIG_FILE} cannot be read ({e})"
+    for key in ARCHITECTURE_KEYS:
+        if saved.get(key) != config.get(key):
+            return f"its {CONFIG_FILE} has {key} {saved.get(key)}, the model {config.get(key)}"
+    return None
+
+
+def _state_problem(path: Path, needed: dict) -> str | None:
+    """The AdamW moments (in the optimizer files' headers) and trainer_state.json."""
+    from ratrain.models.checkpoint import safetensors_shapes
+    moments = {}
+    try:
+        for file in sorted(path.glob("optimizer*.safetensors")):
+            moments |= safetensors_shapes(file)
+        state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as e:
+        return f"its optimizer state cannot be read ({getattr(e, 'strerror', None) or e})"
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        return f"its {STATE_FILE} has no step"
+    return _shape_problem(moments, {f"{name}.{key}": shape for name, shape in needed.items()
+                                    for key in MOMENTS}, "its optimizer files")
+
+
 def checkpoint_name(step: int) -> str:
     return f"step-{step:06d}"
 
@@ -150,12 +217,14 @@ def export_config(hf_config: dict) -> dict:
 
 def tokenizer_files(*sources: str | None) -> list[Path]:
     """The tokenizer files of the first source that has any: a directory's TOKENIZER_FILES,
-    or a tokenizer.json given as a file (sources: --tokenizer, --init-from, --resume)."""
+    or a tokenizer.json given as a file under any name (copied as tokenizer.json, so a
+    resumed run finds it); sources: --tokenizer, --resume, --init-from, the order in which
+    choose_tokenizer looks."""
     for source in sources:
         if not source:
             continue
         path = Path(source)
-        if path.is_file() and path.name in TOKENIZER_FILES:
+        if path.is_file():  # --tokenizer FILE: a tokenizer.json, whatever its name
             return [path]
         found = [path / name for name in TOKENIZER_FILES if (path / name).is_file()]
         if found:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ratrain.data import DataError, choose_tokenizer, find_sources, token_stream
+from ratrain.data import (DataError, cache_files, cache_key, choose_tokenizer, find_sources,
+                          token_stream)
 
 CORPUS_BYTES = 4 * 2 ** 20              # cap of the built-in corpus
 
@@ -26,6 +27,7 @@ class TextSettings:
     config: dict                        # the model's HF config: vocab_size, eos_token_id
     tokenizer: str | None = None        # --tokenizer DIR
     init_from: str | None = None        # --init-from DIR (its tokenizer.json, if any)
+    resume: str | None = None           # the --resume checkpoint (its tokenizer.json)
     build: bool = True                  # tokenize when no cache exists; False: memmap only
 
 
@@ -105,8 +107,8 @@ def data_rows(path: str, flag: str, row_len: int, text: TextSettings) -> np.ndar
     if path.endswith(".npy"):
         return load_rows(path, row_len, vocab, flag)
     find_sources(path, flag)  # a missing or empty file first: no tokenizer fixes that
-    choice = choose_tokenizer(text.config, text.tokenizer, text.init_from)
-    return pack_rows(token_stream(path, flag, choice, vocab, text.build), row_len, flag, path)
+    return pack_rows(token_stream(path, flag, text_tokenizer(text), vocab, text.build),
+                     row_len, flag, path)
 
 
 def pack_rows(stream: np.ndarray, row_len: int, flag: str, path: str) -> np.ndarray:
@@ -120,17 +122,29 @@ def pack_rows(stream: np.ndarray, row_len: int, flag: str, path: str) -> np.ndar
     return stream[:n * row_len].reshape(n, row_len)
 
 
-def prepare_text_data(args, config: dict, seq_len: int) -> None:
+def prepare_text_data(args, config: dict, seq_len: int) -> list[Path]:
     """Tokenize --data and --eval-data text into their caches now, if not cached yet
-    (NOTE [tokenize once]), for a model of `config` trained on `seq_len` tokens."""
+    (NOTE [tokenize once]), for a model of `config` trained on `seq_len` tokens; the
+    cache files made. A failure leaves no cache it made behind."""
     paths = [(flag, getattr(args, name, None)) for flag, name in
              (("--data", "data"), ("--eval-data", "eval_data"))]
-    if all(p is None or p.endswith(".npy") for _, p in paths):
-        return
+    texts = [(flag, p) for flag, p in paths if p is not None and not p.endswith(".npy")]
+    if not texts:
+        return []
     text = text_settings(args, config, build=True)
-    for flag, path in paths:
-        if path is not None and not path.endswith(".npy"):
+    for flag, path in texts:
+        find_sources(path, flag)  # a missing or empty file first: no tokenizer fixes that
+    files = [f for _, path in texts for f in cache_files(path, text_tokenizer(text))]
+    existing = {f for f in files if f.exists()}
+    try:
+        for flag, path in texts:
             data_rows(path, flag, seq_len + 1, text)
+    except BaseException:  # e.g. too few tokens for a row: no cache of a failed start
+        for file in files:
+            if file not in existing:
+                file.unlink(missing_ok=True)
+        raise
+    return [f for f in files if f not in existing and f.exists()]
 
 
 def prepare_program_text_data(args, program_dir) -> None:
@@ -142,7 +156,68 @@ def prepare_program_text_data(args, program_dir) -> None:
 
 def text_settings(args, config: dict, build: bool) -> TextSettings:
     return TextSettings(config, getattr(args, "tokenizer", None),
-                        getattr(args, "init_from", None), build)
+                        getattr(args, "init_from", None), resumed_checkpoint(args), build)
+
+
+def text_tokenizer(text: TextSettings):
+    return choose_tokenizer(text.config, text.tokenizer, text.init_from, text.resume)
+
+
+def resumed_checkpoint(args) -> str | None:
+    """The checkpoint directory --resume names, or None (none, or none found there: the
+    set-up reports that)."""
+    from ratrain.rt.checkpoint import find_resume_checkpoint
+    try:
+        return str(find_resume_checkpoint(args.resume)) if args.resume else None
+    except ValueError:
+        return None
+
+
+# ---- the identity of a token stream ------------------------------------------------------
+
+# NOTE [token stream identity]: a checkpoint's trainer_state.json records which tokens
+# its run trained on: the --data path (resolved) and its size in bytes, the sha256 of the
+# tokenizer.json (or "bytes"), its EOS id and the cache key they make. A resumed run
+# computes the same for its own --data and tokenizer and refuses to start when any of them
+# differs (unless --allow-data-change): the rows of step k would be other rows, and a
+# byte-tokenized stream fed to a BPE-trained model trains happily on garbage.
+
+def token_stream_identity(data: str | None, text: TextSettings) -> dict:
+    """What identifies the training tokens of `data` made under `text` (NOTE [token
+    stream identity]); a DataError for data that cannot be read."""
+    if data is None:
+        return {"data": None, "tokenizer": "bytes"}  # the built-in corpus
+    path = Path(data).resolve()
+    if data.endswith(".npy"):
+        try:
+            return {"data": str(path), "data_bytes": path.stat().st_size, "tokenizer": None}
+        except OSError as e:
+            raise DataError(f"cannot read --data {data}: {e.strerror}") from None
+    sources = find_sources(data, "--data")
+    choice = text_tokenizer(text)
+    return {"data": str(path), "data_bytes": sum(s.size for s in sources),
+            "tokenizer": choice.digest, "eos_id": choice.eos_id,
+            "cache_key": cache_key(choice)}
+
+
+def stream_change(saved: dict, current: dict) -> str | None:
+    """How the token stream `current` differs from a checkpoint's `saved` (one phrase
+    naming the first difference), or None when they are the same."""
+    for key, what in (("data", "--data"), ("data_bytes", "--data size in bytes"),
+                      ("tokenizer", "tokenizer"), ("eos_id", "end-of-document id")):
+        if saved.get(key) != current.get(key):
+            return (f"its {what} was {_shown(key, saved.get(key))}, this run's is "
+                    f"{_shown(key, current.get(key))}")
+    return None
+
+
+def _shown(key: str, value) -> str:
+    if key == "data" and value is None:
+        return "the built-in corpus"
+    if key == "tokenizer":
+        return {"bytes": "UTF-8 bytes", None: "none (token rows)"}.get(
+            value, f"tokenizer.json sha256 {str(value)[:12]}")
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def training_rows(data: str | None, seq_len: int, vocab: int,

@@ -18,18 +18,18 @@ from ratrain.optim import LossScaler, starting_scaler
 from ratrain.rt.checkpoint import (check_save_dir, checkpoint_name, export_config,
                                    find_resume_checkpoint, load_checkpoint, tokenizer_files)
 from ratrain.rt.data import (Batches, DataError, prepare_program_text_data, text_settings,
-                             training_rows)
+                             token_stream_identity, training_rows)
 from ratrain.rt.evaluate import due, evaluate, held_out
 from ratrain.rt.load import SetupError, open_program, read_manifest
 from ratrain.rt.loss_plot import write_loss_plot
 from ratrain.rt.metrics import MetricsLog, StepMetrics, Throughput, rss_bytes
+from ratrain.rt.start import checkpoints_problem, data_order, resume_problem
 from ratrain.rt.stop import (CHECKPOINT, command_text, exit_code, listen, received,
                              resume_text, signal_name)
 from ratrain.rt.trace import TaskTrace
-from ratrain.rt.train_options import (add_training_options, check_run_length, learning_rate,
-                                      optimizer_at, resume_argv)
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)  # the loss scale is a float32 (GradScaler)
+from ratrain.rt.train_options import (add_training_options, check_run_length,
+                                      check_run_numbers, learning_rate, optimizer_at,
+                                      resume_argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,31 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def initial_state(args, config: dict, names=None):
     """(params, moments, state of a resumed run): seeded, from --init-from or from
-    --resume; only the parameters `names` (a rank's stage's), if given."""
+    --resume; only the parameters `names` (a rank's stage's), if given. The checkpoint's
+    files and shapes were checked against `config` before (checkpoints_problem)."""
     from ratrain import models
     if args.init_from is None and args.resume is None:
         return models.init_params(config, args.seed, names), None, {}
     source, flag = (args.resume, "--resume") if args.resume else (args.init_from, "--init-from")
     try:
-        params, moments, state = load_checkpoint(source, names) if args.resume else \
+        return load_checkpoint(source, names) if args.resume else \
             (models.load_pretrained(source, names)[1], None, {})
     except (OSError, ValueError, KeyError) as e:
         raise SetupError(f"cannot load {flag} {source}: {e}") from None
-    for name, shape in models.param_shapes(config).items():
-        if names is not None and name not in names:
-            continue
-        if name not in params or tuple(params[name].shape) != tuple(shape):
-            raise SetupError(f"{flag} {source} does not fit the program's model: {name} "
-                             f"should be {list(shape)}")
-    return params, moments, state
 
 
 def prepare(args, world_size: int, rank: int = 0) -> dict:
     """Everything a job starts from (program, initial state, batches), or a SetupError."""
-    if args.progress_us < 0:
-        raise SetupError(f"--progress-us must be 0 (off) or a positive number of "
-                         f"microseconds, got {args.progress_us}")
-    if (problem := check_run_length(args)) is not None:
+    if (problem := check_run_length(args) or check_run_numbers(args)) is not None:
         raise SetupError(problem)
     manifest, program = open_program(args.program, world_size)
     o, config = program.options, program.graph.config
@@ -81,56 +72,55 @@ def prepare(args, world_size: int, rank: int = 0) -> dict:
             args.resume = str(find_resume_checkpoint(args.resume))
         except ValueError as e:
             raise SetupError(str(e)) from None
+    if (problem := checkpoints_problem(args, config)) is not None:
+        raise SetupError(problem)
     stage = program.coords(rank)[0]
     params, moments, state = initial_state(args, config, {
         name for layer in program.stages[stage] for name, _ in program.layer_params(layer)})
-    if args.resume and state.get("data", args.data) != args.data:
-        raise SetupError(f"--resume {args.resume} was trained on --data {state['data']} "
-                         f"(the built-in corpus if None), not {args.data}: pass the same "
-                         "--data to continue")
     global_batch = o.dp * o.micro_batches * o.micro_batch_size
     text = text_settings(args, config, build=False)  # NOTE [tokenize once] (rt/data.py)
     try:
+        stream = token_stream_identity(args.data, text)
+        if (problem := resume_problem(args, state, stream)) is not None:
+            raise SetupError(problem)
         rows = training_rows(args.data, o.seq_len, int(config["vocab_size"]), text)
         held = held_out(args, o.seq_len + 1, global_batch, text)
     except ValueError as e:  # DataError, or the eval flags
         raise SetupError(str(e)) from None
-    shuffle, seed = state.get("shuffle", not args.no_shuffle), state.get("seed", args.seed)
+    shuffle, seed = data_order(args, state)
     batches = Batches(rows, global_batch, shuffle, seed)
     return {"program": program, "params": params, "moments": moments, "batches": batches,
             "held_out": held,
             "step": state.get("step", 0), "data_order": {"shuffle": shuffle, "seed": seed},
             "scaler": loss_scaler(args, o.precision, state),
             "skipped_steps": state.get("skipped_steps", 0),
-            "checkpoint": checkpoint_contents(args, manifest, config)}
+            "checkpoint": checkpoint_contents(args, manifest, config, stream)}
 
 
-def checkpoint_contents(args, manifest: dict, config: dict) -> dict:
+def checkpoint_contents(args, manifest: dict, config: dict, stream: dict) -> dict:
     """What every checkpoint holds besides the weights: the config.json to write (the one
     the model was read from, kept in the manifest as hf_config; the filled one for programs
-    compiled before it was) and the tokenizer files to copy (NOTE [checkpoints transformers
-    loads])."""
+    compiled before it was), the tokenizer files to copy (NOTE [checkpoints transformers
+    loads]) and the identity of the token stream (NOTE [token stream identity])."""
     hf_config = manifest.get("model", {}).get("hf_config") or config
     return {"config": export_config(hf_config),
-            "tokenizer": tokenizer_files(getattr(args, "tokenizer", None), args.init_from,
-                                         args.resume)}
+            "tokenizer": tokenizer_files(getattr(args, "tokenizer", None), args.resume,
+                                         args.init_from),
+            "token_stream": stream}
 
 
 # NOTE [checkpoints transformers loads]: a checkpoint directory is meant to be handed to
 # transformers.AutoModelForCausalLM.from_pretrained and AutoTokenizer as is. So its
 # config.json is the user's dict, not ratrain's filled-in copy (whose extra keys a newer
 # transformers may read differently), with the dtype set to float32 as the weights are;
-# and the tokenizer files of --tokenizer, --init-from or the resumed checkpoint are
-# copied in, in that order of preference.
+# and the tokenizer files of --tokenizer, the resumed checkpoint or --init-from are
+# copied in, in that order of preference (choose_tokenizer's, so a checkpoint holds the
+# tokenizer its run tokenized with).
 
 
 def loss_scaler(args, precision: str, state: dict) -> LossScaler:
-    """The loss scale the run starts from: a resumed fp16 run's, else the flags'."""
-    if not 0 < args.initial_loss_scale <= FLOAT32_MAX:
-        raise SetupError(f"--initial-loss-scale must be positive and at most 3.4e38 (a "
-                         f"float32), got {args.initial_loss_scale:g}")
-    if args.loss_scale_window < 1:
-        raise SetupError(f"--loss-scale-window must be at least 1, got {args.loss_scale_window}")
+    """The loss scale the run starts from: a resumed fp16 run's, else the flags' (checked
+    by check_run_numbers)."""
     scaler = starting_scaler(precision, args.initial_loss_scale, args.loss_scale_window)
     saved = state.get("loss_scale")
     if precision == "fp16" and saved is not None:
@@ -319,6 +309,7 @@ def _save(args, comms, executor, job: dict) -> int:
             raise RuntimeError("; ".join(errors))
         finish_checkpoint(executor.program, Path(staging), path, contents["config"],
                           {"step": executor.step, **job["data_order"], "data": args.data,
+                           "token_stream": contents["token_stream"],
                            **_scaler_state(executor)}, contents["tokenizer"])
         removed = prune_checkpoints(args.save_dir, args.keep_last, path)
     except Exception as e:

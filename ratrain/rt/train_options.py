@@ -22,6 +22,8 @@ def lr_schedule_name(text: str) -> str:
     return text
 
 
+FLOAT32_MAX = 3.4028234663852886e38     # the loss scale is a float32 (GradScaler)
+
 # flag, type (None = switch), default, help
 TRAINING_OPTIONS = (
     ("--steps", int, 50, "training steps to run (default: 50)"),
@@ -30,8 +32,8 @@ TRAINING_OPTIONS = (
      "next to it; or a .npy of integer token rows [N, seq-len + 1] (default: the installed "
      "Python standard library's sources as bytes, vocab 256)"),
     ("--tokenizer", str, None, "directory holding the model's tokenizer.json for text data "
-     "(default: the --init-from checkpoint's, else UTF-8 bytes when the vocabulary has 256 "
-     "or more ids)"),
+     "(default: the --resume checkpoint's, else the --init-from checkpoint's or `ratrain "
+     "train --model DIR`'s, else UTF-8 bytes when the vocabulary has 256 or more ids)"),
     ("--eval-data", str, None, "held-out text or .npy rows (the --data formats): report the "
      "mean next-token loss over --eval-batches global batches of it, without training on "
      "it (default: none)"),
@@ -71,7 +73,12 @@ TRAINING_OPTIONS = (
      "--save-dir, removing older ones after each save (default: 3; 0 = keep all)"),
     ("--resume", str, None, "continue from a checkpoint: its directory, a --save-dir or a "
      "`ratrain train` run directory (their newest step-NNNNNN/); weights, AdamW moments, "
-     "step, loss scale and data order; --steps is the total to reach"),
+     "step, loss scale, data order and tokenizer; --steps is the total to reach. `ratrain "
+     "train --resume RUN` continues RUN in place with its recorded options"),
+    ("--allow-data-change", None, False, "with --resume: continue even though the token "
+     "stream or its order differs from the checkpoint's (other --data, another tokenizer, "
+     "--seed or --no-shuffle); the run is then no longer the one it continues (default: "
+     "refuse, naming the change)"),
     ("--progress-us", int, 1000, "while a kernel runs with messages or collectives in flight, "
      "a helper thread lets MPI move them every N microseconds (transports such as TCP move "
      "bytes only inside MPI calls); 0 = only between kernels (default: 1000)"),
@@ -80,6 +87,11 @@ TRAINING_OPTIONS = (
     ("--metrics", str, None, "append one JSON line per step (step, loss, tokens/s, grad "
      "norm, loss scale, skipped, arena bytes and RSS per rank) to this file (default: none)"),
 )
+
+# The options `ratrain train` was given, recorded in its run directory when the run starts:
+# `ratrain train --resume RUN` continues with them (NOTE [a run directory is the unit of
+# work] in cli/resume.py), and a stopped run's hint names that command.
+RUN_RECORD = "train_options.json"
 
 METAVARS = {"--steps": "N", "--data": "FILE", "--tokenizer": "DIR", "--eval-data": "FILE",
             "--eval-every": "N", "--eval-batches": "K", "--seed": "S", "--init-from": "DIR",
@@ -101,11 +113,16 @@ def add_training_options(parser, skip: tuple = ()) -> None:
                                 metavar=METAVARS[flag])
 
 
+def option_dest(flag: str) -> str:
+    """The attribute argparse stores a flag's value under: --eval-data -> eval_data."""
+    return flag.lstrip("-").replace("-", "_")
+
+
 def forward_argv(args) -> list[str]:
     """The training options of parsed `args` as flags (only those not at their default)."""
     argv = []
     for flag, kind, default, _ in TRAINING_OPTIONS:
-        value = getattr(args, flag.lstrip("-").replace("-", "_"), default)
+        value = getattr(args, option_dest(flag), default)
         if value != default:
             argv += [flag] if kind is None else [flag, str(value)]
     return argv
@@ -158,6 +175,21 @@ def check_lr_schedule(args) -> str | None:
         return f"--warmup must be 0 or a positive number of steps, got {args.warmup}"
     if args.min_lr is not None and args.lr_schedule == "constant":
         return "--min-lr ends a cosine decay: drop it, or --lr-schedule constant"
+    return None
+
+
+def check_run_numbers(args) -> str | None:
+    """What is wrong with --progress-us, --initial-loss-scale or --loss-scale-window, if
+    anything (one line): checked by `ratrain train`/`run` before anything is written, and
+    by the ranks at set-up."""
+    if args.progress_us < 0:
+        return (f"--progress-us must be 0 (off) or a positive number of microseconds, got "
+                f"{args.progress_us}")
+    if not 0 < args.initial_loss_scale <= FLOAT32_MAX:
+        return (f"--initial-loss-scale must be positive and at most 3.4e38 (a float32), got "
+                f"{args.initial_loss_scale:g}")
+    if args.loss_scale_window < 1:
+        return f"--loss-scale-window must be at least 1, got {args.loss_scale_window}"
     return None
 
 

@@ -53,6 +53,8 @@ BAD_FLAGS = {
     "data empty": ["--data", "EMPTY"],
     "data unknown kind": ["--data", "FILE"],
     "eval-every without eval-data": ["--eval-every", 5],
+    "progress-us -1": ["--progress-us", -1],
+    "initial-loss-scale 0": ["--initial-loss-scale", 0],
 }
 
 
@@ -163,3 +165,10 @@ def test_simulator_gives_a_rank_the_threads_the_runtime_does():
     assert rank_profile(profile, 8)["rank_threads"] == 8    # 2 x 4 ranks on 64 cores
     assert rank_profile(profile, 8)["fp32_flops"] == 8.0
     assert rank_profile(profile | {"node_cores": 16}, 8)["rank_threads"] == 1  # 2 not measured
+
+
+def test_given_options_tell_a_flag_passed_again_from_its_default():
+    from ratrain.cli import build_parser, given_options
+    argv = ["train", "--resume", "run", "--seed", "0", "--ste", "9", "--no-shuffle"]
+    assert given_options(build_parser(), argv) == {"resume", "seed", "steps", "no_shuffle"}
+    assert given_options(build_parser(), ["run", "prog"]) == {"program"}

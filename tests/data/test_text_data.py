@@ -150,6 +150,20 @@ def test_tokenizer_flag_wins_over_init_from(tmp_path, checkpoint):
     assert choose_tokenizer({"vocab_size": 256}, None, str(tmp_path)).path is None
 
 
+def test_a_resumed_run_tokenizes_with_its_checkpoints_tokenizer(tmp_path, checkpoint):
+    """Without --tokenizer, the --resume checkpoint's tokenizer.json comes before
+    --init-from's and before bytes (the vocabulary of 256 would take bytes silently)."""
+    resumed = choose_tokenizer({"vocab_size": 256}, None, None, str(checkpoint))
+    assert resumed.source == f"--resume {checkpoint}" and resumed.eos_id == 1
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tokenizer.json").write_text((checkpoint / "tokenizer.json").read_text())
+    assert choose_tokenizer({"vocab_size": 64}, None, str(other), str(checkpoint)).source \
+        == f"--resume {checkpoint}"
+    assert choose_tokenizer({"vocab_size": 64}, str(other), None, str(checkpoint)).source \
+        == f"--tokenizer {other}"
+
+
 def test_long_text_pieces_cut_after_a_line_break(tmp_path):
     text = sample_text(50, 6) + "  indented\n\n\nlast"
     (tmp_path / "a.txt").write_text(text)

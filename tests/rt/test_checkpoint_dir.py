@@ -103,4 +103,94 @@ def test_tokenizer_files_come_from_the_first_source_that_has_them(tmp_path):
     assert sorted(p.name for p in found) == ["generation_config.json", "merges.txt",
                                              "tokenizer.json"]
     assert ck.tokenizer_files(str(full / "tokenizer.json")) == [full / "tokenizer.json"]
+    (full / "my-bpe.json").write_text("{}")   # --tokenizer FILE: copied as tokenizer.json
+    assert ck.tokenizer_files(str(full / "my-bpe.json"), str(full)) == [full / "my-bpe.json"]
     assert ck.tokenizer_files(None, str(empty)) == []
+
+
+def run_checkpoint(root, config: dict, step: int = 3):
+    """A checkpoint as a run writes it: weights, AdamW moments, trainer state."""
+    from ratrain import models
+    from safetensors.numpy import save_file
+    params = models.init_params(config, 0)
+    models.save_pretrained(root, config, params)
+    save_file({f"{n}.{key}": v for n, v in params.items() for key in ck.MOMENTS},
+              str(root / "optimizer.safetensors"))
+    (root / ck.STATE_FILE).write_text(json.dumps({"step": step}))
+    return root
+
+
+def test_checkpoint_problem_reads_headers_and_names_what_differs(tmp_path):
+    from ratrain import models
+    tiny = models.get_config("tiny")
+    path = run_checkpoint(tmp_path / "ckpt", tiny)
+    assert ck.checkpoint_problem(path, tiny, "--resume") is None
+    wider = dict(tiny, vocab_size=512)
+    assert ck.checkpoint_problem(path, wider, "--init-from") == (
+        f"--init-from {path} does not fit the model: model.embed_tokens.weight is [256, 256] "
+        "in the checkpoint, the model needs [512, 256]")
+    deeper = dict(tiny, num_hidden_layers=5)
+    assert ck.checkpoint_problem(path, deeper, "--resume").endswith(
+        "model.layers.4.input_layernorm.weight is not in the checkpoint; the model needs it "
+        "as [256]")
+    regrouped = dict(tiny, num_attention_heads=8, num_key_value_heads=8)  # same shapes
+    assert ck.checkpoint_problem(path, regrouped, "--resume").endswith(
+        "its config.json has num_attention_heads 4, the model 8")
+    (path / "optimizer.safetensors").unlink()
+    assert ck.checkpoint_problem(path, tiny, "--init-from") is None   # weights are enough
+    assert ck.checkpoint_problem(path, tiny, "--resume").endswith(
+        "model.embed_tokens.weight.exp_avg is not in its optimizer files; the model needs "
+        "it as [256, 256]")
+    (path / "model.safetensors").write_bytes(b"not safetensors")
+    assert ck.checkpoint_problem(path, tiny, "--resume") == (
+        f"--resume {path} is not a checkpoint directory ({path}/model.safetensors is not a "
+        "safetensors file); pass a directory holding config.json and model.safetensors")
+
+
+def test_stream_change_names_the_first_difference():
+    from ratrain.rt.data import stream_change
+    saved = {"data": "/d/train.txt", "data_bytes": 21119, "tokenizer": "ab" * 32,
+             "eos_id": 1, "cache_key": "k"}
+    assert stream_change(saved, dict(saved)) is None
+    assert stream_change(saved, saved | {"data_bytes": 30000}) == \
+        "its --data size in bytes was 21,119, this run's is 30,000"
+    assert stream_change(saved, saved | {"tokenizer": "bytes", "eos_id": 0}) == \
+        "its tokenizer was tokenizer.json sha256 abababababab, this run's is UTF-8 bytes"
+    assert stream_change({"data": None, "tokenizer": "bytes"}, saved) == \
+        "its --data was the built-in corpus, this run's is /d/train.txt"
+
+
+def test_metrics_after_the_checkpoint_are_dropped(tmp_path):
+    from ratrain.cli.resume import keep_metrics_until
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n"
+                               for s in range(1, 6)) + '{"step": 6, "lo')  # killed
+    assert keep_metrics_until(metrics, 3) == 3
+    assert [json.loads(l)["step"] for l in metrics.read_text().splitlines()] == [1, 2, 3]
+    assert keep_metrics_until(metrics, 3) == 0 and keep_metrics_until(tmp_path / "no", 1) == 0
+
+
+def test_a_tokenizer_file_given_by_another_name_is_saved_as_tokenizer_json(tmp_path):
+    from types import SimpleNamespace
+    bpe = tmp_path / "my-bpe.json"
+    bpe.write_text('{"model": {"type": "BPE"}}')
+    path = tmp_path / "save" / ck.checkpoint_name(4)
+    ck.finish_checkpoint(SimpleNamespace(stages=((0,),)), ck.staging_dir(path), path, {},
+                         {"step": 4}, ck.tokenizer_files(str(bpe)))
+    assert (path / "tokenizer.json").read_text() == bpe.read_text()
+    assert not (path / "my-bpe.json").exists()
+
+
+def test_resume_problem_of_a_checkpoint_from_before_stream_identities():
+    """An older checkpoint names only its --data (None: the built-in corpus); the message
+    says so in words, not as Python's None."""
+    from argparse import Namespace
+    from ratrain.rt.start import resume_problem
+    args = Namespace(resume="ck", allow_data_change=False, data="b.txt")
+    assert resume_problem(args, {"step": 3, "data": None}, {}) == (
+        "--resume ck was trained on other tokens: its --data was the built-in corpus, this "
+        "run's is b.txt; pass the run's --data (and --tokenizer) to continue it, or "
+        "--allow-data-change to train on these tokens from its weights")
+    assert resume_problem(args, {"step": 3, "data": "b.txt"}, {}) is None
+    assert resume_problem(Namespace(**{**vars(args), "allow_data_change": True}),
+                          {"step": 3, "data": None}, {}) is None

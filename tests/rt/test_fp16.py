@@ -4,6 +4,7 @@ the ratrain and baseline schedules on the same rows, give the same loss trajecto
 with the checkpoint's loss scale, growth count and skipped steps, exactly; bad loss-scale
 flags are one-line set-up errors."""
 import json
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,8 @@ import pytest
 from ratrain import models
 from ratrain.cli import main as ratrain_main
 from ratrain.rt.load import SetupError
-from ratrain.rt.run import build_parser, loss_scaler
+from ratrain.rt.run import build_parser, loss_scaler, prepare
+from ratrain.rt.train_options import check_run_numbers
 
 pytestmark = pytest.mark.mpi
 
@@ -124,9 +126,12 @@ def test_fp16_resume_continues_the_loss_scale_exactly(workdir):
     (["--initial-loss-scale", "1e39"], "at most 3.4e38"),
     (["--loss-scale-window", "0"], "--loss-scale-window must be at least 1, got 0")])
 def test_bad_loss_scale_options_are_one_line_errors(flags, message):
+    """Checked by check_run_numbers: by the CLI before anything is written, and by prepare."""
     args = build_parser().parse_args(["prog", *flags])
+    problem = check_run_numbers(args)
+    assert re.search(message, problem) and "\n" not in problem
     with pytest.raises(SetupError, match=message):
-        loss_scaler(args, "fp16", {})
+        prepare(args, world_size=1)
 
 
 def test_fp32_runs_start_unscaled_and_fp16_resumes_its_scale():

@@ -2,7 +2,8 @@
 every rank after the step in flight, writes that step's checkpoint and ends with one
 `ratrain:` line naming it and the command that resumes, with none of the MPI launcher's
 own output; resuming from that checkpoint is bit-identical to an uninterrupted run
-(fp32). A second signal ends the job at once; ranks under mpiexec directly stop the same
+(fp32): after SIGTERM, `ratrain train --resume RUN` with no other option continues RUN in
+place, in one metrics.jsonl. A second signal ends the job at once; ranks under mpiexec directly stop the same
 way on SIGTERM."""
 import json
 import os
@@ -120,6 +121,12 @@ def test_signal_stops_train_at_one_step_and_resume_is_exact(tmp_path, uninterrup
                          f"checkpoint {checkpoint}; resume with: ratrain train --resume "
                          f"{run_dir}")
 
+    if name == "SIGTERM":  # the printed command, no other option: the run continues in place
+        resumed = subprocess.run(cli("train", "--resume", run_dir), capture_output=True,
+                                 text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr
+        assert losses(run_dir / "metrics.jsonl") == uninterrupted[0]   # one metrics file
+        return
     resumed = subprocess.run(cli("run", run_dir / "program", "--resume", checkpoint,
                                  "--steps", STEPS, "--metrics", tmp_path / "resumed.jsonl"),
                              capture_output=True, text=True, timeout=600)

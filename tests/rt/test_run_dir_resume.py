@@ -1,0 +1,140 @@
+"""A run directory is the unit of work (NOTE [a run directory is the unit of work] in
+cli/resume.py): a tied LLaMA with its own BPE tokenizer.json, trained on text by `ratrain
+train --model DIR` (DIR's tokenizer, not bytes), stopped after its step-3 checkpoint,
+continues in place with `ratrain train --resume RUN` and no other option, bit-exactly
+against an uninterrupted run and in one metrics.jsonl; `ratrain run RUN/program --resume
+CKPT --data train.txt` without the tokenizer gives the same losses, and other tokens are
+refused in one line."""
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from tokenizers import Tokenizer
+
+from rt_reference import read_metrics
+from run_dir_fixtures import text, write_model_dir
+
+pytestmark = pytest.mark.mpi
+
+TRAIN = ["--model", "model", "--data", "train.txt", "--steps", 6, "--save-every", 3,
+         "--keep-last", 0, "--seq-len", 16, "--global-batch", 4, "--precision", "fp32"]
+
+
+def ratrain(cwd, *args):
+    return subprocess.run([sys.executable, "-m", "ratrain.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rundir")
+    write_model_dir(root / "model", weights=False)   # a config and its tokenizer, no weights
+    (root / "train.txt").write_text(text(400, 1))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(workdir):
+    """The uninterrupted run."""
+    result = ratrain(workdir, "train", *TRAIN, "--out", "ref")
+    assert result.returncode == 0, result.stderr
+    return workdir / "ref"
+
+
+def test_model_dir_tokenizer_is_used_and_carried(workdir, reference):
+    tokenizer_file = workdir / "model" / "tokenizer.json"
+    ids = Tokenizer.from_file(str(tokenizer_file)).encode(
+        (workdir / "train.txt").read_text(), add_special_tokens=False).ids
+    sidecar, = workdir.glob("train.txt.*.tokens.json")
+    assert json.loads(sidecar.read_text())["tokens"] == len(ids) + 1   # + EOS
+    assert len(ids) < (workdir / "train.txt").stat().st_size / 2       # not byte tokens
+    for step in (3, 6):
+        checkpoint = reference / "checkpoints" / f"step-{step:06d}"
+        assert (checkpoint / "tokenizer.json").read_bytes() == tokenizer_file.read_bytes()
+        stream = json.loads((checkpoint / "trainer_state.json").read_text())["token_stream"]
+        assert stream == {
+            "data": str(workdir / "train.txt"), "data_bytes": (workdir / "train.txt").stat().st_size,
+            "tokenizer": hashlib.sha256(tokenizer_file.read_bytes()).hexdigest(), "eos_id": 1,
+            "cache_key": sidecar.name.split(".")[2]}
+
+
+def test_train_resume_continues_the_run_in_place_bit_exactly(workdir, reference):
+    run = workdir / "run"
+    first = ratrain(workdir, "train", *TRAIN, "--out", "run")
+    assert first.returncode == 0, first.stderr
+    # what a run stopped during step 6 leaves: no step-6 checkpoint, steps 1-5 logged
+    shutil.rmtree(run / "checkpoints" / "step-000006")
+    metrics = run / "metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:5]))
+
+    resumed = ratrain(workdir, "train", "--resume", "run")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines()[0] == (
+        f"resuming run from its checkpoint {run}/checkpoints/step-000003: steps 4..6; "
+        "2 metrics records after step 3 dropped")
+    assert [l.split()[1] for l in resumed.stdout.splitlines() if l.startswith("step ")] == \
+        ["4/6", "5/6", "6/6"]
+    whole, records = read_metrics(reference / "metrics.jsonl"), read_metrics(metrics)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [(r["loss"], r["lr"]) for r in records] == [(r["loss"], r["lr"]) for r in whole]
+    assert sorted(p.name for p in run.iterdir()) == \
+        ["checkpoints", "loss.png", "metrics.jsonl", "program", "train_options.json"]
+    finals = [d / "checkpoints" / "step-000006" for d in (reference, run)]
+    names = sorted(p.name for p in finals[0].iterdir())
+    assert sorted(p.name for p in finals[1].iterdir()) == names
+    for name in names:
+        a, b = ((d / name).read_bytes() for d in finals)
+        if name == "trainer_state.json":  # "data" is the --data as typed: now absolute
+            a, b = ({k: v for k, v in json.loads(x).items() if k != "data"} for x in (a, b))
+        assert a == b, name
+
+
+def test_run_resume_without_the_tokenizer_uses_the_checkpoints(workdir, reference):
+    checkpoint = reference / "checkpoints" / "step-000003"
+    again = ratrain(workdir, "run", "ref/program", "--resume", checkpoint, "--data",
+                    "train.txt", "--steps", 6, "--metrics", "again.jsonl")
+    assert again.returncode == 0, again.stderr
+    whole = read_metrics(reference / "metrics.jsonl")
+    assert [r["loss"] for r in read_metrics(workdir / "again.jsonl")] == \
+        [r["loss"] for r in whole[3:]]
+    (workdir / "other.txt").write_text(text(400, 2))
+    other = ratrain(workdir, "run", "ref/program", "--resume", checkpoint, "--data",
+                    "other.txt", "--steps", 6)
+    assert other.returncode == 2 and other.stdout == ""
+    assert other.stderr.splitlines() == [
+        f"ratrain: error: --resume {checkpoint} was trained on other tokens: its --data was "
+        f"{workdir / 'train.txt'}, this run's is {workdir / 'other.txt'}; pass the run's "
+        "--data (and --tokenizer) to continue it, or --allow-data-change to train on these "
+        "tokens from its weights"]
+    reordered = ratrain(workdir, "train", "--resume", "ref", "--seed", 1)
+    assert reordered.returncode == 2 and reordered.stderr.splitlines() == [
+        f"ratrain: error: --resume {checkpoint.parent}/step-000006 shuffled its rows with "
+        "--seed 0; --seed 1 would take other rows from here: leave it out, or pass "
+        "--allow-data-change"]
+    assert not list(workdir.glob("other.txt.*"))   # refused before tokenizing
+    again = ratrain(workdir, "train", *TRAIN, "--out", "ref")
+    assert again.returncode == 2 and again.stderr.splitlines() == [
+        "ratrain: error: ref already holds a run; continue it with `ratrain train --resume "
+        "ref`, or choose another --out"]
+
+
+def test_options_given_again_override_and_are_recorded(workdir, reference):
+    whole = read_metrics(reference / "metrics.jsonl")
+    more = ratrain(workdir, "train", "--resume", "ref", "--steps", 7)
+    assert more.returncode == 0, more.stderr
+    assert [l.split()[1] for l in more.stdout.splitlines() if l.startswith("step ")] == ["7/7"]
+    records = read_metrics(reference / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 8)) and records[:6] == whole
+    record = json.loads((reference / "train_options.json").read_text())
+    assert record["options"]["steps"] == 7 and record["options"]["resume"] is None
+    done = ratrain(workdir, "train", "--resume", "ref")
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "ratrain: error: ref has reached step 7 of --steps 7 already; pass a larger --steps "
+        "to train it further"]
+    relaid = ratrain(workdir, "train", "--resume", "ref", "--pp", 1, "--steps", 8)
+    assert relaid.returncode == 2 and relaid.stderr.splitlines() == [
+        "ratrain: error: --pp cannot change when resuming ref: its program is compiled with "
+        "the model and layout it started with; leave --pp out, or start a new run with --out"]

@@ -1,0 +1,100 @@
+"""A failed start leaves nothing behind: `ratrain train` and `ratrain run` check the
+checkpoint they start from (its files, config and shapes, read from the safetensors
+headers) and the data before they compile, tokenize or write; each failure is one
+`ratrain: error:` line, and afterwards neither the run directory nor a token cache exists.
+No MPI job starts."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ratrain import models
+from run_dir_fixtures import text, write_model_dir
+
+
+def ratrain(cwd, *args, cache=None):
+    env = {**__import__("os").environ, "RATRAIN_CACHE": str(cache)}
+    return subprocess.run([sys.executable, "-m", "ratrain.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("start")
+    write_model_dir(root / "model", weights=False)       # config.json + tokenizer only
+    (root / "train.txt").write_text(text(200, 1))
+    (root / "short.txt").write_text("the fox.\n")
+    tiny = models.get_config("tiny")                     # another model's checkpoint
+    models.save_pretrained(root / "tiny-ckpt", tiny, models.init_params(tiny, 0))
+    (root / "tiny-ckpt" / "trainer_state.json").write_text(json.dumps({"step": 2}))
+    compiled = ratrain(root, "compile", "model/config.json", "--seq-len", 16, "--pp", 2,
+                       "-o", "program", cache=root / "cache")
+    assert compiled.returncode == 0, compiled.stderr
+    return root
+
+
+TINY_SHAPES = ("model.embed_tokens.weight is [256, 256] in the checkpoint, the model needs "
+               "[320, 32]")
+CASES = {
+    "init-from without safetensors": (
+        ["train", "--init-from", "model", "--data", "train.txt"],
+        "--init-from model is not a checkpoint directory (model: neither model.safetensors "
+        "nor model.safetensors.index.json found); pass a directory holding config.json and "
+        "model.safetensors"),
+    "resume another model's checkpoint": (
+        ["train", "--model", "model", "--resume", "tiny-ckpt", "--data", "train.txt"],
+        f"--resume tiny-ckpt does not fit the model: {TINY_SHAPES}"),
+    "run resume another model's checkpoint": (
+        ["run", "program", "--resume", "tiny-ckpt", "--data", "train.txt"],
+        f"--resume tiny-ckpt does not fit the model: {TINY_SHAPES}"),
+    "run init-from without safetensors": (
+        ["run", "program", "--init-from", "model", "--data", "train.txt"],
+        "--init-from model is not a checkpoint directory"),
+    "too little data": (
+        ["train", "--model", "model", "--data", "short.txt", "--seq-len", 16],
+        "--data short.txt has 6 tokens, fewer than one row of seq-len + 1 = 17"),
+    "missing data": (
+        ["train", "--model", "model", "--data", "none.txt"],
+        "--data none.txt does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_failed_start_writes_nothing(workdir, tmp_path, case):
+    args, message = CASES[case]
+    before = sorted(p.name for p in workdir.iterdir())
+    out = ["--out", tmp_path / "run"] if args[0] == "train" else \
+        ["--save-dir", tmp_path / "run", "--metrics", tmp_path / "run" / "m.jsonl"]
+    result = ratrain(workdir, *args, *out, cache=tmp_path / "cache")
+    errors = [l for l in result.stderr.splitlines() if l.startswith("ratrain:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr
+    assert errors[0].startswith(f"ratrain: error: {message}"), errors[0]
+    assert "Traceback" not in result.stderr and "mpiexec" not in result.stdout
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+    assert sorted(p.name for p in workdir.iterdir()) == before   # no token cache by the data
+
+
+@pytest.mark.mpi
+def test_ranks_started_directly_check_the_checkpoint_too(workdir):
+    from rt_reference import mpirun
+    run = mpirun(2, workdir / "program", "--steps", 1, "--resume", workdir / "tiny-ckpt")
+    assert run.returncode == 2 and "step 1/1" not in run.stdout
+    assert run.stderr.strip().splitlines() == [
+        f"ratrain: error: --resume {workdir / 'tiny-ckpt'} does not fit the model: "
+        f"{TINY_SHAPES}"]
+
+
+@pytest.mark.mpi
+def test_a_start_the_ranks_refuse_is_undone(workdir, tmp_path):
+    """--metrics is checked by the ranks (they write it): their refusal removes the run
+    directory and the token cache the start wrote, so the same command can run again."""
+    before = sorted(p.name for p in workdir.iterdir())
+    result = ratrain(workdir, "train", "--model", "model", "--data", "train.txt", "--seq-len",
+                     16, "--steps", 1, "--metrics", "/proc/ratrain-m/m.jsonl", "--out",
+                     tmp_path / "run", cache=tmp_path / "cache")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == \
+        "ratrain: error: cannot write --metrics /proc/ratrain-m/m.jsonl: No such file or directory"
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+    assert sorted(p.name for p in workdir.iterdir()) == before
