@@ -230,3 +230,40 @@ def test_sigterm_outside_a_job_interrupts_as_ctrl_c_does():
     assert stopped_by(stopped.value) == signal.SIGTERM
     assert stopped_by(KeyboardInterrupt()) == signal.SIGINT
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_sigterm_then_train_resume_of_a_tied_bpe_model_on_text_is_exact(tmp_path):
+    """Issue 25's case: a tied LLaMA with its own BPE tokenizer.json, trained on text,
+    SIGTERM mid-run, then `ratrain train --resume RUN` with no other option: the run
+    continues in place, one metrics.jsonl, losses equal to an uninterrupted run's (fp32),
+    and its checkpoints carry the model's tokenizer (not byte tokens)."""
+    from run_dir_fixtures import text, write_model_dir
+    model = write_model_dir(tmp_path / "model", weights=False)
+    (tmp_path / "train.txt").write_text(text(400, 1))
+    steps = 150  # a step takes milliseconds: enough of them that the signal lands mid-run
+    train = ["--model", model, "--data", tmp_path / "train.txt", "--steps", steps,
+             "--seq-len", 32, "--global-batch", 4, "--precision", "fp32"]
+    whole = subprocess.run(cli("train", *train, "--out", tmp_path / "whole"),
+                           capture_output=True, text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr
+
+    run_dir = tmp_path / "run"
+    job = start(cli("train", *train, "--out", run_dir), tmp_path)
+    _, ranks = signal_after(job, run_dir / "metrics.jsonl", 2, send_sigterm)
+    assert job.wait(timeout=120) == 128 + signal.SIGTERM
+    assert_ranks_gone(ranks)
+    last = read_metrics(run_dir / "metrics.jsonl")[-1]["step"]
+    assert last < steps, "the run ended before the signal: make its steps longer"
+    checkpoint = run_dir / "checkpoints" / f"step-{last:06d}"
+    assert (checkpoint / "tokenizer.json").read_bytes() == \
+        (model / "tokenizer.json").read_bytes()
+    assert last_line(tmp_path).endswith(f"resume with: ratrain train --resume {run_dir}")
+
+    resumed = subprocess.run(cli("train", "--resume", run_dir), capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert losses(run_dir / "metrics.jsonl") == losses(tmp_path / "whole" / "metrics.jsonl")
