@@ -16,8 +16,11 @@ import numpy as np
 from mpi4py import MPI
 
 # Bytes of one rank's gradient buffer: a small layer's and a larger layer's fp32 gradient
-# (the 58M LLaMA's decoder layer holds 12.6 MB), past the last-level cache share.
-COLLECTIVE_BYTES = (4 << 20, 32 << 20)
+# (the 58M LLaMA's decoder layer holds 12.6 MB), past the last-level cache share, and a
+# vocabulary-sized one (its embedding's 65.5 MB): the simulator scales the largest's time
+# per byte (NOTE [measured node collectives], sim/collectives.py), which grows with size.
+COLLECTIVE_BYTES = (4 << 20, 32 << 20, 64 << 20)
+BESIDE_BYTES = 32 << 20                 # each all-reduce streaming beside the GEMM loop
 COLLECTIVE_REPS = 3
 BESIDE_SECONDS = 0.25                   # kernel time per pass of the beside-kernel probe
 PROGRESS_INTERVAL = 1e-3                # as the runtime's --progress-us default
@@ -67,10 +70,12 @@ def time_collectives(world, members: int) -> list[dict]:
 
 
 def node_collectives(world) -> list[dict]:
-    """time_collectives over the whole node, and in two halves side by side."""
+    """time_collectives over the whole node, in two halves and in four quarters side by
+    side (the DP groups of pipelines of 1, 2 and 4 stages filling the node)."""
     rows = time_collectives(world, world.size)
-    if world.size >= 4:
-        rows += time_collectives(world, world.size // 2)
+    for parts in (2, 4):
+        if world.size >= 2 * parts and world.size % parts == 0:
+            rows += time_collectives(world, world.size // parts)
     return rows
 
 
@@ -84,7 +89,7 @@ def _gemm(threads: int):
 
 
 def beside_kernel(world, threads: int) -> dict:
-    """A GEMM loop timed alone, then with all-reduces of the larger size streaming beside
+    """A GEMM loop timed alone, then with all-reduces of BESIDE_BYTES streaming beside
     it as the runtime runs them (a progress thread poking every PROGRESS_INTERVAL, MPI
     tested between kernel calls); the seconds each took and the all-reduce bytes
     finished meanwhile."""
@@ -101,7 +106,7 @@ def beside_kernel(world, threads: int) -> dict:
         calls += 1
     calls = world.allreduce(calls, op=MPI.MIN)
     alone = _timed(world, run, calls, lambda: None)
-    send, receive = _buffers("allreduce", COLLECTIVE_BYTES[-1], world.size)
+    send, receive = _buffers("allreduce", BESIDE_BYTES, world.size)
     agent = ProgressAgent(SimpleNamespace(world=world), PROGRESS_INTERVAL) \
         if ProgressAgent.usable(PROGRESS_INTERVAL) else None
     state, stream = {"request": None, "started": 0}, world.Dup()  # apart from the timing's

@@ -29,6 +29,9 @@ class Node:
     progress_share: float               # share of its speed an intra-node collective
                                         # keeps while its rank computes (NOTE [manual
                                         # progress], sim/engine.py)
+    collective_rows: tuple = ()         # (op, members, groups, bytes, seconds) that
+                                        # `ratrain calibrate` timed on every rank of the
+                                        # node at once (NOTE [measured node collectives])
 
     def copy_rate(self, concurrent: int, phase: str) -> float:
         """B/s one rank's share of an intra-node `phase` (reduce, copy) moves while
@@ -84,7 +87,9 @@ def node_of(profile: dict) -> Node:
         link_bandwidth=float(profile["link_bandwidth"]),
         link_latency=float(profile["link_latency"]),
         progress_share=float(profile.get("collective_progress_share",
-                                         default_progress_share(profile))))
+                                         default_progress_share(profile))),
+        collective_rows=tuple(tuple(row) for row in
+                              profile.get("node_collectives", {}).get("rows", ())))
 
 
 def node_of_rank(rank: int, ranks: int) -> int:

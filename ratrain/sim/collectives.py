@@ -72,7 +72,21 @@ def collective_cost(op: str, n: int, nbytes: float, alpha: float, bandwidth: flo
 # |                     | all-gather first, then the node's                            |
 #
 # Within a node, reduce phases move at copy_rate(L, "reduce"), gathers at
-# copy_rate(L, "copy"): an all-reduce is half of each.
+# copy_rate(L, "copy"): an all-reduce is half of each; where the profile holds the
+# node's measured collectives, from those instead (NOTE [measured node collectives]).
+#
+# NOTE [measured node collectives]: the copy-rate model above undercharges MPICH's
+# shared-memory collectives at gradient sizes. Timed with the mpich 5.0.2 wheel on a
+# 16-core machine, every rank in a group at once, 65.5 MB (the 58M LLaMA's embedding
+# gradient): reduce-scatter 48 / 40 / 34 ms in groups of 4 / 8 / 16 members, all-gather
+# 28 / 28 / 27 ms, all-reduce 78 / 94 / 100 ms, where the model charges the groups of 4
+# 5.5, 5.5 and 11 ms: one member's rate hardly grows as its group shrinks, since every
+# rank of the node is copying at once. So a profile whose `node_collectives` rows were
+# timed with as many ranks as the node holds charges a collective within the node from
+# the row of the same op with the nearest member count (largest size timed), scaled by
+# the bytes one member moves (the ring's, as node_fit.port_bytes): the per-byte time
+# MPICH really took, algorithm included. Rows of another rank count, or none, keep the
+# copy-rate model.
 
 REDUCED_SHARE = {"allreduce": 0.5, "reduce_scatter": 1.0, "allgather": 0.0}
 
@@ -88,9 +102,30 @@ class Timed:
                      self.seconds + other.seconds)
 
 
+def _ring_bytes(op: str, members: int, nbytes: float) -> float:
+    return collective_cost(op, members, nbytes, 0.0, 1.0, "ring").nbytes
+
+
+def measured_row(op: str, members: int, node) -> tuple | None:
+    """NOTE [measured node collectives]: the node's timed row of `op` with every rank of
+    the node busy, members nearest to `members` (by ratio), the largest size; None
+    without one."""
+    rows = [r for r in node.collective_rows if r[0] == op and r[1] * r[2] == node.ranks
+            and r[1] > 1]
+    if not rows:
+        return None
+    return min(rows, key=lambda r: (abs(math.log(r[1] / members)), -r[3]))
+
+
 def _within_node(op: str, members: int, nbytes: float, node, algorithm: str) -> Timed:
     cost = collective_cost(op, members, nbytes, node.link_latency, node.link_bandwidth,
                            algorithm)
+    row = measured_row(op, members, node)
+    if row is not None:
+        _, row_members, _, row_bytes, row_seconds = row
+        per_byte = row_seconds / _ring_bytes(op, row_members, row_bytes)
+        return Timed(cost.latency, cost.nbytes,
+                     per_byte * _ring_bytes(op, members, nbytes))
     reduced = REDUCED_SHARE[op] * cost.nbytes
     seconds = reduced / node.copy_rate(members, "reduce") + \
         (cost.nbytes - reduced) / node.copy_rate(members, "copy")

@@ -10,7 +10,10 @@ The profile predates the node fields (hw/profiles.py); each is derived from what
 - collective_progress_share: 0, as for every calibrated profile: its ranks talk through
   the mpich wheel's shared memory, which moves a collective's bytes only inside MPI calls
   (NOTE [manual progress], sim/engine.py);
-- inter-node port: none is crossed (one node).
+- inter-node port: none is crossed (one node);
+- the runtime's calls past their largest calibrated case (AdamW of the 16.4M-parameter
+  embedding and head, its all-reduce finish) at that case's measured time per byte
+  (NOTE [streaming calls past the cases], sim/kernels.py), not the fit over all cases.
 The programs are compiled as the measurement's README says (T 256, global batch 32,
 fp32, --hw that profile).
 """
@@ -63,20 +66,33 @@ def test_the_node_fields_come_from_what_the_profile_holds():
     assert node.link_bandwidth == _profile()["link_bandwidth"]
 
 
-# pp 2 x dp 8 and pp 4 x dp 4 are still 14% and 23% short: what they lose beyond the
-# node's shared memory is not in the model yet. Leads: pp 4's critical stage is the LM
-# head alone, whose 32000-word cross-entropy the profile costs from a fit of vocabularies
-# up to 1024 (calibrate/cases.py VOCAB); on another 16-core node MPICH's all-reduce took
-# twice its reduce-scatter plus all-gather, which the ZeRO-0 layouts use.
-LAYOUTS_NOT_YET = {(2, 8), (4, 4)}
+# The pipelined ZeRO-0 layouts lose their time in the step's tail, not in the pipeline.
+# Per-task traces of pp 2 x dp 8 and pp 4 x dp 4 (compiled on this profile) on another
+# 16-core machine, steps 3-7, against the simulation:
+# - compute matches: pp 4's LM-head stage F 91.7 / B 249 ms per micro-batch (simulated
+#   94 / 256: the 32000-word head is not underestimated), its 5-layer stage F 114 / B 188
+#   (125 / 212); stage 0 received its last backward at 3.27 s of a 4.15 s step (3.34);
+# - the updates of the vocabulary-sized layers did not: UPD (all-reduce wait, its finish,
+#   AdamW) of the embedding took 0.83-1.02 s on pp 4's stage 0, of the head 0.33-0.50 s,
+#   pp 2's 0.37 / 0.38 s, where the fit of AdamW over all its cases charged 0.135 s. This
+#   profile's own AdamW cases stream at 5.0, 2.3 and 1.35 GB/s (64K, 256K, 1M parameters,
+#   every rank at once) and the same machine's 16.4M-parameter AdamW took 401 ms (1.14
+#   GB/s): charging a runtime call past its largest case at that case's time per byte
+#   (NOTE [streaming calls past the cases], sim/kernels.py) brings pp 2 within 5%.
+# pp 4 x dp 4 stays about 18% short. What it still lacks, measured there: MPICH's 65.5 MB
+# all-reduce in groups of 4 on the busy node took 78 ms where the copy-rate model charges
+# 11 (NOTE [measured node collectives]: a fresh calibration's rows give it; this profile
+# has none), and the four replicas reach the embedding's all-reduce up to 0.4 s apart, so
+# it waits for the slowest pipeline, which a replay of replica 0 cannot see.
+LAYOUTS_NOT_YET = {(4, 4)}
 
 
 @pytest.mark.parametrize("row", _rows(), ids=lambda r: f"pp{r['pp']}-dp{r['dp']}")
 def test_simulated_step_is_within_5_percent_of_the_measured_median(row, request):
     if (row["pp"], row["dp"]) in LAYOUTS_NOT_YET:
         request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "the pipelined layouts lose more than the node's shared memory: not modelled "
-            "yet (see LAYOUTS_NOT_YET)")))
+            "pp 4's embedding all-reduce waits for MPICH's real rate and the slowest of "
+            "four replicas, neither in this profile (see LAYOUTS_NOT_YET)")))
     simulated, measured = _simulated(row), row["measured_median_from_step_3"]
     assert abs(simulated / measured - 1) <= TOLERANCE, \
         f"simulated {simulated:.3f} s, measured {measured:.3f} s"

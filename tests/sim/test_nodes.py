@@ -3,6 +3,7 @@ the node's shared memory and port in the collectives' costs (NOTE [node memory])
 transfers stalled while their rank computes (NOTE [manual progress]), and the node fields
 of a profile validated by name."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -37,6 +38,41 @@ def test_within_a_node_the_members_share_its_memory():
     ar = node_collective("allreduce", (8,), S, NODE)
     assert ar.seconds == pytest.approx(rs.seconds + ag.seconds)
     assert ar.latency == pytest.approx(14 * 1e-6)
+
+
+# what calibrate timed on the 8 ranks of NODE (NOTE [measured node collectives]): groups
+# of 8 and of 4 side by side, 32 MB; and a row of another rank count, which must not count
+ROWS = (("reduce_scatter", 8, 1, 32e6, 0.020), ("reduce_scatter", 4, 2, 32e6, 0.030),
+        ("reduce_scatter", 4, 2, 4e6, 0.001), ("allreduce", 4, 2, 32e6, 0.070),
+        ("allgather", 2, 1, 32e6, 0.001))
+
+
+def test_within_a_node_a_measured_collective_is_charged_its_time_per_byte():
+    measured = replace(NODE, collective_rows=ROWS)
+    # a group of 4: the largest row of 4 members, 3/4 of S moved per member
+    rs = node_collective("reduce_scatter", (4,), S, measured)
+    assert rs.seconds == pytest.approx(0.030 / (3 / 4 * 32e6) * (3 / 4 * S))
+    # 8 members: the row of 8; 2 members: 4 is the nearest timed (8 ranks busy), scaled by
+    # the bytes a member of 2 moves (1/2 of S)
+    assert node_collective("reduce_scatter", (8,), S, measured).seconds == \
+        pytest.approx(0.020 / (7 / 8 * 32e6) * (7 / 8 * S))
+    assert node_collective("reduce_scatter", (2,), S, measured).seconds == \
+        pytest.approx(0.030 / (3 / 4 * 32e6) * (1 / 2 * S))
+    assert node_collective("allreduce", (4,), S, measured).seconds == \
+        pytest.approx(0.070 * S / 32e6)
+    # no all-gather row timed with the node's 8 ranks busy: the copy-rate model
+    assert node_collective("allgather", (8,), S, measured) == \
+        node_collective("allgather", (8,), S, NODE)
+    assert rs.latency == node_collective("reduce_scatter", (4,), S, NODE).latency
+
+
+def test_a_profiles_measured_rows_reach_its_node():
+    rows = [list(r) for r in ROWS]  # as the profile's JSON holds them
+    node = node_of({"link_bandwidth": 10e9, "link_latency": 1e-6, "ddr_bandwidth": 12e9,
+                    "ranks_per_node": 8, "node_collectives": {"rows": rows}})
+    assert node.collective_rows == ROWS
+    assert node_of({"link_bandwidth": 10e9, "link_latency": 1e-6, "ddr_bandwidth": 12e9,
+                    "ranks_per_node": 8}).collective_rows == ()
 
 
 def test_one_member_per_node_is_the_flat_collective_on_the_port():

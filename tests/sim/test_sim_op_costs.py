@@ -37,6 +37,23 @@ def test_fitted_seconds_adds_call_time_flops_and_bytes():
     assert fitted_seconds({"seconds": 3e-6}, 4e10, 1e9) == 3e-6
 
 
+# a runtime call's cases, every rank at once: slower per byte the larger (NOTE [streaming
+# calls past the cases]); the fit over them streams faster than the largest did
+STREAMED = {"seconds": 0.0, "byte_rate": 3.7e9,
+            "measured": [[0, 4e6, 0.004], [0, 1e6, 0.0002], [0, 2e6, 0.001]]}
+
+
+def test_a_call_without_flops_costs_its_cases_interpolated_and_past_them_the_largests_rate():
+    assert fitted_seconds(STREAMED, 0, 2e6) == 0.001                      # a case: as timed
+    assert fitted_seconds(STREAMED, 0, 3e6) == pytest.approx(0.0025)      # between 2 and 4 MB
+    assert fitted_seconds(STREAMED, 0, 12e6) == pytest.approx(0.012)      # 4 MB's 1 GB/s
+    assert fitted_seconds(STREAMED, 0, 5e5) == pytest.approx(5e5 / 3.7e9)  # below: the fit
+    # a call or cases with FLOPs keep the fit
+    assert fitted_seconds(STREAMED, 1e9, 12e6) == pytest.approx(12e6 / 3.7e9)
+    with_flops = STREAMED | {"measured": [[1e9, 4e6, 0.004]]}
+    assert fitted_seconds(with_flops, 0, 12e6) == pytest.approx(12e6 / 3.7e9)
+
+
 def test_op_costs_replace_the_roofline_of_their_ops_only():
     cpu = load_profile("cpu")
     measured = cpu | {"op_costs": {"fp32": {"matmul": MATMUL}}}
