@@ -103,7 +103,8 @@ def cmd_compile(args) -> None:
                                                                 hashes, hf_config),
                       build=args.build)
     o = options
-    print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}), schedule "
+    print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}, "
+          f"{o.rank_placement} placement), schedule "
           f"{o.schedule}, recompute {o.recompute}, zero {o.zero}, {o.precision} on {o.hw}: "
           f"peak {format_bytes(program.memory.peak_bytes)} per rank -> {out}")
     if args.report:
@@ -223,6 +224,17 @@ def _add_policy_options(p) -> None:
     p.add_argument("--clip", type=float, default=None, metavar="X",
                    help="clip gradients to global norm X (default: no clipping)")
     add_update_rule_option(p)
+    add_placement_option(p)
+
+
+def add_placement_option(p) -> None:
+    """--placement (compile; compile --plan chooses it): the rank order (NOTE [placement],
+    program_format/placement.py)."""
+    p.add_argument("--placement", default="pipeline", metavar="ORDER", help="which (stage, "
+                   "replica) each rank runs; nodes (hosts) hold consecutive ranks: pipeline = "
+                   "a pipeline's stages on consecutive ranks (rank = replica x pp + stage); "
+                   "dp = a stage's DP group on consecutive ranks (rank = stage x dp + "
+                   "replica); dp:B = blocks of B replicas of every stage (default: pipeline)")
 
 
 def add_update_rule_option(p) -> None:
