@@ -90,10 +90,11 @@ def format_report(program, records, profile: dict, graph) -> str:
 
 def cmd_compile(args) -> None:
     config, name = load_model(args.model)
-    profile = load_hw(args.hw)
     out = Path(args.output)
     check_output(out, args.force)
-    apply_plan(args)
+    apply_plan(args)  # with --plan, --hw may come from the --machine file
+    args.hw = args.hw or "cpu"
+    profile = load_hw(args.hw)
     options = resolve_options(config, profile, **{f: getattr(args, f) for f in FLAGS})
     graph = trace_for(config, name, options)
     program, records = compile_graph(graph, options, expand=args.expand)
@@ -214,8 +215,9 @@ def _add_policy_options(p) -> None:
     p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE", help="usable "
                    "memory per rank, e.g. 20GB (= 20 * 10^9 bytes) or 18GiB (= 18 * 2^30) "
                    "(default: the profile's usable_memory)")
-    p.add_argument("--hw", default="cpu", metavar="PROFILE", help="hardware profile: mt3000, "
-                   "cpu or a path to a profile .json (default: cpu)")
+    p.add_argument("--hw", default=None, metavar="PROFILE", help="hardware profile: mt3000, "
+                   "cpu or a path to a profile .json (default: the --machine file's with "
+                   "--plan, else cpu)")
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     p.add_argument("--grad-accum", choices=GRAD_ACCUMULATION, default="auto",
                    help="ZeRO-2 gradient accumulation: local (full gradient until the step's "

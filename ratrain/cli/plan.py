@@ -37,13 +37,44 @@ def _positive(text: str) -> int:
 
 # ---- running the planner ------------------------------------------------------------------
 
-def search_for(args, schedules: tuple[str, ...]):
-    """The planner's Search from the command's model, hardware and batch flags."""
+def machine_for(args):
+    """The machine of --machine FILE with the node flags over it (hw/machine.py)."""
+    from ratrain.hw.machine import Machine, read_machine
+    from ratrain.hw.profiles import ProfileError
+    try:
+        machine = read_machine(args.machine) if args.machine else Machine()
+    except ProfileError as e:
+        raise UserError(str(e)) from None
+    return machine.updated(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
+                           inter_node_bandwidth=args.inter_node_bandwidth,
+                           inter_node_latency=args.inter_node_latency)
+
+
+def machine_profile(args) -> dict:
+    """The profile planned on: --hw (else the machine file's, else cpu) with --link-*
+    (plan only) and the machine's node fields over it; sets args.hw and, from --nodes,
+    args.clusters (which must then agree)."""
     from ratrain.cluster.scaling import with_link
+    machine = machine_for(args)
+    if args.hw and machine.profile and args.hw != machine.profile:
+        raise UserError(f"--hw {args.hw} and --machine {args.machine}'s profile "
+                        f"{machine.profile} differ: give one of them")
+    args.hw = args.hw or machine.profile or "cpu"
+    profile = machine.over(with_link(load_hw(args.hw), getattr(args, "link_bandwidth", None),
+                                     getattr(args, "link_latency", None)))
+    ranks = machine.ranks(profile)
+    if ranks is not None and args.clusters not in (None, ranks):
+        raise UserError(f"--clusters {args.clusters} differs from the machine's {machine.nodes} "
+                        f"nodes x {ranks // machine.nodes} ranks: give one of them")
+    args.clusters = args.clusters or ranks
+    return profile
+
+
+def search_for(args, schedules: tuple[str, ...]):
+    """The planner's Search from the command's model, machine and batch flags."""
     from ratrain.planner import Search
     config, name = load_model(args.model)
-    profile = with_link(load_hw(args.hw), getattr(args, "link_bandwidth", None),  # plan only
-                        getattr(args, "link_latency", None))
+    profile = machine_profile(args)
     return Search(config, name, args.global_batch, args.seq_len or default_seq_len(config),
                   profile, args.budget or int(profile["usable_memory"]), schedules,
                   args.precision or profile.get("default_precision", "fp32"),
@@ -78,8 +109,10 @@ def _strategy_plan(planner, clusters: int | None, name: str, smallest: bool):
 
 
 def _check_search_flags(args) -> None:
-    if args.clusters is None and not args.min_clusters:
-        raise UserError("give --clusters N, or --min-clusters to find the smallest count")
+    if args.clusters is None and not args.min_clusters and args.nodes is None and \
+            not args.machine:
+        raise UserError("give --clusters N (or --nodes K), or --min-clusters to find the "
+                        "smallest count")
     if args.global_batch is None:
         raise UserError("give --global-batch G (sequences per step)")
 
@@ -111,10 +144,10 @@ def _row_line(index: int, row, tokens_per_step: int) -> str:
     status = row.reason.removeprefix("not simulated: ") if row.reason else \
         f"estimate {row.estimated_step_s:.4g} s ({row.estimated_step_s / seconds - 1:+.1%})"
     grads = row.grad_accum or ("auto" if row.zero >= 2 else "-")
-    return (f"{index:>3} {row.pp:>4} {row.dp:>5} {row.zero:>4} {grads:<7} "
+    return (f"{index:>3} {row.pp:>4} {row.dp:>5} {row.placement:<9} {row.zero:>4} {grads:<7} "
             f"{row.micro_batch_size:>4} {row.micro_batches:>5} {row.recompute:<9} "
             f"{row.schedule:<8} {format_bytes(row.peak_bytes):>10} {step:>9} {timed:<9} "
-            f"{tokens:>11}  {status}")
+            f"{tokens:>11} {row.bound or '-':<11}  {status}")
 
 
 def format_plan(plan, top: int, smallest: bool) -> str:
@@ -135,9 +168,9 @@ def format_plan(plan, top: int, smallest: bool) -> str:
     policy = STRATEGIES[plan.strategy].simulated_policy if plan.strategy else "auto"
     shown = [r for r in feasible if r.recompute == policy or r.candidate in plan.notes]
     if feasible:
-        lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'zero':>4} {'grads':<7} {'mbs':>4} {'M':>5} "
-                     f"{'recompute':<9} {'schedule':<8} {'peak':>10} {'step s':>9} "
-                     f"{'timed':<9} {'tokens/s':>11}")
+        lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'placement':<9} {'zero':>4} {'grads':<7} "
+                     f"{'mbs':>4} {'M':>5} {'recompute':<9} {'schedule':<8} {'peak':>10} "
+                     f"{'step s':>9} {'timed':<9} {'tokens/s':>11} {'bound':<11}")
         lines += [_row_line(i, r, plan.global_batch * plan.seq_len)
                   for i, r in enumerate(shown[:top], 1)]
         if len(shown) > top:
@@ -219,6 +252,9 @@ def cmd_plan(args) -> None:
     schedules = SCHEDULES if name == "all" else \
         (STRATEGIES[strategy].schedule,) if strategy else (name,)
     planner = Planner(search_for(args, schedules))
+    if args.clusters is None and not args.min_clusters:
+        raise UserError(f"--machine {args.machine} names no nodes: give --clusters N or "
+                        "--nodes K")
     if name == "all":
         plan, bests = plan_everything(planner, args)
     else:
@@ -236,7 +272,7 @@ def cmd_plan(args) -> None:
 # (option, its default): a row's None keeps the default (NOTE [update rule fallback])
 PLANNED = (("pp", 1), ("dp", 1), ("micro_batches", 1), ("micro_batch_size", 1),
            ("zero", None), ("recompute", "auto"), ("update_rule", "commit"),
-           ("zero3_prefetch", 1), ("grad_accum", "auto"))
+           ("zero3_prefetch", 1), ("grad_accum", "auto"), ("placement", "pipeline"))
 UNPLANNED = (("clip", None),)  # the planner assumes this default
 
 
@@ -246,7 +282,10 @@ def apply_plan(args) -> None:
     if not args.plan:
         search_flags = [f for f, v in (("--clusters", args.clusters), ("--global-batch",
                         args.global_batch), ("--min-clusters", args.min_clusters),
-                        ("--simulate", args.simulate)) if v]
+                        ("--simulate", args.simulate), ("--nodes", args.nodes),
+                        ("--ranks-per-node", args.ranks_per_node), ("--machine", args.machine),
+                        ("--inter-node-bandwidth", args.inter_node_bandwidth),
+                        ("--inter-node-latency", args.inter_node_latency)) if v]
         if search_flags:
             raise UserError(f"{', '.join(search_flags)} need --plan")
         return
@@ -256,7 +295,8 @@ def apply_plan(args) -> None:
         raise UserError(f"--plan chooses the configuration without {', '.join(given)}: "
                           "give either those or --plan")
     _check_search_flags(args)
-    plan = run_plan(search_for(args, (args.schedule,)), args.clusters, args.min_clusters)
+    search = search_for(args, (args.schedule,))
+    plan = run_plan(search, args.clusters, args.min_clusters)
     if plan.best is None:
         raise UserError(f"no configuration of {plan.model} on {plan.clusters} rank(s) fits "
                           f"--budget {format_bytes(plan.budget)}; see `ratrain plan`")
@@ -280,10 +320,34 @@ def add_search_options(p, *, required: bool) -> None:
     p.add_argument("--global-batch", type=_positive, required=required,
                    default=None, metavar="G", help="sequences per step: dp x micro-batches x "
                    "micro-batch size = G")
+    add_machine_options(p)
     p.add_argument("--simulate", type=_positive, default=None, metavar="S", help="compile and "
                    "simulate at most the S best candidates by the analytic estimate, skipping "
                    "those estimated over 15%% slower than the best simulated (default: "
                    f"{DEFAULT_SIMULATE})")
+
+
+def add_machine_options(p) -> None:
+    """--nodes, --ranks-per-node, --inter-node-bandwidth/-latency, --machine: the machine
+    planned for (hw/machine.py), shared by plan and compile --plan."""
+    from ratrain.cli.cluster import link_type
+    from ratrain.cluster.scaling import parse_bandwidth, parse_latency
+    p.add_argument("--nodes", type=_positive, default=None, metavar="K", help="nodes to plan "
+                   "for: --clusters K x ranks per node; the placement (which ranks share a "
+                   "node) is searched with the rest")
+    p.add_argument("--ranks-per-node", type=_positive, default=None, metavar="R",
+                   help="ranks sharing a node's memory and one network port (default: the "
+                   "profile's ranks_per_node)")
+    p.add_argument("--inter-node-bandwidth", type=link_type(parse_bandwidth), default=None,
+                   metavar="B", help="bytes/s of a node's network port, shared by its ranks, "
+                   "e.g. 1.25GB/s or 10Gbit (default: the profile's inter_node_bandwidth)")
+    p.add_argument("--inter-node-latency", type=link_type(parse_latency), default=None,
+                   metavar="S", help="seconds per message between nodes, e.g. 5us (default: "
+                   "the profile's inter_node_latency)")
+    p.add_argument("--machine", default=None, metavar="FILE", help="a machine file: JSON with "
+                   "profile, nodes, ranks_per_node, inter_node_bandwidth, inter_node_latency, "
+                   "node_memory_bandwidth, each optional (docs/DESIGN.md 8.4); flags given "
+                   "override its fields")
 
 
 def add_plan_parser(sub, model_help: str) -> None:
@@ -292,15 +356,16 @@ def add_plan_parser(sub, model_help: str) -> None:
                        description="Search pipeline and DP degrees (pp x dp = N), ZeRO stage, "
                        "gradient accumulation under ZeRO 2 and 3 (the grads column: auto, or "
                        "scatter: reduce-scattered each micro-batch), micro-batch size and count "
-                       "(dp x M x B = G), recompute policy and schedule. Candidates that cannot fit are dropped with the stage and "
+                       "(dp x M x B = G), recompute policy, schedule and, on nodes of several ranks "
+                       "(--nodes, --ranks-per-node), the placement. Candidates that cannot fit are dropped with the stage and "
                        "memory categories over budget; the rest are ordered by an analytic "
                        "estimate and the best few compiled and simulated. Sizes: "
                        f"{SIZE_HELP}.")
     p.add_argument("model", help=f"the model: {model_help}")
     add_search_options(p, required=True)
     p.add_argument("--seq-len", type=_positive, default=None, metavar="T", help=SEQ_LEN_HELP)
-    p.add_argument("--hw", default="cpu", metavar="PROFILE", help="hardware profile: mt3000, "
-                   "cpu or a path to a profile .json (default: cpu)")
+    p.add_argument("--hw", default=None, metavar="PROFILE", help="hardware profile: mt3000, "
+                   "cpu or a path to a profile .json (default: the --machine file's, else cpu)")
     p.add_argument("--budget", type=size_arg, default=None, metavar="SIZE", help="usable "
                    "memory per rank, e.g. 20GB (default: the profile's usable_memory)")
     add_link_options(p)
@@ -320,7 +385,7 @@ def add_plan_parser(sub, model_help: str) -> None:
                    "one JSON object (rows: pp, dp, zero, micro_batch_size, micro_batches, "
                    "recompute, schedule, zero3_prefetch, update_rule, grad_accum, feasible, "
                    "reason, peak_bytes, step_time_s, tokens_per_s (simulated), "
-                   "estimated_step_s; with --schedule all, "
+                   "estimated_step_s, placement, bound; with --schedule all, "
                    "strategies: strategy, "
                    "paper, best (a row or null), note, speedup)")
     p.set_defaults(func=cmd_plan)

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
+from ratrain.hw.topology import ranks_per_node
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.partition_stages import PartitionError
 from ratrain.passes.plan_memory import MemoryBudgetError
@@ -20,6 +21,7 @@ from ratrain.planner.candidates import (Candidate, GraphCache, candidates, clust
 from ratrain.planner.estimate import Estimator
 from ratrain.planner.screen import Screen, compile_reason
 from ratrain.planner.strategies import Strategy
+from ratrain.sim.simulate import rank_profile
 
 # NOTE [simulation margin]: the estimate has been within about 5% of the simulator on
 # LLaMA-2-7B and Baichuan2-13B from 8 to 1024 mt3000 clusters, and within 10% on the
@@ -64,12 +66,16 @@ class Row:
     tokens_per_s: float | None          # simulated tokens/s
     estimated_step_s: float | None      # the closed-form estimate (estimate.py) of a row
                                         # that may fit, simulated or not
+    placement: str = "pipeline"         # rank order (NOTE [placement])
+    bound: str | None = None            # what bounds its estimated step: compute, port,
+                                        # node-memory or link (NOTE [bound], estimate.py)
 
     @property
     def candidate(self) -> Candidate:
         return Candidate(self.pp, self.dp, self.zero, self.micro_batch_size,
                          self.micro_batches, self.recompute, self.schedule,
-                         self.zero3_prefetch, self.update_rule, self.grad_accum)
+                         self.zero3_prefetch, self.update_rule, self.grad_accum,
+                         self.placement)
 
     @property
     def simulated(self) -> bool:
@@ -136,10 +142,11 @@ class Planner:
     def candidates(self, clusters: int, strategy: Strategy | None = None) -> list[Candidate]:
         """The search's candidates, or only those `strategy` allows (its schedule)."""
         s = self.search
+        ranks = ranks_per_node(rank_profile(s.profile, clusters))
         if strategy is None:
-            return candidates(clusters, s.global_batch, s.num_layers, s.schedules)
+            return candidates(clusters, s.global_batch, s.num_layers, s.schedules, ranks)
         return strategy.candidates(candidates(clusters, s.global_batch, s.num_layers,
-                                              (strategy.schedule,)))
+                                              (strategy.schedule,), ranks))
 
     def may_fit(self, clusters: int) -> bool:
         """Does any candidate on `clusters` ranks pass the memory screen?"""
@@ -155,14 +162,17 @@ class Planner:
         start, s = time.perf_counter(), self.search
         policy = strategy.simulated_policy if strategy else "auto"
         judged = [self._judge(c) for c in self.candidates(clusters, strategy)]
-        estimates = {c: self.estimator.step_seconds(v.program, list(v.plans))
+        estimated = {c: self.estimator.step_and_bound(placed_program(v.program, c),
+                                                      list(v.plans))
                      for c, v in judged if v.fits}
+        estimates = {c: seconds for c, (seconds, _) in estimated.items()}
+        bounds = {c: bound for c, (_, bound) in estimated.items()}
         skipped = grad_accumulation_skips(judged)
         queue = sorted((c for c, v in judged if v.fits and c.recompute == policy
                         and c not in skipped), key=lambda c: (estimates[c], _order(c)))
         compiled, failed = (self._simulate(queue, dict(judged), estimates, seeds)
                             if simulate else self._check(queue))
-        rows = _rows(judged, estimates, compiled, failed, policy, skipped)
+        rows = _rows(judged, estimates, compiled, failed, policy, skipped, bounds)
         best = rows[0] if rows and rows[0].candidate in compiled else None
         return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget, s.profile["name"],
                     rows, best, {c: r.note for c, r in compiled.items()},
@@ -333,13 +343,22 @@ def recompute_note(program) -> str:
 
 def _order(c: Candidate) -> tuple:
     return (c.pp, c.dp, -c.zero, c.micro_batch_size, c.recompute, c.schedule,
-            c.grad_accum or "")
+            c.grad_accum or "", c.placement != "pipeline", c.placement)
+
+
+def placed_program(program, c: Candidate):
+    """The screen's partitioned program (shared by the placements of one memory key,
+    memory_key) under `c`'s placement, which the estimate costs (NOTE [placement])."""
+    if program.options.placement == c.placement:
+        return program
+    return replace(program, options=replace(program.options, placement=c.placement))
 
 
 def _rows(judged, estimates, compiled, failed, policy: str = "auto",
-          skipped: dict | None = None) -> tuple[Row, ...]:
+          skipped: dict | None = None, bounds: dict | None = None) -> tuple[Row, ...]:
     best = min((r.step_time_s for r in compiled.values() if r.step_time_s), default=None)
-    rows = [_row(c, v, estimates, compiled, failed, best, policy, (skipped or {}).get(c))
+    rows = [replace(_row(c, v, estimates, compiled, failed, best, policy,
+                         (skipped or {}).get(c)), bound=(bounds or {}).get(c))
             for c, v in judged]
     key = lambda r: ((0, r.step_time_s or 0.0) if r.candidate in compiled else
                      (1, estimates[r.candidate]) if r.feasible else (2, r.peak_bytes),
@@ -354,7 +373,7 @@ def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str,
     base = dict(pp=c.pp, dp=c.dp, zero=c.zero, micro_batch_size=c.micro_batch_size,
                 micro_batches=c.micro_batches, recompute=c.recompute, schedule=c.schedule,
                 zero3_prefetch=c.zero3_prefetch, update_rule=c.update_rule,
-                grad_accum=c.grad_accum)
+                grad_accum=c.grad_accum, placement=c.placement)
     auto = replace(c, recompute=policy)
     base["estimated_step_s"] = None if auto in failed else estimates.get(c)  # fits: estimated
     if c in compiled:
