@@ -71,3 +71,14 @@ def test_machine_errors_are_one_line(tmp_path, capsys, flags, says):
                          *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ratrain: error:") and says in err[0], err
+
+
+def test_compile_plan_records_the_chosen_placement(tmp_path, capsys):
+    out = tmp_path / "prog"
+    assert ratrain_main(["compile", "tiny", "--plan", "--nodes", "2", "--ranks-per-node", "2",
+                         "--inter-node-bandwidth", "1MB/s", "--inter-node-latency", "100us",
+                         "--global-batch", "8", "--seq-len", "32", "-o", str(out)]) == 0
+    assert "pp 2 x dp 2 (dp-major)" in capsys.readouterr().out
+    manifest = json.loads((out / "program.json").read_text())
+    assert manifest["options"]["placement"] == "dp"
+    assert manifest["ranks"]["1"] == {"stage": 0, "replica": 1}
