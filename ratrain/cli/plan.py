@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from ratrain.cli.sim import add_link_options
+from ratrain.cli.sim import add_bandwidth_latency, add_link_options
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, load_model
 from ratrain.models.config import SEQ_LEN_HELP, default_seq_len
@@ -330,23 +330,19 @@ def add_search_options(p, *, required: bool) -> None:
 def add_machine_options(p) -> None:
     """--nodes, --ranks-per-node, --inter-node-bandwidth/-latency, --machine: the machine
     planned for (hw/machine.py), shared by plan and compile --plan."""
-    from ratrain.cli.cluster import link_type
-    from ratrain.cluster.scaling import parse_bandwidth, parse_latency
     p.add_argument("--nodes", type=_positive, default=None, metavar="K", help="nodes to plan "
                    "for: --clusters K x ranks per node; the placement (which ranks share a "
                    "node) is searched with the rest")
     p.add_argument("--ranks-per-node", type=_positive, default=None, metavar="R",
                    help="ranks sharing a node's memory and one network port (default: the "
                    "profile's ranks_per_node)")
-    p.add_argument("--inter-node-bandwidth", type=link_type(parse_bandwidth), default=None,
-                   metavar="B", help="bytes/s of a node's network port, shared by its ranks, "
-                   "e.g. 1.25GB/s or 10Gbit (default: the profile's inter_node_bandwidth)")
-    p.add_argument("--inter-node-latency", type=link_type(parse_latency), default=None,
-                   metavar="S", help="seconds per message between nodes, e.g. 5us (default: "
-                   "the profile's inter_node_latency)")
+    add_bandwidth_latency(p, "inter-node", "bytes/s of a node's network port, shared by its "
+                          "ranks, e.g. 1.25GB/s or 10Gbit (default: the profile's "
+                          "inter_node_bandwidth)", "seconds per message between nodes, e.g. "
+                          "5us (default: the profile's inter_node_latency)")
     p.add_argument("--machine", default=None, metavar="FILE", help="a machine file: JSON with "
                    "profile, nodes, ranks_per_node, inter_node_bandwidth, inter_node_latency, "
-                   "node_memory_bandwidth, each optional (docs/DESIGN.md 8.4); flags given "
+                   "node_memory_bandwidth, each optional (docs/DESIGN.md 7.1); flags given "
                    "override its fields")
 
 
