@@ -28,7 +28,7 @@ class Placement:
 
     def __post_init__(self):
         if self.block < 1 or self.dp % self.block:
-            raise ValueError(f"placement dp:{self.block} needs a block of replicas that "
+            raise ValueError(f"--placement dp:{self.block} needs a block of replicas that "
                              f"divides dp {self.dp}")
 
     def rank(self, stage: int, replica: int) -> int:
