@@ -155,7 +155,8 @@ def format_plan(plan, top: int, smallest: bool) -> str:
     infeasible = [r for r in plan.rows if not r.feasible]
     simulated = sum(r.simulated for r in plan.rows)
     checked = len(plan.notes) - simulated
-    lines = [f"plan {plan.model} on {plan.clusters} {plan.hw} ranks: global batch "
+    machine = f" ({plan.machine})" if plan.machine else ""
+    lines = [f"plan {plan.model} on {plan.clusters} {plan.hw} ranks{machine}: global batch "
              f"{plan.global_batch} x {plan.seq_len} tokens, budget {format_budget(plan.budget)} "
              f"per rank",
              f"{len(plan.rows)} candidates in {plan.seconds:.1f} s: {len(feasible)} fit, "

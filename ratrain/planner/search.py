@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
-from ratrain.hw.topology import ranks_per_node
+from ratrain.hw.topology import node_of, ranks_per_node
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.partition_stages import PartitionError
 from ratrain.passes.plan_memory import MemoryBudgetError
@@ -98,6 +98,7 @@ class Plan:
     notes: dict = field(default_factory=dict)  # compiled candidate -> what auto chose
     seconds: float = 0.0                # wall time of the search
     strategy: str | None = None         # the strategy searched (strategies.py), if one
+    machine: str = ""                   # the nodes, where there are several (nodes_text)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,8 @@ class Planner:
         best = rows[0] if rows and rows[0].candidate in compiled else None
         return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget, s.profile["name"],
                     rows, best, {c: r.note for c, r in compiled.items()},
-                    time.perf_counter() - start, strategy.name if strategy else None)
+                    time.perf_counter() - start, strategy.name if strategy else None,
+                    nodes_text(rank_profile(s.profile, clusters), clusters))
 
     def smallest(self, limit: int) -> Plan | None:
         """The plan (memory checked, not simulated) at the smallest cluster count up to
@@ -344,6 +346,15 @@ def recompute_note(program) -> str:
 def _order(c: Candidate) -> tuple:
     return (c.pp, c.dp, -c.zero, c.micro_batch_size, c.recompute, c.schedule,
             c.grad_accum or "", c.placement != "pipeline", c.placement)
+
+
+def nodes_text(profile: dict, clusters: int) -> str:
+    """`4 nodes of 8 ranks, each node's port 1.25 GB/s`, or "" on one node."""
+    node = node_of(profile)
+    if clusters <= node.ranks:
+        return ""
+    return (f"{-(-clusters // node.ranks)} nodes of {node.ranks} ranks, each node's port "
+            f"{node.port_bandwidth / 1e9:.3g} GB/s")
 
 
 def placed_program(program, c: Candidate):

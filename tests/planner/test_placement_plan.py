@@ -50,6 +50,10 @@ def test_the_machine_file_and_flags_give_the_nodes(tmp_path, capsys):
                          "--seq-len", "32", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["clusters"] == 4
+    assert ratrain_main(["plan", "tiny", "--machine", str(machine), "--global-batch", "8",
+                         "--seq-len", "32", "--top", "1"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "plan tiny on 4 cpu ranks (2 nodes of 2 ranks, each node's port 0.001 GB/s): ")
     best = record["rows"][0]
     assert (best["pp"], best["dp"], best["placement"], best["bound"]) == (2, 2, "dp", "port")
     assert ratrain_main(["plan", "tiny", "--nodes", "2", "--ranks-per-node", "2",
