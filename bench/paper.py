@@ -7,6 +7,9 @@
    ratrain/planner/strategies.py (ratrain, tuned, backward-checkpointing, keep-all,
    zero3-heavy) at its best configuration, compiled and simulated, with where each
    step's time goes.
+   Parts 1 and 2 print what the node's shared port changed: each best plan's step with
+   four clusters a node sharing one network port (the profile) and with a port per
+   cluster (the model before nodes, NOTE [shared port]).
 3. Keeping all activations for the four paper models at --clusters: fits 20 GB or why not.
 4. The smallest cluster count (and its pipeline degree) at which each model fits.
 Figures come from the planner and simulator in-process (ratrain/planner, ratrain/sim);
@@ -20,6 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ratrain.hw.topology import ranks_per_node
 from ratrain.inputs import load_hw, load_model
 from ratrain.units import format_budget, parse_size
 from ratrain.ir.tasks import Kind
@@ -179,7 +183,28 @@ def scaling(runs: Runs) -> list[str]:
                  f"{PAPER_EFFICIENCY:.1%} at every point): {mark(worst[0] >= PAPER_EFFICIENCY)}")
     lines.append("1F1B bound: tokens/s no schedule of the best layout can beat, and its pp "
                  "(NOTE [1F1B bound] in bench/paper.py)")
+    lines.append("what the node's shared port changed (NOTE [shared port]):")
+    lines += [port_line(runs, f"{clusters} clusters", o) for clusters, o in rows]
     return lines
+
+
+# NOTE [shared port]: the mt3000 profile puts four clusters on a node behind one network
+# port (hw/mt3000.json); before nodes every cluster had a port of its own. The best
+# plan's program, simulated again on the profile with ranks_per_node 1 (each cluster its
+# own node and port at the same inter_node_bandwidth), shows what sharing the port
+# costs that plan (the plan itself, its placement included, stays the one chosen with
+# the shared port).
+def port_line(runs: Runs, label: str, o: Outcome) -> str:
+    """The step of `o`'s program with the node's shared port and with a port per
+    cluster (NOTE [shared port])."""
+    if o.sim is None:
+        return f"  shared port, {label}: not simulated ({o.reason})"
+    own = simulate(o.sim.program, runs.profile | {"ranks_per_node": 1}).step_time
+    shared, p = o.sim.step_time, runs.profile
+    return (f"  shared port, {label} ({config_text(o.candidate)}): step {shared:.4g} s with "
+            f"{ranks_per_node(p)} clusters a node sharing one "
+            f"{p['inter_node_bandwidth'] / 1e9:.3g} GB/s port, {own:.4g} s with a port per "
+            f"cluster ({shared / own - 1:+.1%})")
 
 
 def bound_text(runs: Runs, clusters: int) -> str:
@@ -266,6 +291,7 @@ def comparison(runs: Runs, clusters: int) -> list[str]:
                   + " ".join(f"{k:>7}" for k in BREAKDOWN)]
         lines += [outcome_line(o, ours) for o in outcomes]
         lines += verdict_lines(ours, outcomes[1:])
+        lines.append(port_line(runs, f"{model} ratrain", ours))
         lines += [f"    {o.label}, pp {o.candidate.pp}: {o.note}" for o in outcomes if o.note]
     return lines
 

@@ -16,7 +16,8 @@ from ratrain.units import format_budget
 # The flags a compile takes, by CompileOptions field: unset (None) ones are filled from
 # the model and the profile by resolve_options.
 FLAGS = ("pp", "dp", "micro_batches", "micro_batch_size", "seq_len", "schedule", "recompute",
-         "zero", "budget", "precision", "clip", "grad_accum", "zero3_prefetch", "update_rule")
+         "zero", "budget", "precision", "clip", "grad_accum", "zero3_prefetch", "update_rule",
+         "placement")
 
 
 def resolve_options(config: dict, profile: dict, **flags):

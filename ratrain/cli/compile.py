@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ratrain.cli.options import POLICY_FLAGS, add_options
+from ratrain.cli.options import DEFAULT_HW, HW_HELP, POLICY_FLAGS, add_options
 from ratrain.cli.plan import add_search_options, apply_plan
 from ratrain.cli.train_inputs import MAX_DEFAULT_MICRO_BATCHES
 from ratrain.compiler import (FLAGS, compile_graph, compile_other_schedule, other_schedule,
@@ -89,10 +89,11 @@ def format_report(program, records, profile: dict, graph) -> str:
 
 def cmd_compile(args) -> None:
     config, name = load_model(args.model)
-    profile = load_hw(args.hw)
     out = Path(args.output)
     check_output(out, args.force)
-    apply_plan(args)
+    apply_plan(args)  # with --plan, --hw may come from the --machine file
+    args.hw = args.hw or DEFAULT_HW
+    profile = load_hw(args.hw)
     if args.micro_batches is None:  # NOTE [default micro-batches]
         args.micro_batches = MAX_DEFAULT_MICRO_BATCHES
     options = resolve_options(config, profile, **{f: getattr(args, f) for f in FLAGS})
@@ -104,7 +105,8 @@ def cmd_compile(args) -> None:
                                                                 hashes, hf_config),
                       build=args.build)
     o = options
-    print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}), schedule "
+    print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}, "
+          f"{o.rank_placement} placement), schedule "
           f"{o.schedule}, recompute {o.recompute}, zero {o.zero}, {o.precision} on {o.hw}: "
           f"peak {format_bytes(program.memory.peak_bytes)} per rank -> {out}")
     if args.report:
@@ -167,7 +169,9 @@ def add_compile_parser(sub, model_help: str) -> None:
                        f"pickle). Sizes: {SIZE_HELP}.")
     p.add_argument("model", help=f"the model: {model_help}")
     add_options(p, "--pp", "--dp", "--micro-batches", "--micro-batch-size", "--seq-len",
-                *POLICY_FLAGS, "--hw", "--grad-accum")
+                *POLICY_FLAGS, "--hw", "--grad-accum", "--placement",
+                hw={"default": None, "help": f"{HW_HELP} (default: the --machine file's with "
+                    f"--plan, else {DEFAULT_HW})"})
     p.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="program directory to write (atomically; see --force)")
     p.add_argument("--force", action="store_true",

@@ -59,6 +59,7 @@ class Option:
 
 
 HW_HELP = "hardware profile: mt3000, cpu or a path to a profile .json"
+DEFAULT_HW = DEFAULTS.hw
 
 OPTIONS = {o.flag: o for o in (
     Option("--pp", "pipeline stages (default: compile 1; train 2 when there are cores for "
@@ -109,6 +110,11 @@ OPTIONS = {o.flag: o for o in (
            "update waits for the norm. Same numbers either way; the baseline schedule always "
            f"uses after-norm (default: {DEFAULTS.update_rule})", None, DEFAULTS.update_rule,
            UPDATE_RULES),
+    Option("--placement", "which (stage, replica) each rank runs; nodes (hosts) hold "
+           "consecutive ranks: pipeline = a pipeline's stages on consecutive ranks (rank = "
+           "replica x pp + stage); dp = a stage's DP group on consecutive ranks (rank = stage "
+           "x dp + replica); dp:B = blocks of B replicas of every stage (NOTE [placement]) "
+           f"(default: {DEFAULTS.placement})", None, DEFAULTS.placement, metavar="ORDER"),
     Option("--schedule-png", "draw the schedule to FILE, one row per stage, times in seconds "
            "(inspect DIR: the dry run on the program's profile; simulate: the simulated "
            "step)", None, None, metavar="FILE"),

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 
-from ratrain.cli.sim import add_link_options
-from ratrain.cli.options import DEFAULT_SIMULATE, OPTIONS, add_options, dest, positive_int
+from ratrain.cli.sim import add_bandwidth_latency, add_link_options
+from ratrain.cli.options import (DEFAULT_HW, DEFAULT_SIMULATE, HW_HELP, OPTIONS, add_options,
+                                 dest, positive_int)
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, load_model
 from ratrain.models.config import default_seq_len
@@ -31,13 +32,44 @@ SCHEDULE_PLAN_HELP = (
 
 # ---- running the planner ------------------------------------------------------------------
 
-def search_for(args, schedules: tuple[str, ...]):
-    """The planner's Search from the command's model, hardware and batch flags."""
+def machine_for(args):
+    """The machine of --machine FILE with the node flags over it (hw/machine.py)."""
+    from ratrain.hw.machine import Machine, read_machine
+    from ratrain.hw.profiles import ProfileError
+    try:
+        machine = read_machine(args.machine) if args.machine else Machine()
+    except ProfileError as e:
+        raise UserError(str(e)) from None
+    return machine.updated(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
+                           inter_node_bandwidth=args.inter_node_bandwidth,
+                           inter_node_latency=args.inter_node_latency)
+
+
+def machine_profile(args) -> dict:
+    """The profile planned on: --hw (else the machine file's, else cpu) with --link-*
+    (plan only) and the machine's node fields over it; sets args.hw and, from --nodes,
+    args.clusters (which must then agree)."""
     from ratrain.cluster.scaling import with_link
+    machine = machine_for(args)
+    if args.hw and machine.profile and args.hw != machine.profile:
+        raise UserError(f"--hw {args.hw} and --machine {args.machine}'s profile "
+                        f"{machine.profile} differ: give one of them")
+    args.hw = args.hw or machine.profile or DEFAULT_HW
+    profile = machine.over(with_link(load_hw(args.hw), getattr(args, "link_bandwidth", None),
+                                     getattr(args, "link_latency", None)))
+    ranks = machine.ranks(profile)
+    if ranks is not None and args.clusters not in (None, ranks):
+        raise UserError(f"--clusters {args.clusters} differs from the machine's {machine.nodes} "
+                        f"nodes x {ranks // machine.nodes} ranks: give one of them")
+    args.clusters = args.clusters or ranks
+    return profile
+
+
+def search_for(args, schedules: tuple[str, ...]):
+    """The planner's Search from the command's model, machine and batch flags."""
     from ratrain.planner import Search
     config, name = load_model(args.model)
-    profile = with_link(load_hw(args.hw), getattr(args, "link_bandwidth", None),  # plan only
-                        getattr(args, "link_latency", None))
+    profile = machine_profile(args)
     return Search(config, name, args.global_batch, args.seq_len or default_seq_len(config),
                   profile, args.budget or int(profile["usable_memory"]), schedules,
                   args.precision or profile.get("default_precision", "fp32"),
@@ -72,8 +104,10 @@ def _strategy_plan(planner, clusters: int | None, name: str, smallest: bool):
 
 
 def _check_search_flags(args) -> None:
-    if args.clusters is None and not args.min_clusters:
-        raise UserError("give --clusters N, or --min-clusters to find the smallest count")
+    if args.clusters is None and not args.min_clusters and args.nodes is None and \
+            not args.machine:
+        raise UserError("give --clusters N (or --nodes K), or --min-clusters to find the "
+                        "smallest count")
     if args.global_batch is None:
         raise UserError("give --global-batch G (sequences per step)")
 
@@ -105,10 +139,10 @@ def _row_line(index: int, row, tokens_per_step: int) -> str:
     status = row.reason.removeprefix("not simulated: ") if row.reason else \
         f"estimate {row.estimated_step_s:.4g} s ({row.estimated_step_s / seconds - 1:+.1%})"
     grads = row.grad_accum or ("auto" if row.zero >= 2 else "-")
-    return (f"{index:>3} {row.pp:>4} {row.dp:>5} {row.zero:>4} {grads:<7} "
+    return (f"{index:>3} {row.pp:>4} {row.dp:>5} {row.placement:<9} {row.zero:>4} {grads:<7} "
             f"{row.micro_batch_size:>4} {row.micro_batches:>5} {row.recompute:<9} "
             f"{row.schedule:<8} {format_bytes(row.peak_bytes):>10} {step:>9} {timed:<9} "
-            f"{tokens:>11}  {status}")
+            f"{tokens:>11} {row.bound or '-':<11}  {status}")
 
 
 def format_plan(plan, top: int, smallest: bool) -> str:
@@ -116,7 +150,8 @@ def format_plan(plan, top: int, smallest: bool) -> str:
     infeasible = [r for r in plan.rows if not r.feasible]
     simulated = sum(r.simulated for r in plan.rows)
     checked = len(plan.notes) - simulated
-    lines = [f"plan {plan.model} on {plan.clusters} {plan.hw} ranks: global batch "
+    machine = f" ({plan.machine})" if plan.machine else ""
+    lines = [f"plan {plan.model} on {plan.clusters} {plan.hw} ranks{machine}: global batch "
              f"{plan.global_batch} x {plan.seq_len} tokens, budget {format_budget(plan.budget)} "
              f"per rank",
              f"{len(plan.rows)} candidates in {plan.seconds:.1f} s: {len(feasible)} fit, "
@@ -129,9 +164,9 @@ def format_plan(plan, top: int, smallest: bool) -> str:
     policy = STRATEGIES[plan.strategy].simulated_policy if plan.strategy else "auto"
     shown = [r for r in feasible if r.recompute == policy or r.candidate in plan.notes]
     if feasible:
-        lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'zero':>4} {'grads':<7} {'mbs':>4} {'M':>5} "
-                     f"{'recompute':<9} {'schedule':<8} {'peak':>10} {'step s':>9} "
-                     f"{'timed':<9} {'tokens/s':>11}")
+        lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'placement':<9} {'zero':>4} {'grads':<7} "
+                     f"{'mbs':>4} {'M':>5} {'recompute':<9} {'schedule':<8} {'peak':>10} "
+                     f"{'step s':>9} {'timed':<9} {'tokens/s':>11} {'bound':<11}")
         lines += [_row_line(i, r, plan.global_batch * plan.seq_len)
                   for i, r in enumerate(shown[:top], 1)]
         if len(shown) > top:
@@ -213,6 +248,9 @@ def cmd_plan(args) -> int:
     schedules = SCHEDULES if name == "all" else \
         (STRATEGIES[strategy].schedule,) if strategy else (name,)
     planner = Planner(search_for(args, schedules))
+    if args.clusters is None and not args.min_clusters:
+        raise UserError(f"--machine {args.machine} names no nodes: give --clusters N or "
+                        "--nodes K")
     if name == "all":
         plan, bests = plan_everything(planner, args)
     else:
@@ -231,7 +269,7 @@ def cmd_plan(args) -> int:
 # the options --plan chooses, at their defaults unless given (a row's None keeps the
 # default: NOTE [update rule fallback]); and those the planner assumes at their defaults
 PLANNED = ("--pp", "--dp", "--micro-batches", "--micro-batch-size", "--zero", "--recompute",
-           "--update-rule", "--zero3-prefetch", "--grad-accum")
+           "--update-rule", "--zero3-prefetch", "--grad-accum", "--placement")
 UNPLANNED = ("--clip",)
 
 
@@ -240,7 +278,7 @@ def apply_plan(args) -> None:
     --plan, refuse the planner's flags rather than ignore them."""
     if not args.plan:
         search_flags = [f for f in ("--clusters", "--global-batch", "--min-clusters",
-                                    "--simulate") if getattr(args, dest(f))]
+                                    "--simulate", *MACHINE_FLAGS) if getattr(args, dest(f))]
         if search_flags:
             verb, them = ("steers", "it") if len(search_flags) == 1 else ("steer", "them")
             raise UserError(f"{', '.join(search_flags)} {verb} only the planner: add --plan "
@@ -253,7 +291,8 @@ def apply_plan(args) -> None:
         raise UserError(f"--plan chooses the configuration without {', '.join(given)}: "
                           "give either those or --plan")
     _check_search_flags(args)
-    plan = run_plan(search_for(args, (args.schedule,)), args.clusters, args.min_clusters)
+    search = search_for(args, (args.schedule,))
+    plan = run_plan(search, args.clusters, args.min_clusters)
     if plan.best is None:
         raise UserError(f"no configuration of {plan.model} on {plan.clusters} rank(s) fits "
                           f"--budget {format_bytes(plan.budget)}; see `ratrain plan`")
@@ -274,6 +313,30 @@ def add_search_options(p, *, required: bool) -> None:
                    "count (up to --clusters, if given) at which a configuration fits, and "
                    "plan there")
     add_options(p, "--global-batch", "--simulate", global_batch={"required": required})
+    add_machine_options(p)
+
+
+MACHINE_FLAGS = ("--nodes", "--ranks-per-node", "--machine", "--inter-node-bandwidth",
+                 "--inter-node-latency")
+
+
+def add_machine_options(p) -> None:
+    """--nodes, --ranks-per-node, --inter-node-bandwidth/-latency, --machine: the machine
+    planned for (hw/machine.py), shared by plan and compile --plan."""
+    p.add_argument("--nodes", type=positive_int, default=None, metavar="K", help="nodes to plan "
+                   "for: --clusters K x ranks per node; the placement (which ranks share a "
+                   "node) is searched with the rest")
+    p.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="R",
+                   help="ranks sharing a node's memory and one network port (default: the "
+                   "profile's ranks_per_node)")
+    add_bandwidth_latency(p, "inter-node", "bytes/s of a node's network port, shared by its "
+                          "ranks, e.g. 1.25GB/s or 10Gbit (default: the profile's "
+                          "inter_node_bandwidth)", "seconds per message between nodes, e.g. "
+                          "5us (default: the profile's inter_node_latency)")
+    p.add_argument("--machine", default=None, metavar="FILE", help="a machine file: JSON with "
+                   "profile, nodes, ranks_per_node, inter_node_bandwidth, inter_node_latency, "
+                   "node_memory_bandwidth, each optional (docs/DESIGN.md 7.1); flags given "
+                   "override its fields")
 
 
 def add_plan_parser(sub, model_help: str) -> None:
@@ -282,7 +345,8 @@ def add_plan_parser(sub, model_help: str) -> None:
                        description="Search pipeline and DP degrees (pp x dp = N), ZeRO stage, "
                        "gradient accumulation under ZeRO 2 and 3 (the grads column: auto, or "
                        "scatter: reduce-scattered each micro-batch), micro-batch size and count "
-                       "(dp x M x B = G), recompute policy and schedule. Candidates that cannot fit are dropped with the stage and "
+                       "(dp x M x B = G), recompute policy, schedule and, on nodes of several ranks "
+                       "(--nodes, --ranks-per-node), the placement. Candidates that cannot fit are dropped with the stage and "
                        "memory categories over budget; the rest are ordered by an analytic "
                        "estimate and the best few compiled and simulated. Exit status "
                        f"{NOTHING_FITS} when no configuration fits (the table says why). "
@@ -290,6 +354,8 @@ def add_plan_parser(sub, model_help: str) -> None:
     p.add_argument("model", help=f"the model: {model_help}")
     add_search_options(p, required=True)
     add_options(p, "--seq-len", "--hw", "--budget", "--precision", "--schedule",
+                hw={"default": None, "help": f"{HW_HELP} (default: the --machine file's, "
+                    f"else {DEFAULT_HW})"},
                 schedule={"choices": SCHEDULE_CHOICES, "help": SCHEDULE_PLAN_HELP})
     add_link_options(p)
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
@@ -298,7 +364,7 @@ def add_plan_parser(sub, model_help: str) -> None:
                    "one JSON object (rows: pp, dp, zero, micro_batch_size, micro_batches, "
                    "recompute, schedule, zero3_prefetch, update_rule, grad_accum, feasible, "
                    "reason, peak_bytes, step_time_s, tokens_per_s (simulated), "
-                   "estimated_step_s; with --schedule all, "
+                   "estimated_step_s, placement, bound; with --schedule all, "
                    "strategies: strategy, "
                    "paper, best (a row or null), note, speedup)")
     p.set_defaults(func=cmd_plan)

@@ -33,14 +33,19 @@ def _program_and_profile(args):
 
 def add_link_options(p) -> None:
     """--link-bandwidth and --link-latency (simulate and plan): with_link's overrides."""
+    add_bandwidth_latency(p, "link", "bytes/s of every link, replacing the profile's "
+                          "link_bandwidth, e.g. 61.7MB/s (as `ratrain cluster up` takes it)",
+                          "seconds per message, replacing the profile's link_latency, e.g. 5us")
+
+
+def add_bandwidth_latency(p, name: str, bandwidth_help: str, latency_help: str) -> None:
+    """--NAME-bandwidth and --NAME-latency, parsed as `ratrain cluster up` parses a link."""
     from ratrain.cli.cluster import link_type
     from ratrain.cluster.scaling import parse_bandwidth, parse_latency
-    p.add_argument("--link-bandwidth", type=link_type(parse_bandwidth), default=None,
-                   metavar="B", help="bytes/s of every link, replacing the profile's "
-                   "link_bandwidth, e.g. 61.7MB/s (as `ratrain cluster up` takes it)")
-    p.add_argument("--link-latency", type=link_type(parse_latency), default=None,
-                   metavar="S", help="seconds per message, replacing the profile's "
-                   "link_latency, e.g. 5us")
+    p.add_argument(f"--{name}-bandwidth", type=link_type(parse_bandwidth), default=None,
+                   metavar="B", help=bandwidth_help)
+    p.add_argument(f"--{name}-latency", type=link_type(parse_latency), default=None,
+                   metavar="S", help=latency_help)
 
 
 def _cluster_link(name: str) -> dict:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ratrain.program_format.placement import Placement
+
 # NOTE [node memory]: a transfer between two ranks of one node is a copy through shared
 # memory: the sender's bytes are read from its buffer and written into the receiver's
 # (the bounce cells in between stay in the caches), 2 bytes of memory traffic per byte
@@ -93,19 +95,41 @@ def node_of(profile: dict) -> Node:
 
 
 def node_of_rank(rank: int, ranks: int) -> int:
-    """The node a rank runs on: nodes hold `ranks` consecutive ranks (the runtime's
-    placement; rank = replica x pp + stage, so a pipeline fills a node first)."""
+    """The node a rank runs on: nodes hold `ranks` consecutive ranks (NOTE [placement],
+    program_format/placement.py)."""
     return rank // max(1, ranks)
 
 
 @lru_cache(maxsize=4096)
-def dp_group_nodes(pp: int, dp: int, stage: int, ranks: int) -> tuple[int, ...]:
+def dp_group_nodes(placement: Placement, stage: int, ranks: int) -> tuple[int, ...]:
     """Members of `stage`'s DP group on each node it spans, in node order."""
     counts: dict[int, int] = {}
-    for replica in range(dp):
-        node = node_of_rank(replica * pp + stage, ranks)
+    for replica in range(placement.dp):
+        node = node_of_rank(placement.rank(stage, replica), ranks)
         counts[node] = counts.get(node, 0) + 1
     return tuple(counts[n] for n in sorted(counts))
+
+
+def crossings(placement: Placement, stage: int, ranks: int) -> int:
+    """Replicas whose `stage` and `stage + 1` run on different nodes."""
+    return sum(node_of_rank(placement.rank(stage, r), ranks)
+               != node_of_rank(placement.rank(stage + 1, r), ranks)
+               for r in range(placement.dp))
+
+
+def placements(pp: int, dp: int, ranks: int) -> list[Placement]:
+    """The placements of pp x dp ranks on nodes of `ranks` that differ in what crosses
+    nodes (each stage's DP group per node, and how many replicas' neighbour stages sit
+    on different nodes), the smallest block of each: pipeline-major first."""
+    seen, out = set(), []
+    for block in (b for b in range(1, dp + 1) if dp % b == 0):
+        placement = Placement(pp, dp, block)
+        key = (tuple(dp_group_nodes(placement, s, ranks) for s in range(pp)),
+               tuple(crossings(placement, s, ranks) for s in range(pp - 1)))
+        if key not in seen:
+            seen.add(key)
+            out.append(placement)
+    return out
 
 
 def node_per_rank(profile: dict) -> dict:

@@ -2,7 +2,7 @@
 
 A pass takes a Program and returns a new one with one more part filled in (stages, tasks,
 recovery choices, memory plan, lowered calls). Every DP replica of a stage runs that
-stage's task list; ranks are numbered so that pipeline neighbours are adjacent.
+stage's task list; the options' placement numbers the ranks (NOTE [placement]).
 """
 from __future__ import annotations
 
@@ -48,12 +48,13 @@ class Program:
         return self.graph.kind_costs[self.graph.layers[layer].kind]
 
     def rank(self, stage: int, replica: int) -> int:
-        """Rank of (stage, DP replica): replicas are blocks of `pp` consecutive ranks."""
-        return replica * self.options.pp + stage
+        """Rank of (stage, DP replica) under the options' placement (NOTE [placement],
+        program_format/placement.py; pipeline-major by default: rank = replica x pp + stage)."""
+        return self.options.rank_placement.rank(stage, replica)
 
     def coords(self, rank: int) -> tuple[int, int]:
         """(stage, replica) of a rank."""
-        return rank % self.options.pp, rank // self.options.pp
+        return self.options.rank_placement.coords(rank)
 
     @property
     def micro_batches(self) -> int:

@@ -5,6 +5,8 @@ stage (0 without data parallelism; ZeRO-3 with the default zero3_prefetch, one l
 view gathered ahead), under ZeRO 2 and 3 either gradient accumulation (NOTE [planned
 gradient accumulation]), every recompute policy and the requested schedules. pp may be
 any divisor of N up to the number of layers (partition_stages balances uneven splits).
+On nodes of several ranks every placement that changes what crosses nodes
+(hw/topology.placements, NOTE [placement]) is a candidate too.
 Traced graphs depend only on the micro-batch size, so GraphCache traces each size once
 for all candidates.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ratrain.hw.topology import placements
 from ratrain.program_format.options import GRAPH_DTYPE, RECOMPUTE_POLICIES, CompileOptions
 
 # least memory first: insert_recovery's auto needs no more than full, which needs no
@@ -37,6 +40,8 @@ class Candidate:
     grad_accum: str | None = None       # None: the compiler's default (auto: local unless
                                         # a stage cannot fit so); "scatter" (NOTE [planned
                                         # gradient accumulation])
+    placement: str = "pipeline"         # rank order (NOTE [placement]): memory alike,
+                                        # nodes crossed not
 
     def options(self, search) -> CompileOptions:
         """The CompileOptions of this candidate in `search` (search.Search)."""
@@ -44,6 +49,7 @@ class Candidate:
                                                  ("update_rule", self.update_rule),
                                                  ("grad_accum", self.grad_accum))
                  if value is not None}
+        extra["placement"] = self.placement
         return CompileOptions(
             pp=self.pp, dp=self.dp, micro_batches=self.micro_batches,
             micro_batch_size=self.micro_batch_size, seq_len=search.seq_len,
@@ -63,8 +69,10 @@ class Candidate:
             + ([] if self.grad_accum is None else [f"gradients {SCATTERED}"])
         zero = f"{self.zero} ({'; '.join(how)})" if how else f"{self.zero}"
         rule = "" if self.update_rule is None else f", {self.update_rule} updates"
-        return (f"pp {self.pp} x dp {self.dp}, zero {zero}, {self.batching}, recompute "
-                f"{self.recompute}, {self.schedule} schedule{rule}")
+        placed = "" if self.placement == "pipeline" else f" ({self.placement}-major)" \
+            if self.placement == "dp" else f" (placement {self.placement})"
+        return (f"pp {self.pp} x dp {self.dp}{placed}, zero {zero}, {self.batching}, "
+                f"recompute {self.recompute}, {self.schedule} schedule{rule}")
 
 
 # NOTE [planned gradient accumulation]: under ZeRO 2 and 3 a stage may keep its full fp32
@@ -91,16 +99,19 @@ def layouts(clusters: int, global_batch: int, num_layers: int) -> list[tuple[int
 
 
 def candidates(clusters: int, global_batch: int, num_layers: int,
-               schedules: tuple[str, ...]) -> list[Candidate]:
-    """Every candidate, grouped so that each one's memory dominators come before it."""
+               schedules: tuple[str, ...], ranks_per_node: int = 1) -> list[Candidate]:
+    """Every candidate, grouped so that each one's memory dominators come before it;
+    each with every placement that differs on nodes of `ranks_per_node` ranks."""
     out = []
     for pp, dp in layouts(clusters, global_batch, num_layers):
+        placed = [str(p) for p in placements(pp, dp, ranks_per_node)]
         for size in divisors(global_batch // dp):
             for zero in (3, 2, 1, 0) if dp > 1 else (0,):
                 out += [Candidate(pp, dp, zero, size, global_batch // dp // size, policy,
-                                  schedule, grad_accum=grads)
+                                  schedule, grad_accum=grads, placement=placement)
                         for grads in (GRAD_ACCUMULATIONS if zero >= 2 else (None,))
-                        for policy in POLICIES_BY_MEMORY for schedule in schedules]
+                        for policy in POLICIES_BY_MEMORY for schedule in schedules
+                        for placement in placed]
     return out
 
 

@@ -28,12 +28,15 @@ class StrategyBest:
 
 
 def config_text(c: Candidate) -> str:
-    """`pp 4 x dp 64, zero 2, 64 x 1, auto`: a configuration in one table cell."""
+    """`pp 4 x dp 64, zero 2, 64 x 1, auto` (`dp 64 dp-major` under another placement
+    than pipeline-major): a configuration in one table cell."""
     zero = f"zero {c.zero}" + ("" if c.zero3_prefetch is None else
                                f"/{c.zero3_prefetch or 'at use'}") + \
         ("" if c.update_rule is None else f", {c.update_rule}") + \
         ("" if c.grad_accum is None else f", {c.grad_accum}")
-    return f"pp {c.pp} x dp {c.dp}, {zero}, {c.micro_batches} x {c.micro_batch_size}, " \
+    placed = "" if c.placement == "pipeline" else f" {c.placement}-major" \
+        if c.placement == "dp" else f" {c.placement}"
+    return f"pp {c.pp} x dp {c.dp}{placed}, {zero}, {c.micro_batches} x {c.micro_batch_size}, " \
            f"{c.recompute}"
 
 

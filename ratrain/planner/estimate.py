@@ -31,6 +31,7 @@ from ratrain.sim.costs import (collective_port_bytes, collective_seconds, crosse
 from ratrain.ir.graph import Var
 from ratrain.sim.kernels import cold_profile, graph_seconds
 from ratrain.sim.simulate import rank_profile
+from ratrain.hw.topology import ranks_per_node
 
 LEVELS = ("none", "selective", "full")  # recompute levels, least recompute first
 
@@ -155,6 +156,13 @@ class Estimator:
         """Estimated step time of `program` with its stages' `plans`."""
         stages = [_StageModel(self, program, s, plan) for s, plan in enumerate(plans)]
         return _step(stages, program, self.rank_profile(program))
+
+    def step_and_bound(self, program, plans: list[StagePlan]) -> tuple[float, str]:
+        """step_seconds, and what bounds that step (NOTE [bound]): compute, port,
+        node-memory or link."""
+        stages = [_StageModel(self, program, s, plan) for s, plan in enumerate(plans)]
+        profile = self.rank_profile(program)
+        return _step(stages, program, profile), step_bound(stages, program, profile)
 
     def compute_bound(self, program) -> float:
         """A lower bound of the simulated step (the simulator costs the same graph
@@ -320,6 +328,7 @@ class _StageModel:
         # a message to a stage on another node goes on the node's port (sim/calls _send)
         across = any(crosses_node(p, o, stage, peer) for peer in (stage - 1, stage + 1)
                      if 0 <= peer < o.pp)
+        self.across = across
         self.message = message_seconds(p, message, across)
         self.port = sends * (self.message - message_seconds(p, 0, across)) + scatter_port
         self._add_view_gathers(p, program, layers, scatter_port)
@@ -419,6 +428,27 @@ def _recompute_per_micro_batch(program, stage: int, times, plan: StagePlan) -> f
     lower = LEVELS[LEVELS.index(plan.level) - 1]
     pairs = len(decoders) * m
     return ((pairs - plan.lowered) * per_pair(plan.level) + plan.lowered * per_pair(lower)) / m
+
+
+# NOTE [bound]: the table's `bound` column says which resource the estimate's busiest
+# stage waits on. Per step a stage computes M x compute + update seconds and keeps its
+# links busy M x port + sync seconds (the 1F1B slot of _step is the larger of compute
+# and port per micro-batch; the sync follows the last backward). The stage with the most
+# of either decides: compute where its compute is the larger, else the link its
+# traffic takes: the node's port when its DP group spans nodes or its pipeline messages
+# cross nodes (NOTE [placement]), node memory when it all stays within a node of
+# several ranks (node-memory: NOTE [node memory], hw/topology.py), else its own link.
+def step_bound(stages: list[_StageModel], program, profile: dict) -> str:
+    """NOTE [bound] of the stages' estimate."""
+    m = program.options.micro_batches
+    work = lambda s: m * s.compute + s.update
+    traffic = lambda s: m * s.port + s.sync
+    busiest = max(stages, key=lambda s: max(work(s), traffic(s)))
+    if work(busiest) >= traffic(busiest):
+        return "compute"
+    if len(busiest.group) > 1 or busiest.across:
+        return "port"
+    return "node-memory" if ranks_per_node(profile) > 1 else "link"
 
 
 def _step(stages: list[_StageModel], program, profile: dict) -> float:

@@ -98,7 +98,7 @@ class Screen:
         try:
             program = partition_stages(Program(self.graphs.get(c.micro_batch_size), options))
         except PartitionError as e:
-            return Verdict(None, peak=e.peak, reason=partition_reason(e, c))
+            return Verdict(None, peak=e.peak, reason=partition_reason(e, options))
         plans = tuple(self.estimator.stage_plans(program))
         worst = max(range(c.pp), key=lambda s: total(plans[s].need))
         peak = total(plans[worst].need)
@@ -107,9 +107,12 @@ class Screen:
         return Verdict(program, plans, peak)
 
 
-def stage_text(stage: int, layers, pp: int, dp: int) -> str:
-    """`stage 6 (layers 60-70; ranks 6, 14, ...)`: where a memory problem sits."""
-    ranks = f"ranks {stage}, {stage + pp}, ..." if dp > 1 else f"rank {stage}"
+def stage_text(stage: int, layers, options) -> str:
+    """`stage 6 (layers 60-70; ranks 6, 14, ...)`: where a memory problem sits (its
+    replicas' ranks under the options' placement)."""
+    at = options.rank_placement.rank
+    ranks = f"ranks {at(stage, 0)}, {at(stage, 1)}, ..." if options.dp > 1 else \
+        f"rank {at(stage, 0)}"
     return f"stage {stage} (layers {layers[0]}-{layers[-1]}; {ranks})"
 
 
@@ -119,15 +122,15 @@ def categories_text(breakdown: dict) -> str:
     return ", ".join(f"{c} {format_bytes(b)}" for b, c in parts)
 
 
-def partition_reason(e: PartitionError, c: Candidate) -> str:
-    split = f"no split into {c.pp} stages fits: " if c.pp > 1 else ""
-    return (f"{split}{stage_text(e.stage, e.layers, c.pp, c.dp)} needs at least "
+def partition_reason(e: PartitionError, options) -> str:
+    split = f"no split into {options.pp} stages fits: " if options.pp > 1 else ""
+    return (f"{split}{stage_text(e.stage, e.layers, options)} needs at least "
             f"{format_bytes(e.peak)} > {format_bytes(e.budget)}: {categories_text(e.breakdown)}")
 
 
 def estimate_reason(program, stage: int, need: dict) -> str:
     o = program.options
-    return (f"estimated: {stage_text(stage, program.stages[stage], o.pp, o.dp)} needs "
+    return (f"estimated: {stage_text(stage, program.stages[stage], o)} needs "
             f"about {format_bytes(total(need))} > {format_bytes(o.budget)}: "
             f"{categories_text(need)}")
 

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
+from ratrain.hw.topology import node_of, ranks_per_node
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.partition_stages import PartitionError
 from ratrain.passes.plan_memory import MemoryBudgetError
@@ -21,6 +22,7 @@ from ratrain.planner.estimate import Estimator
 from ratrain.planner.margin import SIMULATION_MARGIN
 from ratrain.planner.screen import Screen, compile_reason
 from ratrain.planner.strategies import Strategy
+from ratrain.sim.simulate import rank_profile
 
 # SIMULATION_MARGIN: NOTE [simulation margin] (margin.py); read here, so tests can patch it
 
@@ -58,12 +60,16 @@ class Row:
     tokens_per_s: float | None          # simulated tokens/s
     estimated_step_s: float | None      # the closed-form estimate (estimate.py) of a row
                                         # that may fit, simulated or not
+    placement: str = "pipeline"         # rank order (NOTE [placement])
+    bound: str | None = None            # what bounds its estimated step: compute, port,
+                                        # node-memory or link (NOTE [bound], estimate.py)
 
     @property
     def candidate(self) -> Candidate:
         return Candidate(self.pp, self.dp, self.zero, self.micro_batch_size,
                          self.micro_batches, self.recompute, self.schedule,
-                         self.zero3_prefetch, self.update_rule, self.grad_accum)
+                         self.zero3_prefetch, self.update_rule, self.grad_accum,
+                         self.placement)
 
     @property
     def simulated(self) -> bool:
@@ -86,6 +92,7 @@ class Plan:
     notes: dict = field(default_factory=dict)  # compiled candidate -> what auto chose
     seconds: float = 0.0                # wall time of the search
     strategy: str | None = None         # the strategy searched (strategies.py), if one
+    machine: str = ""                   # the nodes, where there are several (nodes_text)
 
 
 @dataclass(frozen=True)
@@ -130,10 +137,11 @@ class Planner:
     def candidates(self, clusters: int, strategy: Strategy | None = None) -> list[Candidate]:
         """The search's candidates, or only those `strategy` allows (its schedule)."""
         s = self.search
+        ranks = ranks_per_node(rank_profile(s.profile, clusters))
         if strategy is None:
-            return candidates(clusters, s.global_batch, s.num_layers, s.schedules)
+            return candidates(clusters, s.global_batch, s.num_layers, s.schedules, ranks)
         return strategy.candidates(candidates(clusters, s.global_batch, s.num_layers,
-                                              (strategy.schedule,)))
+                                              (strategy.schedule,), ranks))
 
     def may_fit(self, clusters: int) -> bool:
         """Does any candidate on `clusters` ranks pass the memory screen?"""
@@ -149,18 +157,22 @@ class Planner:
         start, s = time.perf_counter(), self.search
         policy = strategy.simulated_policy if strategy else "auto"
         judged = [self._judge(c) for c in self.candidates(clusters, strategy)]
-        estimates = {c: self.estimator.step_seconds(v.program, list(v.plans))
+        estimated = {c: self.estimator.step_and_bound(placed_program(v.program, c),
+                                                      list(v.plans))
                      for c, v in judged if v.fits}
+        estimates = {c: seconds for c, (seconds, _) in estimated.items()}
+        bounds = {c: bound for c, (_, bound) in estimated.items()}
         skipped = grad_accumulation_skips(judged)
         queue = sorted((c for c, v in judged if v.fits and c.recompute == policy
                         and c not in skipped), key=lambda c: (estimates[c], _order(c)))
         compiled, failed = (self._simulate(queue, dict(judged), estimates, seeds)
                             if simulate else self._check(queue))
-        rows = _rows(judged, estimates, compiled, failed, policy, skipped)
+        rows = _rows(judged, estimates, compiled, failed, policy, skipped, bounds)
         best = rows[0] if rows and rows[0].candidate in compiled else None
         return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget, s.profile["name"],
                     rows, best, {c: r.note for c, r in compiled.items()},
-                    time.perf_counter() - start, strategy.name if strategy else None)
+                    time.perf_counter() - start, strategy.name if strategy else None,
+                    nodes_text(rank_profile(s.profile, clusters), clusters))
 
     def smallest(self, limit: int) -> Plan | None:
         """The plan (memory checked, not simulated) at the smallest cluster count up to
@@ -327,13 +339,31 @@ def recompute_note(program) -> str:
 
 def _order(c: Candidate) -> tuple:
     return (c.pp, c.dp, -c.zero, c.micro_batch_size, c.recompute, c.schedule,
-            c.grad_accum or "")
+            c.grad_accum or "", c.placement != "pipeline", c.placement)
+
+
+def nodes_text(profile: dict, clusters: int) -> str:
+    """`4 nodes of 8 ranks, each node's port 1.25 GB/s`, or "" on one node."""
+    node = node_of(profile)
+    if clusters <= node.ranks:
+        return ""
+    return (f"{-(-clusters // node.ranks)} nodes of {node.ranks} ranks, each node's port "
+            f"{node.port_bandwidth / 1e9:.3g} GB/s")
+
+
+def placed_program(program, c: Candidate):
+    """The screen's partitioned program (shared by the placements of one memory key,
+    memory_key) under `c`'s placement, which the estimate costs (NOTE [placement])."""
+    if program.options.placement == c.placement:
+        return program
+    return replace(program, options=replace(program.options, placement=c.placement))
 
 
 def _rows(judged, estimates, compiled, failed, policy: str = "auto",
-          skipped: dict | None = None) -> tuple[Row, ...]:
+          skipped: dict | None = None, bounds: dict | None = None) -> tuple[Row, ...]:
     best = min((r.step_time_s for r in compiled.values() if r.step_time_s), default=None)
-    rows = [_row(c, v, estimates, compiled, failed, best, policy, (skipped or {}).get(c))
+    rows = [replace(_row(c, v, estimates, compiled, failed, best, policy,
+                         (skipped or {}).get(c)), bound=(bounds or {}).get(c))
             for c, v in judged]
     key = lambda r: ((0, r.step_time_s or 0.0) if r.candidate in compiled else
                      (1, estimates[r.candidate]) if r.feasible else (2, r.peak_bytes),
@@ -348,7 +378,7 @@ def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str,
     base = dict(pp=c.pp, dp=c.dp, zero=c.zero, micro_batch_size=c.micro_batch_size,
                 micro_batches=c.micro_batches, recompute=c.recompute, schedule=c.schedule,
                 zero3_prefetch=c.zero3_prefetch, update_rule=c.update_rule,
-                grad_accum=c.grad_accum)
+                grad_accum=c.grad_accum, placement=c.placement)
     auto = replace(c, recompute=policy)
     base["estimated_step_s"] = None if auto in failed else estimates.get(c)  # fits: estimated
     if c in compiled:

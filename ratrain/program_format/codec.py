@@ -13,7 +13,8 @@ step-wide. Tasks are written in the task IR's text (ir/tasks.py), which parses b
 Decoding builds the format's own types only: nothing in a file names code to run.
 
 Older formats this runtime reads (runtime.READABLE) are converted as they are read:
-format 6 wrote no layers; its per-layer calls' notes began with "L<layer>" (_v6_layer).
+formats 6 and 7 wrote no placement in the options (their ranks are pipeline-major, the
+option's default: NOTE [placement], hw/topology.py); format 6 wrote no layers; its per-layer calls' notes began with "L<layer>" (_v6_layer).
 """
 from __future__ import annotations
 

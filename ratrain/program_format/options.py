@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ratrain.program_format.placement import Placement, parse_placement
+
 SCHEDULES = ("ratrain", "baseline")
 RECOMPUTE_POLICIES = ("none", "full", "selective", "auto")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -40,6 +42,8 @@ class CompileOptions:
                                         # ahead (NOTE [ZeRO-3 lifecycle]); 0 = at use
     update_rule: str = "commit"         # with a NORM: "commit" (speculative UPDs, NOTE
                                         # [commit rule]) or "after-norm"; baseline: after-norm
+    placement: str = "pipeline"         # rank order: "pipeline", "dp" or "dp:B" (NOTE
+                                        # [placement], program_format/placement.py)
 
     def __post_init__(self):
         _check_options(self)
@@ -47,6 +51,11 @@ class CompileOptions:
     @property
     def world_size(self) -> int:
         return self.pp * self.dp
+
+    @property
+    def rank_placement(self) -> Placement:
+        """Which (stage, replica) each rank runs (NOTE [placement])."""
+        return parse_placement(self.placement, self.pp, self.dp)
 
     @classmethod
     def from_dict(cls, fields: dict) -> CompileOptions:
@@ -78,5 +87,9 @@ def _check_options(o: CompileOptions) -> None:
         problems.append("--grad-accum scatter reduce-scatters shards: it needs --zero 2 or 3")
     if o.stage_speeds is not None and len(o.stage_speeds) != o.pp:
         problems.append(f"stage speeds give {len(o.stage_speeds)} values for {o.pp} stages")
+    try:
+        o.rank_placement
+    except ValueError as e:
+        problems.append(str(e))
     if problems:
         raise ValueError("; ".join(problems))

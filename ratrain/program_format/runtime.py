@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FORMAT = "ratrain-program/7"            # 7: every call names its layer; 6: JSON, no pickle
-READABLE = (FORMAT, "ratrain-program/6")  # (5 and older: pickles)
+FORMAT = "ratrain-program/8"            # 8: options name the placement; 7: every call
+                                        # names its layer; 6: JSON, no pickle
+READABLE = (FORMAT, "ratrain-program/7", "ratrain-program/6")  # (5 and older: pickles)
 PICKLED = tuple(f"ratrain-program/{n}" for n in range(1, 6))
 
 
@@ -68,10 +69,10 @@ class RuntimeProgram:
     directory: str | None = field(default=None, compare=False)  # where code/ is, once opened
 
     def rank(self, stage: int, replica: int) -> int:
-        return replica * self.options.pp + stage
+        return self.options.rank_placement.rank(stage, replica)
 
     def coords(self, rank: int) -> tuple[int, int]:
-        return rank % self.options.pp, rank // self.options.pp
+        return self.options.rank_placement.coords(rank)
 
     def state_slots(self, layer: int) -> tuple:
         return self.layers[layer].state

@@ -92,12 +92,14 @@ def rank_hosts(world_size: int, hosts: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(hosts[rank // per_host] for rank in range(world_size))
 
 
-# NOTE [ranks on hosts]: a program numbers its ranks pipeline-major (rank = replica x pp +
-# stage), so giving each host a block of consecutive ranks keeps a pipeline on one host
-# when its ranks per host are a multiple of pp, and spreads each DP group over the hosts.
-# `rank_hosts` is the only place that rule is written: hydra is told the placement
-# explicitly (`-hosts h:count,...`, one entry per run of consecutive ranks on a host), so
-# a later placement read from the program changes that function and nothing else.
+# NOTE [ranks on hosts]: each host runs a block of consecutive ranks, as the planner's
+# and the simulator's nodes hold them (hw/topology.node_of_rank); which (stage, replica)
+# each rank is, and so what shares a host, is the program's placement (NOTE [placement],
+# program_format/placement.py): pipeline-major keeps a pipeline on one host when its
+# ranks per host are a multiple of pp and spreads each DP group over the hosts, DP-major
+# keeps a stage's DP group on one host. `rank_hosts` is the only place the host rule is
+# written: hydra is told it explicitly (`-hosts h:count,...`, one entry per run of
+# consecutive ranks on a host).
 
 
 def hydra_hosts_option(placed: tuple[str, ...]) -> list[str]:

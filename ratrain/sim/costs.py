@@ -40,8 +40,9 @@ def profile_algorithm(profile: dict) -> str:
 
 def dp_group(profile: dict, options, stage: int = 0) -> tuple[int, ...]:
     """Members of `stage`'s DP group on each node it spans (hw/topology.py: the nodes
-    hold the profile's ranks_per_node consecutive ranks)."""
-    return dp_group_nodes(options.pp, options.dp, stage, ranks_per_node(profile))
+    hold the profile's ranks_per_node consecutive ranks, the options' placement says
+    which)."""
+    return dp_group_nodes(options.rank_placement, stage, ranks_per_node(profile))
 
 
 def collective_timed(profile: dict, op: str, nbytes: float, group: tuple[int, ...],
@@ -77,9 +78,11 @@ def link_host_seconds(profile: dict, nbytes: float) -> float:
 
 
 def crosses_node(profile: dict, options, stage: int, peer: int) -> bool:
-    """Whether stage `stage` and `peer` of DP replica 0 run on different nodes."""
-    ranks = ranks_per_node(profile)
-    return node_of_rank(stage, ranks) != node_of_rank(peer, ranks)
+    """Whether stage `stage` and `peer` of DP replica 0 run on different nodes (under
+    the options' placement, NOTE [placement])."""
+    ranks, placement = ranks_per_node(profile), options.rank_placement
+    return node_of_rank(placement.rank(stage, 0), ranks) != \
+        node_of_rank(placement.rank(peer, 0), ranks)
 
 
 def message_seconds(profile: dict, nbytes: float, across: bool = False) -> float:

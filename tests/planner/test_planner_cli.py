@@ -10,7 +10,7 @@ PLAN = ["plan", "tiny", "--clusters", "4", "--global-batch", "8", "--seq-len", "
 ROW_KEYS = {"pp", "dp", "zero", "micro_batch_size", "micro_batches", "recompute", "schedule",
             "zero3_prefetch", "update_rule", "grad_accum",
             "feasible", "reason", "peak_bytes", "step_time_s", "tokens_per_s",
-            "estimated_step_s"}
+            "estimated_step_s", "placement", "bound"}
 
 
 def run_json(argv, capsys) -> dict:
@@ -51,9 +51,12 @@ def test_json_rows_carry_exactly_the_documented_fields(record):
 def test_text_table_best_row_and_reasons(record, capsys):
     assert main(PLAN) == 0
     out = capsys.readouterr().out
-    assert out.startswith("plan tiny on 4 cpu ranks: global batch 8 x 32 tokens, budget 30 MB")
+    head = out.splitlines()[0]  # the cpu profile's nodes, where 4 ranks need several
+    assert head.startswith("plan tiny on 4 cpu ranks") and \
+        head.endswith(": global batch 8 x 32 tokens, budget 30 MB (28.61 MiB) per rank")
     best = record["rows"][0]
-    assert f"\n  1 {best['pp']:>4} {best['dp']:>5} {best['zero']:>4} " in out
+    assert f"\n  1 {best['pp']:>4} {best['dp']:>5} {best['placement']:<9} {best['zero']:>4} " \
+        in out
     batches = "micro-batch" if best["micro_batches"] == 1 else "micro-batches"
     grads = " (gradients reduce-scattered each micro-batch)" if best["grad_accum"] else ""
     name = (f"pp {best['pp']} x dp {best['dp']}, zero {best['zero']}{grads}, "
@@ -68,18 +71,19 @@ def test_rows_say_whether_their_step_is_simulated_or_estimated(record, capsys):
     assert main(PLAN + ["--top", "4"]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#"))
-    assert lines[header].split()[-3:] == ["s", "timed", "tokens/s"]
+    assert lines[header].split()[-4:] == ["s", "timed", "tokens/s", "bound"]
     shown = [r for r in record["rows"] if r["feasible"] and r["recompute"] == "auto"]
     for line, row in zip(lines[header + 1:header + 5], shown):
         fields = line.split()
+        assert fields[3] == row["placement"] and fields[15] == row["bound"]
         if row["step_time_s"] is not None:
-            assert fields[11:13] == [f"{row['step_time_s']:.4g}", "simulated"]
+            assert fields[12:14] == [f"{row['step_time_s']:.4g}", "simulated"]
             ratio = row["estimated_step_s"] / row["step_time_s"] - 1
             assert line.endswith(f"estimate {row['estimated_step_s']:.4g} s ({ratio:+.1%})")
         else:
-            assert fields[11:13] == [f"{row['estimated_step_s']:.4g}", "estimated"]
+            assert fields[12:14] == [f"{row['estimated_step_s']:.4g}", "estimated"]
             assert row["reason"].removeprefix("not simulated: ") in line
-    assert "estimated" in [line.split()[12] for line in lines[header + 1:header + 5]]
+    assert "estimated" in [line.split()[13] for line in lines[header + 1:header + 5]]
 
 
 def test_link_options_replace_the_profiles_link(record, capsys):
@@ -122,7 +126,7 @@ def test_compile_plan_uses_the_best_row(record, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["plan", "tiny", "--global-batch", "8"], "give --clusters N, or --min-clusters"),
+    (["plan", "tiny", "--global-batch", "8"], "give --clusters N (or --nodes K), or --min-clusters"),
     (["plan", "tiny", "--min-clusters", "--clusters", "2", "--global-batch", "8",
       "--seq-len", "32", "--budget", "5MB"], "tiny fits on no cluster count up to 2"),
     (["compile", "tiny", "--clusters", "4", "-o", "{tmp}/a"], "--clusters steers only the planner: add --plan"),

@@ -9,6 +9,7 @@ import pytest
 
 from ratrain.hw import ProfileError, load_profile
 from ratrain.hw.topology import Node, dp_group_nodes, node_of, node_per_rank
+from ratrain.program_format.placement import Placement
 from ratrain.ir.tasks import parse_schedule
 from ratrain.sim import replay
 from ratrain.sim.collectives import collective_cost, node_collective
@@ -20,10 +21,17 @@ S = 64e6
 
 
 def test_pipelines_fill_a_node_first():
-    """rank = replica x pp + stage, nodes of consecutive ranks."""
-    assert dp_group_nodes(pp=2, dp=8, stage=1, ranks=8) == (4, 4)
-    assert dp_group_nodes(pp=1, dp=16, stage=0, ranks=16) == (16,)
-    assert dp_group_nodes(pp=8, dp=4, stage=3, ranks=4) == (1, 1, 1, 1)
+    """Pipeline-major: rank = replica x pp + stage, nodes of consecutive ranks."""
+    assert dp_group_nodes(Placement(pp=2, dp=8), stage=1, ranks=8) == (4, 4)
+    assert dp_group_nodes(Placement(pp=1, dp=16), stage=0, ranks=16) == (16,)
+    assert dp_group_nodes(Placement(pp=8, dp=4), stage=3, ranks=4) == (1, 1, 1, 1)
+
+
+def test_dp_groups_fill_a_node_first_under_dp_major():
+    """rank = stage x dp + replica: each stage's group on nodes of its own."""
+    assert dp_group_nodes(Placement(pp=2, dp=8, block=8), stage=1, ranks=8) == (8,)
+    assert dp_group_nodes(Placement(pp=8, dp=4, block=4), stage=3, ranks=4) == (4,)
+    assert dp_group_nodes(Placement(pp=4, dp=8, block=4), stage=2, ranks=8) == (4, 4)
 
 
 def test_within_a_node_the_members_share_its_memory():
