@@ -83,7 +83,9 @@ def test_failed_runs_leave_nothing(state, pp2_program):
     assert wrong.returncode == 2 and "ratrain: error:" in wrong.stderr
     bad_data = ratrain("run", pp2_program, "--cluster", name, "--steps", 2, "--data",
                        pp2_program / "missing.npy", env=state)
-    assert bad_data.returncode != 0 and f"cluster {name} up for this run" in bad_data.stderr
+    # refused before the cluster comes up (its data is checked before anything is made)
+    assert bad_data.returncode != 0 and "missing.npy" in bad_data.stderr
+    assert f"cluster {name} up" not in bad_data.stderr
     assert harness_leftovers(name) == []
     assert not harness.state_path(name).exists()
 

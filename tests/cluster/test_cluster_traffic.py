@@ -78,6 +78,7 @@ def test_probe_measures_the_shaped_link_and_simulate_uses_it(cluster, tmp_path):
 
     from ratrain.cluster.scaling import with_link
     from ratrain.compiler import recompile
+    from ratrain.hw.topology import node_per_rank
     from ratrain.programs import read_manifest
     from ratrain.sim import simulate
     made, env = cluster
@@ -88,9 +89,11 @@ def test_probe_measures_the_shaped_link_and_simulate_uses_it(cluster, tmp_path):
     assert probed["link_latency"] > 0 and probed["link_host_cost"] > 0, probed
     program = compile_tiny(tmp_path / "dp2", "--dp", 2, "--micro-batches", 2)
     manifest = read_manifest(program)
-    expected = simulate(recompile(manifest), with_link(
+    # each rank a node of its own on the probed link, its TCP collectives moving while it
+    # computes (harness.link_fields)
+    expected = simulate(recompile(manifest), node_per_rank(with_link(
         manifest["hw"], probed["link_bandwidth"], probed["link_latency"],
-        probed["link_host_cost"]))
+        probed["link_host_cost"])) | {"collective_progress_share": 1.0})
     sim = ratrain("simulate", program, "--json", "--cluster", made.name, env=env)
     assert sim.returncode == 0, sim.stderr
     assert json.loads(sim.stdout)["step_time_s"] == expected.step_time
