@@ -24,8 +24,8 @@ from ratrain.passes.residuals import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
 from ratrain.sim.costs import (collective_port_bytes, collective_seconds, crosses_node,
-                               dp_group, grad_scatter, layer_view_gather, link_host_seconds, message_seconds,
-                               norm_seconds, norm_share_bytes, prefetch_seconds,
+                               dp_group, grad_scatter, layer_view_gather, link_host_seconds,
+                               message_path, message_seconds, norm_seconds, norm_share_bytes, prefetch_seconds,
                                sync_finish_seconds, sync_op, sync_seconds, undo_copy_bytes,
                                update_seconds)
 from ratrain.ir.graph import Var
@@ -330,7 +330,7 @@ class _StageModel:
                      if 0 <= peer < o.pp)
         self.across = across
         self.message = message_seconds(p, message, across)
-        self.port = sends * (self.message - message_seconds(p, 0, across)) + scatter_port
+        self.port = sends * message / message_path(p, across)[1] + scatter_port
         self._add_view_gathers(p, program, layers, scatter_port)
 
     def _add_step_end(self, p: dict, program, stage: int, params, scatters) -> None:

@@ -17,9 +17,8 @@ from ratrain.ir.tasks import Kind, counterpart
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
 from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, rollback_only
 from ratrain.sim.collectives import collective_cost
-from ratrain.hw.topology import node_of
 from ratrain.sim.costs import (collective_timed, crosses_node, dp_group, grad_scatter,
-                               link_host_seconds, memory_seconds, norm_seconds,
+                               link_host_seconds, memory_seconds, message_path, norm_seconds,
                                norm_share_bytes, scatter_bytes, slot_elements,
                                sync_finish_seconds, tie_local_bytes, tie_sum_seconds,
                                undo_copy_bytes, update_seconds, view_gather)
@@ -238,10 +237,8 @@ def _send(c: ProfileCosts, task, call) -> list[Step]:
     """A copy of the arena slot, sent on the link within the node or, to a stage on
     another node, on the node's port."""
     nbytes, peer = call.inputs[0].nbytes, counterpart(task).stage
-    node = node_of(c.profile)
-    across = crosses_node(c.profile, c.options, task.stage, peer)
-    latency, rate = (node.port_latency, node.port_bandwidth) if across else \
-        (node.link_latency, node.link_bandwidth)
+    latency, rate = message_path(c.profile, crosses_node(c.profile, c.options, task.stage,
+                                                         peer))
     return [Compute(2 * nbytes / c.ddr),
             Send(counterpart(task), send_channel(task), latency, nbytes, rate),
             *c.host_steps(nbytes)]

@@ -85,13 +85,18 @@ def crosses_node(profile: dict, options, stage: int, peer: int) -> bool:
         node_of_rank(placement.rank(peer, 0), ranks)
 
 
-def message_seconds(profile: dict, nbytes: float, across: bool = False) -> float:
-    """One pipeline message of `nbytes` between neighbour stages: on the link within a
-    node, on the node's port (`across`) between nodes."""
+def message_path(profile: dict, across: bool = False) -> tuple[float, float]:
+    """(latency, bandwidth) of a pipeline message between neighbour stages: the link
+    within a node, the node's port (`across`) between nodes."""
     node = node_of(profile)
-    if across:
-        return node.port_latency + nbytes / node.port_bandwidth
-    return node.link_latency + nbytes / node.link_bandwidth
+    return (node.port_latency, node.port_bandwidth) if across else \
+        (node.link_latency, node.link_bandwidth)
+
+
+def message_seconds(profile: dict, nbytes: float, across: bool = False) -> float:
+    """One pipeline message of `nbytes` between neighbour stages (message_path)."""
+    latency, bandwidth = message_path(profile, across)
+    return latency + nbytes / bandwidth
 
 
 def memory_seconds(profile: dict, precision: str, op: str, nbytes: float) -> float:
