@@ -20,7 +20,7 @@ from ratrain.rt.checkpoint import (check_save_dir, checkpoint_name, export_confi
 from ratrain.rt.data import (Batches, DataError, prepare_program_text_data, text_settings,
                              token_stream_identity, training_rows)
 from ratrain.rt.evaluate import due, evaluate, held_out
-from ratrain.rt.load import SetupError, open_program, read_manifest
+from ratrain.rt.load import SetupError, open_program
 from ratrain.rt.loss_plot import write_loss_plot
 from ratrain.rt.metrics import MetricsLog, StepMetrics, Throughput, rss_bytes
 from ratrain.rt.start import checkpoints_problem, data_order, resume_problem
@@ -94,7 +94,8 @@ def prepare(args, world_size: int, rank: int = 0) -> dict:
             "step": state.get("step", 0), "data_order": {"shuffle": shuffle, "seed": seed},
             "scaler": loss_scaler(args, o.precision, state),
             "skipped_steps": state.get("skipped_steps", 0),
-            "checkpoint": checkpoint_contents(args, manifest, config, stream)}
+            "checkpoint": checkpoint_contents(args, manifest, config, stream),
+            "throughput": Throughput.of_manifest(manifest)}
 
 
 def checkpoint_contents(args, manifest: dict, config: dict, stream: dict) -> dict:
@@ -206,7 +207,7 @@ def train(args, comms, job: dict) -> int:
     if args.trace:
         executor.trace = TaskTrace(comms.rank, st.stage)
     log = MetricsLog(args.metrics if comms.rank == 0 else None, args.steps,
-                     Throughput.of_manifest(read_manifest(Path(program.directory))))
+                     job["throughput"])
     tokens_per_step = batches.global_batch * program.options.seq_len
     if comms.rank == 0 and not args.quiet and job["step"] < args.steps:
         print(f"first step: {job['step'] + 1}/{args.steps} (it also warms up)", flush=True)
