@@ -7,14 +7,12 @@ from __future__ import annotations
 from ratrain.codegen import generate
 from ratrain.codegen.legend import format_legend
 from ratrain.ir.tasks import Kind
-from ratrain.passes.insert_gathers import gather_plan
-from ratrain.passes.insert_grad_sync import syncs_started_in_backward
+from ratrain.passes.insert_gathers import gather_plan, issuing_task
 from ratrain.passes.insert_tied_sum import tie_stages
 from ratrain.program_format.codec import write_runtime, write_stage_rows
 from ratrain.program_format.runtime import (LayerState, Memory, RuntimeGraph,
                                             RuntimeProgram, StagePlan)
-from ratrain.program_format.table import (FORWARD_KINDS, FORWARD_ROW, NativeStep,
-                                          PythonStep, StageRows)
+from ratrain.program_format.table import FORWARD_KINDS, FORWARD_ROW, PythonStep, StageRows
 
 
 
@@ -29,31 +27,6 @@ def runtime_program(program) -> RuntimeProgram:
                           program.stages, memory, layers, tie_stages(program))
 
 
-def _waits_only(steps) -> bool:
-    return all(isinstance(s, PythonStep) and dict(s.call.params).get("op") == "wait"
-               for s in steps)
-
-
-def early_syncs(rows) -> tuple:
-    """NOTE [sync issue point] (passes/insert_grad_sync.py): (row of the step's last B,
-    index of the step that ends layer L's backward in it, the rows of the SYNCs of L to
-    start right there), so the gradient of L crosses the link while the backward of the
-    layers before it runs."""
-    last, syncs = syncs_started_in_backward([task for task, _, _ in rows],
-                                            lambda r: _waits_only(rows[r][1]))
-    if last is None:
-        return ()
-    ends = {}  # layer -> index of its last step in the last B
-    for i, step in enumerate(rows[last][1]):
-        for label in (step.calls if isinstance(step, NativeStep) else (step.call,)):
-            ends[label.layer] = i
-    out: dict = {}
-    for r in syncs:
-        if rows[r][0].layer in ends:
-            out.setdefault(ends[rows[r][0].layer], []).append(r)
-    return tuple((last, step, tuple(rs)) for step, rs in sorted(out.items()))
-
-
 def forward_rows(program, stage: int, rows) -> tuple:
     """NOTE [held-out loss] under ZeRO-3: (row, what the forward-only pass runs there) for
     each gather that serves an F but that training runs in a task that pass skips: the
@@ -63,14 +36,15 @@ def forward_rows(program, stage: int, rows) -> tuple:
     row_of = {task: r for r, task in enumerate(tasks)}
     out = []
     for g in gather_plan(program, stage, tasks):
+        issuer = None if g.after is None else issuing_task(program, g.after[0])
         if not any(use.kind == Kind.F for use, _ in g.uses) or \
-                (g.after is not None and g.after[0].kind in FORWARD_KINDS):
+                (issuer is not None and issuer.kind in FORWARD_KINDS):
             continue
-        if g.after is None:
+        if issuer is None:
             out.append((row_of[g.task], FORWARD_ROW))
             continue
         use = str(g.uses[0][0])
-        call, = [s.call for s in rows[row_of[g.after[0]]][1] if isinstance(s, PythonStep)
+        call, = [s.call for s in rows[row_of[issuer]][1] if isinstance(s, PythonStep)
                  and s.call.op == "gather_view" and dict(s.call.params)["use"] == use
                  and s.call.note == f"L{g.task.layer} gather"]
         out.append((row_of[g.task], call))
@@ -79,8 +53,7 @@ def forward_rows(program, stage: int, rows) -> tuple:
 
 def stage_rows(program, table) -> StageRows:
     """What the runtime reads of a stage's table."""
-    syncs = early_syncs(table.rows) if program.options.schedule == "ratrain" else ()
-    return StageRows(table.stage, tuple(table.rows), table.period, syncs,
+    return StageRows(table.stage, tuple(table.rows), table.period,
                      forward_rows(program, table.stage, table.rows))
 
 

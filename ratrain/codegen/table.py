@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from ratrain.codegen.emit import C_TYPES, ITEMSIZE, emit_call
 from ratrain.codegen.legend import slot_legend, slot_role
+from ratrain.ir.tasks import BACKWARDS, backward_of
 from ratrain.program_format.lowered import StagePeriod
 from ratrain.program_format.table import CallLabel, NativeStep, PythonStep
 
@@ -54,7 +55,9 @@ class StageTable:
             self.first_slots.append(use.slots)
             self.layers.append(set())
         index = self._index[body]
-        self.comments[index].add((str(task.kind), use.kind))
+        # a per-layer piece runs its B's code (NOTE [sync issue point])
+        self.comments[index].add((str(backward_of(task).kind if task.kind in BACKWARDS
+                                      else task.kind), use.kind))
         for roles, role in zip(self.legends[index], use.roles):
             roles.add(role)
         self.layers[index].add(use.layer)

@@ -16,6 +16,8 @@ from string import Formatter
 class Kind(StrEnum):
     F = "F"               # forward of one micro-batch through the stage
     B = "B"               # backward of one micro-batch (input and weight gradients)
+    BL = "BL"             # backward of one layer of one micro-batch (input and weight
+                          # gradients): a piece of a B (NOTE [sync issue point])
     SEND_F = "SEND_F"     # send the stage's output activation to stage + 1
     RECV_F = "RECV_F"     # receive the stage's input activation from stage - 1
     SEND_B = "SEND_B"     # send the input gradient to stage - 1
@@ -38,6 +40,7 @@ class Kind(StrEnum):
 TEXT_FORMS: dict[Kind, str] = {
     Kind.F: "{stage}F{micro_batch}",
     Kind.B: "{stage}B{micro_batch}",
+    Kind.BL: "{stage}B[L{layer}]{micro_batch}",
     Kind.SEND_F: "{stage}SEND_F{micro_batch}",
     Kind.RECV_F: "{stage}RECV_F{micro_batch}",
     Kind.SEND_B: "{stage}SEND_B{micro_batch}",
@@ -75,14 +78,18 @@ PIPELINE_COMMS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})
 SENDS = frozenset({Kind.SEND_F, Kind.SEND_B})
 RECVS = frozenset({Kind.RECV_F, Kind.RECV_B})
 GATHERS = frozenset({Kind.GATH_F, Kind.GATH_R, Kind.GATH_B})  # NOTE [ZeRO-3 lifecycle]
+BACKWARDS = frozenset({Kind.B, Kind.BL})  # run (part of) a micro-batch's backward
+# Tasks that write a layer's gradient: SYNC[L] stands after the last of them that covers
+# L (a B covers its stage's layers, a per-layer piece its own; verify_schedule).
+GRAD_PRODUCERS = frozenset({Kind.B, Kind.BL})
 
 
 @dataclass(frozen=True)
 class Task:
     stage: int                          # pipeline stage that runs the task
     kind: Kind                          # what the task does
-    micro_batch: int | None = None      # F, B, SEND_*/RECV_*, REC; None otherwise
-    layer: int | None = None            # global layer index: SYNC, UPD, PREF, REC, TIE, GATH_*
+    micro_batch: int | None = None      # F, B, BL, SEND_*/RECV_*, REC; None otherwise
+    layer: int | None = None            # global layer index: BL, SYNC, UPD, PREF, REC, TIE, GATH_*
     buffer: str | None = None           # FREE only: name of the released buffer
     cost: float | None = field(default=None, compare=False)  # est. seconds; None = unknown
     mem_delta: int = field(default=0, compare=False)          # bytes allocated (+) / freed (-)
@@ -119,7 +126,12 @@ def parse_task(text: str) -> Task:
                         for name, value in match.groupdict().items()}
             return Task(kind=kind, **operands)
     raise ValueError(f"cannot parse task {text!r}; expected one of: {_EXPECTED} "
-                     f"(e.g. 1F3, 0SEND_F2, 1SYNC[L7], 1REC[L5]3, 1FREE[act.L5.mb3])")
+                     f"(e.g. 1F3, 1B[L5]3, 0SEND_F2, 1SYNC[L7], 1REC[L5]3, 1FREE[act.L5.mb3])")
+
+
+def backward_of(task: Task) -> Task:
+    """The whole B a backward task belongs to: itself for a B, its B for a piece BL."""
+    return Task(task.stage, Kind.B, micro_batch=task.micro_batch)
 
 
 def parse_tasks(text: str) -> tuple[Task, ...]:

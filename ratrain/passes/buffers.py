@@ -8,13 +8,13 @@ act.L5.mb3 rec.L5.mb3 in.mb3 out.mb3 gin.mb3 gout.mb3 ws.<task>.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 
 from ratrain.ir.graph import Literal
-from ratrain.ir.tasks import Kind, Task
+from ratrain.ir.tasks import Kind, Task, backward_of
 from ratrain.passes.insert_gathers import gather_of, view_buffer, view_slot_count
 from ratrain.passes.insert_tied_sum import tied_layers_on
 from ratrain.passes.insert_update import commits_updates
@@ -311,17 +311,18 @@ def grad_buffer(program, layer: int) -> Buffer:
     return Buffer(f"grad.L{layer}", "grads", 4 * n)
 
 
-def _backward(program, task: Task) -> Effects:
+def _backward(program, task: Task, use=None) -> Effects:
+    """`use(layer)`: the task reading the layer's view (default: `task`; a B's pieces
+    each read their own layer's)."""
     s, m = task.stage, task.micro_batch
+    use = use or (lambda layer: task)
     layers = program.stages[s]
     # The step's first B is micro-batch 0's (verify_schedule checks B's run in order).
     creates = [grad_buffer(program, l) for l in layers] if m == 0 else []
-    if _syncs_inside_backward(program) and m == program.micro_batches - 1:
-        creates += [_shard_of(program, l) for l in layers if l not in program.scatter_grads]
     if s > 0:
         creates.append(Buffer(f"gout.mb{m}", "comm", message_bytes(program, s - 1)))
     creates.append(Buffer(f"ws.{task}", "workspace", backward_workspace(program, s, m)[1]))
-    reads = [view_buffer(program, task, l) for l in layers] + \
+    reads = [view_buffer(program, use(l), l) for l in layers] + \
         [f"act.L{l}.mb{m}" for l in layers]
     if not recovers_in_backward(program, s, m):
         reads += [f"rec.L{l}.mb{m}" for l in layers if (l, m) in program.recompute]
@@ -330,19 +331,23 @@ def _backward(program, task: Task) -> Effects:
     return Effects(tuple(creates), tuple(reads))
 
 
+def _backward_piece(program, task: Task) -> Effects:
+    """A per-layer piece of a B (NOTE [sync issue point]) addresses its B's workspace,
+    whose cotangent slots pass from layer to layer: the stage's first piece (its last
+    layer's) creates what the B creates, and every piece reads what the B reads and
+    creates, so the pieces hold the B's buffers alive from the first to the last."""
+    whole = _backward(program, backward_of(task), lambda layer: replace(task, layer=layer))
+    if task.layer == program.stages[task.stage][-1]:
+        return whole
+    return Effects((), whole.reads + tuple(b.name for b in whole.creates))
+
+
 def _recompute(program, task: Task) -> Effects:
     l, m = task.layer, task.micro_batch
     dropped = residual_split(program, l, m)[1]
     return Effects((Buffer(f"rec.L{l}.mb{m}", "activations", dropped),
                     Buffer(f"ws.{task}", "workspace", workspace_bytes(program, task.stage, "fwd"))),
                    (f"act.L{l}.mb{m}", view_buffer(program, task, l)))
-
-
-def _syncs_inside_backward(program) -> bool:
-    """NOTE [sync issue point] (insert_grad_sync.py): in ratrain mode the runtime starts
-    SYNC[L] inside the step's last B, as soon as L's backward is done, so the shard a
-    ZeRO-2 reduce-scatter writes is that B's buffer: nothing B uses may share its bytes."""
-    return program.options.schedule == "ratrain" and program.options.zero >= 2
 
 
 def _shard_of(program, layer: int) -> Buffer:
@@ -354,10 +359,9 @@ def _grad_sync(program, task: Task) -> Effects:
     l = task.layer
     if l in program.scatter_grads:
         return Effects((), (f"gshard.L{l}",))
-    if program.options.zero >= 2 and not _syncs_inside_backward(program):
-        return Effects((_shard_of(program, l),), (f"grad.L{l}",))
     if program.options.zero >= 2:
-        return Effects((), (f"grad.L{l}", f"gshard.L{l}"))
+        # the shard the reduce-scatter writes lives from where the list starts it on
+        return Effects((_shard_of(program, l),), (f"grad.L{l}",))
     return Effects((), (f"grad.L{l}",))
 
 
@@ -392,6 +396,7 @@ def _norm(program, task: Task) -> Effects:
 _EFFECTS = {
     Kind.F: _forward,
     Kind.B: _backward,
+    Kind.BL: _backward_piece,
     Kind.REC: _recompute,
     Kind.SYNC: _grad_sync,
     Kind.UPD: _update,

@@ -13,7 +13,7 @@ from typing import Callable
 
 import networkx as nx
 
-from ratrain.ir.tasks import PIPELINE_COMMS, RECVS, Kind, Schedule, Task, counterpart
+from ratrain.ir.tasks import BACKWARDS, PIPELINE_COMMS, RECVS, Kind, Schedule, Task, counterpart
 
 Node = tuple[int, int]   # (rank, position in that rank's program)
 
@@ -149,7 +149,7 @@ def _replay(schedule, graph, runnable, cost) -> dict[int, tuple[TaskTiming, ...]
 def _summarize(timeline: dict[int, tuple[TaskTiming, ...]]) -> DryRunResult:
     timings = [timing for row in timeline.values() for timing in row]
     makespan = max((timing.end for timing in timings), default=0)
-    work = sum(t.end - t.start for t in timings if t.task.kind in (Kind.F, Kind.B))
+    work = sum(t.end - t.start for t in timings if t.task.kind == Kind.F or t.task.kind in BACKWARDS)
     bubble = 1 - work / (len(timeline) * makespan) if makespan else 0
     busy = {rank: sum(t.end - t.start for t in row) for rank, row in timeline.items()}
     return DryRunResult(timeline, makespan, busy, bubble, _exposed_tail(timeline))
@@ -159,7 +159,7 @@ def _exposed_tail(timeline: dict[int, tuple[TaskTiming, ...]]) -> dict[int, floa
     """Per rank that runs a B: how long it still works after its last B ends."""
     tail = {}
     for rank, row in timeline.items():
-        backward_ends = [t.end for t in row if t.task.kind == Kind.B]
+        backward_ends = [t.end for t in row if t.task.kind in BACKWARDS]
         if backward_ends:
             tail[rank] = max(t.end for t in row) - max(backward_ends)
     return tail

@@ -14,8 +14,8 @@ from ratrain.ir.tasks import GATHERS, Kind, Task
 
 # NOTE [ZeRO-3 lifecycle]: a stage's *uses* of layer views are, in task order, every
 # (F, layer) in layer order, every (REC[L], L) and every (B, layer) in reverse layer
-# order. Consecutive uses of the same layer (the last stage's F then B of one
-# micro-batch, a REC right before its B) share one gather. Gather g writes view slot
+# order (a B's per-layer piece B[L]: (B[L], L)). Consecutive uses of the same layer (the
+# last stage's F then B of one micro-batch, a REC right before its B) share one gather. Gather g writes view slot
 # g mod S (S = zero3_prefetch + 1 slots) and is *issued* right after the last use of
 # gather g - S, the slot's previous tenant, has finished (the first S gathers at the
 # step start): so up to S - 1 gathers are in flight on the DP link while a layer
@@ -31,7 +31,8 @@ from ratrain.ir.tasks import GATHERS, Kind, Task
 # Memory: S slots of the stage's largest view replace ZeRO-2's persistent view of every
 # layer, in the `views` category of the plan.
 
-USE_KINDS = {Kind.F: Kind.GATH_F, Kind.REC: Kind.GATH_R, Kind.B: Kind.GATH_B}
+USE_KINDS = {Kind.F: Kind.GATH_F, Kind.REC: Kind.GATH_R, Kind.B: Kind.GATH_B,
+             Kind.BL: Kind.GATH_B}
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,20 @@ def view_uses(program, stage: int, tasks) -> tuple:
             uses += [(task, l) for l in layers]
         elif task.kind == Kind.B:
             uses += [(task, l) for l in reversed(layers)]
-        elif task.kind == Kind.REC:
+        elif task.kind in (Kind.REC, Kind.BL):  # BL: a piece of a B, its layer's use
             uses.append((task, task.layer))
     return tuple(uses)
+
+
+def issuing_task(program, last_use: Task) -> Task:
+    """The task whose calls issue a gather whose slot's previous tenant was last used by
+    `last_use`: that task, or for a per-layer piece of a B the next piece, which issues
+    it first, after the SYNC standing between them (NOTE [sync issue point]): the link
+    takes the layer's gradient before the next view, as it did before the split."""
+    layers = program.stages[last_use.stage]
+    if last_use.kind != Kind.BL or last_use.layer == layers[0]:
+        return last_use
+    return replace(last_use, layer=layers[layers.index(last_use.layer) - 1])
 
 
 def gather_plan(program, stage: int, tasks=None) -> tuple[Gather, ...]:
@@ -90,7 +102,7 @@ def _indexed(program, stage: int, tasks) -> _Indexed:
         issued_in: dict = {}
         for g in plan:
             if g.after is not None:
-                issued_in.setdefault(g.after[0], []).append(g)
+                issued_in.setdefault(issuing_task(program, g.after[0]), []).append(g)
         hit = _Indexed(tasks, plan, {use: g.slot for g in plan for use in g.uses},
                        {g.task: g for g in plan}, issued_in)
         if len(_RECENT) >= 64:

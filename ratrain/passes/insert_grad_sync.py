@@ -1,9 +1,10 @@
 """insert_grad_sync: one SYNC per layer per step, issued after the layer's last backward.
 
-Runs after insert_recovery (the F/B/REC order is final). In `ratrain` mode each SYNC[L]
-is a non-blocking collective issued as soon as layer L's part of the step's last B is
-done (NOTE [sync issue point]); in `baseline` the syncs run blocking at the step end.
-All-reduce under ZeRO 0/1, reduce-scatter under ZeRO 2, over the stage's DP group.
+Runs after insert_recovery (the F/B/REC order is final). In `ratrain` mode it splits the
+step's last B into per-layer pieces and puts each SYNC[L] right after L's piece, where the
+runtime and the simulator start it (NOTE [sync issue point]); in `baseline` the syncs run
+blocking at the step end. All-reduce under ZeRO 0/1, reduce-scatter under ZeRO 2, over
+the stage's DP group.
 """
 from __future__ import annotations
 
@@ -11,50 +12,69 @@ from dataclasses import replace
 
 from ratrain.ir.tasks import Kind, Task
 
-# NOTE [sync issue point]: a stage's B runs its layers last to first, so in the task list
-# the SYNCs follow the step's last B in reverse layer order. The runtime
-# (rt/executor.early_syncs) and the simulator issue SYNC[L] when layer L's backward
-# inside that B has finished, so communication of later layers overlaps the backward of
-# earlier ones; plan_memory therefore gives a ZeRO-2 shard its bytes from that B on. The baseline starts them only
-# after every task of the stage is done, and waits for each.
+# NOTE [sync issue point]: the task list says where every SYNC starts, and every consumer
+# (runtime, simulator, plan_memory, verifier) reads it there. A stage's B runs its layers
+# last to first, so in ratrain mode the step's last B is written as its per-layer pieces
+# `sB[L]m` (last layer first; lower gives each piece exactly that layer's calls of the B,
+# in the B's order, so the numbers do not change), and SYNC[L] stands right after L's
+# piece: its non-blocking collective starts as soon as layer L's gradient is complete and
+# crosses the link while the backward of the layers before it runs. The first layer's
+# piece is followed by the B's SEND_B (the previous stage waits for it), then by the SYNCs
+# that could not start earlier, in reverse layer order: the first layer's, and those that
+# only wait for the reduce-scatters each B already started (scatter accumulation, NOTE
+# [gradient accumulation]; waiting inside the backward would stall it). Only the last B
+# is split: an earlier B is never followed by a SYNC. The split happens here because it
+# exists for the SYNCs; the passes after this one (update, tied sum, prefetch, gathers,
+# plan_memory, lower) treat a piece as the part of its B that touches its layer. The
+# baseline starts the SYNCs only after every task of the stage is done, and waits for each.
 
 
 def last_backward_index(tasks) -> int:
     return max(i for i, t in enumerate(tasks) if t.kind == Kind.B)
 
 
-def syncs_started_in_backward(tasks, waits_only) -> tuple[int | None, list[int]]:
-    """NOTE [sync issue point]: (index of the step's last B, indices of the SYNCs right
-    after it that start inside it). `waits_only(i)`: SYNC i only waits for the
-    per-micro-batch reduce-scatters; it stays in place (waiting early would stall B)."""
-    if not any(t.kind == Kind.B for t in tasks):
-        return None, []
-    last, syncs = last_backward_index(tasks), []
-    for i in range(last + 1, len(tasks)):
-        if tasks[i].kind not in (Kind.SYNC, Kind.SEND_B, Kind.FREE):
-            break
-        if tasks[i].kind == Kind.SYNC and not waits_only(i):
-            syncs.append(i)
-    return last, syncs
+def backward_pieces(program, backward: Task) -> tuple[Task, ...]:
+    """The per-layer pieces of a B, in the order it runs its layers (last first)."""
+    return tuple(Task(backward.stage, Kind.BL, micro_batch=backward.micro_batch, layer=l)
+                 for l in reversed(program.stages[backward.stage]))
+
+
+def _starts_after_piece(program, stage: int, layer: int) -> bool:
+    """Does SYNC[layer] stand right after its piece (NOTE [sync issue point])? Not the
+    stage's first layer (its SEND_B goes first) nor a layer synced by per-micro-batch
+    reduce-scatters (its SYNC only waits)."""
+    return layer != program.stages[stage][0] and \
+        layer not in program.scatter_grads
+
+
+def _split_with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+    last = last_backward_index(tasks)
+    out = list(tasks[:last])
+    for piece in backward_pieces(program, tasks[last]):
+        out.append(piece)
+        if _starts_after_piece(program, stage, piece.layer):
+            out.append(Task(stage, Kind.SYNC, layer=piece.layer))
+    rest = tasks[last + 1:]
+    send = rest[:1] if rest and rest[0].kind == Kind.SEND_B else ()
+    late = [Task(stage, Kind.SYNC, layer=l) for l in reversed(program.stages[stage])
+            if not _starts_after_piece(program, stage, l)]
+    return tuple(out) + send + tuple(late) + rest[len(send):]
 
 
 def _with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
-    syncs = [Task(stage, Kind.SYNC, layer=l) for l in reversed(program.stages[stage])]
     if program.options.schedule == "baseline":
-        return tasks + tuple(syncs)
-    at = last_backward_index(tasks) + 1
-    if at < len(tasks) and tasks[at].kind == Kind.SEND_B:
-        at += 1  # the gradient the previous stage waits for goes out first
-    return tasks[:at] + tuple(syncs) + tasks[at:]
+        return tasks + tuple(Task(stage, Kind.SYNC, layer=l)
+                             for l in reversed(program.stages[stage]))
+    return _split_with_syncs(program, stage, tasks)
 
 
 def insert_grad_sync(program):
     """Add SYNC[L] for every layer L of every stage.
 
     Requires: F/B tasks (and RECs) in final order. Guarantees: each layer has exactly
-    one SYNC; in ratrain mode the stage's SYNCs directly follow its last B (and that
-    B's SEND_B, which the previous stage waits for); in baseline
-    mode they end the stage's list.
+    one SYNC, after the last task producing its gradient; in ratrain mode the stage's
+    last B is replaced by its per-layer pieces (backward_pieces) and each SYNC stands
+    where NOTE [sync issue point] starts it; in baseline mode they end the stage's list.
     """
     tasks = {s: _with_syncs(program, s, ts) for s, ts in program.tasks.items()}
     return replace(program, tasks=tasks)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ratrain.ir.graph import Literal
-from ratrain.ir.tasks import Kind, Task
+from ratrain.ir.tasks import Kind, Task, backward_of
 from ratrain.passes.buffers import (GRAD_OUTPUT, backward_workspace, cotangent_bytes,
                                     cotangent_slots, fused_grad_ids, grad_layout,
                                     pinned_values, recovers_in_backward, residual_layout,
@@ -191,8 +191,23 @@ def _bind_fused_grads(placement: _Placement, program, layer: int) -> None:
 
 
 def _lower_backward(program, task: Task) -> list[Call]:
+    return [c for _, calls in _backward_layers(program, task, lambda layer: task) for c in calls]
+
+
+def _backward_pieces(program, piece: Task) -> dict[int, list[Call]]:
+    """NOTE [sync issue point]: layer -> the calls of its piece of the B `piece` belongs
+    to: exactly that layer's calls of the B, in the B's order (the stage's first piece
+    also fills the loss cotangent), over the B's workspace."""
+    use = lambda layer: replace(piece, layer=layer)  # each piece uses its layer's view
+    return dict(_backward_layers(program, backward_of(piece), use))
+
+
+def _backward_layers(program, task: Task, use) -> list[tuple[int, list[Call]]]:
+    """(layer, its calls) of the B `task`, in the order B runs them (last layer first);
+    `use(layer)`: the task whose use of the layer's view the calls read (the B, or its
+    piece of that layer)."""
     m, stage = task.micro_batch, task.stage
-    layers, calls = program.stages[stage], []
+    layers, calls, per_layer = program.stages[stage], [], []
     last_stage = stage == len(program.stages) - 1
     hidden = _kind(program, layers[0]).fwd.outputs[0] if _kind(program, layers[0]).kind != "head" \
         else _kind(program, layers[0]).fwd.inputs[0]
@@ -213,11 +228,12 @@ def _lower_backward(program, task: Task) -> list[Call]:
     for j, layer in enumerate(reversed(layers)):
         kind = _kind(program, layer)
         if rebuilt and (layer, m) in program.recompute:  # NOTE [backward-time recovery]
-            calls += _recompute_calls(program, task, layer, m, f"ws.{task}", base, rebuilt)
+            calls += _recompute_calls(program, use(layer), layer, m, f"ws.{task}", base,
+                                      rebuilt)
         fused = layer not in program.scatter_grads
         placement = _Placement(kind.bwd, pinned_values(kind, "B", fused=fused), f"ws.{task}",
                                base=base)
-        _bind_params(placement, program, task, layer, kind.bwd)
+        _bind_params(placement, program, use(layer), layer, kind.bwd)
         if fused:
             _bind_fused_grads(placement, program, layer)
         n_res = len(kind.residuals)
@@ -234,7 +250,9 @@ def _lower_backward(program, task: Task) -> list[Call]:
             turn += 1
         calls += fuse_grad_accumulation(
             placement.calls(layer) + _accumulate_grads(program, task, layer, placement))
-    return calls
+        per_layer.append((layer, calls))
+        calls = []
+    return per_layer
 
 
 def fuse_grad_accumulation(calls: list[Call]) -> list[Call]:
@@ -297,10 +315,22 @@ def lower(program):
     `program.lowered[stage]` has one LoweredTask per task, in order; every slot names a
     buffer of the stage's memory plan and lies inside it.
     """
-    lowered = {s: tuple(LoweredTask(t, tuple(_with_gathers_issued(
-        program, t, _LOWER[t.kind](program, t)))) for t in tasks)
+    lowered = {s: tuple(LoweredTask(t, tuple(_with_gathers_issued(program, t, calls)))
+                        for t, calls in _stage_calls(program, tasks))
                for s, tasks in program.tasks.items()}
     return replace(program, lowered=lowered)
+
+
+def _stage_calls(program, tasks):
+    """(task, its calls) of a stage's tasks; a B's pieces are lowered with their B once."""
+    pieces: dict = {}
+    for t in tasks:
+        if t.kind == Kind.BL:
+            if t.micro_batch not in pieces:
+                pieces[t.micro_batch] = _backward_pieces(program, t)
+            yield t, pieces[t.micro_batch][t.layer]
+        else:
+            yield t, _LOWER[t.kind](program, t)
 
 
 LOWERED_HEADER = "# lowered program of stage {stage}"

@@ -110,15 +110,18 @@ def _lower_gather(program, task: Task) -> list[Call]:
 
 def _with_gathers_issued(program, task: Task, calls: list[Call]) -> list[Call]:
     """NOTE [ZeRO-3 lifecycle]: a compute task's calls with the gathers it issues, each
-    right after the last call of the layer whose use frees the gather's view slot."""
+    right after the last call of the layer whose use frees the gather's view slot, or
+    first when that use was the previous piece of a B (insert_gathers.issuing_task)."""
     issued = gathers_issued_in(program, task)
     if not issued:
         return calls
     ends = {c.layer: i for i, c in enumerate(calls)}
     after: dict[int, list[Call]] = {}
     for g in issued:
-        after.setdefault(ends[g.after[1]], []).append(gather_call(program, g))
-    return [c for i, call in enumerate(calls) for c in [call] + after.get(i, [])]
+        at = ends[g.after[1]] if g.after[0] == task else -1
+        after.setdefault(at, []).append(gather_call(program, g))
+    return after.get(-1, []) + \
+        [c for i, call in enumerate(calls) for c in [call] + after.get(i, [])]
 
 
 def _loss_scaled(program, params: tuple) -> tuple:

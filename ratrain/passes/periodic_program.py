@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ratrain.ir.tasks import Kind
 from ratrain.passes.plan_memory import MemoryPlan
 from ratrain.program_format.lowered import Slot, StagePeriod, shifted_call, shifted_task
 from ratrain.program_format.table import walk
@@ -75,13 +74,6 @@ def row_keys(program, stage: int, d: int = 0, first: int = 0) -> list:
     return keys
 
 
-def _last_backward(program, stage: int) -> int:
-    """Row of the stage's last B: the SYNCs started inside it (NOTE [sync issue point])
-    must come after the period, each run once (codegen/program_dir.early_syncs)."""
-    return max((i for i, lowered in enumerate(program.lowered[stage])
-                if lowered.task.kind == Kind.B), default=len(program.lowered[stage]))
-
-
 def stage_period(base, once, twice, stage: int, shift: int,
                  micro_batches: int) -> StagePeriod | None:
     """The StagePeriod of `stage` if the instances of n, n + shift and n + 2 shift
@@ -97,7 +89,7 @@ def stage_period(base, once, twice, stage: int, shift: int,
     while suffix < n and later[n - 1 - suffix] == grown[len(grown) - 1 - suffix]:
         suffix += 1
     start = n - suffix
-    if start > prefix - length or _last_backward(base, stage) < start + length:
+    if start > prefix - length:
         return None
     # pumped twice (NOTE [periodic programs]): R[:a+L] + W>k + R[a:]>2k
     pumped = rows[:start + length] + later[start:start + length] + \

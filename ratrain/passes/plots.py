@@ -12,15 +12,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
-from ratrain.ir.tasks import GATHERS, Kind, Task  # noqa: E402
+from ratrain.ir.tasks import BACKWARDS, GATHERS, Kind, Task  # noqa: E402
 from ratrain.passes.buffers import CATEGORIES  # noqa: E402
 from ratrain.passes.dryrun import DryRunResult, dry_run  # noqa: E402
 
 COMMS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B, Kind.POST_F,
                    Kind.POST_B, Kind.NORM, Kind.TIE})
 # Relative durations when a task carries no estimate: a backward is two forwards, the
-# lifecycle tasks are cheaper than a layer pass, messages cheaper still, FREE is free.
-UNIT_COSTS = {Kind.F: 1.0, Kind.B: 2.0, Kind.REC: 1.0, Kind.SYNC: 0.5, Kind.UPD: 0.5,
+# lifecycle tasks are cheaper than a layer pass, messages cheaper still, FREE is free. A
+# per-layer piece of a B counts as one forward: a unit cost knows no layer count.
+UNIT_COSTS = {Kind.F: 1.0, Kind.B: 2.0, Kind.BL: 1.0, Kind.REC: 1.0, Kind.SYNC: 0.5, Kind.UPD: 0.5,
               Kind.PREF: 0.5, Kind.FREE: 0.0} | dict.fromkeys(COMMS, 0.1) | \
     dict.fromkeys(GATHERS, 0.1)
 # Bar colour and legend label per group of kinds (all comms share one colour).
@@ -42,7 +43,8 @@ def options_title(program) -> str:
 
 
 def _group(kind: Kind) -> str:
-    return "SEND/RECV" if kind in COMMS else "GATH" if kind in GATHERS else str(kind)
+    return "SEND/RECV" if kind in COMMS else "GATH" if kind in GATHERS else \
+        "B" if kind in BACKWARDS else str(kind)
 
 
 def schedule_png(program, path, timeline: DryRunResult | None = None,
@@ -84,7 +86,7 @@ def _label_micro_batches(ax, timeline: DryRunResult) -> None:
     """Write the micro-batch number inside F, B and REC bars."""
     for stage, row in timeline.timeline.items():
         for timing in row:
-            if timing.task.kind in (Kind.F, Kind.B, Kind.REC):
+            if timing.task.kind in (Kind.F, Kind.REC) or timing.task.kind in BACKWARDS:
                 ax.text((timing.start + timing.end) / 2, stage, str(timing.task.micro_batch),
                         ha="center", va="center", fontsize=6, color="white")
 

@@ -2,7 +2,8 @@
 
 It checks only what the tasks present so far promise (a pass that has not run yet adds
 no obligations): pipeline messages pair up and do not deadlock; each (stage, mb) has one
-F and one B; each layer is synced once, right after its last backward in ratrain mode;
+F and one B (or the B's per-layer pieces, in order); each layer is synced once, after the
+last task producing its gradient (GRAD_PRODUCERS);
 every UPD follows its SYNC; every PREF follows its UPD; a NORM precedes every UPD, or
 follows every UPD and PREF under the commit rule; every REC precedes its B (and,
 in ratrain mode, the RECV_B it overlaps); every RECV has an earlier POST once posted.
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from functools import lru_cache
 
-from ratrain.ir.tasks import PIPELINE_COMMS, Kind
+from ratrain.ir.tasks import BACKWARDS, GRAD_PRODUCERS, PIPELINE_COMMS, Kind
 from ratrain.passes.dryrun import dry_run
 from ratrain.passes.insert_tied_sum import tied_layers_on
 from ratrain.passes.insert_update import commits_updates
@@ -42,14 +43,30 @@ class _Index:
 
 def _check_forward_backward(program, stage: int, tasks) -> None:
     counts = Counter((t.kind, t.micro_batch) for t in tasks if t.kind in (Kind.F, Kind.B))
+    for m, layers in _pieces(tasks).items():
+        expected = list(reversed(program.stages[stage]))
+        if layers != expected or counts[(Kind.B, m)]:
+            _fail(stage, f"micro-batch {m}'s backward pieces cover layers {layers}"
+                         f"{' besides its B' if counts[(Kind.B, m)] else ''}, "
+                         f"not {expected} once each in that order")
+        counts[(Kind.B, m)] = 1
     for m in range(program.micro_batches):
         for kind in (Kind.F, Kind.B):
             if counts[(kind, m)] != 1:
                 _fail(stage, f"{counts[(kind, m)]} {kind} tasks for micro-batch {m}")
-    order = [t.micro_batch for t in tasks if t.kind == Kind.B]
+    order = [t.micro_batch for t in tasks if t.kind in BACKWARDS]
     if order != sorted(order):
         _fail(stage, f"backwards run out of micro-batch order {order}: gradient buffers "
                      "are created by micro-batch 0's")
+
+
+def _pieces(tasks) -> dict:
+    """micro-batch -> the layers of its per-layer backward pieces (Kind.BL), in order."""
+    out: dict = {}
+    for t in tasks:
+        if t.kind == Kind.BL:
+            out.setdefault(t.micro_batch, []).append(t.layer)
+    return out
 
 
 def _check_ties(program, stage: int, tasks) -> None:
@@ -74,20 +91,29 @@ def _check_syncs(program, stage: int, tasks) -> None:
     for layer in program.stages[stage]:
         if per_layer[layer] != 1:
             _fail(stage, f"layer {layer} is synced {per_layer[layer]} times, not once")
-    # FREEs do not delay a sync; tied layers sync after their TIE (_check_ties)
-    tied = tied_layers_on(program, stage)
-    tasks = [t for t in tasks if t.kind != Kind.FREE and
-             not (t.kind == Kind.SYNC and t.layer in tied)]
-    syncs = [i for i, t in enumerate(tasks) if t.kind == Kind.SYNC]
-    if not syncs:
-        return
-    last_b = max(i for i, t in enumerate(tasks) if t.kind == Kind.B)
-    if min(syncs) < last_b:
-        _fail(stage, f"{tasks[min(syncs)]} starts before the last backward {tasks[last_b]}")
-    first = last_b + 1 + (last_b + 1 < len(tasks) and tasks[last_b + 1].kind == Kind.SEND_B)
-    if program.options.schedule == "ratrain" and syncs != list(range(first, first + len(syncs))):
-        _fail(stage, f"{tasks[syncs[0]]} does not start right after the last backward "
-                     f"{tasks[last_b]}")
+    last = {}  # layer -> position of the last task producing its gradient
+    for i, t in enumerate(tasks):
+        if t.kind in GRAD_PRODUCERS:
+            for layer in (program.stages[stage] if t.layer is None else (t.layer,)):
+                last[layer] = i
+    # tied layers sync after their TIE (_check_ties); a scattered layer's SYNC only waits
+    exempt = set(tied_layers_on(program, stage)) | set(program.scatter_grads)
+    for i, t in enumerate(tasks):
+        if t.kind != Kind.SYNC or t.layer not in last:
+            continue
+        if i < last[t.layer]:
+            _fail(stage, f"{t} starts before {tasks[last[t.layer]]}, the last task "
+                         f"producing layer {t.layer}'s gradient")
+        between = [u for u in tasks[last[t.layer] + 1:i] if u.kind not in _NOT_DELAYING]
+        if program.options.schedule == "ratrain" and t.layer not in exempt and between:
+            _fail(stage, f"{t} does not start right after {tasks[last[t.layer]]}, the last "
+                         f"task producing its gradient: {between[0]} delays it")
+
+
+# What may stand between a layer's last gradient producer and its SYNC in ratrain mode
+# (NOTE [sync issue point]): the backward of other layers, the message the previous stage
+# waits for, other SYNCs and FREEs; never other work.
+_NOT_DELAYING = GRAD_PRODUCERS | {Kind.SYNC, Kind.SEND_B, Kind.FREE}
 
 
 def _check_follows(stage: int, tasks, later: Kind, earlier: Kind) -> None:
@@ -123,7 +149,8 @@ def _check_recovery(program, stage: int, tasks) -> None:
     for i, t in enumerate(tasks):
         if t.kind != Kind.REC:
             continue
-        b = position(Kind.B, micro_batch=t.micro_batch)
+        b = min((j for j in (position(k, micro_batch=t.micro_batch) for k in BACKWARDS)
+                 if j is not None), default=None)
         if b is None or b < i:
             _fail(stage, f"{t} does not precede its backward")
         recv = position(Kind.RECV_B, micro_batch=t.micro_batch)

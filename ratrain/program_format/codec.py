@@ -15,6 +15,10 @@ Decoding builds the format's own types only: nothing in a file names code to run
 Older formats this runtime reads (runtime.READABLE) are converted as they are read:
 formats 6 and 7 wrote no placement in the options (their ranks are pipeline-major, the
 option's default: NOTE [placement], hw/topology.py); format 6 wrote no layers; its per-layer calls' notes began with "L<layer>" (_v6_layer).
+Formats 6-8 also wrote an "early_syncs" table (SYNC rows the runtime started inside the
+step's last B); it is not read: their SYNCs start at their own rows, right after that B,
+with the same numbers and less overlap (format 9 writes the B's per-layer pieces and each
+SYNC after its own: NOTE [sync issue point]).
 """
 from __future__ import annotations
 
@@ -96,7 +100,6 @@ def write_stage_rows(rows: StageRows) -> str:
     """The stage's rows as JSON text, one row per line."""
     head = {"format": FORMAT, "stage": rows.stage,
             "period": None if rows.period is None else asdict(rows.period),
-            "early_syncs": [[r, s, list(syncs)] for r, s, syncs in rows.early_syncs],
             "forward": [[r, what if what == FORWARD_ROW else _call(what)]
                         for r, what in rows.forward]}
     lines = [json.dumps({"task": str(task), "buffers": sorted(touched),
@@ -113,7 +116,6 @@ def read_stage_rows(text: str, where: str) -> StageRows:
             tuple((parse_task(r["task"]), tuple(map(_read_step, r["steps"])),
                    frozenset(r["buffers"])) for r in d["rows"]),
             None if d["period"] is None else StagePeriod(**d["period"]),
-            tuple((r, s, tuple(syncs)) for r, s, syncs in d["early_syncs"]),
             tuple((r, what if what == FORWARD_ROW else _read_call(what))
                   for r, what in d["forward"]))
     except (ValueError, KeyError, TypeError) as e:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FORMAT = "ratrain-program/8"            # 8: options name the placement; 7: every call
+FORMAT = "ratrain-program/9"            # 9: rows say where each SYNC starts, no
+                                        # early_syncs table (NOTE [sync issue point]);
+                                        # 8: options name the placement; 7: every call
                                         # names its layer; 6: JSON, no pickle
-READABLE = (FORMAT, "ratrain-program/7", "ratrain-program/6")  # (5 and older: pickles)
+READABLE = (FORMAT, "ratrain-program/8", "ratrain-program/7",
+            "ratrain-program/6")         # (5 and older: pickles)
 PICKLED = tuple(f"ratrain-program/{n}" for n in range(1, 6))
 
 

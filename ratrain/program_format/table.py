@@ -45,7 +45,6 @@ class StageRows:
     stage: int
     rows: tuple                         # (Task, steps, names of the buffers it touches)
     period: StagePeriod | None = None   # NOTE [periodic programs]; None: the whole step
-    early_syncs: tuple = ()             # (row, step, SYNC rows) of NOTE [sync issue point]
     forward: tuple = ()                 # (row, FORWARD_ROW or a Call) of NOTE [held-out loss]
 
 

@@ -80,27 +80,21 @@ def _native(step: NativeStep) -> _Native:
                    tuple((lo, lo + n) for lo, n in zip(step.offsets, step.nbytes)))
 
 
-def expand(stage_rows, offsets: dict) -> tuple[tuple, dict, dict]:
-    """(the rows the step runs, NOTE [sync issue point]'s (row, step) -> SYNC rows, NOTE
-    [held-out loss]'s row -> what the forward-only pass runs there) of a stage's rows,
-    a periodic program's expanded (NOTE [periodic programs]): each stored row is made
-    ready once, and a repetition shifts only its task and Python calls (native steps take
-    arena offsets, which it shares). The SYNCs started inside the last B lie after the
-    period (periodic_program checks it), so their rows, each run once, map to one place."""
+def expand(stage_rows, offsets: dict) -> tuple[tuple, dict]:
+    """(the rows the step runs, NOTE [held-out loss]'s row -> what the forward-only pass
+    runs there) of a stage's rows, a periodic program's expanded (NOTE [periodic
+    programs]): each stored row is made ready once, and a repetition shifts only its task
+    and Python calls (native steps take arena offsets, which it shares)."""
     ready = [RankExecutor.row(offsets, *row) for row in stage_rows.rows]
-    rows, where = [], {}
+    rows, forward_rows = [], {}
     forward = dict(stage_rows.forward)
-    forward_rows = {}
     for i, d in walk(len(ready), stage_rows.period):
-        where[i] = len(rows)
         rows.append(_shifted(ready[i], d))
         if i in forward:
             what = forward[i]
             forward_rows[len(rows) - 1] = rows[-1] if what == FORWARD_ROW else \
                 _Row(rows[-1].task, (shifted_call(what, d),), frozenset(), None)
-    syncs = {(where[r], step): tuple(where[s] for s in rs)
-             for r, step, rs in stage_rows.early_syncs}
-    return tuple(rows), syncs, forward_rows
+    return tuple(rows), forward_rows
 
 
 def _shifted(row: _Row, d: int) -> _Row:
@@ -131,8 +125,7 @@ class RankExecutor:
                                np.empty(plan.arena_bytes, np.uint8), plan.offsets)
         stage_rows, self.module = stage_code(program, stage)
         self.threads, self.address = _threads(), self.state.arena.ctypes.data
-        self.task_rows, self.early_syncs, self.forward_gathers = expand(stage_rows,
-                                                                         plan.offsets)
+        self.task_rows, self.forward_gathers = expand(stage_rows, plan.offsets)
         self.planned_peak_bytes = plan.peak_bytes
         # buffers live now, by their (offset, nbytes); their bytes, the peak so far
         self.live = {plan.offsets[b] for b in plan.persistent}
@@ -186,10 +179,8 @@ class RankExecutor:
         st = self.state
         self.step, self.tokens, self.optimizer = self.step + 1, tokens, optimizer
         st.losses, st.clip_coef = [], 1.0
-        issued = {i for rows in self.early_syncs.values() for i in rows}
-        for r, row in enumerate(self.task_rows):
-            if r not in issued:
-                self._run_row(r, row)
+        for row in self.task_rows:
+            self._run_row(row)
         self._complete(self.sends)
         self.sends = []
         return list(st.losses)
@@ -204,23 +195,23 @@ class RankExecutor:
         try:
             for r, row in enumerate(self.task_rows):
                 if row.task.kind in FORWARD_KINDS or r in self.forward_gathers:
-                    self._run_steps(-1, self.forward_gathers.get(r, row))
+                    self._run_steps(self.forward_gathers.get(r, row))
             self._complete(self.sends)
             self.sends = []
             return list(st.losses)
         finally:
             self.tokens, st.losses = saved
 
-    def _run_row(self, r: int, row: _Row) -> None:
+    def _run_row(self, row: _Row) -> None:
         start = time.perf_counter()
         self._count_live(row)
-        self._run_steps(r, row)
+        self._run_steps(row)
         if self.trace is not None:
             self.trace.record(row.task, self.step, start, time.perf_counter())
 
-    def _run_steps(self, r: int, row: _Row) -> None:
-        """The row's calls; after each, the SYNCs NOTE [sync issue point] starts there."""
-        for i, step in enumerate(row.steps):
+    def _run_steps(self, row: _Row) -> None:
+        """The row's calls, letting MPI progress after each."""
+        for step in row.steps:
             if isinstance(step, _Native):
                 self._run_native(row.task, step)
             elif skips(self.state, step):  # NOTE [commit rule]: no wait for its buffers
@@ -230,8 +221,6 @@ class RankExecutor:
                 self._clear_hazards(step, self._ranges(step.inputs + step.outputs))
                 run_call(self, self.state, step)
             self.pending = comm.drive_progress(self.in_flight + self.sends)
-            for s in self.early_syncs.get((r, i), ()):  # NOTE [sync issue point]
-                self._run_row(s, self.task_rows[s])
 
     def settle(self) -> None:
         """Complete every operation in flight now (before a checkpoint gathers shards);

@@ -13,8 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from ratrain.ir.rules import lookup_rule
-from ratrain.ir.tasks import Kind, counterpart
-from ratrain.passes.insert_grad_sync import syncs_started_in_backward
+from ratrain.ir.tasks import BACKWARDS, counterpart
 from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, rollback_only
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.costs import (collective_timed, crosses_node, dp_group, grad_scatter,
@@ -42,32 +41,6 @@ def _moved_bytes(call) -> int:
     if call.op == "accumulate_grad" and not dict(call.params)["first"]:
         reads += writes
     return reads + writes
-
-
-def early_syncs(program, calls_of: dict) -> dict:
-    """NOTE [sync issue point] (as rt/executor.early_syncs): the step's last B of each
-    stage -> {index of the call after layer L's last one: the SYNC tasks of L}, which
-    start there instead of after the B. `calls_of`: stage -> {task: its calls}."""
-    out = {}
-    for stage, tasks in program.tasks.items():
-        calls = calls_of[stage]
-        waits = lambda i: all(dict(c.params).get("op") == "wait" for c in calls[tasks[i]])
-        last, syncs = syncs_started_in_backward(tasks, waits)
-        if last is None:
-            continue
-        ends = {}
-        for i, call in enumerate(calls[tasks[last]]):
-            layer = call.layer
-            if layer is not None:
-                ends[layer] = i + 1
-        at = {}
-        for i in syncs:
-            if tasks[i].layer in ends:
-                at.setdefault(ends[tasks[i].layer], []).append(tasks[i])
-        # a sync after the B's last call starts with the task after it, as before
-        n = len(calls[tasks[last]])
-        out[tasks[last]] = {i: tuple(ts) for i, ts in at.items() if i < n}
-    return out
 
 
 def _merged(steps):
@@ -119,9 +92,6 @@ class ProfileCosts:
         self._groups: dict = {}         # stage -> its DP group's members per node
         self._steps: dict = {}          # task -> its steps: a replay of two steps asks twice
         self._cold = self._cold_fractions()
-        self._early = early_syncs(program, self._calls) if o.schedule == "ratrain" else {}
-        self._started_in_backward = {t for calls in self._early.values()
-                                     for ts in calls.values() for t in ts}
 
     def _cold_fractions(self) -> dict:
         """(task, call index) -> the fraction of the call's operand bytes not cached
@@ -138,18 +108,13 @@ class ProfileCosts:
         return out
 
     def steps(self, task) -> tuple[Step, ...]:
-        if task in self._started_in_backward:
-            return ()
         if task not in self._steps:
             self._steps[task] = tuple(_merged(self._task_steps(task)))
         return self._steps[task]
 
     def _task_steps(self, task):
         speed, cursor, touched = self.speeds[task.stage], {}, set()
-        early = self._early.get(task, {})
         for i, call in enumerate(self._calls[task.stage][task]):
-            for sync in early.get(i, ()):  # NOTE [sync issue point]: before call i
-                yield from self._task_steps(sync)
             if rollback_only(call):  # the simulated step commits: NOTE [commit rule]
                 continue
             hazards = {s.buffer for s in _slots(call.inputs) + list(call.outputs)} & self._async
@@ -178,7 +143,7 @@ class ProfileCosts:
         graph with the call's op (lower emits a layer's calls in node order)."""
         layer = call.layer
         kind = self.program.graph.layers[layer].kind
-        backward = task.kind == Kind.B and not call.note.endswith(RECOMPUTE_TAG)
+        backward = task.kind in BACKWARDS and not call.note.endswith(RECOMPUTE_TAG)
         ops, warm, cold = self._table(kind, "bwd" if backward else "fwd")
         key = (layer, backward)
         i = cursor.get(key, 0)

@@ -265,6 +265,8 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
         Kind.F: lambda t: sum(cost(l).fwd_flops for l in program.stages[t.stage]) / rate,
         Kind.B: lambda t: sum(cost(l).bwd_flops + _recomputed_in_backward(program, t, l)
                               for l in program.stages[t.stage]) / rate,
+        Kind.BL: lambda t: (cost(t.layer).bwd_flops +
+                            _recomputed_in_backward(program, t, t.layer)) / rate,
         Kind.REC: lambda t: recompute_flops(program, t.layer, t.micro_batch) / rate,
         Kind.SEND_F: lambda t: message_seconds(profile, message_bytes(program, t.stage),
                                                crosses_node(profile, o, t.stage, t.stage + 1)),

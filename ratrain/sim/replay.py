@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ratrain.ir.tasks import Kind, Schedule, Task
+from ratrain.ir.tasks import BACKWARDS, Kind, Schedule, Task
 from ratrain.sim.engine import Engine, Link, Signal
 from ratrain.sim.steps import Compute, Post, Recv, Send, Start, TieSum, Touch, WorldSum
 
@@ -56,7 +56,7 @@ class Replay:
         return 1 - sum(self.busy(r) for r in self.ends) / total if total else 0.0
 
     def last_backward_end(self, rank: int) -> float | None:
-        ends = [s.end for s in self.spans[rank] if s.task.kind == Kind.B]
+        ends = [s.end for s in self.spans[rank] if s.task.kind in BACKWARDS]
         return max(ends) if ends else None
 
     @property

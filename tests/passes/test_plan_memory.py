@@ -117,10 +117,10 @@ def test_golden_frees_of_two_stages_two_micro_batches():
     assert format_tasks(program.tasks[1]) == (
         "1POST_F0 1RECV_F0 1F0 1FREE[in.mb0] 1FREE[ws.1F0] 1POST_F1 1B0 1FREE[act.L3.mb0] "
         "1FREE[act.L4.mb0] 1FREE[act.L5.mb0] 1FREE[ws.1B0] 1SEND_B0 1FREE[gout.mb0] "
-        "1RECV_F1 1F1 1FREE[in.mb1] 1FREE[ws.1F1] 1B1 1FREE[act.L3.mb1] 1FREE[act.L4.mb1] "
-        "1FREE[act.L5.mb1] 1FREE[ws.1B1] 1SEND_B1 1FREE[gout.mb1] 1SYNC[L5] 1SYNC[L4] "
-        "1SYNC[L3] 1UPD[L5] 1FREE[grad.L5] 1PREF[L5] 1UPD[L4] 1FREE[grad.L4] 1PREF[L4] "
-        "1UPD[L3] 1FREE[grad.L3] 1PREF[L3]")
+        "1RECV_F1 1F1 1FREE[in.mb1] 1FREE[ws.1F1] 1B[L5]1 1SYNC[L5] 1B[L4]1 1SYNC[L4] "
+        "1B[L3]1 1FREE[act.L3.mb1] 1FREE[act.L4.mb1] 1FREE[act.L5.mb1] 1FREE[ws.1B1] "
+        "1SEND_B1 1FREE[gout.mb1] 1SYNC[L3] 1UPD[L5] 1FREE[grad.L5] 1PREF[L5] 1UPD[L4] "
+        "1FREE[grad.L4] 1PREF[L4] 1UPD[L3] 1FREE[grad.L3] 1PREF[L3]")
 
 
 def test_plan_memory_is_idempotent_and_keeps_other_tasks_in_order():

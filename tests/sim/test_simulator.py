@@ -9,7 +9,7 @@ from ratrain import models
 from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
 from ratrain.hw.topology import node_per_rank
-from ratrain.ir.tasks import Kind, parse_schedule, parse_task
+from ratrain.ir.tasks import BACKWARDS, Kind, parse_schedule, parse_task
 from ratrain.passes.buffers import layer_param_count
 from ratrain.passes.dryrun import dry_run
 from ratrain.passes.plots import unit_cost
@@ -201,8 +201,9 @@ def test_stage_speeds_scale_compute():
 
 @pytest.mark.parametrize("schedule", ["ratrain", "baseline"])
 def test_ratrain_starts_each_sync_inside_the_last_backward(schedule):
-    """NOTE [sync issue point]: as the runtime does, SYNC[L] starts when layer L's part of
-    the step's last B is done (ratrain), not after the whole B (baseline)."""
+    """NOTE [sync issue point]: as the runtime does, SYNC[L] starts where the task list
+    puts it, right after layer L's piece of the step's last B (ratrain), not after the
+    whole B (baseline)."""
     options = dict(CONFIGS["pp1-dp2"], schedule=schedule)
     program = compile_graph(trace_for(models.get_config("tiny"), "tiny",
                                       CompileOptions(micro_batches=1, micro_batch_size=2,
@@ -210,7 +211,7 @@ def test_ratrain_starts_each_sync_inside_the_last_backward(schedule):
                             CompileOptions(micro_batches=1, micro_batch_size=2, seq_len=32,
                                            **options))[0]
     replay = simulate(program, node_per_rank(load_profile("mt3000") | SLOW_LINK)).replay
-    last_b = max(s.end for s in replay.spans[0] if s.task.kind == Kind.B)
+    last_b = max(s.end for s in replay.spans[0] if s.task.kind in BACKWARDS)
     starts = [i.start for i in replay.intervals[0] if i.lane.startswith("port")
               and i.label.startswith("allreduce")]
     assert len(starts) == program.num_layers
