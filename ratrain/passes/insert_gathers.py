@@ -22,10 +22,11 @@ from ratrain.ir.tasks import GATHERS, Kind, Task
 # computes, and with zero3_prefetch = 0 each gather starts only when its use is next
 # (the GPU-style "gather at use"). `lower` puts a gather's `gather_view` call (cast the
 # master shard, non-blocking all-gather) inside the task holding its issue point, right
-# after the last call of the layer whose use frees the slot; only the first S gathers are
-# calls of their own GATH rows. So the runtime, the reference executor and the simulator
-# all start it there, and the hazard rule completes it right before its first use
-# touches the slot. In the task list a GATH task stands right before the first task that
+# after the last call of the layer whose use frees the slot (after a B's per-layer piece:
+# first in the next piece, issuing_task); only the first S gathers are calls of their own
+# GATH rows. So the runtime, the reference executor and the simulator all start it there,
+# and the hazard rule completes it right before its first use touches the slot. In the
+# task list a GATH task stands right before the first task that
 # uses it (plan_memory and the verifier see it there). The slot is free again (its view
 # dead) after the gather's last use: the next gather into it starts there.
 # Memory: S slots of the stage's largest view replace ZeRO-2's persistent view of every

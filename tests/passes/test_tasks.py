@@ -1,12 +1,14 @@
 """Task IR text form: golden strings, round trips, annotations, parse errors."""
 import pytest
 
-from ratrain.ir.tasks import (Kind, Task, counterpart, format_schedule, format_tasks,
-                              parse_schedule, parse_task, parse_tasks)
+from ratrain.ir.tasks import (BACKWARDS, GRAD_PRODUCERS, Kind, Task, backward_of,
+                              counterpart, format_schedule, format_tasks, parse_schedule,
+                              parse_task, parse_tasks)
 
 GOLDEN = [
     ("1F3", Task(1, Kind.F, micro_batch=3)),
     ("1B3", Task(1, Kind.B, micro_batch=3)),
+    ("1B[L5]3", Task(1, Kind.BL, micro_batch=3, layer=5)),
     ("0SEND_F2", Task(0, Kind.SEND_F, micro_batch=2)),
     ("1RECV_F2", Task(1, Kind.RECV_F, micro_batch=2)),
     ("1SEND_B2", Task(1, Kind.SEND_B, micro_batch=2)),
@@ -51,7 +53,7 @@ def test_parse_tasks_list_and_format_back():
 
 @pytest.mark.parametrize("bad", ["", "F3", "1F", "1X3", "1f3", "-1F3", "1SYNC[7]",
                                  "1SYNC[L7]3", "1REC[L5]", "1FREE[]", "1FREE[a b]",
-                                 "1NORM0", "1F3x", "1SEND_F", "1 F3"])
+                                 "1NORM0", "1F3x", "1SEND_F", "1 F3", "1B[L5]", "1B[5]3"])
 def test_parse_error_quotes_text_and_forms(bad):
     with pytest.raises(ValueError) as error:
         parse_task(bad)
@@ -66,6 +68,7 @@ def test_parse_error_quotes_text_and_forms(bad):
     (dict(stage=0, kind=Kind.F), "F task needs a micro_batch"),
     (dict(stage=0, kind=Kind.SYNC, layer=1, micro_batch=2), "SYNC task takes no micro_batch"),
     (dict(stage=0, kind=Kind.REC, layer=1), "REC task needs a micro_batch"),
+    (dict(stage=0, kind=Kind.BL, micro_batch=1), "BL task needs a layer"),
     (dict(stage=0, kind=Kind.FREE, buffer="a]b"), "FREE task: bad buffer 'a]b'"),
     (dict(stage=0, kind=Kind.B, micro_batch=-1), "B task: bad micro_batch -1"),
     (dict(stage=-1, kind=Kind.NORM), "NORM task: stage must be an int >= 0, got -1"),
@@ -73,6 +76,13 @@ def test_parse_error_quotes_text_and_forms(bad):
 def test_construction_rejects_tasks_without_text_form(kwargs, problem):
     with pytest.raises(ValueError, match=problem.replace("[", r"\[").replace("]", r"\]")):
         Task(**kwargs)
+
+
+def test_a_backward_piece_belongs_to_its_b():
+    """NOTE [sync issue point]: a per-layer piece names the B whose calls it runs."""
+    assert backward_of(parse_task("1B[L5]3")) == parse_task("1B3")
+    assert backward_of(parse_task("1B3")) == parse_task("1B3")
+    assert GRAD_PRODUCERS >= {Kind.B, Kind.BL} and BACKWARDS == {Kind.B, Kind.BL}
 
 
 def test_unknown_kind_is_rejected():
