@@ -15,9 +15,9 @@ Decoding builds the format's own types only: nothing in a file names code to run
 Older formats this runtime reads (runtime.READABLE) are converted as they are read:
 formats 6 and 7 wrote no placement in the options (their ranks are pipeline-major, the
 option's default: NOTE [placement], hw/topology.py); format 6 wrote no layers; its per-layer calls' notes began with "L<layer>" (_v6_layer).
-Formats 6-8 also wrote an "early_syncs" table (SYNC rows the runtime started inside the
-step's last B); it is not read: their SYNCs start at their own rows, right after that B,
-with the same numbers and less overlap (format 9 writes the B's per-layer pieces and each
+Formats 6-8 also wrote a table of the SYNC rows the runtime started inside the step's
+last B; it is not read: their SYNCs start at their own rows, right after that B, with
+the same numbers and less overlap (format 9 writes the B's per-layer pieces and each
 SYNC after its own: NOTE [sync issue point]).
 """
 from __future__ import annotations

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FORMAT = "ratrain-program/9"            # 9: rows say where each SYNC starts, no
-                                        # early_syncs table (NOTE [sync issue point]);
+FORMAT = "ratrain-program/9"            # 9: the rows say where each SYNC starts, no
+                                        # table beside them (NOTE [sync issue point]);
                                         # 8: options name the placement; 7: every call
                                         # names its layer; 6: JSON, no pickle
 READABLE = (FORMAT, "ratrain-program/8", "ratrain-program/7",

@@ -4,7 +4,6 @@ The model has four layers on two stages: L0 the embedding and L1 a decoder on st
 L2 a decoder and L3 the head on stage 1; two micro-batches. Each test writes the tasks a
 pass receives as text and asserts the text of what it returns.
 """
-from dataclasses import replace
 from functools import lru_cache
 
 import pytest
