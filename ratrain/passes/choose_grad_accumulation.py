@@ -15,8 +15,10 @@ from dataclasses import replace
 def _fits_locally(program, stage: int) -> bool:
     """Does the stage fit with local accumulation even when recomputing everything?"""
     from ratrain.passes.buffers import stage_peak
+    from ratrain.passes.insert_grad_sync import with_grad_syncs
     from ratrain.passes.insert_recovery import recompute_everything
-    return stage_peak(recompute_everything(program, stage), stage) <= program.options.budget
+    candidate = with_grad_syncs(recompute_everything(program, stage))
+    return stage_peak(candidate, stage) <= program.options.budget
 
 
 def choose_grad_accumulation(program):

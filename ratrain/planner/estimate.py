@@ -227,20 +227,24 @@ def _sync_need(program, stage: int, need: dict, local: bool, one_micro_batch: in
     workspaces are gone by then, and the B workspace can be the smaller peak): during
     the k-th SYNC (reverse layer order) the gradients of the layers not yet synced and
     the shards of those synced, not yet consumed by their UPD, are alive. In ratrain
-    mode every shard exists from the step's last B on (buffers._syncs_inside_backward),
-    with that B's activations (`one_micro_batch`), messages and workspace."""
+    mode every SYNC but the first layer's stands between the pieces of the step's last B
+    (NOTE [sync issue point]), which keep that B's buffers alive: every full gradient,
+    its activations (`one_micro_batch`), messages and workspace; the first layer's SYNC
+    follows them, with every other layer's shard."""
     if program.options.zero < 2 or not local:
         return need
     counts = [layer_param_count(program, l) for l in reversed(program.stages[stage])]
     full = [4 * n for n in counts]
     shard = [4 * shard_elements(n, program, True) for n in counts]
     persistent = {c: b for c, b in need.items() if c in ("params", "optimizer", "views")}
-    if program.options.schedule == "ratrain":
-        return {**dict.fromkeys(CATEGORIES, 0), **persistent, "grads": sum(full) + sum(shard),
-                "activations": one_micro_batch, "workspace": need["workspace"],
-                "comm": _neighbours(program, stage) * _message_bytes(program, stage)}
-    grads = max(sum(full[k:]) + sum(shard[:k + 1]) for k in range(len(full)))
-    return {**dict.fromkeys(CATEGORIES, 0), **persistent, "grads": grads}
+    base = {**dict.fromkeys(CATEGORIES, 0), **persistent}
+    if program.options.schedule != "ratrain" or len(full) == 1:
+        return {**base, "grads": max(sum(full[k:]) + sum(shard[:k + 1])
+                                     for k in range(len(full)))}
+    inside = {**base, "grads": sum(full) + sum(shard[:-1]), "activations": one_micro_batch,
+              "workspace": need["workspace"],
+              "comm": _neighbours(program, stage) * _message_bytes(program, stage)}
+    return max(inside, {**base, "grads": full[-1] + sum(shard)}, key=total)
 
 
 def _neighbours(program, stage: int) -> int:
