@@ -7,13 +7,11 @@ ir/tasks.py's TEXT_FORMS does for tasks; names are plain strings everywhere else
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
-from string import Formatter
 
-from ratrain.ir.tasks import Kind, Task, parse_task
+from ratrain.ir.tasks import Kind, Task, compile_form, describe_forms, parse_task
 
 
 class BufferKind(StrEnum):
@@ -56,15 +54,9 @@ NAME_FORMS: dict[BufferKind, str] = {
 _FIELD_PATTERNS = {"layer": r"\d+", "micro_batch": r"\d+", "slot": r"\d+", "task": r"\S+"}
 
 
-def _compile(template: str) -> re.Pattern:
-    parts = [re.escape(literal) + (f"(?P<{name}>{_FIELD_PATTERNS[name]})" if name else "")
-             for literal, name, _, _ in Formatter().parse(template)]
-    return re.compile("".join(parts))
-
-
-_PATTERNS = {kind: _compile(form) for kind, form in NAME_FORMS.items()}
+_PATTERNS = {kind: compile_form(form, _FIELD_PATTERNS) for kind, form in NAME_FORMS.items()}
 _OPERANDS = {kind: frozenset(p.groupindex) for kind, p in _PATTERNS.items()}
-_EXPECTED = ", ".join(re.sub(r"\{(\w+)\}", r"<\1>", form) for form in NAME_FORMS.values())
+_EXPECTED = describe_forms(NAME_FORMS.values())
 
 
 def arena_name(name: str) -> str:
