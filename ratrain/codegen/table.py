@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from ratrain.codegen.emit import C_TYPES, ITEMSIZE, emit_call
 from ratrain.codegen.legend import slot_legend, slot_role
-from ratrain.ir.tasks import BACKWARDS, backward_of
+from ratrain.ir.tasks import BACKWARDS, Kind
 from ratrain.program_format.lowered import StagePeriod
 from ratrain.program_format.table import CallLabel, NativeStep, PythonStep
 
@@ -56,8 +56,8 @@ class StageTable:
             self.layers.append(set())
         index = self._index[body]
         # a per-layer piece runs its B's code (NOTE [sync issue point])
-        self.comments[index].add((str(backward_of(task).kind if task.kind in BACKWARDS
-                                      else task.kind), use.kind))
+        kind = Kind.B if task.kind in BACKWARDS else task.kind
+        self.comments[index].add((str(kind), use.kind))
         for roles, role in zip(self.legends[index], use.roles):
             roles.add(role)
         self.layers[index].add(use.layer)

@@ -95,7 +95,8 @@ class Task:
     stage: int                          # pipeline stage that runs the task
     kind: Kind                          # what the task does
     micro_batch: int | None = None      # F, B, BL, SEND_*/RECV_*, REC; None otherwise
-    layer: int | None = None            # global layer index: BL, SYNC, UPD, PREF, REC, TIE, GATH_*
+    layer: int | None = None            # global layer index: BL, SYNC, UPD, PREF, REC,
+                                        # TIE, GATH_*
     buffer: str | None = None           # FREE only: name of the released buffer
     cost: float | None = field(default=None, compare=False)  # est. seconds; None = unknown
     mem_delta: int = field(default=0, compare=False)          # bytes allocated (+) / freed (-)

@@ -149,7 +149,8 @@ def _replay(schedule, graph, runnable, cost) -> dict[int, tuple[TaskTiming, ...]
 def _summarize(timeline: dict[int, tuple[TaskTiming, ...]]) -> DryRunResult:
     timings = [timing for row in timeline.values() for timing in row]
     makespan = max((timing.end for timing in timings), default=0)
-    work = sum(t.end - t.start for t in timings if t.task.kind == Kind.F or t.task.kind in BACKWARDS)
+    work = sum(t.end - t.start for t in timings
+               if t.task.kind == Kind.F or t.task.kind in BACKWARDS)
     bubble = 1 - work / (len(timeline) * makespan) if makespan else 0
     busy = {rank: sum(t.end - t.start for t in row) for rank, row in timeline.items()}
     return DryRunResult(timeline, makespan, busy, bubble, _exposed_tail(timeline))

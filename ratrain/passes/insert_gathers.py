@@ -13,23 +13,23 @@ from functools import lru_cache
 from ratrain.ir.buffers import BufferKind, buffer_name
 from ratrain.ir.tasks import GATHERS, Kind, Task
 
-# NOTE [ZeRO-3 lifecycle]: a stage's *uses* of layer views are, in task order, every
-# (F, layer) in layer order, every (REC[L], L) and every (B, layer) in reverse layer
-# order (a B's per-layer piece B[L]: (B[L], L)). Consecutive uses of the same layer (the
-# last stage's F then B of one micro-batch, a REC right before its B) share one gather. Gather g writes view slot
-# g mod S (S = zero3_prefetch + 1 slots) and is *issued* right after the last use of
-# gather g - S, the slot's previous tenant, has finished (the first S gathers at the
-# step start): so up to S - 1 gathers are in flight on the DP link while a layer
-# computes, and with zero3_prefetch = 0 each gather starts only when its use is next
-# (the GPU-style "gather at use"). `lower` puts a gather's `gather_view` call (cast the
-# master shard, non-blocking all-gather) inside the task holding its issue point, right
-# after the last call of the layer whose use frees the slot (after a B's per-layer piece:
-# first in the next piece, issuing_task); only the first S gathers are calls of their own
-# GATH rows. So the runtime, the reference executor and the simulator all start it there,
-# and the hazard rule completes it right before its first use touches the slot. In the
-# task list a GATH task stands right before the first task that
-# uses it (plan_memory and the verifier see it there). The slot is free again (its view
-# dead) after the gather's last use: the next gather into it starts there.
+# NOTE [ZeRO-3 lifecycle]: a stage's *uses* of layer views are, in task order, every (F,
+# layer) in layer order, every (REC[L], L) and every (B, layer) in reverse layer order
+# (a B's per-layer piece B[L]: (B[L], L)). Consecutive uses of the same layer (the last
+# stage's F then B of one micro-batch, a REC right before its B) share one gather.
+# Gather g writes view slot g mod S (S = zero3_prefetch + 1 slots) and is *issued* right
+# after the last use of gather g - S, the slot's previous tenant, has finished (the
+# first S gathers at the step start): so up to S - 1 gathers are in flight on the DP
+# link while a layer computes, and with zero3_prefetch = 0 each gather starts only when
+# its use is next (the GPU-style "gather at use"). `lower` puts a gather's `gather_view`
+# call (cast the master shard, non-blocking all-gather) inside the task holding its
+# issue point, right after the last call of the layer whose use frees the slot (after a
+# B's per-layer piece: first in the next piece, issuing_task); only the first S gathers
+# are calls of their own GATH rows. So the runtime, the reference executor and the
+# simulator all start it there, and the hazard rule completes it right before its first
+# use touches the slot. In the task list a GATH task stands right before the first task
+# that uses it (plan_memory and the verifier see it there). The slot is free again (its
+# view dead) after the gather's last use: the next gather into it starts there.
 # Memory: S slots of the stage's largest view replace ZeRO-2's persistent view of every
 # layer, in the `views` category of the plan.
 

@@ -196,7 +196,8 @@ def _bind_fused_grads(placement: _Placement, program, layer: int) -> None:
 
 
 def _lower_backward(program, task: Task) -> list[Call]:
-    return [c for _, calls in _backward_layers(program, task, lambda layer: task) for c in calls]
+    return [c for _, calls in _backward_layers(program, task, lambda layer: task)
+            for c in calls]
 
 
 def _backward_pieces(program, piece: Task) -> dict[int, list[Call]]:

@@ -21,8 +21,8 @@ COMMS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B, Kind.POST
 # Relative durations when a task carries no estimate: a backward is two forwards, the
 # lifecycle tasks are cheaper than a layer pass, messages cheaper still, FREE is free. A
 # per-layer piece of a B counts as one forward: a unit cost knows no layer count.
-UNIT_COSTS = {Kind.F: 1.0, Kind.B: 2.0, Kind.BL: 1.0, Kind.REC: 1.0, Kind.SYNC: 0.5, Kind.UPD: 0.5,
-              Kind.PREF: 0.5, Kind.FREE: 0.0} | dict.fromkeys(COMMS, 0.1) | \
+UNIT_COSTS = {Kind.F: 1.0, Kind.B: 2.0, Kind.BL: 1.0, Kind.REC: 1.0, Kind.SYNC: 0.5,
+              Kind.UPD: 0.5, Kind.PREF: 0.5, Kind.FREE: 0.0} | dict.fromkeys(COMMS, 0.1) | \
     dict.fromkeys(GATHERS, 0.1)
 # Bar colour and legend label per group of kinds (all comms share one colour).
 GROUPS = {"F": "#4c72b0", "B": "#55a868", "REC": "#dd8452", "SYNC": "#8172b3",

@@ -134,8 +134,8 @@ def test_verify_schedule_takes_either_order_only_under_its_rule():
     text = _words(commit)
     assert text.endswith("0B[L1]1 0SYNC[L1] 0B[L0]1 0SYNC[L0] 0UPD[L1] 0PREF[L1] 0UPD[L0] "
                          "0PREF[L0] 0NORM")
-    assert _words(after).endswith("0B[L1]1 0SYNC[L1] 0B[L0]1 0SYNC[L0] 0NORM 0UPD[L0] 0PREF[L0] "
-                                  "0UPD[L1] 0PREF[L1]")
+    assert _words(after).endswith("0B[L1]1 0SYNC[L1] 0B[L0]1 0SYNC[L0] 0NORM 0UPD[L0] "
+                                  "0PREF[L0] 0UPD[L1] 0PREF[L1]")
     broken = {  # program -> (task text, message)
         "upd before its sync": (commit, "0UPD[L0] " + text.replace(" 0UPD[L0]", ""),
                                 "0UPD[L0] is not preceded by its SYNC"),

@@ -129,7 +129,8 @@ def test_insert_tied_sum_moves_the_tied_sync_and_update_behind_a_tie():
 
 
 def test_insert_tied_sum_puts_the_tie_before_an_after_norm_norm():
-    tasks = {0: SYNCED[0] + " 0NORM 0UPD[L0] 0UPD[L1]", 1: SYNCED[1] + " 1NORM 1UPD[L2] 1UPD[L3]"}
+    tasks = {0: SYNCED[0] + " 0NORM 0UPD[L0] 0UPD[L1]",
+             1: SYNCED[1] + " 1NORM 1UPD[L2] 1UPD[L3]"}
     out = insert_tied_sum(program(tasks, tied=True, clip=1.0, update_rule="after-norm"))
     assert text(out) == {
         0: "0B0 0B[L1]1 0SYNC[L1] 0B[L0]1 0TIE[L0] 0SYNC[L0] 0NORM 0UPD[L0] 0UPD[L1]",

@@ -53,7 +53,8 @@ def test_compiled_programs_verify():
      "micro-batch 1's backward pieces cover layers [0, 1], not [1, 0]"),
     (STAGE0.replace("0B[L1]1 0SYNC[L1] 0B[L0]1", "0B[L1]1 0SYNC[L1] 0B1 0B[L0]1"),
      "micro-batch 1's backward pieces cover layers [1, 0] besides its B"),
-    (STAGE0.replace("0RECV_B1 0B[L1]1", "0RECV_B1 0UPD[L1] 0B[L1]1").replace("0SYNC[L0] 0UPD[L1]", "0SYNC[L0]"),
+    (STAGE0.replace("0RECV_B1 0B[L1]1", "0RECV_B1 0UPD[L1] 0B[L1]1")
+     .replace("0SYNC[L0] 0UPD[L1]", "0SYNC[L0]"),
      "0UPD[L1] is not preceded by its SYNC"),
     (STAGE0.replace("0UPD[L1] 0PREF[L1]", "0PREF[L1] 0UPD[L1]"), "0PREF[L1] is not preceded by its UPD"),
     (STAGE0.replace("0REC[L1]0 0RECV_B0", "0RECV_B0 0REC[L1]0"), "recovery runs on the forward side"),
