@@ -26,7 +26,7 @@ from pathlib import Path
 from ratrain.hw.topology import ranks_per_node
 from ratrain.inputs import load_hw, load_model
 from ratrain.units import format_budget, parse_size
-from ratrain.ir.tasks import Kind
+from ratrain.ir.tasks import BACKWARDS, Kind
 from ratrain.passes.buffers import recovers_in_backward
 from ratrain.passes.partition_stages import PartitionError
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
@@ -261,6 +261,7 @@ def breakdown(sim: Simulation) -> dict[str, float]:
     for interval in r.intervals[rank]:
         if interval.lane == "compute":
             kind = kinds.get(interval.label.split(" ")[0])  # "3B0 (finish)": 3B0
+            kind = Kind.B if kind in BACKWARDS else kind  # a B's per-layer piece: B
             out[kind if kind in (Kind.F, Kind.B, Kind.REC) else "other"] += \
                 interval.end - interval.start
     in_backward = backward_recompute(sim.program, sim.stage_of(rank), sim.profile)
