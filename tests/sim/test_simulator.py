@@ -199,17 +199,18 @@ def test_stage_speeds_scale_compute():
     assert compute(fast, "1B1") == compute(program, "1B1") > 0
 
 
+def one_micro_batch_dp2(schedule: str):
+    options = CompileOptions(micro_batches=1, micro_batch_size=2, seq_len=32,
+                             **dict(CONFIGS["pp1-dp2"], schedule=schedule))
+    return compile_graph(trace_for(models.get_config("tiny"), "tiny", options), options)[0]
+
+
 @pytest.mark.parametrize("schedule", ["ratrain", "baseline"])
 def test_ratrain_starts_each_sync_inside_the_last_backward(schedule):
     """NOTE [sync issue point]: as the runtime does, SYNC[L] starts where the task list
     puts it, right after layer L's piece of the step's last B (ratrain), not after the
     whole B (baseline)."""
-    options = dict(CONFIGS["pp1-dp2"], schedule=schedule)
-    program = compile_graph(trace_for(models.get_config("tiny"), "tiny",
-                                      CompileOptions(micro_batches=1, micro_batch_size=2,
-                                                     seq_len=32, **options)),
-                            CompileOptions(micro_batches=1, micro_batch_size=2, seq_len=32,
-                                           **options))[0]
+    program = one_micro_batch_dp2(schedule)
     replay = simulate(program, node_per_rank(load_profile("mt3000") | SLOW_LINK)).replay
     last_b = max(s.end for s in replay.spans[0] if s.task.kind in BACKWARDS)
     starts = [i.start for i in replay.intervals[0] if i.lane.startswith("port")
@@ -217,6 +218,26 @@ def test_ratrain_starts_each_sync_inside_the_last_backward(schedule):
     assert len(starts) == program.num_layers
     # the link carries one transfer at a time, so later ones queue behind the first
     assert (min(starts) < last_b) == (schedule == "ratrain")
+
+
+def test_a_sync_moved_in_the_task_list_starts_where_it_now_stands():
+    """NOTE [sync issue point]: the list is the truth. The first SYNC, right after its
+    layer's piece, starts its transfer before the pieces end; moved behind the last
+    piece, after them. Nothing but its place in the list decides it."""
+    program = one_micro_batch_dp2("ratrain")
+    tasks = program.tasks[0]
+    sync = next(t for t in tasks if t.kind == Kind.SYNC)
+    after = max(i for i, t in enumerate(tasks) if t.kind == Kind.BL)
+    assert tasks.index(sync) < after
+    moved = [t for t in tasks[:after + 1] if t != sync] + [sync] + list(tasks[after + 1:])
+    profile = node_per_rank(load_profile("mt3000") | SLOW_LINK)
+    for order, early in ((tasks, True), (tuple(moved), False)):
+        replay = simulate(replace(program, tasks={0: order}), profile).replay
+        spans = {s.task: s for s in replay.spans[0]}
+        start = min(i.start for i in replay.intervals[0] if i.lane.startswith("port")
+                    and i.label == f"allreduce L{sync.layer}")
+        assert start >= spans[sync].reached
+        assert (start < spans[tasks[after]].end) == early
 
 
 @pytest.mark.parametrize("name", ["pp2", "pp1-dp2", "pp2-dp2-zero1-clip"])
