@@ -15,9 +15,9 @@ from dataclasses import replace
 def _fits_locally(program, stage: int) -> bool:
     """Does the stage fit with local accumulation even when recomputing everything?"""
     from ratrain.passes.buffers import stage_peak
-    from ratrain.passes.insert_grad_sync import with_grad_syncs
+    from ratrain.passes.insert_update import with_syncs_and_updates
     from ratrain.passes.insert_recovery import recompute_everything
-    candidate = with_grad_syncs(recompute_everything(program, stage))
+    candidate = with_syncs_and_updates(recompute_everything(program, stage))
     return stage_peak(candidate, stage) <= program.options.budget
 
 

@@ -68,15 +68,6 @@ def _with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...
     return _split_with_syncs(program, stage, tasks)
 
 
-def with_grad_syncs(program):
-    """`program` with its SYNCs placed unless it has them: memory questions asked before
-    this pass runs (recovery's budget search, choose_grad_accumulation) see a ZeRO-2
-    SYNC's shard, and the gradient it reads, alive where the list will start it."""
-    if any(t.kind == Kind.SYNC for ts in program.tasks.values() for t in ts):
-        return program
-    return insert_grad_sync(program)
-
-
 def insert_grad_sync(program):
     """Add SYNC[L] for every layer L of every stage.
 

@@ -39,8 +39,8 @@ def recompute_everything(program, stage: int):
 
 def _stage_fits(program, stage: int, choices: dict, exact: bool) -> bool:
     from ratrain.passes.buffers import stage_peak
-    from ratrain.passes.insert_grad_sync import with_grad_syncs
-    candidate = with_grad_syncs(_apply(program, choices, [stage]))
+    from ratrain.passes.insert_update import with_syncs_and_updates
+    candidate = with_syncs_and_updates(_apply(program, choices, [stage]))
     if stage_peak(candidate, stage) > program.options.budget:
         return False  # the arena is never smaller than the peak
     if not exact:
