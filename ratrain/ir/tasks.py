@@ -15,7 +15,9 @@ from string import Formatter
 
 class Kind(StrEnum):
     F = "F"               # forward of one micro-batch through the stage
-    B = "B"               # backward of one micro-batch (input and weight gradients)
+    B = "B"               # backward of one micro-batch (input and weight gradients;
+                          # in a zb1 program the input gradients only)
+    W = "W"               # zb1: weight gradients of one layer of one micro-batch
     SEND_F = "SEND_F"     # send the stage's output activation to stage + 1
     RECV_F = "RECV_F"     # receive the stage's input activation from stage - 1
     SEND_B = "SEND_B"     # send the input gradient to stage - 1
@@ -38,6 +40,7 @@ class Kind(StrEnum):
 TEXT_FORMS: dict[Kind, str] = {
     Kind.F: "{stage}F{micro_batch}",
     Kind.B: "{stage}B{micro_batch}",
+    Kind.W: "{stage}W[L{layer}]{micro_batch}",
     Kind.SEND_F: "{stage}SEND_F{micro_batch}",
     Kind.RECV_F: "{stage}RECV_F{micro_batch}",
     Kind.SEND_B: "{stage}SEND_B{micro_batch}",
@@ -75,14 +78,16 @@ PIPELINE_COMMS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})
 SENDS = frozenset({Kind.SEND_F, Kind.SEND_B})
 RECVS = frozenset({Kind.RECV_F, Kind.RECV_B})
 GATHERS = frozenset({Kind.GATH_F, Kind.GATH_R, Kind.GATH_B})  # NOTE [ZeRO-3 lifecycle]
+# the tasks that produce a layer's gradient: SYNC[L] follows the last of them for L
+GRAD_PRODUCERS = frozenset({Kind.B, Kind.W})
 
 
 @dataclass(frozen=True)
 class Task:
     stage: int                          # pipeline stage that runs the task
     kind: Kind                          # what the task does
-    micro_batch: int | None = None      # F, B, SEND_*/RECV_*, REC; None otherwise
-    layer: int | None = None            # global layer index: SYNC, UPD, PREF, REC, TIE, GATH_*
+    micro_batch: int | None = None      # F, B, W, SEND_*/RECV_*, REC; None otherwise
+    layer: int | None = None            # global layer index: SYNC, UPD, PREF, REC, TIE, GATH_*, W
     buffer: str | None = None           # FREE only: name of the released buffer
     cost: float | None = field(default=None, compare=False)  # est. seconds; None = unknown
     mem_delta: int = field(default=0, compare=False)          # bytes allocated (+) / freed (-)
