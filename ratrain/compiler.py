@@ -17,7 +17,7 @@ from ratrain.units import format_budget
 # the model and the profile by resolve_options.
 FLAGS = ("pp", "dp", "micro_batches", "micro_batch_size", "seq_len", "schedule", "recompute",
          "zero", "budget", "precision", "clip", "grad_accum", "zero3_prefetch", "update_rule",
-         "placement")
+         "pipeline_schedule", "placement")
 
 
 def resolve_options(config: dict, profile: dict, **flags):

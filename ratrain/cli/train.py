@@ -110,7 +110,8 @@ def compile_options(args, config: dict, layout):
         micro_batches=layout.micro_batches, micro_batch_size=layout.micro_batch_size,
         seq_len=args.seq_len, schedule=args.schedule, recompute=args.recompute,
         zero=args.zero, budget=args.budget, precision=args.precision, clip=args.clip,
-        zero3_prefetch=args.zero3_prefetch, update_rule=args.update_rule)
+        zero3_prefetch=args.zero3_prefetch, update_rule=args.update_rule,
+        pipeline_schedule=args.pipeline_schedule)
 
 
 def compile_program(config: dict, name: str, options):

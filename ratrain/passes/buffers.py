@@ -152,7 +152,8 @@ def residual_ids(kind, mode: str, kept: bool) -> set[int]:
 # Output index of the parameter gradient of ops whose kernels can write it straight into
 # the fp32 gradient buffer (GEMM with RT_ACCUMULATE; the others accumulate in fp32 anyway).
 GRAD_OUTPUT = {"matmul_bwd": 1, "matmul_bias_bwd": 1, "rms_norm_bwd": 1,
-               "embedding_bwd": 0, "cross_entropy_bwd": 1}
+               "embedding_bwd": 0, "cross_entropy_bwd": 1,
+               "matmul_bwd_weight": 0, "matmul_bias_bwd_weight": 0}  # zb1's W GEMMs
 
 
 def fused_grad_ids(kind) -> frozenset:
@@ -162,7 +163,8 @@ def fused_grad_ids(kind) -> frozenset:
     reduce-scattered per micro-batch (ZeRO-2 "scatter") keep them in the workspace."""
     grads = {v.id for v, n in zip(kind.bwd.outputs, kind.bwd.output_names)
              if n.startswith("grad:")}
-    return frozenset(node.outputs[GRAD_OUTPUT[node.op]].id for node in kind.bwd.nodes
+    nodes = kind.bwd.nodes + kind.split.weight_part.nodes  # the split's GEMMs make the same
+    return frozenset(node.outputs[GRAD_OUTPUT[node.op]].id for node in nodes
                      if node.op in GRAD_OUTPUT and node.outputs[GRAD_OUTPUT[node.op]].id in grads)
 
 
@@ -207,8 +209,27 @@ def cotangent_bytes(program) -> int:
 RECOVERY_MODES = ("none", "full", "selective")
 
 
+def is_split(program) -> bool:
+    """Does B run only the input gradient, W[L] the weight gradients (zb1, NOTE [B/W
+    split])?"""
+    return program.options.pipeline_schedule == "zb1"
+
+
+def backward_graph(kind, split: bool):
+    """The graph a B task runs of a layer: its whole backward, or zb1's input part."""
+    return kind.split.input_part if split else kind.bwd
+
+
+def backward_pinned(kind, split: bool, fused: bool) -> frozenset:
+    """pinned_values of B's graph; under zb1 also what B hands W (wop.L.mb)."""
+    pinned = pinned_values(kind, "B", fused=fused)
+    return pinned | {v.id for v in kind.split.carried} if split else pinned
+
+
 def workspace_bytes(program, stage: int, direction: str) -> int:
     layers = program.stages[stage]
+    if direction == "bwd" and is_split(program):
+        direction = "bwd_input"
     return _workspace_bytes(program.graph, layers, direction, cotangent_bytes(program),
                             tuple(l not in program.scatter_grads for l in layers),
                             stage == len(program.stages) - 1)
@@ -223,8 +244,9 @@ def _workspace_bytes(graph, layers: tuple, direction: str, cotangent: int,
     to layer (cotangent_slots) and, per layer, the gradients that are not fused
     (`fused[i]`: layer i's are)."""
     kinds = [graph.kinds[graph.layers[l].kind] for l in layers]
-    if direction == "bwd":
-        peaks = [graph_workspace(k.bwd, pinned_values(k, "B", fused=f))[1]
+    if direction in ("bwd", "bwd_input"):
+        split = direction == "bwd_input"
+        peaks = [graph_workspace(backward_graph(k, split), backward_pinned(k, split, f))[1]
                  for k, f in zip(kinds, fused)]
         return cotangent_slots(kinds, last_stage) * cotangent + max(peaks, default=0)
     peaks = [graph_workspace(k.fwd, pinned_values(k, use, mode))[1]
@@ -311,11 +333,60 @@ def grad_buffer(program, layer: int) -> Buffer:
     return Buffer(f"grad.L{layer}", "grads", 4 * n)
 
 
+# NOTE [weight operands]: under zb1 a B hands its W's what they read that is neither a
+# parameter nor a residual kept in act.L.mb / rebuilt in rec.L.mb: the output cotangent of
+# every weight GEMM (BackwardSplit.carried) and, where B rebuilds the layer's dropped
+# residuals in its own workspace (NOTE [backward-time recovery]), copies of those W reads.
+# They live in `wop.L.mb` from B to W[L]; act.L.mb and rec.L.mb live until W[L] too.
+def weight_operand_layout(program, layer: int, micro_batch: int) -> tuple[dict, int]:
+    """var id -> offset in wop.L.mb (NOTE [weight operands]), and its bytes."""
+    kind = _kind(program, layer)
+    mode = program.recompute.get((layer, micro_batch), "none")
+    copied = mode != "none" and recovers_in_backward(program, program.stage_of_layer(layer),
+                                                     micro_batch)
+    return _weight_operand_layout(kind, mode, copied)
+
+
+@lru_cache(maxsize=1024)
+def _weight_operand_layout(kind, mode: str, copied: bool) -> tuple[dict, int]:
+    values = list(kind.split.carried)
+    if copied:
+        dropped = residual_ids(kind, mode, False)
+        values += [kind.residuals[i] for i in kind.split.weight_residuals(kind)
+                   if kind.residuals[i].id in dropped]
+    offsets, total = pack(v.nbytes for v in values)
+    return {v.id: o for v, o in zip(values, offsets)}, total
+
+
+def weight_workspace(program, layer: int) -> int:
+    """Bytes of W[L]'s workspace: the weight part's unpinned intermediates."""
+    kind = _kind(program, layer)
+    return graph_workspace(kind.split.weight_part, weight_pinned(
+        kind, layer not in program.scatter_grads))[1]
+
+
+def weight_pinned(kind, fused: bool) -> frozenset:
+    part = kind.split.weight_part
+    return frozenset({v.id for v in part.inputs} | (fused_grad_ids(kind) if fused else set()))
+
+
+def _weight(program, task: Task) -> Effects:
+    l, m = task.layer, task.micro_batch
+    reads = [f"act.L{l}.mb{m}", f"wop.L{l}.mb{m}", grad_buffer(program, l).name]
+    if (l, m) in program.recompute and not recovers_in_backward(program, task.stage, m):
+        reads.append(f"rec.L{l}.mb{m}")
+    return Effects((Buffer(f"ws.{task}", "workspace", weight_workspace(program, l)),),
+                   tuple(reads))
+
+
 def _backward(program, task: Task) -> Effects:
     s, m = task.stage, task.micro_batch
     layers = program.stages[s]
     # The step's first B is micro-batch 0's (verify_schedule checks B's run in order).
     creates = [grad_buffer(program, l) for l in layers] if m == 0 else []
+    if is_split(program):
+        creates += [Buffer(f"wop.L{l}.mb{m}", "activations",
+                           weight_operand_layout(program, l, m)[1]) for l in layers]
     if _syncs_inside_backward(program) and m == program.micro_batches - 1:
         creates += [_shard_of(program, l) for l in layers if l not in program.scatter_grads]
     if s > 0:
@@ -342,7 +413,8 @@ def _syncs_inside_backward(program) -> bool:
     """NOTE [sync issue point] (insert_grad_sync.py): in ratrain mode the runtime starts
     SYNC[L] inside the step's last B, as soon as L's backward is done, so the shard a
     ZeRO-2 reduce-scatter writes is that B's buffer: nothing B uses may share its bytes."""
-    return program.options.schedule == "ratrain" and program.options.zero >= 2
+    return program.options.schedule == "ratrain" and program.options.zero >= 2 and \
+        not is_split(program)  # zb1: each SYNC starts where the list puts it
 
 
 def _shard_of(program, layer: int) -> Buffer:
@@ -392,6 +464,7 @@ def _norm(program, task: Task) -> Effects:
 _EFFECTS = {
     Kind.F: _forward,
     Kind.B: _backward,
+    Kind.W: _weight,
     Kind.REC: _recompute,
     Kind.SYNC: _grad_sync,
     Kind.UPD: _update,

@@ -38,10 +38,28 @@ def syncs_started_in_backward(tasks, waits_only) -> tuple[int | None, list[int]]
     return last, syncs
 
 
+def last_weight_indices(tasks) -> dict[int, int]:
+    """layer -> index of its step's last W (zb1 programs; NOTE [zb1 schedule])."""
+    return {t.layer: i for i, t in enumerate(tasks) if t.kind == Kind.W}
+
+
+def _after_last_weights(stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+    """NOTE [zb1 schedule]: SYNC[L] right after the step's last W of layer L."""
+    last = {i: layer for layer, i in last_weight_indices(tasks).items()}
+    out = []
+    for i, task in enumerate(tasks):
+        out.append(task)
+        if i in last:
+            out.append(Task(stage, Kind.SYNC, layer=last[i]))
+    return tuple(out)
+
+
 def _with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
     syncs = [Task(stage, Kind.SYNC, layer=l) for l in reversed(program.stages[stage])]
     if program.options.schedule == "baseline":
         return tasks + tuple(syncs)
+    if program.options.pipeline_schedule == "zb1":
+        return _after_last_weights(stage, tasks)
     at = last_backward_index(tasks) + 1
     if at < len(tasks) and tasks[at].kind == Kind.SEND_B:
         at += 1  # the gradient the previous stage waits for goes out first
@@ -51,10 +69,10 @@ def _with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...
 def insert_grad_sync(program):
     """Add SYNC[L] for every layer L of every stage.
 
-    Requires: F/B tasks (and RECs) in final order. Guarantees: each layer has exactly
-    one SYNC; in ratrain mode the stage's SYNCs directly follow its last B (and that
-    B's SEND_B, which the previous stage waits for); in baseline
-    mode they end the stage's list.
+    Requires: F/B(/W) tasks (and RECs) in final order. Guarantees: each layer has
+    exactly one SYNC; in ratrain mode the stage's SYNCs directly follow its last B (and
+    that B's SEND_B, which the previous stage waits for), or under zb1 each SYNC[L] its
+    layer's last W; in baseline mode they end the stage's list.
     """
     tasks = {s: _with_syncs(program, s, ts) for s, ts in program.tasks.items()}
     return replace(program, tasks=tasks)

@@ -2,7 +2,9 @@
 
 It checks only what the tasks present so far promise (a pass that has not run yet adds
 no obligations): pipeline messages pair up and do not deadlock; each (stage, mb) has one
-F and one B; each layer is synced once, right after its last backward in ratrain mode;
+F and one B; under zb1 one W per (layer, mb) after its B, in micro-batch order, within
+the in-flight bound; each layer is synced once, right after its last backward (zb1: its
+layer's last W) in ratrain mode;
 every UPD follows its SYNC; every PREF follows its UPD; a NORM precedes every UPD, or
 follows every UPD and PREF under the commit rule; every REC precedes its B (and,
 in ratrain mode, the RECV_B it overlaps); every RECV has an earlier POST once posted.
@@ -81,6 +83,8 @@ def _check_syncs(program, stage: int, tasks) -> None:
     syncs = [i for i, t in enumerate(tasks) if t.kind == Kind.SYNC]
     if not syncs:
         return
+    if any(t.kind == Kind.W for t in tasks):
+        return _check_syncs_after_weights(program, stage, tasks)
     last_b = max(i for i, t in enumerate(tasks) if t.kind == Kind.B)
     if min(syncs) < last_b:
         _fail(stage, f"{tasks[min(syncs)]} starts before the last backward {tasks[last_b]}")
@@ -88,6 +92,63 @@ def _check_syncs(program, stage: int, tasks) -> None:
     if program.options.schedule == "ratrain" and syncs != list(range(first, first + len(syncs))):
         _fail(stage, f"{tasks[syncs[0]]} does not start right after the last backward "
                      f"{tasks[last_b]}")
+
+
+def _check_syncs_after_weights(program, stage: int, tasks) -> None:
+    """NOTE [zb1 schedule]: SYNC[L] after the last task producing L's gradient (the last
+    B, the last W[L]); in ratrain mode right after its layer's last W."""
+    last_b = max(i for i, t in enumerate(tasks) if t.kind == Kind.B)
+    last_w = {t.layer: i for i, t in enumerate(tasks) if t.kind == Kind.W}
+    for i, t in enumerate(tasks):
+        if t.kind != Kind.SYNC:
+            continue
+        producer = max(last_b, last_w.get(t.layer, -1))
+        if i < producer:
+            _fail(stage, f"{t} starts before {tasks[producer]}, the last task producing "
+                         f"layer {t.layer}'s gradient")
+        if program.options.schedule == "ratrain" and i != last_w.get(t.layer, -1) + 1:
+            _fail(stage, f"{t} does not start right after its layer's last W")
+
+
+def _check_weights(program, stage: int, tasks) -> None:
+    """zb1 (NOTE [zb1 schedule]): one W per (layer, micro-batch) of the stage, after its
+    B, each layer's in micro-batch order; at most min(P - s, M) micro-batches between
+    their F and their last W."""
+    if not any(t.kind == Kind.W for t in tasks):
+        return
+    b_at = {t.micro_batch: i for i, t in enumerate(tasks) if t.kind == Kind.B}
+    seen: dict = {}
+    for i, t in enumerate(tasks):
+        if t.kind != Kind.W:
+            continue
+        if t.layer not in program.stages[stage] or b_at.get(t.micro_batch, len(tasks)) > i:
+            _fail(stage, f"{t} does not follow its backward {stage}B{t.micro_batch} "
+                         "on the stage of its layer")
+        if seen.setdefault(t.layer, []) and seen[t.layer][-1] >= t.micro_batch:
+            _fail(stage, f"{t} runs out of micro-batch order: {t.layer}'s gradient sums "
+                         "its micro-batches in order")
+        seen[t.layer].append(t.micro_batch)
+    for layer in program.stages[stage]:
+        if seen.get(layer) != list(range(program.micro_batches)):
+            _fail(stage, f"layer {layer} has W's of micro-batches {seen.get(layer)}, not one "
+                         f"of each of {program.micro_batches}")
+    _check_in_flight(program, stage, tasks)
+
+
+def _check_in_flight(program, stage: int, tasks) -> None:
+    bound = min(len(program.stages) - stage, program.micro_batches)
+    owed = {m: len(program.stages[stage]) for m in range(program.micro_batches)}
+    live = set()
+    for t in tasks:
+        if t.kind == Kind.F:
+            live.add(t.micro_batch)
+            if len(live) > bound:
+                _fail(stage, f"{t} makes {len(live)} micro-batches in flight (F to last W), "
+                             f"more than {bound}")
+        elif t.kind == Kind.W:
+            owed[t.micro_batch] -= 1
+            if not owed[t.micro_batch]:
+                live.discard(t.micro_batch)
 
 
 def _check_follows(stage: int, tasks, later: Kind, earlier: Kind) -> None:
@@ -150,6 +211,7 @@ def verify_schedule(program) -> None:
         return
     for stage, tasks in program.tasks.items():
         _check_forward_backward(program, stage, tasks)
+        _check_weights(program, stage, tasks)
         _check_syncs(program, stage, tasks)
         _check_ties(program, stage, tasks)
         _check_follows(stage, tasks, Kind.UPD, Kind.SYNC)

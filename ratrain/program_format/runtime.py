@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FORMAT = "ratrain-program/8"            # 8: options name the placement; 7: every call
-                                        # names its layer; 6: JSON, no pickle
-READABLE = (FORMAT, "ratrain-program/7", "ratrain-program/6")  # (5 and older: pickles)
+FORMAT = "ratrain-program/9"            # 9: options name the pipeline schedule (zb1 has
+                                        # W tasks); 8: options name the placement; 7:
+                                        # every call names its layer; 6: JSON, no pickle
+READABLE = (FORMAT, "ratrain-program/8", "ratrain-program/7", "ratrain-program/6")  # (5 and older: pickles)
 PICKLED = tuple(f"ratrain-program/{n}" for n in range(1, 6))
 
 

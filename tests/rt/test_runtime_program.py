@@ -71,9 +71,9 @@ def test_a_program_of_another_ratrain_version_runs_if_it_knows_the_format(tmp_pa
 
 @pytest.mark.parametrize("found, says", [
     ("ratrain-program/5", "older ratrain in ratrain-program/5 (pickled tables), which this "
-                          "ratrain (ratrain-program/8) no longer reads: recompile it"),
+                          "ratrain (ratrain-program/9) no longer reads: recompile it"),
     ("ratrain-program/99", "written in ratrain-program/99, which this ratrain does not know "
-                           "(it reads ratrain-program/8, ratrain-program/7, "
+                           "(it reads ratrain-program/9, ratrain-program/8, ratrain-program/7, "
                            "ratrain-program/6)")])
 def test_a_format_this_runtime_does_not_read_is_one_line_error(tmp_path, found, says):
     program, ranks = compile_program(tmp_path, "p", "--precision", "fp32")
