@@ -98,7 +98,7 @@ def cmd_compile(args) -> None:
         args.micro_batches = MAX_DEFAULT_MICRO_BATCHES
     options = resolve_options(config, profile, **{f: getattr(args, f) for f in FLAGS})
     graph = trace_for(config, name, options)
-    program, records = compile_graph(graph, options, expand=args.expand)
+    program, records = compile_graph(graph, options, expand=args.expand, profile=profile)
     files = program_files(program, records)
     hf_config = read_hf_config(args.model)
     write_program_dir(out, files, lambda hashes: build_manifest(program, records, profile,

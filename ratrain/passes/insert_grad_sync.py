@@ -29,6 +29,8 @@ def syncs_started_in_backward(tasks, waits_only) -> tuple[int | None, list[int]]
     per-micro-batch reduce-scatters; it stays in place (waiting early would stall B)."""
     if not any(t.kind == Kind.B for t in tasks):
         return None, []
+    if any(t.kind == Kind.W for t in tasks):  # zb1: each SYNC starts where the list puts it
+        return last_backward_index(tasks), []
     last, syncs = last_backward_index(tasks), []
     for i in range(last + 1, len(tasks)):
         if tasks[i].kind not in (Kind.SYNC, Kind.SEND_B, Kind.FREE):
