@@ -107,7 +107,7 @@ def cmd_compile(args) -> None:
     o = options
     print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}, "
           f"{o.rank_placement} placement), schedule "
-          f"{o.schedule}, recompute {o.recompute}, zero {o.zero}, {o.precision} on {o.hw}: "
+          f"{o.schedule} ({o.pipeline_schedule}), recompute {o.recompute}, zero {o.zero}, {o.precision} on {o.hw}: "
           f"peak {format_bytes(program.memory.peak_bytes)} per rank -> {out}")
     if args.report:
         print(format_report(program, records, profile, graph))
