@@ -4,7 +4,7 @@ plan_memory, the memory checker, the simulator and the runtime all derive lifeti
 `task_effects`: a buffer lives from the task that creates it to the last task that reads
 it. Persistent buffers (master params, optimizer state, parameter views) live all step.
 Names: master.L7 opt.L7 view.L7 zview.0 (ZeRO-3 view slots) grad.L7 gshard.L7 undo.L7
-act.L5.mb3 rec.L5.mb3 in.mb3 out.mb3 gin.mb3 gout.mb3 ws.<task>.
+act.L5.mb3 rec.L5.mb3 wop.L5.mb3 (zb1) in.mb3 out.mb3 gin.mb3 gout.mb3 ws.<task>.
 """
 from __future__ import annotations
 

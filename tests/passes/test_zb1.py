@@ -193,3 +193,19 @@ def test_a_sync_before_its_layers_last_w_is_rejected(program):
     words.insert(last_w, words.pop(sync))
     with pytest.raises(ScheduleInvariantError, match="before 1W\\[L3\\]2|right after"):
         verify_schedule(broken(program, 1, " ".join(words)))
+
+
+def test_scatter_accumulation_is_refused_with_zb1_and_auto_keeps_gradients_local():
+    with pytest.raises(ValueError, match="splits between B and W"):
+        CompileOptions(pp=2, dp=2, zero=2, grad_accum="scatter", pipeline_schedule="zb1")
+    options = CompileOptions(pp=2, dp=2, micro_batches=2, micro_batch_size=B, seq_len=T,
+                             zero=2, budget=1, pipeline_schedule="zb1")  # auto, nothing fits
+    from ratrain.passes.choose_grad_accumulation import choose_grad_accumulation
+    from ratrain.passes.partition_stages import partition_stages
+    from ratrain.passes.schedule_zb1 import schedule_pipeline
+    program = schedule_pipeline(partition_stages(Program(graph(), replace(options,
+                                                                          budget=None))))
+    program = replace(program, options=options)
+    assert choose_grad_accumulation(program).scatter_grads == frozenset()
+    one_f_one_b = replace(program, options=replace(options, pipeline_schedule="1f1b"))
+    assert choose_grad_accumulation(one_f_one_b).scatter_grads  # what zb1 declines
