@@ -33,16 +33,11 @@ def unit(task: Task) -> float:
     return {Kind.F: 1.0, Kind.B: 1.0, Kind.W: 1.0}.get(task.kind, 0.0)
 
 
-def bubble(schedule, cost, work_per_micro_batch: float, m: int) -> float:
-    run = dry_run(schedule, cost)
-    return 1 - work_per_micro_batch * m / run.makespan
-
-
 def test_zb1_bubble_is_at_most_a_third_of_1f1b_plus_one_over_m():
     p, m = 4, 8
-    zb1 = bubble(schedule_zb1(one_layer_stages(p), m), unit, 3, m)
-    one_f_one_b = bubble(schedule_1f1b(p, m), lambda t: {Kind.F: 1.0, Kind.B: 2.0}.get(
-        t.kind, 0.0), 3, m)
+    zb1 = dry_run(schedule_zb1(one_layer_stages(p), m), unit).bubble_fraction
+    one_f_one_b = dry_run(schedule_1f1b(p, m), lambda t: {Kind.F: 1.0, Kind.B: 2.0}.get(
+        t.kind, 0.0)).bubble_fraction
     assert one_f_one_b == pytest.approx(3 / 11)            # (P - 1) / (M + P - 1)
     assert zb1 <= one_f_one_b / 3 + 1 / m
     assert zb1 == pytest.approx(1 - 24 / 30)               # 3 M + 2 (P - 1) slots
