@@ -51,6 +51,9 @@ for _rule in (OpRule("matmul_bwd_input", _input_grad, None, flops=_input_flops),
 
 # fused backward op -> the op of its weight-gradient GEMM (its input GEMM: matmul_bwd_input)
 WEIGHT_PART = {"matmul_bwd": "matmul_bwd_weight", "matmul_bias_bwd": "matmul_bias_bwd_weight"}
+# the ops a split makes: the simulator costs each as its share of the op it comes from
+# (BackwardSplit.origin, sim/kernels.graph_seconds), so calibration times only that op
+SPLIT_OPS = frozenset({"matmul_bwd_input", *WEIGHT_PART.values()})
 
 
 # NOTE [B/W split]: B is what the input cotangent (`ct:*`, sent to the previous stage or

@@ -41,14 +41,13 @@ def unit_cost(task: Task, layers_per_stage: int = 1) -> float:
 
 
 @dataclass
-class _Stage:
+class _Stage:  # one stage's state while zb1_compute_order replays the step
     stage: int
     order: list[Task]                   # 1F1B order of F and B still to run
     bound: int                          # micro-batches in flight at most
     owed: list[Task] = field(default_factory=list)  # W's whose B ran, in run order
     done: list[Task] = field(default_factory=list)  # program so far (F, B, W)
-    clock: float = 0.0
-    forwards: int = 0                   # F's run
+    clock: float = 0.0                  # when the stage's last task so far ends
     freed: int = 0                      # micro-batches whose W's all ran
 
 
