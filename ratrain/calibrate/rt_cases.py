@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ratrain.calibrate.case import Case
+from ratrain.ir.buffers import BufferKind, buffer_name
 from ratrain.sim.costs import UPDATE_BYTES_PER_PARAM
 from ratrain.optim import AdamW
 from ratrain.program_format.lowered import Call, Slot
@@ -64,9 +65,11 @@ def _case(op: str, n: int, nbytes: int, call: Call, st) -> Case:
 def runtime_cases(kernels=None, rng=None) -> list[Case]:
     cases = []
     for n in SIZES:
-        names = ("master.L1", "m.L1", "v.L1", "grad.L1", "view.L1")
-        st = _state(n, dict.fromkeys(names, n))
-        master, m, v, grad, view = (_slot(name, n) for name in names)
+        names = [buffer_name(kind, layer=1) for kind in (BufferKind.MASTER, BufferKind.OPT,
+                                                          BufferKind.GRAD, BufferKind.VIEW)]
+        st = _state(n, {**dict.fromkeys(names, n), names[1]: 2 * n})  # opt.L: [m | v]
+        master, m, grad, view = (_slot(name, n) for name in names)
+        v = Slot(names[1], 4 * n, "float32", (n,))
         cases += [
             _case("adamw", n, UPDATE_BYTES_PER_PARAM * n,
                   Call("adamw", (master, m, v), (grad,), (("zero", 0),), layer=1), st),

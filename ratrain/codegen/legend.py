@@ -12,14 +12,11 @@ it (format_legend).
 """
 from __future__ import annotations
 
-import re
-
+from ratrain.ir.buffers import NAME_FORMS, BufferKind, parse_buffer
 from ratrain.ir.graph import DTYPE_SHORT
 from ratrain.passes.buffers import grad_layout, view_layout
 
-_LAYER = re.compile(r"\bL(\d+)")
-_MICRO_BATCH = re.compile(r"\bmb(\d+)")
-_PARAM_BUFFER = re.compile(r"(view|grad)\.L(\d+)")
+_PARAM_BUFFERS = (BufferKind.VIEW, BufferKind.GRAD)  # laid out by the layer kind
 
 
 def _relative(delta: int) -> str:
@@ -34,11 +31,11 @@ def _slot_text(buffer: str, slot, offset: bool = True) -> str:
 
 def _param_index(program, slot) -> tuple[int, int] | None:
     """(layer, parameter index) of a slot that starts a parameter's view or gradient."""
-    match = _PARAM_BUFFER.fullmatch(slot.buffer)
-    if not match:
+    name = parse_buffer(slot.buffer)
+    if name.kind not in _PARAM_BUFFERS:
         return None
-    layer = int(match[2])
-    if match[1] == "view":
+    layer = name.layer
+    if name.kind == BufferKind.VIEW:
         starts = view_layout(program, layer)[0]
     else:
         starts = tuple(4 * e for e in grad_layout(program, layer)[0])  # fp32 elements
@@ -50,25 +47,28 @@ def _param_note(program, slot, names) -> str:
     if found is None:
         return ""
     layer, index = found
-    kind = "param" if slot.buffer.startswith("view.") else "grad of"
+    kind = "param" if parse_buffer(slot.buffer).kind == BufferKind.VIEW else "grad of"
     return f" ({kind} {names(layer)[index]})"
 
 
 def slot_role(program, slot, layer: int | None, micro_batch: int | None) -> str:
     """The slot as every user of a function sees it: `view.L{l}+64:f32[32] (param
     input_layernorm.weight)`, `act.L{l+1}.mb{m}:f32[2,8,32]`, `ws.{task}:f32[2,8,48]`."""
-    buffer = slot.buffer
-    if buffer.startswith("ws."):
-        buffer = "ws.{task}"
-    else:
-        if layer is not None:
-            buffer = _LAYER.sub(lambda m: "L" + _relative(int(m[1]) - layer), buffer)
-        if micro_batch is not None:
-            buffer = _MICRO_BATCH.sub(
-                lambda m: "mb{m}" if int(m[1]) == micro_batch else m[0], buffer)
+    name = parse_buffer(slot.buffer)
     kind_names = lambda l: program.graph.kinds[program.graph.layers[l].kind].fwd.param_names
-    fixed = _PARAM_BUFFER.fullmatch(slot.buffer) is not None  # laid out by the layer kind
-    return _slot_text(buffer, slot, fixed) + _param_note(program, slot, kind_names)
+    fixed = name.kind in _PARAM_BUFFERS
+    return _slot_text(_role_name(name, layer, micro_batch), slot, fixed) + \
+        _param_note(program, slot, kind_names)
+
+
+def _role_name(name, layer: int | None, micro_batch: int | None) -> str:
+    """The buffer's name with its layer relative to the function's (`{l+1}`), the task's
+    micro-batch as `{m}` and any workspace as `ws.{task}`."""
+    relative = name.layer if layer is None or name.layer is None else \
+        _relative(name.layer - layer)
+    own = micro_batch is not None and name.micro_batch == micro_batch
+    return NAME_FORMS[name.kind].format(layer=relative, slot=name.slot, task="{task}",
+                                        micro_batch="{m}" if own else name.micro_batch)
 
 
 def slot_legend(program, slot) -> str:

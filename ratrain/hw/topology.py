@@ -31,6 +31,9 @@ class Node:
     progress_share: float               # share of its speed an intra-node collective
                                         # keeps while its rank computes (NOTE [manual
                                         # progress], sim/engine.py)
+    kernel_slowdown: float = 1.0        # how much longer its kernels take while such a
+                                        # collective moves (NOTE [kernels beside
+                                        # collectives], sim/engine.py)
     collective_rows: tuple = ()         # (op, members, groups, bytes, seconds) that
                                         # `ratrain calibrate` timed on every rank of the
                                         # node at once (NOTE [measured node collectives])
@@ -90,6 +93,8 @@ def node_of(profile: dict) -> Node:
         link_latency=float(profile["link_latency"]),
         progress_share=float(profile.get("collective_progress_share",
                                          default_progress_share(profile))),
+        kernel_slowdown=float(profile.get("node_collectives", {})
+                              .get("kernel_slowdown_beside", 1.0)),
         collective_rows=tuple(tuple(row) for row in
                               profile.get("node_collectives", {}).get("rows", ())))
 

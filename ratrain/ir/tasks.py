@@ -64,15 +64,21 @@ _FIELD_PATTERNS = {"stage": r"\d+", "micro_batch": r"\d+", "layer": r"\d+",
                    "buffer": r"[^\s\[\]]+"}
 
 
-def _compile(template: str) -> re.Pattern:
-    parts = [re.escape(literal) + (f"(?P<{name}>{_FIELD_PATTERNS[name]})" if name else "")
+def compile_form(template: str, fields: dict[str, str]) -> re.Pattern:
+    """The regex parsing what `template` prints, each `{name}` a group matching fields[name]."""
+    parts = [re.escape(literal) + (f"(?P<{name}>{fields[name]})" if name else "")
              for literal, name, _, _ in Formatter().parse(template)]
     return re.compile("".join(parts))
 
 
-_PATTERNS = {kind: _compile(form) for kind, form in TEXT_FORMS.items()}
+def describe_forms(templates) -> str:
+    """The forms for an error message: `{stage}F{micro_batch}` -> `<stage>F<micro_batch>`."""
+    return ", ".join(re.sub(r"\{(\w+)\}", r"<\1>", form) for form in templates)
+
+
+_PATTERNS = {kind: compile_form(form, _FIELD_PATTERNS) for kind, form in TEXT_FORMS.items()}
 _OPERANDS = {kind: frozenset(p.groupindex) - {"stage"} for kind, p in _PATTERNS.items()}
-_EXPECTED = ", ".join(re.sub(r"\{(\w+)\}", r"<\1>", form) for form in TEXT_FORMS.values())
+_EXPECTED = describe_forms(TEXT_FORMS.values())
 
 PIPELINE_COMMS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})
 SENDS = frozenset({Kind.SEND_F, Kind.SEND_B})

@@ -3,8 +3,8 @@
 plan_memory, the memory checker, the simulator and the runtime all derive lifetimes from
 `task_effects`: a buffer lives from the task that creates it to the last task that reads
 it. Persistent buffers (master params, optimizer state, parameter views) live all step.
-Names: master.L7 opt.L7 view.L7 zview.0 (ZeRO-3 view slots) grad.L7 gshard.L7 undo.L7
-act.L5.mb3 rec.L5.mb3 wop.L5.mb3 (zb1) in.mb3 out.mb3 gin.mb3 gout.mb3 ws.<task>.
+Names (master.L7, act.L5.mb3, wop.L5.mb3 under zb1, ws.<task>, ...) come from
+ir/buffers.py's grammar.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from ratrain.ir.buffers import (BufferKind, buffer_name, grad_accumulator, message_buffer,
+                                sync_buffers, update_grad)
 from ratrain.ir.graph import Literal
 from ratrain.ir.tasks import Kind, Task
 from ratrain.passes.insert_gathers import gather_of, view_buffer, view_slot_count
@@ -55,13 +57,16 @@ def persistent_buffers(program, stage: int) -> tuple[Buffer, ...]:
     for layer in program.stages[stage]:
         n = layer_param_count(program, layer)
         shard = shard_elements(n, program, zero >= 1)
-        out += [Buffer(f"master.L{layer}", "params", 4 * shard),
-                Buffer(f"opt.L{layer}", "optimizer", 2 * align_up(4 * shard))]
+        out += [Buffer(buffer_name(BufferKind.MASTER, layer=layer), "params", 4 * shard),
+                Buffer(buffer_name(BufferKind.OPT, layer=layer), "optimizer",
+                       2 * align_up(4 * shard))]
         if zero != 3:
-            out.append(Buffer(f"view.L{layer}", "views", view_bytes(program, layer)))
+            out.append(Buffer(buffer_name(BufferKind.VIEW, layer=layer), "views",
+                              view_bytes(program, layer)))
     if zero == 3:
         slot = max(view_layout(program, l)[1] for l in program.stages[stage])
-        out += [Buffer(f"zview.{k}", "views", slot) for k in range(view_slot_count(program))]
+        out += [Buffer(buffer_name(BufferKind.ZVIEW, slot=k), "views", slot)
+                for k in range(view_slot_count(program))]
     return tuple(out)
 
 
@@ -315,22 +320,24 @@ def message_bytes(program, stage: int) -> int:
 def _forward(program, task: Task) -> Effects:
     s, m, last = task.stage, task.micro_batch, len(program.stages) - 1
     layers = program.stages[s]
-    creates = [Buffer(f"act.L{l}.mb{m}", "activations", residual_split(program, l, m)[0])
-               for l in layers]
+    creates = [Buffer(buffer_name(BufferKind.ACT, layer=l, micro_batch=m), "activations",
+                      residual_split(program, l, m)[0]) for l in layers]
     if s < last:
-        creates.append(Buffer(f"out.mb{m}", "comm", message_bytes(program, s)))
-    creates.append(Buffer(f"ws.{task}", "workspace", workspace_bytes(program, s, "fwd")))
-    reads = [view_buffer(program, task, l) for l in layers] + ([f"in.mb{m}"] if s > 0 else [])
+        creates.append(Buffer(buffer_name(BufferKind.OUT, micro_batch=m), "comm",
+                              message_bytes(program, s)))
+    creates.append(Buffer(buffer_name(BufferKind.WS, task=task), "workspace",
+                          workspace_bytes(program, s, "fwd")))
+    reads = [view_buffer(program, task, l) for l in layers] + \
+        ([buffer_name(BufferKind.IN, micro_batch=m)] if s > 0 else [])
     return Effects(tuple(creates), tuple(reads))
 
 
 def grad_buffer(program, layer: int) -> Buffer:
     """The gradient accumulator of a layer: the full fp32 gradient, or under scatter
     accumulation (NOTE [gradient accumulation]) this rank's shard of it."""
-    n = grad_layout(program, layer)[1]
-    if layer in program.scatter_grads:
-        return Buffer(f"gshard.L{layer}", "grads", 4 * shard_elements(n, program, True))
-    return Buffer(f"grad.L{layer}", "grads", 4 * n)
+    n, scattered = grad_layout(program, layer)[1], layer in program.scatter_grads
+    return Buffer(grad_accumulator(layer, scattered), "grads",
+                  4 * shard_elements(n, program, scattered))
 
 
 # NOTE [weight operands]: under zb1 a B hands its W's what they read that is neither a
@@ -372,10 +379,13 @@ def weight_pinned(kind, fused: bool) -> frozenset:
 
 def _weight(program, task: Task) -> Effects:
     l, m = task.layer, task.micro_batch
-    reads = [f"act.L{l}.mb{m}", f"wop.L{l}.mb{m}", grad_buffer(program, l).name]
+    reads = [buffer_name(kind, layer=l, micro_batch=m) for kind in (BufferKind.ACT,
+                                                                     BufferKind.WOP)]
+    reads.append(grad_buffer(program, l).name)
     if (l, m) in program.recompute and not recovers_in_backward(program, task.stage, m):
-        reads.append(f"rec.L{l}.mb{m}")
-    return Effects((Buffer(f"ws.{task}", "workspace", weight_workspace(program, l)),),
+        reads.append(buffer_name(BufferKind.REC, layer=l, micro_batch=m))
+    return Effects((Buffer(buffer_name(BufferKind.WS, task=task), "workspace",
+                           weight_workspace(program, l)),),
                    tuple(reads))
 
 
@@ -385,28 +395,34 @@ def _backward(program, task: Task) -> Effects:
     # The step's first B is micro-batch 0's (verify_schedule checks B's run in order).
     creates = [grad_buffer(program, l) for l in layers] if m == 0 else []
     if is_split(program):
-        creates += [Buffer(f"wop.L{l}.mb{m}", "activations",
+        creates += [Buffer(buffer_name(BufferKind.WOP, layer=l, micro_batch=m), "activations",
                            weight_operand_layout(program, l, m)[1]) for l in layers]
     if _syncs_inside_backward(program) and m == program.micro_batches - 1:
         creates += [_shard_of(program, l) for l in layers if l not in program.scatter_grads]
     if s > 0:
-        creates.append(Buffer(f"gout.mb{m}", "comm", message_bytes(program, s - 1)))
-    creates.append(Buffer(f"ws.{task}", "workspace", backward_workspace(program, s, m)[1]))
+        creates.append(Buffer(buffer_name(BufferKind.GOUT, micro_batch=m), "comm",
+                              message_bytes(program, s - 1)))
+    creates.append(Buffer(buffer_name(BufferKind.WS, task=task), "workspace",
+                          backward_workspace(program, s, m)[1]))
     reads = [view_buffer(program, task, l) for l in layers] + \
-        [f"act.L{l}.mb{m}" for l in layers]
+        [buffer_name(BufferKind.ACT, layer=l, micro_batch=m) for l in layers]
     if not recovers_in_backward(program, s, m):
-        reads += [f"rec.L{l}.mb{m}" for l in layers if (l, m) in program.recompute]
+        reads += [buffer_name(BufferKind.REC, layer=l, micro_batch=m)
+                  for l in layers if (l, m) in program.recompute]
     reads += [grad_buffer(program, l).name for l in layers] if m != 0 else []
-    reads += [f"gin.mb{m}"] if s < len(program.stages) - 1 else []
+    reads += [buffer_name(BufferKind.GIN, micro_batch=m)] if s < len(program.stages) - 1 else []
     return Effects(tuple(creates), tuple(reads))
 
 
 def _recompute(program, task: Task) -> Effects:
     l, m = task.layer, task.micro_batch
     dropped = residual_split(program, l, m)[1]
-    return Effects((Buffer(f"rec.L{l}.mb{m}", "activations", dropped),
-                    Buffer(f"ws.{task}", "workspace", workspace_bytes(program, task.stage, "fwd"))),
-                   (f"act.L{l}.mb{m}", view_buffer(program, task, l)))
+    return Effects((Buffer(buffer_name(BufferKind.REC, layer=l, micro_batch=m), "activations",
+                           dropped),
+                    Buffer(buffer_name(BufferKind.WS, task=task), "workspace",
+                           workspace_bytes(program, task.stage, "fwd"))),
+                   (buffer_name(BufferKind.ACT, layer=l, micro_batch=m),
+                    view_buffer(program, task, l)))
 
 
 def _syncs_inside_backward(program) -> bool:
@@ -419,35 +435,35 @@ def _syncs_inside_backward(program) -> bool:
 
 def _shard_of(program, layer: int) -> Buffer:
     shard = shard_elements(grad_layout(program, layer)[1], program, True)
-    return Buffer(f"gshard.L{layer}", "grads", 4 * shard)
+    return Buffer(buffer_name(BufferKind.GSHARD, layer=layer), "grads", 4 * shard)
 
 
 def _grad_sync(program, task: Task) -> Effects:
     l = task.layer
-    if l in program.scatter_grads:
-        return Effects((), (f"gshard.L{l}",))
-    if program.options.zero >= 2 and not _syncs_inside_backward(program):
-        return Effects((_shard_of(program, l),), (f"grad.L{l}",))
-    if program.options.zero >= 2:
-        return Effects((), (f"grad.L{l}", f"gshard.L{l}"))
-    return Effects((), (f"grad.L{l}",))
+    source, target = sync_buffers(l, program.options.zero, l in program.scatter_grads)
+    if source == target:
+        return Effects((), (source,))
+    if not _syncs_inside_backward(program):
+        return Effects((_shard_of(program, l),), (source,))
+    return Effects((), (source, target))
 
 
 def _update_grad(program, layer: int) -> str:
-    return f"gshard.L{layer}" if program.options.zero >= 2 else f"grad.L{layer}"
+    return update_grad(layer, program.options.zero)
 
 
 def undo_buffer(program, layer: int) -> Buffer:
     """NOTE [commit rule] (insert_update.py): a speculative UPD's copy of the layer's
     master and Adam moments, [master | m | v] each at an aligned offset."""
     shard = shard_elements(layer_param_count(program, layer), program, program.options.zero >= 1)
-    return Buffer(f"undo.L{layer}", "optimizer", 3 * align_up(4 * shard))
+    return Buffer(buffer_name(BufferKind.UNDO, layer=layer), "optimizer", 3 * align_up(4 * shard))
 
 
 def _update(program, task: Task) -> Effects:
     l = task.layer
     undo = (undo_buffer(program, l),) if commits_updates(program.options) else ()
-    return Effects(undo, (_update_grad(program, l), f"master.L{l}", f"opt.L{l}"))
+    return Effects(undo, (_update_grad(program, l), buffer_name(BufferKind.MASTER, layer=l),
+                          buffer_name(BufferKind.OPT, layer=l)))
 
 
 def _norm(program, task: Task) -> Effects:
@@ -456,9 +472,17 @@ def _norm(program, task: Task) -> Effects:
     if not commits_updates(program.options):
         return Effects((), ())
     layers, views = program.stages[task.stage], program.options.zero < 3  # ZeRO-3: none
-    return Effects((), tuple(name for l in layers for name in
-                             (_update_grad(program, l), f"undo.L{l}", f"master.L{l}",
-                              f"opt.L{l}") + ((f"view.L{l}",) if views else ())))
+    kinds = (BufferKind.UNDO, BufferKind.MASTER, BufferKind.OPT) + \
+        ((BufferKind.VIEW,) if views else ())
+    return Effects((), tuple(name for l in layers for name in (_update_grad(program, l),) +
+                             tuple(buffer_name(kind, layer=l) for kind in kinds)))
+
+
+def _message_posted(program, task: Task, sender: int) -> Effects:
+    """A POST creates the message buffer its RECV fills, sized for what the sending stage
+    (the task's stage + `sender`) sends."""
+    return Effects((Buffer(message_buffer(task), "comm",
+                           message_bytes(program, task.stage + sender)),), ())
 
 
 _EFFECTS = {
@@ -468,20 +492,19 @@ _EFFECTS = {
     Kind.REC: _recompute,
     Kind.SYNC: _grad_sync,
     Kind.UPD: _update,
-    Kind.PREF: lambda p, t: Effects((), (f"master.L{t.layer}", f"view.L{t.layer}")),
-    Kind.SEND_F: lambda p, t: Effects((), (f"out.mb{t.micro_batch}",)),
-    Kind.SEND_B: lambda p, t: Effects((), (f"gout.mb{t.micro_batch}",)),
-    Kind.POST_F: lambda p, t: Effects(
-        (Buffer(f"in.mb{t.micro_batch}", "comm", message_bytes(p, t.stage - 1)),), ()),
-    Kind.POST_B: lambda p, t: Effects(
-        (Buffer(f"gin.mb{t.micro_batch}", "comm", message_bytes(p, t.stage)),), ()),
-    Kind.RECV_F: lambda p, t: Effects((), (f"in.mb{t.micro_batch}",)),
-    Kind.RECV_B: lambda p, t: Effects((), (f"gin.mb{t.micro_batch}",)),
+    Kind.PREF: lambda p, t: Effects((), (buffer_name(BufferKind.MASTER, layer=t.layer),
+                                         buffer_name(BufferKind.VIEW, layer=t.layer))),
+    **dict.fromkeys((Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B),
+                    lambda p, t: Effects((), (message_buffer(t),))),
+    Kind.POST_F: lambda p, t: _message_posted(p, t, -1),
+    Kind.POST_B: lambda p, t: _message_posted(p, t, 0),
     Kind.NORM: _norm,
-    Kind.TIE: lambda p, t: Effects((), tuple(f"grad.L{l}" for l in tied_layers_on(p, t.stage))),
+    Kind.TIE: lambda p, t: Effects((), tuple(buffer_name(BufferKind.GRAD, layer=l)
+                                             for l in tied_layers_on(p, t.stage))),
     Kind.FREE: lambda p, t: Effects((), ()),
     **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), lambda p, t: Effects(
-        (), (f"master.L{t.layer}", f"zview.{gather_of(p, t).slot}"))),
+        (), (buffer_name(BufferKind.MASTER, layer=t.layer),
+             buffer_name(BufferKind.ZVIEW, slot=gather_of(p, t).slot)))),
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from ratrain.ir.buffers import BufferKind, buffer_name
 from ratrain.ir.tasks import GATHERS, Kind, Task
 
 # NOTE [ZeRO-3 lifecycle]: a stage's *uses* of layer views are, in task order, every
@@ -123,8 +124,8 @@ def view_buffer(program, task: Task, layer: int) -> str:
     """Name of the buffer `task` reads `layer`'s parameters from: the persistent view.L
     under ZeRO 0-2, the layer's gathered view slot under ZeRO-3."""
     if program.options.zero != 3:
-        return f"view.L{layer}"
-    return f"zview.{view_slot(program, task.stage, task, layer)}"
+        return buffer_name(BufferKind.VIEW, layer=layer)
+    return buffer_name(BufferKind.ZVIEW, slot=view_slot(program, task.stage, task, layer))
 
 
 def gathers_issued_in(program, task: Task) -> list[Gather]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ratrain.ir.buffers import BufferKind, buffer_name, grad_accumulator, message_buffer
 from ratrain.ir.graph import Literal
 from ratrain.ir.tasks import Kind, Task
 from ratrain.passes.buffers import (GRAD_OUTPUT, backward_graph, backward_pinned,
@@ -26,7 +27,7 @@ from ratrain.passes.lower_state import (_loss_scaled, _lower_gather, _lower_norm
                                         _lower_sync, _lower_tie, _lower_update,
                                         _with_gathers_issued, state_slots)
 from ratrain.program_format.lowered import (RECOMPUTE_TAG, Call, LoweredTask, Slot,
-                                            arena_name, flat_slot, message_tag, var_slot)
+                                            flat_slot, message_tag, var_slot)
 
 
 class _Placement:
@@ -70,9 +71,10 @@ def residual_slot(program, layer: int, micro_batch: int, index: int,
     var = _kind(program, layer).residuals[index]
     kept, _ = residual_layout(program, layer, micro_batch, True)
     if index in kept:
-        return var_slot(f"act.L{layer}.mb{micro_batch}", kept[index], var)
+        return var_slot(buffer_name(BufferKind.ACT, layer=layer, micro_batch=micro_batch),
+                        kept[index], var)
     dropped, _ = residual_layout(program, layer, micro_batch, False)
-    buffer, base = rebuilt or (f"rec.L{layer}.mb{micro_batch}", 0)
+    buffer, base = rebuilt or (buffer_name(BufferKind.REC, layer=layer, micro_batch=micro_batch), 0)
     return var_slot(buffer, base + dropped[index], var)
 
 
@@ -105,7 +107,7 @@ def _forward_inputs(program, task: Task, layer: int) -> list[Call]:
                      layer=layer)]
     calls = []
     if layer == program.stages[task.stage][0]:
-        message = var_slot(f"in.mb{m}", 0, kind.fwd.inputs[0])
+        message = var_slot(buffer_name(BufferKind.IN, micro_batch=m), 0, kind.fwd.inputs[0])
         calls.append(Call("copy", (slot(0),), (message,), (), f"L{layer} input", layer=layer))
     if kind.kind == "head":
         calls.append(Call("load_targets", (slot(1),), (), (("micro_batch", m),),
@@ -118,7 +120,8 @@ def _lower_forward(program, task: Task) -> list[Call]:
     for i, layer in enumerate(layers):
         kind = _kind(program, layer)
         mode = program.recompute.get((layer, m), "none")
-        placement = _Placement(kind.fwd, pinned_values(kind, "F", mode), f"ws.{task}")
+        placement = _Placement(kind.fwd, pinned_values(kind, "F", mode),
+                               buffer_name(BufferKind.WS, task=task))
         _bind_params(placement, program, task, layer, kind.fwd)
         _bind_residuals(placement, program, layer, m, _is_kept(program, layer, m))
         out = kind.fwd.outputs[0]
@@ -126,7 +129,7 @@ def _lower_forward(program, task: Task) -> list[Call]:
             nxt = _kind(program, layers[i + 1])
             placement.bind(out, residual_slot(program, layers[i + 1], m, _input_index(nxt, 0)))
         elif kind.kind != "head":
-            placement.bind(out, var_slot(f"out.mb{m}", 0, out))
+            placement.bind(out, var_slot(buffer_name(BufferKind.OUT, micro_batch=m), 0, out))
         calls += _forward_inputs(program, task, layer) + placement.calls(layer)
         if kind.kind == "head":
             calls.append(Call("record_loss", (), (placement.slots[out.id],),
@@ -135,7 +138,8 @@ def _lower_forward(program, task: Task) -> list[Call]:
 
 
 def _lower_recompute(program, task: Task) -> list[Call]:
-    return _recompute_calls(program, task, task.layer, task.micro_batch, f"ws.{task}")
+    return _recompute_calls(program, task, task.layer, task.micro_batch,
+                            buffer_name(BufferKind.WS, task=task))
 
 
 def _recompute_calls(program, task: Task, layer: int, m: int, workspace: str, base: int = 0,
@@ -158,7 +162,8 @@ def _recompute_calls(program, task: Task, layer: int, m: int, workspace: str, ba
 
 def _cotangent_slots(program, task: Task, var) -> tuple[Slot, Slot]:
     size = cotangent_bytes(program)
-    return var_slot(f"ws.{task}", 0, var), var_slot(f"ws.{task}", size, var)
+    workspace = buffer_name(BufferKind.WS, task=task)
+    return var_slot(workspace, 0, var), var_slot(workspace, size, var)
 
 
 def _accumulate_grads(program, task: Task, layer: int, placement: _Placement,
@@ -173,7 +178,7 @@ def _accumulate_grads(program, task: Task, layer: int, placement: _Placement,
                                       "it cannot reduce-scatter them per micro-batch")
         grads = tuple(placement.slots[kind.bwd.output("grad:" + n).id] for n in kind.fwd.param_names)
         shard = state_slots(program, layer)[4]
-        return [Call("grad_scatter", (flat_slot(f"gshard.L{layer}", shard),), grads,
+        return [Call("grad_scatter", (flat_slot(grad_accumulator(layer, True), shard),), grads,
                      (("first", task.micro_batch == first_b), ("micro_batch", task.micro_batch)),
                      f"L{layer}", layer=layer)]
     targets = _grad_slots(program, layer)
@@ -187,7 +192,7 @@ def _grad_slots(program, layer: int) -> dict:
     """Var id of each parameter gradient -> its fp32 slot in grad.L."""
     kind, (offsets, _) = _kind(program, layer), grad_layout(program, layer)
     return {kind.bwd.output("grad:" + name).id:
-            Slot(arena_name(f"grad.L{layer}"), 4 * offset, "float32", tuple(var.shape))
+            Slot(grad_accumulator(layer, False), 4 * offset, "float32", tuple(var.shape))
             for name, var, offset in zip(kind.fwd.param_names, kind.fwd.params, offsets)}
 
 
@@ -201,7 +206,7 @@ def _bind_fused_grads(placement: _Placement, program, layer: int) -> None:
 def _lower_backward(program, task: Task) -> list[Call]:
     m, stage = task.micro_batch, task.stage
     layers, calls = program.stages[stage], []
-    last_stage = stage == len(program.stages) - 1
+    last_stage, workspace = stage == len(program.stages) - 1, buffer_name(BufferKind.WS, task=task)
     hidden = _kind(program, layers[0]).fwd.outputs[0] if _kind(program, layers[0]).kind != "head" \
         else _kind(program, layers[0]).fwd.inputs[0]
     ping_pong = _cotangent_slots(program, task, hidden)
@@ -210,22 +215,23 @@ def _lower_backward(program, task: Task) -> list[Call]:
     turn = 0
     if last_stage:
         loss = _kind(program, layers[-1]).bwd.inputs[-1]
-        current = var_slot(f"ws.{task}", 0, loss)
+        current = var_slot(workspace, 0, loss)
         calls.append(Call("fill", (current,), (), _loss_scaled(
             program, (("value", 1.0 / program.options.micro_batches),)), "loss cotangent"))
         turn = 1
     else:
-        current = var_slot(f"gin.mb{m}", 0, _kind(program, layers[-1]).fwd.outputs[0])
-    rebuilt = (f"ws.{task}", backward_workspace(program, stage, m)[0]) \
+        current = var_slot(buffer_name(BufferKind.GIN, micro_batch=m), 0,
+                           _kind(program, layers[-1]).fwd.outputs[0])
+    rebuilt = (workspace, backward_workspace(program, stage, m)[0]) \
         if recovers_in_backward(program, stage, m) else None
     split = is_split(program)
     for j, layer in enumerate(reversed(layers)):
         kind = _kind(program, layer)
         if rebuilt and (layer, m) in program.recompute:  # NOTE [backward-time recovery]
-            calls += _recompute_calls(program, task, layer, m, f"ws.{task}", base, rebuilt)
+            calls += _recompute_calls(program, task, layer, m, workspace, base, rebuilt)
         fused = layer not in program.scatter_grads
         graph = backward_graph(kind, split)
-        placement = _Placement(graph, backward_pinned(kind, split, fused), f"ws.{task}",
+        placement = _Placement(graph, backward_pinned(kind, split, fused), workspace,
                                base=base)
         _bind_params(placement, program, task, layer, graph)
         if fused:
@@ -238,7 +244,8 @@ def _lower_backward(program, task: Task) -> list[Call]:
         if "ct:h" in kind.bwd.output_names:
             out = kind.bwd.output("ct:h")
             first_layer = j == len(layers) - 1
-            current = var_slot(f"gout.mb{m}", 0, out) if first_layer else \
+            current = var_slot(buffer_name(BufferKind.GOUT, micro_batch=m), 0, out) \
+                if first_layer else \
                 replace(ping_pong[turn % 2], dtype=out.dtype, shape=tuple(out.shape))
             placement.bind(out, current)
             turn += 1
@@ -252,7 +259,8 @@ def _weight_operands(program, layer: int, m: int) -> dict:
     """var id -> its slot in wop.L.mb (NOTE [weight operands])."""
     offsets, _ = weight_operand_layout(program, layer, m)
     values = {v.id: v for v in _kind(program, layer).split.weight_part.inputs}
-    return {i: var_slot(f"wop.L{layer}.mb{m}", o, values[i]) for i, o in offsets.items()}
+    wop = buffer_name(BufferKind.WOP, layer=layer, micro_batch=m)
+    return {i: var_slot(wop, o, values[i]) for i, o in offsets.items()}
 
 
 def _hand_to_weight(program, placement: _Placement, layer: int, m: int) -> list[Call]:
@@ -274,7 +282,8 @@ def _lower_weight(program, task: Task) -> list[Call]:
     layer, m = task.layer, task.micro_batch
     kind, fused = _kind(program, layer), task.layer not in program.scatter_grads
     graph = kind.split.weight_part
-    placement = _Placement(graph, weight_pinned(kind, fused), f"ws.{task}")
+    placement = _Placement(graph, weight_pinned(kind, fused), buffer_name(BufferKind.WS,
+                                                                          task=task))
     if fused:
         _bind_fused_grads(placement, program, layer)
     handed = _weight_operands(program, layer, m)
@@ -308,14 +317,14 @@ def fuse_grad_accumulation(calls: list[Call]) -> list[Call]:
 
 
 def _message(program, task: Task) -> Slot:
-    layers, m = program.stages[task.stage], task.micro_batch
+    layers = program.stages[task.stage]
     first, last = _kind(program, layers[0]), _kind(program, layers[-1])
-    name, var = {Kind.SEND_F: ("out", last.fwd.outputs[0]),
-                 Kind.RECV_F: ("in", first.fwd.inputs[0]), Kind.POST_F: ("in", first.fwd.inputs[0]),
-                 Kind.SEND_B: ("gout", first.fwd.inputs[0]),
-                 Kind.RECV_B: ("gin", last.fwd.outputs[0]),
-                 Kind.POST_B: ("gin", last.fwd.outputs[0])}[task.kind]
-    return var_slot(f"{name}.mb{m}", 0, var)
+    var = {Kind.SEND_F: last.fwd.outputs[0],
+           Kind.RECV_F: first.fwd.inputs[0], Kind.POST_F: first.fwd.inputs[0],
+           Kind.SEND_B: first.fwd.inputs[0],
+           Kind.RECV_B: last.fwd.outputs[0],
+           Kind.POST_B: last.fwd.outputs[0]}[task.kind]
+    return var_slot(message_buffer(task), 0, var)
 
 
 _PEER = {Kind.SEND_F: 1, Kind.RECV_F: -1, Kind.POST_F: -1,

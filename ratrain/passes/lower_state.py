@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from ratrain.ir.buffers import (BufferKind, buffer_name, is_grad_shard, parse_buffer,
+                                sync_buffers, update_grad)
 from ratrain.ir.tasks import Kind, Task
 from ratrain.passes.buffers import (gathers_in_place, grad_layout, shard_elements,
                                     view_gather_elements, view_layout)
@@ -18,41 +20,43 @@ from ratrain.passes.insert_gathers import gather_of, gathers_issued_in
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.layout import align_up
-from ratrain.program_format.lowered import Call, Slot, arena_name, flat_slot, var_slot
+from ratrain.program_format.lowered import Call, Slot, flat_slot, var_slot
 
 
 def state_slots(program, layer: int) -> tuple[Slot, Slot, Slot, int, int]:
     """master, m, v slots of a layer on this rank, the full size and the shard size."""
     _, n = grad_layout(program, layer)
     shard = shard_elements(n, program, program.options.zero >= 1)
-    return (flat_slot(f"master.L{layer}", shard), flat_slot(f"opt.L{layer}", shard),
-            flat_slot(f"opt.L{layer}", shard, align_up(4 * shard)), n, shard)
+    opt = buffer_name(BufferKind.OPT, layer=layer)
+    return (flat_slot(buffer_name(BufferKind.MASTER, layer=layer), shard), flat_slot(opt, shard),
+            flat_slot(opt, shard, align_up(4 * shard)), n, shard)
+
+
+def grad_slot(program, name: str) -> Slot:
+    """A layer's flat fp32 gradient buffer `name` on this rank: grad.L whole, gshard.L
+    this rank's shard of it."""
+    _, _, _, n, shard = state_slots(program, parse_buffer(name).layer)
+    return flat_slot(name, shard if is_grad_shard(name) else n)
 
 
 def _lower_sync(program, task: Task) -> list[Call]:
-    layer = task.layer
-    _, _, _, n, shard = state_slots(program, layer)
-    grad = flat_slot(f"grad.L{layer}", n)
-    if layer in program.scatter_grads:  # already reduce-scattered inside each B: wait only
-        shard_slot = flat_slot(f"gshard.L{layer}", shard)
-        return [Call("grad_sync", (shard_slot,), (shard_slot,), (("op", "wait"),), f"L{layer}",
-                     layer=layer)]
-    if program.options.zero >= 2:
-        return [Call("grad_sync", (flat_slot(f"gshard.L{layer}", shard),), (grad,),
-                     (("op", "reduce_scatter"),), f"L{layer}", layer=layer)]
-    return [Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), f"L{layer}", layer=layer)]
+    layer, zero, scattered = task.layer, program.options.zero, task.layer in program.scatter_grads
+    source, target = sync_buffers(layer, zero, scattered)
+    # scattered: already reduce-scattered inside each B, wait only
+    op = "wait" if scattered else "reduce_scatter" if zero >= 2 else "allreduce"
+    return [Call("grad_sync", (grad_slot(program, target),), (grad_slot(program, source),),
+                 (("op", op),), f"L{layer}", layer=layer)]
 
 
 def _update_grad_slot(program, layer: int) -> Slot:
-    _, _, _, n, shard = state_slots(program, layer)
-    return flat_slot(f"gshard.L{layer}", shard) if program.options.zero >= 2 else \
-        flat_slot(f"grad.L{layer}", n)
+    return grad_slot(program, update_grad(layer, program.options.zero))
 
 
 def undo_slots(program, layer: int) -> tuple[Slot, Slot, Slot]:
     """NOTE [commit rule]: where a speculative UPD keeps the old master, m and v."""
     shard = state_slots(program, layer)[4]
-    return tuple(flat_slot(f"undo.L{layer}", shard, k * align_up(4 * shard)) for k in range(3))
+    undo = buffer_name(BufferKind.UNDO, layer=layer)
+    return tuple(flat_slot(undo, shard, k * align_up(4 * shard)) for k in range(3))
 
 
 def _lower_update(program, task: Task) -> list[Call]:
@@ -74,7 +78,8 @@ def view_slots(program, layer: int, buffer: str | None = None) -> tuple[Slot, ..
     """The layer's parameters in its view buffer (view.L, or `buffer`), in parameter order."""
     offsets, _ = view_layout(program, layer)
     params = program.graph.kinds[program.graph.layers[layer].kind].fwd.params
-    return tuple(var_slot(buffer or f"view.L{layer}", o, p) for o, p in zip(offsets, params))
+    buffer = buffer or buffer_name(BufferKind.VIEW, layer=layer)
+    return tuple(var_slot(buffer, o, p) for o, p in zip(offsets, params))
 
 
 def _lower_prefetch(program, task: Task) -> list[Call]:
@@ -86,7 +91,7 @@ def _lower_prefetch(program, task: Task) -> list[Call]:
     if not gathers_in_place(program, layer):
         return [Call("prefetch_view", view_slots(program, layer), (master,), params,
                      f"L{layer}", layer=layer)]
-    flat = Slot(arena_name(f"view.L{layer}"), 0, program.graph.dtype,
+    flat = Slot(buffer_name(BufferKind.VIEW, layer=layer), 0, program.graph.dtype,
                 (view_gather_elements(program, layer),))
     return [Call("prefetch_view", (flat,), (master,), params + (("in_place", True),),
                  f"L{layer}", layer=layer)]
@@ -96,7 +101,7 @@ def gather_call(program, gather) -> Call:
     """NOTE [ZeRO-3 lifecycle]: cast this rank's master shard, all-gather the cast shards
     into the layer's view slot (non-blocking: the first call touching the slot waits)."""
     layer = gather.task.layer
-    views = view_slots(program, layer, f"zview.{gather.slot}")
+    views = view_slots(program, layer, buffer_name(BufferKind.ZVIEW, slot=gather.slot))
     return [Call("gather_view", views, (state_slots(program, layer)[0],),
                  (("use", str(gather.uses[0][0])),), f"L{layer} gather", layer=layer)][0]
 
@@ -158,10 +163,7 @@ def _lower_norm(program, task: Task) -> list[Call]:
     if commits_updates(program.options):
         return _lower_commit(program, task)
     layers = program.stages[task.stage]
-    grads = tuple(flat_slot(f"grad.L{l}", grad_layout(program, l)[1])
-                  if program.options.zero < 2 else
-                  flat_slot(f"gshard.L{l}", state_slots(program, l)[4])
-                  for l in layers)
+    grads = tuple(_update_grad_slot(program, l) for l in layers)
     unscaled = grads if program.options.precision == "fp16" else ()  # written in place
     params = (("clip", program.options.clip),)
     skip = tuple((i, *tied_range(program, l, w.name), grad_layout(program, l)[1])
@@ -186,7 +188,8 @@ def _lower_tie(program, task: Task) -> list[Call]:
     in place with the copies on the other tie stages."""
     calls = []
     for w in tied_weights(program):
-        slots = tuple(Slot(arena_name(f"grad.L{l}"), 4 * tied_range(program, l, w.name)[0],
+        slots = tuple(Slot(buffer_name(BufferKind.GRAD, layer=l),
+                           4 * tied_range(program, l, w.name)[0],
                            "float32", shape)
                       for l in w.layers if program.stage_of_layer(l) == task.stage
                       for shape in [dict(program.layer_params(l))[w.name]])

@@ -13,7 +13,7 @@ import numpy as np
 from ratrain.ir.tasks import GATHERS, Kind, Task
 from ratrain.units import format_bytes  # noqa: F401  (re-exported)
 from ratrain.passes.buffers import CATEGORIES, Buffer, persistent_buffers, task_effects
-from ratrain.program_format.lowered import arena_name
+from ratrain.ir.buffers import BufferKind, arena_name, parse_buffer
 
 ALIGNMENT = 64                          # bytes; every arena offset is a multiple of it
 
@@ -310,7 +310,8 @@ def _fixes(program, stage: int, m: StageMemory) -> list[str]:
         saving = m.arena_bytes - stage_arena_bytes(_recompute_all(program), stage)
         if saving > 0:
             fixes.append(f"--recompute full would save {format_bytes(saving)}")
-    undo = sum(n for name, (_, n) in m.offsets.items() if name.startswith("undo."))
+    undo = sum(n for name, (_, n) in m.offsets.items()
+               if parse_buffer(name).kind == BufferKind.UNDO)
     if undo:  # NOTE [commit rule] (insert_update.py)
         fixes.append(f"--update-rule after-norm would drop the commit rule's undo copies "
                      f"({format_bytes(undo)} on this stage, live at the step's end)")

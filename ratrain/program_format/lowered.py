@@ -12,15 +12,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ratrain.ir.buffers import arena_name
 from ratrain.ir.graph import DTYPE_SHORT, format_param
 from ratrain.ir.tasks import Kind, Task, parse_task
-
-
-def arena_name(name: str) -> str:
-    """A buffer's name in the plan and in FREE tasks. Task text forbids brackets in a
-    FREE's operand, but workspace names embed task text (`ws.0REC[L1]0`): map them to
-    parentheses (`ws.0REC(L1)0`). The identity for every other name."""
-    return name.replace("[", "(").replace("]", ")")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import numpy as np
 
 from ratrain import kernels
 import ratrain.ir.lax_rules  # noqa: F401  (registers the lax primitives' rules: slice, ...)
+from ratrain.ir.buffers import is_grad_shard
 from ratrain.ir.rules import lookup_rule
 from ratrain.optim import AdamW, LossScaler
 from ratrain.program_format.lowered import rollback_only
@@ -253,7 +254,7 @@ def _owned(options, st: RankState, slot, skip=()) -> list[np.ndarray]:
     [(lo, hi, n)] of the layer's n parameters (a tied weight's second copy, NOTE [tied
     weights])."""
     grad = st.view(slot)
-    if slot.buffer.startswith("gshard"):  # ZeRO-2: the shard is this rank's share
+    if is_grad_shard(slot.buffer):  # ZeRO-2: the shard is this rank's share
         if not skip:
             return [grad]
         lo, hi = shard_bounds(skip[0][2], options.dp, st.replica)

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ratrain.ir.buffers import is_grad_shard
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import Kind, counterpart
 from ratrain.passes.insert_grad_sync import syncs_started_in_backward
@@ -283,7 +284,7 @@ def _grad_scatter(c: ProfileCosts, task, call) -> list[Step]:
 def _owned_bytes(c: ProfileCosts, grads) -> float:
     """Bytes of the gradient part this rank counts in the norm: its shard under ZeRO-2,
     1/dp of a full gradient otherwise."""
-    return sum(s.nbytes if s.buffer.startswith("gshard") else s.nbytes / c.options.dp
+    return sum(s.nbytes if is_grad_shard(s.buffer) else s.nbytes / c.options.dp
                for s in grads)
 
 

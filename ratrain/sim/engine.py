@@ -94,6 +94,18 @@ class Signal:
 # its rank computes (0: it stops; 1: DMA engines, no effect).
 
 
+# NOTE [kernels beside collectives]: the bytes a collective moves while its rank computes
+# are copied by that rank's cores (the helper thread's probes, MPI tested between
+# kernels), so the kernels slow down while it moves. `ratrain calibrate` measures both
+# sides of it in one experiment (calibrate/node_probe.beside_kernel: a GEMM loop with
+# all-reduces streaming beside it on every rank): the all-reduces keep progress_share of
+# their speed and the GEMM loop takes kernel_slowdown_beside times as long (1.98 on the
+# 2-core machine of bench/predict.py, where a dp 2 ZeRO 3 step's forward and backward
+# ran 7-10% slower than their kernels' calibrated times). A Link therefore runs its
+# rank's compute as work at 1 / kernel_slowdown while a held channel moves beside it and
+# at full speed otherwise; a profile without the measurement slows nothing.
+
+
 class _Transfer:
     def __init__(self, nbytes: float, done: Signal, record):
         self.total, self.remaining, self.done, self.record = nbytes, nbytes, done, record
@@ -102,14 +114,19 @@ class _Transfer:
 
 class Link:
     """One rank's outgoing port: per-channel FIFO queues sharing `bandwidth` (bytes/s);
-    `held` channels move at `progress_share` of their share while the rank computes."""
+    `held` channels move at `progress_share` of their share while the rank computes, and
+    the rank's compute (`compute`) runs at 1 / `kernel_slowdown` while a held channel
+    moves (NOTE [kernels beside collectives])."""
 
     def __init__(self, engine: Engine, bandwidth: float, on_transfer=None,
-                 progress_share: float = 1.0, held: tuple[str, ...] = ("dp",)):
+                 progress_share: float = 1.0, held: tuple[str, ...] = ("dp",),
+                 kernel_slowdown: float = 1.0):
         self.engine, self.bandwidth = engine, bandwidth
         self.on_transfer = on_transfer  # called (channel, start, end, record) per transfer
         self.progress_share, self.held, self.computing = progress_share, held, False
+        self.kernel_slowdown = kernel_slowdown
         self._queues: dict[str, deque] = {}
+        self._work: _Transfer | None = None  # the compute running: seconds of work left
         self._updated, self._version = 0.0, 0
 
     def send(self, channel: str, nbytes: float, done: Signal, record=None) -> None:
@@ -119,12 +136,13 @@ class Link:
         queue.append(_Transfer(nbytes, done, record))
         self._reschedule()
 
-    def set_computing(self, computing: bool) -> None:
-        """The rank's compute stream starts or stops (NOTE [manual progress])."""
-        if self.progress_share < 1 and computing != self.computing:
-            self._advance()
-            self.computing = computing
-            self._reschedule()
+    def compute(self, seconds: float, done: Signal) -> None:
+        """Run `seconds` of the rank's compute (alone, at full speed); fire `done` when it
+        is finished. Requires: no compute of this rank running (NOTE [manual progress],
+        NOTE [kernels beside collectives])."""
+        self._advance()
+        self.computing, self._work = True, _Transfer(seconds, done, None)
+        self._reschedule()
 
     def _heads(self) -> list[tuple[str, _Transfer]]:
         return [(channel, queue[0]) for channel, queue in self._queues.items() if queue]
@@ -133,11 +151,20 @@ class Link:
         share = self.progress_share if self.computing and channel in self.held else 1.0
         return self.bandwidth / heads * share
 
+    def _work_rate(self, heads) -> float:
+        """Seconds of compute done per second: slowed while a held channel moves."""
+        moving = any(channel in self.held and self._rate(channel, len(heads)) > 0
+                     for channel, _ in heads)
+        return 1.0 / self.kernel_slowdown if moving else 1.0
+
     def _advance(self) -> None:
-        """Account the bytes each head has sent since the last update."""
+        """Account the bytes each head has sent, and the compute done, since the last
+        update."""
         now, heads = self.engine.now, self._heads()
         for channel, head in heads:
             head.remaining -= (now - self._updated) * self._rate(channel, len(heads))
+        if self._work is not None:
+            self._work.remaining -= (now - self._updated) * self._work_rate(heads)
         self._updated = now
 
     def _reschedule(self) -> None:
@@ -148,6 +175,8 @@ class Link:
                 head.started = self.engine.now
         waits = [max(head.remaining, 0.0) / rate for channel, head in heads
                  if (rate := self._rate(channel, len(heads))) > 0]
+        if self._work is not None:
+            waits.append(max(self._work.remaining, 0.0) / self._work_rate(heads))
         if waits:
             version = self._version
             self.engine.at(self.engine.now + min(waits), lambda: self._tick(version))
@@ -167,4 +196,9 @@ class Link:
                 if self.on_transfer is not None:
                     self.on_transfer(channel, head.started, self.engine.now, head.record)
                 head.done.fire()
+        work = self._work
+        if work is not None and (work.remaining <= 1e-9 * work.total or self.engine.now
+                                 + work.remaining / self._work_rate(heads) == self.engine.now):
+            self._work, self.computing = None, False
+            work.done.fire()
         self._reschedule()

@@ -88,12 +88,13 @@ class _RankState:
 
 class _Replayer:
     def __init__(self, schedule: Schedule, costs, bandwidth: float, overlap: bool,
-                 steps: int = 1, progress_share: float = 1.0):
+                 steps: int = 1, progress_share: float = 1.0, kernel_slowdown: float = 1.0):
         self.schedule, self.costs, self.overlap, self.steps = schedule, costs, overlap, steps
         self.bandwidth, self.engine = bandwidth, Engine()
         self.ranks = {rank: _RankState() for rank in schedule}
         self.links = {rank: Link(self.engine, bandwidth, self._on_transfer(rank),
-                                 progress_share) for rank in schedule}
+                                 progress_share, kernel_slowdown=kernel_slowdown)
+                      for rank in schedule}
         self.posted: dict[Task, Signal] = {}
         self.arrived: dict[Task, Signal] = {}
         self.world_sums: dict[int, list] = {}       # k -> [arrivals, Signal]
@@ -170,10 +171,9 @@ class _Replayer:
 
     def _compute(self, rank: int, label: str, seconds: float):
         if seconds > 0:
-            start = self.engine.now
-            self.links[rank].set_computing(True)  # NOTE [manual progress]
-            yield seconds
-            self.links[rank].set_computing(False)
+            start, done = self.engine.now, Signal(self.engine)
+            self.links[rank].compute(seconds, done)  # NOTE [manual progress]
+            yield done
             self.ranks[rank].intervals.append(Interval("compute", start, self.engine.now, label))
 
     def _wait(self, rank: int, signal: Signal, label: str):
@@ -277,18 +277,22 @@ class _Replayer:
 # of a run. Replaying two steps back to back and subtracting one drained step gives the
 # steady-state period: both runs end with the same drained tail.
 def replay(schedule: Schedule, costs, *, bandwidth: float = 1.0, overlap: bool = True,
-           steady: bool = False, progress_share: float = 1.0) -> Replay:
+           steady: bool = False, progress_share: float = 1.0,
+           kernel_slowdown: float = 1.0) -> Replay:
     """Time `schedule` (rank -> tasks) with `costs` (an object with `steps(task)`).
 
     `bandwidth` is every rank's port rate in bytes/s; overlap=False waits for each DP
     collective right after starting it (the serialized reference); steady=True also
     measures the steady-state period (NOTE [steady state]) as the step time;
     `progress_share`: how fast DP collectives move while their rank computes (NOTE
-    [manual progress], sim/engine.py).
+    [manual progress], sim/engine.py); `kernel_slowdown`: how much longer a rank's compute
+    takes while they move (NOTE [kernels beside collectives]).
     """
-    one = _Replayer(schedule, costs, bandwidth, overlap, 1, progress_share).run()
+    one = _Replayer(schedule, costs, bandwidth, overlap, 1, progress_share,
+                    kernel_slowdown).run()
     if not steady:
         return one
-    two = _Replayer(schedule, costs, bandwidth, overlap, 2, progress_share).run()
+    two = _Replayer(schedule, costs, bandwidth, overlap, 2, progress_share,
+                    kernel_slowdown).run()
     period = max(two.ends.values()) - max(one.ends.values())
     return replace(one, period=period)

@@ -87,6 +87,8 @@ def simulate(program, profile: dict, *, overlap: bool = True,
     profile = rank_profile(profile, program.options.world_size)
     costs = ProfileCosts(program, profile, algorithm)
     pipeline = {program.rank(stage, 0): tasks for stage, tasks in program.tasks.items()}
+    node = node_of(profile)
     result = replay(pipeline, costs, bandwidth=profile["link_bandwidth"], overlap=overlap,
-                    steady=steady, progress_share=node_of(profile).progress_share)
+                    steady=steady, progress_share=node.progress_share,
+                    kernel_slowdown=node.kernel_slowdown)
     return Simulation(program, profile, result)

@@ -204,3 +204,10 @@ def test_scatter_accumulation_is_refused_with_zb1_and_auto_keeps_gradients_local
     assert choose_grad_accumulation(program).scatter_grads == frozenset()
     one_f_one_b = replace(program, options=replace(options, pipeline_schedule="1f1b"))
     assert choose_grad_accumulation(one_f_one_b).scatter_grads  # what zb1 declines
+
+
+def test_weight_operand_buffers_are_named_by_the_grammar(program):
+    from ratrain.ir.buffers import BufferKind, parse_buffer
+    for stage, memory in program.memory.stages.items():
+        kinds = {parse_buffer(n).kind for n in memory.offsets}
+        assert BufferKind.WOP in kinds and all(str(parse_buffer(n)) == n for n in memory.offsets)

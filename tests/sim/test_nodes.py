@@ -123,6 +123,29 @@ def test_dp_transfers_move_at_the_progress_share_while_the_rank_computes(share, 
     assert result.step_time == pytest.approx(step)
 
 
+@pytest.mark.parametrize("share, step", [(0.5, 6.0), (0.0, 6.0), (1.0, 5.0)])
+def test_the_compute_beside_a_moving_collective_runs_at_one_over_the_slowdown(share, step):
+    """NOTE [kernels beside collectives], slowdown 2: share 0.5, F's 2 s of work and the
+    2 s sync both move at half speed from 1 s to 5 s, UPD 5-6; share 0, the sync stands
+    still, so F runs alone 1-3 and the sync 3-5 (UPD 5-6); share 1, the sync ends at 3
+    with F half done, F's last 1 s runs 3-4 at full speed, UPD 4-5."""
+    schedule = parse_schedule("rank 0: 0B0 0F1 0UPD[L0]")
+    table = {"0B0": (Compute(1.0), Start(("grad.L0",), 0.0, 2.0)),
+             "0F1": (Compute(2.0),), "0UPD[L0]": (Touch(("grad.L0",)), Compute(1.0))}
+    result = replay(schedule, _Table(table), bandwidth=1.0, progress_share=share,
+                    kernel_slowdown=2.0)
+    assert result.step_time == pytest.approx(step)
+    f = next(s for s in result.spans[0] if str(s.task) == "0F1")
+    assert f.end == pytest.approx({0.5: 5.0, 0.0: 3.0, 1.0: 4.0}[share])
+
+
+def test_the_kernel_slowdown_comes_from_the_calibrated_beside_probe():
+    profile = load_profile("cpu")
+    assert node_of(profile).kernel_slowdown == 1.0  # no node probe in it: nothing slowed
+    probed = profile | {"node_collectives": {"rows": [], "kernel_slowdown_beside": 1.98}}
+    assert node_of(probed).kernel_slowdown == 1.98
+
+
 def test_profiles_default_to_a_node_per_rank_and_name_a_bad_node_field(tmp_path):
     mt3000 = load_profile("mt3000")
     assert node_of(mt3000).ranks == 4 and node_of(mt3000).port_bandwidth == 3.7e9
