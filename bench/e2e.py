@@ -7,12 +7,15 @@
    from the same config, torch.optim.AdamW, torch's threads = the same 2 cores) in fp32 and
    in bf16 autocast (oneDNN's bf16 kernels), when torch is installed;
 3. the ratrain schedule vs --schedule baseline, PP=2, recompute auto, under a --budget that
-   keeping every activation does not fit (computed from the compiled peaks, not hard-coded).
+   keeping every activation does not fit (computed from the compiled peaks, not hard-coded);
+4. --pipeline-schedule zb1 vs 1f1b at PP=2 with --micro-batches, for --model (the default
+   `ratrain train` layout) and for --large-model (the 58M LLaMA of the node16 measurement,
+   when present), every activation kept.
 Step time is the median after warm-up steps (ratrain: step_seconds of the runtime's --metrics
 JSONL; JAX: wall time to block_until_ready), best of --rounds rounds run in alternation so a
 burst of load from other processes does not land on one side only.
-Usage: python bench/e2e.py [--model tiny] [--seq-len 256] [--global-batch 4] [--steps 12]
-[--warmup 2] [--rounds 3] [--budget-at 0.5] [--keep DIR]; about 1.5 minutes on 2 idle cores."""
+Usage: python bench/e2e.py [--model tiny] [--large-model CONFIG] [--seq-len 256]
+[--global-batch 4] [--steps 12] [--warmup 2] [--rounds 3] [--budget-at 0.5] [--keep DIR]; about 1.5 minutes on 2 idle cores."""
 import argparse
 import json
 import os
@@ -28,6 +31,8 @@ from pathlib import Path
 from bench_common import cpu_flags
 
 CORES = 2       # the issue's setting: every side gets the same two cores
+# the 2-stage 58M LLaMA of the zb1 comparison: the node16 measurement's model, beside the clone
+LARGE_MODEL = Path(__file__).resolve().parents[2] / "shared/measurements/node16-xeon/model.json"
 
 
 def fail(message):
@@ -246,14 +251,22 @@ def compile_all(args, work):
         tight[schedule], reports[schedule] = pp2(schedule, "--schedule", schedule, "--recompute",
                                                  "auto", "--budget", budget, "--report")
     print_tight_setup(budget, keep_all, floor, tight, reports["ratrain"])
-    return pp1, keep_all_program, tight, bf16
+    pipelines = {"zb1-pp2": pp2("zb1-pp2", "--recompute", "none", "--pipeline-schedule",
+                                "zb1")[0]}
+    if Path(args.large_model).is_file():
+        for schedule in ("1f1b", "zb1"):
+            pipelines[f"large-{schedule}"] = compile_program(
+                work / f"large-{schedule}", args.large_model, t, m, g // m, "--pp", 2,
+                "--recompute", "none", "--pipeline-schedule", schedule)[0]
+    return pp1, keep_all_program, tight, bf16, pipelines
 
 
 def cases(args, programs, cores):
     """name -> run(round) giving that run's step seconds; every ratrain run keeps its metrics."""
-    pp1, pp2, tight, bf16 = programs
+    pp1, pp2, tight, bf16, pipelines = programs
     layouts = {"pp1": (pp1, 1, CORES), "pp2": (pp2, 2, 1), "bf16-pp1": (bf16["bf16-pp1"], 1, CORES),
                "bf16-pp2": (bf16["bf16-pp2"], 2, 1),
+               **{name: (program, 2, 1) for name, program in pipelines.items()},
                **{schedule: (program, 2, 1) for schedule, program in tight.items()}}
 
     def ratrain_case(name):
@@ -306,6 +319,9 @@ def main():
     ap.add_argument("--keep", default=None, metavar="DIR", help="write the programs and "
                     "metrics here and keep them (default: a temporary directory)")
     ap.add_argument("--no-torch", action="store_true", help="leave the PyTorch peers out")
+    ap.add_argument("--large-model", default=str(LARGE_MODEL), metavar="CONFIG",
+                    help="config.json of the zb1 comparison's larger model (default: the "
+                    "58M LLaMA of ../shared/measurements/node16-xeon)")
     ap.add_argument("--jax-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--torch-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--autocast", action="store_true", help=argparse.SUPPRESS)
@@ -343,6 +359,12 @@ def main():
         print("# no PyTorch peer: torch and transformers are not installed (or --no-torch)")
     line("PP=2 tight budget: ratrain vs baseline", rate["ratrain"], rate["baseline"], "baseline",
          1.2)
+    line(f"PP=2 M={args.micro_batches}: zb1 vs 1f1b", rate["zb1-pp2"], rate["pp2"], "1f1b", 1.08)
+    if "large-zb1" in rate:
+        line(f"58M LLaMA PP=2 M={args.micro_batches}: zb1 vs 1f1b", rate["large-zb1"],
+             rate["large-1f1b"], "1f1b", 1.08)
+    else:
+        print(f"# no 58M LLaMA zb1 line: {args.large_model} is not there (--large-model)")
     print(f"# total {time.perf_counter() - t0:.0f} s, load average {os.getloadavg()[0]:.1f} "
           f"(other processes on these cores make every figure noisier)")
 

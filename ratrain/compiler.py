@@ -17,7 +17,7 @@ from ratrain.units import format_budget
 # the model and the profile by resolve_options.
 FLAGS = ("pp", "dp", "micro_batches", "micro_batch_size", "seq_len", "schedule", "recompute",
          "zero", "budget", "precision", "clip", "grad_accum", "zero3_prefetch", "update_rule",
-         "placement")
+         "pipeline_schedule", "placement")
 
 
 def resolve_options(config: dict, profile: dict, **flags):
@@ -50,18 +50,19 @@ def trace_for(config: dict, name: str, options):
                        seq_len=options.seq_len, dtype=dtype, name=name)
 
 
-def compile_graph(graph, options, expand: bool = False):
+def compile_graph(graph, options, expand: bool = False, profile: dict | None = None):
     """Run the pass pipeline; (program, records). A long step compiles as a periodic
     program (NOTE [periodic programs]) unless `expand`; over-budget programs are user
-    errors."""
+    errors. `profile`: the hardware compiled for, whose cost model places zb1's W's
+    (NOTE [zb1 schedule]); None: unit costs."""
     from ratrain.passes.partition_stages import PartitionError
     from ratrain.passes.plan_memory import MemoryBudgetError
     try:
         if not expand:
-            found = _compile_periodic(graph, options)
+            found = _compile_periodic(graph, options, profile)
             if found is not None:
                 return found
-        return _compile_instance(graph, options, None)
+        return _compile_instance(graph, options, None, profile)
     except (PartitionError, MemoryBudgetError) as e:
         over_budget = isinstance(e, MemoryBudgetError) or e.peak > 0
         raise UserError(f"the {options.schedule} program does not fit --budget "
@@ -69,13 +70,18 @@ def compile_graph(graph, options, expand: bool = False):
                           else str(e)) from None
 
 
-def _compile_instance(graph, options, micro_batches: int | None):
+def _compile_instance(graph, options, micro_batches: int | None, profile: dict | None = None):
+    from functools import partial
+
     from ratrain.passes.pipeline import run_pipeline
     from ratrain.passes.program import Program
-    return run_pipeline(Program(graph, options, built_micro_batches=micro_batches))
+    from ratrain.sim.costs import task_cost_model
+    cost_model = partial(task_cost_model, profile=profile) if profile else None
+    return run_pipeline(Program(graph, options, built_micro_batches=micro_batches,
+                                cost_model=cost_model))
 
 
-def _compile_periodic(graph, options):
+def _compile_periodic(graph, options, profile: dict | None = None):
     """(periodic program, stage 0's instance's records), or None when the step is short
     or shows no period (the caller then compiles it whole)."""
     from ratrain.passes.periodic_program import find_periods, periodic_program, worth_it
@@ -84,7 +90,7 @@ def _compile_periodic(graph, options):
     compiled = {}
 
     def instance(n: int):
-        compiled[n] = _compile_instance(graph, options, n)
+        compiled[n] = _compile_instance(graph, options, n, profile)
         return compiled[n][0]
 
     periods = find_periods(instance, options.micro_batches, options.pp,
@@ -103,8 +109,8 @@ def recompile(manifest: dict, instance: int | None = None):
     options = CompileOptions.from_dict(manifest["options"])
     graph = trace_for(manifest["model"]["config"], manifest["model"]["name"], options)
     if instance is not None:
-        return _compile_instance(graph, options, instance)[0]
-    return compile_graph(graph, options, expand=True)[0]
+        return _compile_instance(graph, options, instance, manifest.get("hw"))[0]
+    return compile_graph(graph, options, expand=True, profile=manifest.get("hw"))[0]
 
 
 def simulate(program, profile: dict):

@@ -98,7 +98,7 @@ def cmd_compile(args) -> None:
         args.micro_batches = MAX_DEFAULT_MICRO_BATCHES
     options = resolve_options(config, profile, **{f: getattr(args, f) for f in FLAGS})
     graph = trace_for(config, name, options)
-    program, records = compile_graph(graph, options, expand=args.expand)
+    program, records = compile_graph(graph, options, expand=args.expand, profile=profile)
     files = program_files(program, records)
     hf_config = read_hf_config(args.model)
     write_program_dir(out, files, lambda hashes: build_manifest(program, records, profile,
@@ -107,7 +107,7 @@ def cmd_compile(args) -> None:
     o = options
     print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}, "
           f"{o.rank_placement} placement), schedule "
-          f"{o.schedule}, recompute {o.recompute}, zero {o.zero}, {o.precision} on {o.hw}: "
+          f"{o.schedule} ({o.pipeline_schedule}), recompute {o.recompute}, zero {o.zero}, {o.precision} on {o.hw}: "
           f"peak {format_bytes(program.memory.peak_bytes)} per rank -> {out}")
     if args.report:
         print(format_report(program, records, profile, graph))

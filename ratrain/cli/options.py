@@ -13,7 +13,8 @@ from typing import Any, Callable
 from ratrain.models.config import SEQ_LEN_HELP
 from ratrain.planner.margin import SIMULATION_MARGIN
 from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISION_HELP, PRECISIONS,
-                                            RECOMPUTE_POLICIES, SCHEDULES, UPDATE_RULES,
+                                            PIPELINE_SCHEDULES, RECOMPUTE_POLICIES,
+                                            SCHEDULES, UPDATE_RULES,
                                             CompileOptions)
 from ratrain.units import size_arg
 
@@ -81,6 +82,11 @@ OPTIONS = {o.flag: o for o in (
     Option("--schedule", "ratrain: lifecycle scheduling (overlapped sync, forward-side "
            "recovery); baseline: GPU-style 1F1B with sync and update at the step end "
            f"(default: {DEFAULTS.schedule})", None, DEFAULTS.schedule, SCHEDULES),
+    Option("--pipeline-schedule", "order of each stage's forwards and backwards: 1f1b, or "
+           "zb1 = zero-bubble ZB-H1 (each backward split into the input gradient B and the "
+           "weight gradients W, deferred into the pipeline's idle time; same numbers, same "
+           f"in-flight bound) (default: {DEFAULTS.pipeline_schedule})", None,
+           DEFAULTS.pipeline_schedule, PIPELINE_SCHEDULES),
     Option("--recompute", "activation recovery: none, full, selective, or auto = the least "
            "recompute that fits --budget, run on the forward side where that fits too, else "
            f"in the backward (default: {DEFAULTS.recompute})", None, DEFAULTS.recompute,
@@ -146,5 +152,5 @@ def add_options(parser, *flags: str, **changes) -> None:
 
 # the policy flags compile and train both take (compile adds --hw and --grad-accum; train
 # runs on this machine's cpu profile)
-POLICY_FLAGS = ("--schedule", "--recompute", "--zero", "--zero3-prefetch", "--budget",
+POLICY_FLAGS = ("--schedule", "--pipeline-schedule", "--recompute", "--zero", "--zero3-prefetch", "--budget",
                 "--precision", "--clip", "--update-rule")

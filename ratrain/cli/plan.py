@@ -137,12 +137,19 @@ def _row_line(index: int, row, tokens_per_step: int) -> str:
     tokens = f"{tokens_per_step / seconds:,.0f}" if seconds else "-"
     timed = "simulated" if row.simulated else "estimated" if seconds else "-"
     status = row.reason.removeprefix("not simulated: ") if row.reason else \
+        "zb1 twin of the 1f1b row: simulated, not estimated" if \
+        row.estimated_step_s is None else \
         f"estimate {row.estimated_step_s:.4g} s ({row.estimated_step_s / seconds - 1:+.1%})"
     grads = row.grad_accum or ("auto" if row.zero >= 2 else "-")
     return (f"{index:>3} {row.pp:>4} {row.dp:>5} {row.placement:<9} {row.zero:>4} {grads:<7} "
             f"{row.micro_batch_size:>4} {row.micro_batches:>5} {row.recompute:<9} "
-            f"{row.schedule:<8} {format_bytes(row.peak_bytes):>10} {step:>9} {timed:<9} "
+            f"{_schedule_text(row):<11} {format_bytes(row.peak_bytes):>10} {step:>9} {timed:<9} "
             f"{tokens:>11} {row.bound or '-':<11}  {status}")
+
+
+def _schedule_text(row) -> str:
+    """`ratrain`, or `ratrain/zb1` for a zb1 twin (NOTE [zb1 twins])."""
+    return row.schedule + ("/zb1" if row.pipeline_schedule == "zb1" else "")
 
 
 def format_plan(plan, top: int, smallest: bool) -> str:
@@ -165,7 +172,7 @@ def format_plan(plan, top: int, smallest: bool) -> str:
     shown = [r for r in feasible if r.recompute == policy or r.candidate in plan.notes]
     if feasible:
         lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'placement':<9} {'zero':>4} {'grads':<7} "
-                     f"{'mbs':>4} {'M':>5} {'recompute':<9} {'schedule':<8} {'peak':>10} "
+                     f"{'mbs':>4} {'M':>5} {'recompute':<9} {'schedule':<11} {'peak':>10} "
                      f"{'step s':>9} {'timed':<9} {'tokens/s':>11} {'bound':<11}")
         lines += [_row_line(i, r, plan.global_batch * plan.seq_len)
                   for i, r in enumerate(shown[:top], 1)]
@@ -269,7 +276,8 @@ def cmd_plan(args) -> int:
 # the options --plan chooses, at their defaults unless given (a row's None keeps the
 # default: NOTE [update rule fallback]); and those the planner assumes at their defaults
 PLANNED = ("--pp", "--dp", "--micro-batches", "--micro-batch-size", "--zero", "--recompute",
-           "--update-rule", "--zero3-prefetch", "--grad-accum", "--placement")
+           "--update-rule", "--zero3-prefetch", "--grad-accum", "--placement",
+           "--pipeline-schedule")
 UNPLANNED = ("--clip",)
 
 
@@ -364,7 +372,8 @@ def add_plan_parser(sub, model_help: str) -> None:
                    "one JSON object (rows: pp, dp, zero, micro_batch_size, micro_batches, "
                    "recompute, schedule, zero3_prefetch, update_rule, grad_accum, feasible, "
                    "reason, peak_bytes, step_time_s, tokens_per_s (simulated), "
-                   "estimated_step_s, placement, bound; with --schedule all, "
+                   "estimated_step_s, placement, bound, pipeline_schedule (zb1: the "
+                   "simulated twin of a pipelined row); with --schedule all, "
                    "strategies: strategy, "
                    "paper, best (a row or null), note, speedup)")
     p.set_defaults(func=cmd_plan)

@@ -28,7 +28,7 @@ PATH_OPTIONS = ("data", "eval_data", "tokenizer", "init_from", "resume", "save_d
 # the flags of `ratrain train` that are compiled into RUN/program
 PROGRAM_OPTIONS = ("model", "seq_len", "global_batch", "micro_batches", "pp", "dp", "zero",
                    "zero3_prefetch", "schedule", "recompute", "budget", "precision", "clip",
-                   "update_rule")
+                   "update_rule", "pipeline_schedule")
 ONCE_OPTIONS = ("allow_data_change",)   # apply to the command that names them, not recorded
 
 

@@ -110,7 +110,8 @@ def compile_options(args, config: dict, layout):
         micro_batches=layout.micro_batches, micro_batch_size=layout.micro_batch_size,
         seq_len=args.seq_len, schedule=args.schedule, recompute=args.recompute,
         zero=args.zero, budget=args.budget, precision=args.precision, clip=args.clip,
-        zero3_prefetch=args.zero3_prefetch, update_rule=args.update_rule)
+        zero3_prefetch=args.zero3_prefetch, update_rule=args.update_rule,
+        pipeline_schedule=args.pipeline_schedule)
 
 
 def compile_program(config: dict, name: str, options):
@@ -118,10 +119,12 @@ def compile_program(config: dict, name: str, options):
     that a program that does not fit is reported before anything is written."""
     from ratrain.compiler import compile_graph, trace_for
     from ratrain.programs import build_manifest, program_files
-    program, records = compile_graph(trace_for(config, name, options), options)
+    profile = load_hw("cpu")
+    program, records = compile_graph(trace_for(config, name, options), options,
+                                     profile=profile)
     hf_config = read_hf_config(name)
     return program_files(program, records), \
-        lambda h: build_manifest(program, records, load_hw("cpu"), h, hf_config)
+        lambda h: build_manifest(program, records, profile, h, hf_config)
 
 
 def write_run(args, run_dir: Path, compiled, made: list[Path]) -> None:

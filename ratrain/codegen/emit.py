@@ -88,15 +88,30 @@ def matmul_bias(call, arg: Arg) -> Emitted:
     return Emitted(lines, 0 if b.dtype == "float32" else n)
 
 
-def _matmul_grads(call, arg: Arg) -> list[str]:
-    """dx[M,K] = dy[M,N] @ w[N,K];  dw[N,K] = dy^T x (a = dy stored [M,N] = [K',M'])."""
-    (x, w, dy), (dx, dw) = call.inputs, call.outputs[:2]
-    m, (n, k), sfx = _rows(x.shape), w.shape, _k(call)
-    return [f"st = gemm_fwd_{sfx}({arg(dx)}, {RT_DTYPE[dx.dtype]}, {arg(dy)}, {arg(w)}, NULL, "
-            f"{m}, {k}, {n}, 0, threads)",
-            f"if st == 0: st = gemm_fwd_{sfx}({arg(dw)}, {RT_DTYPE[dw.dtype]}, {arg(dy)}, "
+def _input_grad(sfx: str, dx, w, dy, arg: Arg) -> str:
+    """dx[M,K] = dy[M,N] @ w[N,K]."""
+    (n, k) = w.shape
+    return (f"st = gemm_fwd_{sfx}({arg(dx)}, {RT_DTYPE[dx.dtype]}, {arg(dy)}, {arg(w)}, NULL, "
+            f"{_rows(dy.shape)}, {k}, {n}, 0, threads)")
+
+
+def _weight_grad(sfx: str, dw, x, dy, arg: Arg, adds: bool) -> str:
+    """dw[N,K] = dy^T x (a = dy stored [M,N] = [K',M'])."""
+    m, (n, k) = _rows(x.shape), dw.shape
+    return (f"st = gemm_fwd_{sfx}({arg(dw)}, {RT_DTYPE[dw.dtype]}, {arg(dy)}, "
             f"{arg(x)}, NULL, {n}, {k}, {m}, RT_TRANS_A"
-            f"{' | RT_ACCUMULATE' if _adds_into(call, 1) else ''}, threads)"]
+            f"{' | RT_ACCUMULATE' if adds else ''}, threads)")
+
+
+def _column_sums(call, db, dy, arg: Arg) -> str:
+    return (f"if st == 0: st = rt_column_sums_{_k(call)}({arg(db)}, {arg(dy)}, "
+            f"{_rows(dy.shape)}, {dy.shape[-1]})")
+
+
+def _matmul_grads(call, arg: Arg) -> list[str]:
+    (x, w, dy), (dx, dw) = call.inputs, call.outputs[:2]
+    return [_input_grad(_k(call), dx, w, dy, arg),
+            "if st == 0: " + _weight_grad(_k(call), dw, x, dy, arg, _adds_into(call, 1))]
 
 
 def matmul_bwd(call, arg: Arg) -> Emitted:
@@ -105,9 +120,24 @@ def matmul_bwd(call, arg: Arg) -> Emitted:
 
 def matmul_bias_bwd(call, arg: Arg) -> Emitted:
     dy, db = call.inputs[2], call.outputs[2]
-    return Emitted(_matmul_grads(call, arg) + [
-        f"if st == 0: st = rt_column_sums_{_k(call)}({arg(db)}, {arg(dy)}, {_rows(dy.shape)}, "
-        f"{dy.shape[-1]})"])
+    return Emitted(_matmul_grads(call, arg) + [_column_sums(call, db, dy, arg)])
+
+
+# zb1's halves of matmul_bwd (NOTE [B/W split]): the same kernel calls, one per task
+def matmul_bwd_input(call, arg: Arg) -> Emitted:
+    (w, dy), (dx,) = call.inputs, call.outputs
+    return Emitted([_input_grad(_k(call), dx, w, dy, arg)])
+
+
+def matmul_bwd_weight(call, arg: Arg) -> Emitted:
+    (x, dy), (dw,) = call.inputs, call.outputs
+    return Emitted([_weight_grad(_k(call), dw, x, dy, arg, _adds_into(call, 0))])
+
+
+def matmul_bias_bwd_weight(call, arg: Arg) -> Emitted:
+    (x, dy), (dw, db) = call.inputs, call.outputs
+    return Emitted([_weight_grad(_k(call), dw, x, dy, arg, _adds_into(call, 0)),
+                    _column_sums(call, db, dy, arg)])
 
 
 def _alibi(call, heads: int) -> tuple[str, dict]:
@@ -254,7 +284,9 @@ def accumulate_grad(call, arg: Arg) -> Emitted:
 
 EMITTERS: dict[str, Callable[[object, Arg], Emitted]] = {
     "matmul": matmul, "matmul_bias": matmul_bias, "matmul_bwd": matmul_bwd,
-    "matmul_bias_bwd": matmul_bias_bwd, "attention": attention, "attention_bwd": attention_bwd,
+    "matmul_bias_bwd": matmul_bias_bwd, "matmul_bwd_input": matmul_bwd_input,
+    "matmul_bwd_weight": matmul_bwd_weight, "matmul_bias_bwd_weight": matmul_bias_bwd_weight,
+    "attention": attention, "attention_bwd": attention_bwd,
     "rms_norm": rms_norm, "rms_norm_bwd": rms_norm_bwd, "rope": rope, "rope_bwd": rope_bwd,
     "swiglu": swiglu, "swiglu_bwd": swiglu_bwd, "embedding": embedding,
     "embedding_bwd": embedding_bwd, "cross_entropy": cross_entropy,

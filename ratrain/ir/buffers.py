@@ -24,6 +24,8 @@ class BufferKind(StrEnum):
     UNDO = "undo"         # commit rule: a speculative UPD's copy [master | m | v]
     ACT = "act"           # residuals of (layer, micro-batch) kept from F to B
     REC = "rec"           # residuals of (layer, micro-batch) a REC task rebuilt
+    WOP = "wop"           # zb1: what B hands W[L] of (layer, micro-batch) (NOTE [weight
+                          # operands], passes/buffers.py)
     IN = "in"             # forward activation received from stage - 1
     OUT = "out"           # forward activation sent to stage + 1
     GIN = "gin"           # output gradient received from stage + 1
@@ -42,6 +44,7 @@ NAME_FORMS: dict[BufferKind, str] = {
     BufferKind.UNDO: "undo.L{layer}",
     BufferKind.ACT: "act.L{layer}.mb{micro_batch}",
     BufferKind.REC: "rec.L{layer}.mb{micro_batch}",
+    BufferKind.WOP: "wop.L{layer}.mb{micro_batch}",
     BufferKind.IN: "in.mb{micro_batch}",
     BufferKind.OUT: "out.mb{micro_batch}",
     BufferKind.GIN: "gin.mb{micro_batch}",
@@ -69,8 +72,8 @@ def arena_name(name: str) -> str:
 @dataclass(frozen=True)
 class BufferName:
     kind: BufferKind                    # what the buffer holds
-    layer: int | None = None            # global layer index: per-layer state, act, rec
-    micro_batch: int | None = None      # act, rec and the messages
+    layer: int | None = None            # global layer index: per-layer state, act, rec, wop
+    micro_batch: int | None = None      # act, rec, wop and the messages
     slot: int | None = None             # zview: index in the ring of view slots
     task: str | None = None             # ws: text of the task owning the workspace
 

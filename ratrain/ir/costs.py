@@ -20,6 +20,8 @@ class LayerCost:
     param_bytes: int                    # parameters in the compute dtype
     residual_bytes: int                 # activations kept from F to B, one micro-batch
     output_bytes: int                   # what F sends on (the pipeline message size)
+    weight_flops: int = 0               # the part of bwd_flops a zb1 W runs (NOTE [B/W
+                                        # split]); B runs the rest
 
 
 def node_flops(node) -> int:
@@ -51,4 +53,5 @@ def layer_cost(kind) -> LayerCost:
     return LayerCost(graph_flops(kind.fwd), coarse + graph_flops(kind.bwd),
                      sum(p.nbytes for p in kind.fwd.params),
                      sum(r.nbytes for r in kind.residuals),
-                     sum(o.nbytes for o in kind.fwd.outputs))
+                     sum(o.nbytes for o in kind.fwd.outputs),
+                     graph_flops(kind.split.weight_part))

@@ -15,9 +15,11 @@ from string import Formatter
 
 class Kind(StrEnum):
     F = "F"               # forward of one micro-batch through the stage
-    B = "B"               # backward of one micro-batch (input and weight gradients)
+    B = "B"               # backward of one micro-batch (input and weight gradients;
+                          # in a zb1 program the input gradients only)
     BL = "BL"             # backward of one layer of one micro-batch (input and weight
                           # gradients): a piece of a B (NOTE [sync issue point])
+    W = "W"               # zb1: weight gradients of one layer of one micro-batch
     SEND_F = "SEND_F"     # send the stage's output activation to stage + 1
     RECV_F = "RECV_F"     # receive the stage's input activation from stage - 1
     SEND_B = "SEND_B"     # send the input gradient to stage - 1
@@ -41,6 +43,7 @@ TEXT_FORMS: dict[Kind, str] = {
     Kind.F: "{stage}F{micro_batch}",
     Kind.B: "{stage}B{micro_batch}",
     Kind.BL: "{stage}B[L{layer}]{micro_batch}",
+    Kind.W: "{stage}W[L{layer}]{micro_batch}",
     Kind.SEND_F: "{stage}SEND_F{micro_batch}",
     Kind.RECV_F: "{stage}RECV_F{micro_batch}",
     Kind.SEND_B: "{stage}SEND_B{micro_batch}",
@@ -86,16 +89,16 @@ RECVS = frozenset({Kind.RECV_F, Kind.RECV_B})
 GATHERS = frozenset({Kind.GATH_F, Kind.GATH_R, Kind.GATH_B})  # NOTE [ZeRO-3 lifecycle]
 BACKWARDS = frozenset({Kind.B, Kind.BL})  # run (part of) a micro-batch's backward
 # Tasks that write a layer's gradient: SYNC[L] stands after the last of them that covers
-# L (a B covers its stage's layers, a per-layer piece its own; verify_schedule).
-GRAD_PRODUCERS = frozenset({Kind.B, Kind.BL})
+# L (a B covers its stage's layers, a per-layer piece or a zb1 W its own; verify_schedule).
+GRAD_PRODUCERS = frozenset({Kind.B, Kind.BL, Kind.W})
 
 
 @dataclass(frozen=True)
 class Task:
     stage: int                          # pipeline stage that runs the task
     kind: Kind                          # what the task does
-    micro_batch: int | None = None      # F, B, BL, SEND_*/RECV_*, REC; None otherwise
-    layer: int | None = None            # global layer index: BL, SYNC, UPD, PREF, REC,
+    micro_batch: int | None = None      # F, B, BL, W, SEND_*/RECV_*, REC; None otherwise
+    layer: int | None = None            # global layer index: BL, W, SYNC, UPD, PREF, REC,
                                         # TIE, GATH_*
     buffer: str | None = None           # FREE only: name of the released buffer
     cost: float | None = field(default=None, compare=False)  # est. seconds; None = unknown

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ratrain.ir.graph import LayerGraph, Var
+from ratrain.ir.split_backward import split_backward
 
 
 @dataclass(frozen=True, eq=False)  # identity: one object per traced kind
@@ -19,6 +20,11 @@ class LayerKind:
     fwd: LayerGraph                     # params + inputs -> outputs
     bwd: LayerGraph                     # params + residuals + output cts -> cts + grads
     residuals: tuple[Var, ...]          # forward values the backward reads
+
+    @cached_property
+    def split(self):
+        """The backward as zb1's B and W parts (ir/split_backward.py, NOTE [B/W split])."""
+        return split_backward(self)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 plan_memory, the memory checker, the simulator and the runtime all derive lifetimes from
 `task_effects`: a buffer lives from the task that creates it to the last task that reads
 it. Persistent buffers (master params, optimizer state, parameter views) live all step.
-Names (master.L7, act.L5.mb3, ws.<task>, ...) come from ir/buffers.py's grammar.
+Names (master.L7, act.L5.mb3, wop.L5.mb3 under zb1, ws.<task>, ...) come from
+ir/buffers.py's grammar.
 """
 from __future__ import annotations
 
@@ -156,7 +157,8 @@ def residual_ids(kind, mode: str, kept: bool) -> set[int]:
 # Output index of the parameter gradient of ops whose kernels can write it straight into
 # the fp32 gradient buffer (GEMM with RT_ACCUMULATE; the others accumulate in fp32 anyway).
 GRAD_OUTPUT = {"matmul_bwd": 1, "matmul_bias_bwd": 1, "rms_norm_bwd": 1,
-               "embedding_bwd": 0, "cross_entropy_bwd": 1}
+               "embedding_bwd": 0, "cross_entropy_bwd": 1,
+               "matmul_bwd_weight": 0, "matmul_bias_bwd_weight": 0}  # zb1's W GEMMs
 
 
 def fused_grad_ids(kind) -> frozenset:
@@ -166,7 +168,8 @@ def fused_grad_ids(kind) -> frozenset:
     reduce-scattered per micro-batch (ZeRO-2 "scatter") keep them in the workspace."""
     grads = {v.id for v, n in zip(kind.bwd.outputs, kind.bwd.output_names)
              if n.startswith("grad:")}
-    return frozenset(node.outputs[GRAD_OUTPUT[node.op]].id for node in kind.bwd.nodes
+    nodes = kind.bwd.nodes + kind.split.weight_part.nodes  # the split's GEMMs make the same
+    return frozenset(node.outputs[GRAD_OUTPUT[node.op]].id for node in nodes
                      if node.op in GRAD_OUTPUT and node.outputs[GRAD_OUTPUT[node.op]].id in grads)
 
 
@@ -211,8 +214,27 @@ def cotangent_bytes(program) -> int:
 RECOVERY_MODES = ("none", "full", "selective")
 
 
+def is_split(program) -> bool:
+    """Does B run only the input gradient, W[L] the weight gradients (zb1, NOTE [B/W
+    split])?"""
+    return program.options.pipeline_schedule == "zb1"
+
+
+def backward_graph(kind, split: bool):
+    """The graph a B task runs of a layer: its whole backward, or zb1's input part."""
+    return kind.split.input_part if split else kind.bwd
+
+
+def backward_pinned(kind, split: bool, fused: bool) -> frozenset:
+    """pinned_values of B's graph; under zb1 also what B hands W (wop.L.mb)."""
+    pinned = pinned_values(kind, "B", fused=fused)
+    return pinned | {v.id for v in kind.split.carried} if split else pinned
+
+
 def workspace_bytes(program, stage: int, direction: str) -> int:
     layers = program.stages[stage]
+    if direction == "bwd" and is_split(program):
+        direction = "bwd_input"
     return _workspace_bytes(program.graph, layers, direction, cotangent_bytes(program),
                             tuple(l not in program.scatter_grads for l in layers),
                             stage == len(program.stages) - 1)
@@ -227,8 +249,9 @@ def _workspace_bytes(graph, layers: tuple, direction: str, cotangent: int,
     to layer (cotangent_slots) and, per layer, the gradients that are not fused
     (`fused[i]`: layer i's are)."""
     kinds = [graph.kinds[graph.layers[l].kind] for l in layers]
-    if direction == "bwd":
-        peaks = [graph_workspace(k.bwd, pinned_values(k, "B", fused=f))[1]
+    if direction in ("bwd", "bwd_input"):
+        split = direction == "bwd_input"
+        peaks = [graph_workspace(backward_graph(k, split), backward_pinned(k, split, f))[1]
                  for k, f in zip(kinds, fused)]
         return cotangent_slots(kinds, last_stage) * cotangent + max(peaks, default=0)
     peaks = [graph_workspace(k.fwd, pinned_values(k, use, mode))[1]
@@ -317,6 +340,55 @@ def grad_buffer(program, layer: int) -> Buffer:
                   4 * shard_elements(n, program, scattered))
 
 
+# NOTE [weight operands]: under zb1 a B hands its W's what they read that is neither a
+# parameter nor a residual kept in act.L.mb / rebuilt in rec.L.mb: the output cotangent of
+# every weight GEMM (BackwardSplit.carried) and, where B rebuilds the layer's dropped
+# residuals in its own workspace (NOTE [backward-time recovery]), copies of those W reads.
+# They live in `wop.L.mb` from B to W[L]; act.L.mb and rec.L.mb live until W[L] too.
+def weight_operand_layout(program, layer: int, micro_batch: int) -> tuple[dict, int]:
+    """var id -> offset in wop.L.mb (NOTE [weight operands]), and its bytes."""
+    kind = _kind(program, layer)
+    mode = program.recompute.get((layer, micro_batch), "none")
+    copied = mode != "none" and recovers_in_backward(program, program.stage_of_layer(layer),
+                                                     micro_batch)
+    return _weight_operand_layout(kind, mode, copied)
+
+
+@lru_cache(maxsize=1024)
+def _weight_operand_layout(kind, mode: str, copied: bool) -> tuple[dict, int]:
+    values = list(kind.split.carried)
+    if copied:
+        dropped = residual_ids(kind, mode, False)
+        values += [kind.residuals[i] for i in kind.split.weight_residuals(kind)
+                   if kind.residuals[i].id in dropped]
+    offsets, total = pack(v.nbytes for v in values)
+    return {v.id: o for v, o in zip(values, offsets)}, total
+
+
+def weight_workspace(program, layer: int) -> int:
+    """Bytes of W[L]'s workspace: the weight part's unpinned intermediates."""
+    kind = _kind(program, layer)
+    return graph_workspace(kind.split.weight_part, weight_pinned(
+        kind, layer not in program.scatter_grads))[1]
+
+
+def weight_pinned(kind, fused: bool) -> frozenset:
+    part = kind.split.weight_part
+    return frozenset({v.id for v in part.inputs} | (fused_grad_ids(kind) if fused else set()))
+
+
+def _weight(program, task: Task) -> Effects:
+    l, m = task.layer, task.micro_batch
+    reads = [buffer_name(kind, layer=l, micro_batch=m) for kind in (BufferKind.ACT,
+                                                                     BufferKind.WOP)]
+    reads.append(grad_buffer(program, l).name)
+    if (l, m) in program.recompute and not recovers_in_backward(program, task.stage, m):
+        reads.append(buffer_name(BufferKind.REC, layer=l, micro_batch=m))
+    return Effects((Buffer(buffer_name(BufferKind.WS, task=task), "workspace",
+                           weight_workspace(program, l)),),
+                   tuple(reads))
+
+
 def _backward(program, task: Task, use=None) -> Effects:
     """`use(layer)`: the task reading the layer's view (default: `task`; a B's pieces
     each read their own layer's)."""
@@ -325,6 +397,9 @@ def _backward(program, task: Task, use=None) -> Effects:
     layers = program.stages[s]
     # The step's first B is micro-batch 0's (verify_schedule checks B's run in order).
     creates = [grad_buffer(program, l) for l in layers] if m == 0 else []
+    if is_split(program):
+        creates += [Buffer(buffer_name(BufferKind.WOP, layer=l, micro_batch=m), "activations",
+                           weight_operand_layout(program, l, m)[1]) for l in layers]
     if s > 0:
         creates.append(Buffer(buffer_name(BufferKind.GOUT, micro_batch=m), "comm",
                               message_bytes(program, s - 1)))
@@ -417,6 +492,7 @@ _EFFECTS = {
     Kind.F: _forward,
     Kind.B: _backward,
     Kind.BL: _backward_piece,
+    Kind.W: _weight,
     Kind.REC: _recompute,
     Kind.SYNC: _grad_sync,
     Kind.UPD: _update,

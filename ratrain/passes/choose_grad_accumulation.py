@@ -26,11 +26,13 @@ def choose_grad_accumulation(program):
 
     Requires: stages and the 1F1B tasks. Guarantees: empty unless ZeRO-2 or 3; `scatter` puts
     every layer there; `auto` puts a stage's layers there only if the stage cannot fit the
-    budget with local accumulation under any recompute policy. A layer binding a tied
+    budget with local accumulation under any recompute policy; zb1 keeps it empty. A layer binding a tied
     weight always accumulates locally: its TIE sums the full gradient (NOTE [tied weights]).
     """
     o = program.options
-    if o.zero < 2 or o.grad_accum == "local":
+    # zb1 splits a layer's gradients between B and W (NOTE [B/W split]): no per-micro-batch
+    # reduce-scatter of them (CompileOptions refuses an explicit `scatter`)
+    if o.zero < 2 or o.grad_accum == "local" or o.pipeline_schedule == "zb1":
         return replace(program, scatter_grads=frozenset())
     tied = {l for layers in program.graph.tied.values() for l in layers}
     layers = lambda stages: frozenset(l for s in stages for l in program.stages[s]

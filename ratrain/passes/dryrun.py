@@ -47,7 +47,7 @@ class DryRunResult:
     timeline: dict[int, tuple[TaskTiming, ...]]  # rank -> its tasks' times, program order
     makespan: float                              # end of the last task on any rank
     busy: dict[int, float]                       # rank -> summed cost of all its tasks
-    bubble_fraction: float                       # 1 - F/B time / (ranks * makespan)
+    bubble_fraction: float                       # 1 - F/B/W time / (ranks * makespan)
     exposed_tail: dict[int, float]               # rank with a B -> its end - last B end
 
 
@@ -150,7 +150,7 @@ def _summarize(timeline: dict[int, tuple[TaskTiming, ...]]) -> DryRunResult:
     timings = [timing for row in timeline.values() for timing in row]
     makespan = max((timing.end for timing in timings), default=0)
     work = sum(t.end - t.start for t in timings
-               if t.task.kind == Kind.F or t.task.kind in BACKWARDS)
+               if t.task.kind in (Kind.F, Kind.W) or t.task.kind in BACKWARDS)
     bubble = 1 - work / (len(timeline) * makespan) if makespan else 0
     busy = {rank: sum(t.end - t.start for t in row) for rank, row in timeline.items()}
     return DryRunResult(timeline, makespan, busy, bubble, _exposed_tail(timeline))

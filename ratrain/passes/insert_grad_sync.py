@@ -61,20 +61,39 @@ def _split_with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Tas
     return tuple(out) + send + tuple(late) + rest[len(send):]
 
 
+def last_weight_indices(tasks) -> dict[int, int]:
+    """layer -> index of its step's last W (zb1 programs; NOTE [zb1 schedule])."""
+    return {t.layer: i for i, t in enumerate(tasks) if t.kind == Kind.W}
+
+
+def _after_last_weights(stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+    """NOTE [zb1 schedule]: SYNC[L] right after the step's last W of layer L."""
+    last = {i: layer for layer, i in last_weight_indices(tasks).items()}
+    out = []
+    for i, task in enumerate(tasks):
+        out.append(task)
+        if i in last:
+            out.append(Task(stage, Kind.SYNC, layer=last[i]))
+    return tuple(out)
+
+
 def _with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
     if program.options.schedule == "baseline":
         return tasks + tuple(Task(stage, Kind.SYNC, layer=l)
                              for l in reversed(program.stages[stage]))
+    if program.options.pipeline_schedule == "zb1":
+        return _after_last_weights(stage, tasks)
     return _split_with_syncs(program, stage, tasks)
 
 
 def insert_grad_sync(program):
     """Add SYNC[L] for every layer L of every stage.
 
-    Requires: F/B tasks (and RECs) in final order. Guarantees: each layer has exactly
-    one SYNC, after the last task producing its gradient; in ratrain mode the stage's
-    last B is replaced by its per-layer pieces (backward_pieces) and each SYNC stands
-    where NOTE [sync issue point] starts it; in baseline mode they end the stage's list.
+    Requires: F/B(/W) tasks (and RECs) in final order. Guarantees: each layer has
+    exactly one SYNC, after the last task producing its gradient; in ratrain mode under
+    1f1b the stage's last B is replaced by its per-layer pieces (backward_pieces) and each
+    SYNC stands where NOTE [sync issue point] starts it, under zb1 each SYNC[L] follows
+    its layer's last W; in baseline mode they end the stage's list.
     """
     tasks = {s: _with_syncs(program, s, ts) for s, ts in program.tasks.items()}
     return replace(program, tasks=tasks)

@@ -15,10 +15,11 @@ from dataclasses import replace
 from ratrain.ir.buffers import BufferKind, buffer_name, grad_accumulator, message_buffer
 from ratrain.ir.graph import Literal
 from ratrain.ir.tasks import Kind, Task, backward_of
-from ratrain.passes.buffers import (GRAD_OUTPUT, backward_workspace, cotangent_bytes,
-                                    cotangent_slots, fused_grad_ids, grad_layout,
-                                    pinned_values, recovers_in_backward, residual_layout,
-                                    view_layout)
+from ratrain.passes.buffers import (GRAD_OUTPUT, backward_graph, backward_pinned,
+                                    backward_workspace, cotangent_bytes, cotangent_slots,
+                                    fused_grad_ids, grad_layout, is_split, pinned_values,
+                                    recovers_in_backward, residual_layout, view_layout,
+                                    weight_operand_layout, weight_pinned)
 from ratrain.passes.insert_gathers import view_buffer
 from ratrain.passes.residuals import nodes_rebuilding
 from ratrain.passes.layout import graph_workspace
@@ -165,10 +166,16 @@ def _cotangent_slots(program, task: Task, var) -> tuple[Slot, Slot]:
     return var_slot(workspace, 0, var), var_slot(workspace, size, var)
 
 
-def _accumulate_grads(program, task: Task, layer: int, placement: _Placement) -> list[Call]:
+def _accumulate_grads(program, task: Task, layer: int, placement: _Placement,
+                      graph=None) -> list[Call]:
+    """Accumulate the gradients `graph` (default: the whole backward) makes."""
     kind = _kind(program, layer)
+    made = set((graph or kind.bwd).output_names)
     first_b = 0  # the step's first B (verify_schedule checks B's run in micro-batch order)
     if layer in program.scatter_grads:  # NOTE [gradient accumulation]
+        if graph is not None:
+            raise NotImplementedError("zb1 splits a layer's gradients between B and W; "
+                                      "it cannot reduce-scatter them per micro-batch")
         grads = tuple(placement.slots[kind.bwd.output("grad:" + n).id] for n in kind.fwd.param_names)
         shard = state_slots(program, layer)[4]
         return [Call("grad_scatter", (flat_slot(grad_accumulator(layer, True), shard),), grads,
@@ -177,7 +184,8 @@ def _accumulate_grads(program, task: Task, layer: int, placement: _Placement) ->
     targets = _grad_slots(program, layer)
     return [Call("accumulate_grad", (targets[grad.id],), (placement.slots[grad.id],),
                  (("first", task.micro_batch == first_b),), f"L{layer} {name}", layer=layer)
-            for name in kind.fwd.param_names for grad in [kind.bwd.output("grad:" + name)]]
+            for name in kind.fwd.param_names if "grad:" + name in made
+            for grad in [kind.bwd.output("grad:" + name)]]
 
 
 def _grad_slots(program, layer: int) -> dict:
@@ -232,14 +240,16 @@ def _backward_layers(program, task: Task, use) -> list[tuple[int, list[Call]]]:
                            _kind(program, layers[-1]).fwd.outputs[0])
     rebuilt = (workspace, backward_workspace(program, stage, m)[0]) \
         if recovers_in_backward(program, stage, m) else None
+    split = is_split(program)
     for j, layer in enumerate(reversed(layers)):
         kind = _kind(program, layer)
         if rebuilt and (layer, m) in program.recompute:  # NOTE [backward-time recovery]
             calls += _recompute_calls(program, use(layer), layer, m, workspace, base, rebuilt)
         fused = layer not in program.scatter_grads
-        placement = _Placement(kind.bwd, pinned_values(kind, "B", fused=fused), workspace,
+        graph = backward_graph(kind, split)
+        placement = _Placement(graph, backward_pinned(kind, split, fused), workspace,
                                base=base)
-        _bind_params(placement, program, use(layer), layer, kind.bwd)
+        _bind_params(placement, program, use(layer), layer, graph)
         if fused:
             _bind_fused_grads(placement, program, layer)
         n_res = len(kind.residuals)
@@ -255,11 +265,52 @@ def _backward_layers(program, task: Task, use) -> list[tuple[int, list[Call]]]:
                 replace(ping_pong[turn % 2], dtype=out.dtype, shape=tuple(out.shape))
             placement.bind(out, current)
             turn += 1
-        calls += fuse_grad_accumulation(
-            placement.calls(layer) + _accumulate_grads(program, task, layer, placement))
+        handed = _hand_to_weight(program, placement, layer, m) if split else []
+        calls += fuse_grad_accumulation(placement.calls(layer) + handed + _accumulate_grads(
+            program, task, layer, placement, graph if split else None))
         per_layer.append((layer, calls))
         calls = []
     return per_layer
+
+
+def _weight_operands(program, layer: int, m: int) -> dict:
+    """var id -> its slot in wop.L.mb (NOTE [weight operands])."""
+    offsets, _ = weight_operand_layout(program, layer, m)
+    values = {v.id: v for v in _kind(program, layer).split.weight_part.inputs}
+    wop = buffer_name(BufferKind.WOP, layer=layer, micro_batch=m)
+    return {i: var_slot(wop, o, values[i]) for i, o in offsets.items()}
+
+
+def _hand_to_weight(program, placement: _Placement, layer: int, m: int) -> list[Call]:
+    """Bind the values B makes for W to wop.L.mb; copy there those B receives (its output
+    cotangent, the rebuilt residuals W reads: NOTE [weight operands])."""
+    kind, calls = _kind(program, layer), []
+    made = {o.id: o for n in kind.split.input_part.nodes for o in n.outputs}
+    for var_id, slot in _weight_operands(program, layer, m).items():
+        if var_id in made:
+            placement.bind(made[var_id], slot)
+        else:
+            calls.append(Call("copy", (slot,), (placement.slots[var_id],), (),
+                              f"L{layer} W operand", layer=layer))
+    return calls
+
+
+def _lower_weight(program, task: Task) -> list[Call]:
+    """W[L] of a micro-batch (zb1): the weight part of L's backward (NOTE [B/W split])."""
+    layer, m = task.layer, task.micro_batch
+    kind, fused = _kind(program, layer), task.layer not in program.scatter_grads
+    graph = kind.split.weight_part
+    placement = _Placement(graph, weight_pinned(kind, fused), buffer_name(BufferKind.WS,
+                                                                          task=task))
+    if fused:
+        _bind_fused_grads(placement, program, layer)
+    handed = _weight_operands(program, layer, m)
+    for var, index in zip(graph.inputs, kind.split.weight_residuals(kind)):
+        placement.bind(var, handed.get(var.id) or residual_slot(program, layer, m, index))
+    for var in kind.split.carried:
+        placement.bind(var, handed[var.id])
+    return fuse_grad_accumulation(placement.calls(layer) + _accumulate_grads(
+        program, task, layer, placement, graph))
 
 
 def fuse_grad_accumulation(calls: list[Call]) -> list[Call]:
@@ -308,7 +359,8 @@ def _lower_comm(program, task: Task) -> list[Call]:
     return [Call(_COMM_OP[task.kind], (slot,), (), params, str(task))]
 
 
-_LOWER = {Kind.F: _lower_forward, Kind.B: _lower_backward, Kind.REC: _lower_recompute,
+_LOWER = {Kind.F: _lower_forward, Kind.B: _lower_backward, Kind.W: _lower_weight,
+          Kind.REC: _lower_recompute,
           Kind.SYNC: _lower_sync, Kind.UPD: _lower_update, Kind.PREF: _lower_prefetch,
           Kind.NORM: _lower_norm, Kind.TIE: _lower_tie, Kind.FREE: lambda p, t: [],
           **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), _lower_gather),

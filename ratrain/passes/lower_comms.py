@@ -12,7 +12,7 @@ from dataclasses import replace
 from ratrain.ir.tasks import Kind, Task
 
 _POST = {Kind.RECV_F: Kind.POST_F, Kind.RECV_B: Kind.POST_B}
-_COMPUTE = {Kind.F, Kind.B, Kind.BL, Kind.REC}
+_COMPUTE = {Kind.F, Kind.B, Kind.BL, Kind.W, Kind.REC}
 
 
 def _with_posts(stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:

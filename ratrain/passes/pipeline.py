@@ -16,12 +16,12 @@ from ratrain.passes.insert_update import insert_update
 from ratrain.passes.lower_comms import lower_comms
 from ratrain.passes.partition_stages import partition_stages
 from ratrain.passes.program import Program
-from ratrain.passes.schedule_1f1b import schedule_pipeline
+from ratrain.passes.schedule_zb1 import schedule_pipeline
 from ratrain.passes.verify_schedule import verify_schedule
 
 PIPELINE = [
     partition_stages,   # first: every later pass works per stage
-    schedule_pipeline,  # the F/B skeleton (1F1B) the lifecycle tasks are placed around
+    schedule_pipeline,  # the F/B(/W) skeleton (1F1B or zb1) the lifecycle tasks go around
     lower_comms,        # posts receives before any lifecycle task, so REC can fill the wait
     choose_grad_accumulation,  # ZeRO-2 gradient buffers first: recovery's budget sees them
     insert_recovery,    # needs the F/B/RECV_B order to put recompute on the forward side

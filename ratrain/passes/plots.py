@@ -19,13 +19,15 @@ from ratrain.passes.dryrun import DryRunResult, dry_run  # noqa: E402
 COMMS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B, Kind.POST_F,
                    Kind.POST_B, Kind.NORM, Kind.TIE})
 # Relative durations when a task carries no estimate: a backward is two forwards, the
-# lifecycle tasks are cheaper than a layer pass, messages cheaper still, FREE is free. A
-# per-layer piece of a B counts as one forward: a unit cost knows no layer count.
-UNIT_COSTS = {Kind.F: 1.0, Kind.B: 2.0, Kind.BL: 1.0, Kind.REC: 1.0, Kind.SYNC: 0.5,
-              Kind.UPD: 0.5, Kind.PREF: 0.5, Kind.FREE: 0.0} | dict.fromkeys(COMMS, 0.1) | \
+# lifecycle tasks are cheaper than a layer pass, messages cheaper still, FREE is free; a
+# zb1 W (one layer's weight gradients) as a lifecycle task. A per-layer piece of a B
+# counts as one forward: a unit cost knows no layer count.
+UNIT_COSTS = {Kind.F: 1.0, Kind.B: 2.0, Kind.BL: 1.0, Kind.W: 0.5, Kind.REC: 1.0,
+              Kind.SYNC: 0.5, Kind.UPD: 0.5, Kind.PREF: 0.5,
+              Kind.FREE: 0.0} | dict.fromkeys(COMMS, 0.1) | \
     dict.fromkeys(GATHERS, 0.1)
 # Bar colour and legend label per group of kinds (all comms share one colour).
-GROUPS = {"F": "#4c72b0", "B": "#55a868", "REC": "#dd8452", "SYNC": "#8172b3",
+GROUPS = {"F": "#4c72b0", "B": "#55a868", "W": "#8de5a1", "REC": "#dd8452", "SYNC": "#8172b3",
           "UPD": "#c44e52", "PREF": "#937860", "GATH": "#da8bc3", "SEND/RECV": "#a0a0a0"}
 CATEGORY_COLORS = dict(zip(CATEGORIES, ("#4c72b0", "#8172b3", "#64b5cd", "#55a868",
                                         "#dd8452", "#a0a0a0", "#ccb974")))
@@ -86,7 +88,7 @@ def _label_micro_batches(ax, timeline: DryRunResult) -> None:
     """Write the micro-batch number inside F, B and REC bars."""
     for stage, row in timeline.timeline.items():
         for timing in row:
-            if timing.task.kind in (Kind.F, Kind.REC) or timing.task.kind in BACKWARDS:
+            if timing.task.kind in (Kind.F, Kind.W, Kind.REC) or timing.task.kind in BACKWARDS:
                 ax.text((timing.start + timing.end) / 2, stage, str(timing.task.micro_batch),
                         ha="center", va="center", fontsize=6, color="white")
 

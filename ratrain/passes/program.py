@@ -7,6 +7,7 @@ stage's task list; the options' placement numbers the ranks (NOTE [placement]).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ratrain.ir.costs import LayerCost
 from ratrain.ir.tasks import Schedule
@@ -27,6 +28,10 @@ class Program:
     built_micro_batches: int | None = None  # micro-batches the task lists hold, if fewer
                                         # than options.micro_batches: an instance of the
                                         # step (NOTE [periodic steps], sim/periodic.py)
+    cost_model: Callable | None = field(default=None, compare=False)  # program -> (task ->
+                                        # seconds) on the hardware compiled for (compiler.py
+                                        # binds sim.costs.task_cost_model to the profile);
+                                        # None: unit costs. zb1 places W's by it
     periods: dict | None = None         # stage -> StagePeriod of a periodic program, whose
                                         # stages may come from different instances (NOTE
                                         # [periodic programs], passes/periodic_program.py)

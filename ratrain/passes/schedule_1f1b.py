@@ -53,11 +53,11 @@ def compute_order(stage: int, num_stages: int, num_micro_batches: int) -> list[T
 def _stage_program(stage: int, num_stages: int, num_micro_batches: int) -> tuple[Task, ...]:
     program = []
     for task in compute_order(stage, num_stages, num_micro_batches):
-        program += _with_comms(task, num_stages)
+        program += with_comms(task, num_stages)
     return tuple(program)
 
 
-def _with_comms(task: Task, num_stages: int) -> list[Task]:
+def with_comms(task: Task, num_stages: int) -> list[Task]:
     """Wrap an F or B with the receive it waits for and the send it feeds."""
     first, last = task.stage == 0, task.stage == num_stages - 1
     if task.kind == Kind.F:
@@ -67,13 +67,3 @@ def _with_comms(task: Task, num_stages: int) -> list[Task]:
     before = [] if skip_recv else [Task(task.stage, recv, micro_batch=task.micro_batch)]
     after = [] if skip_send else [Task(task.stage, send, micro_batch=task.micro_batch)]
     return before + [task] + after
-
-
-def schedule_pipeline(program):
-    """The pass form of schedule_1f1b: stage task lists for the program's P and M.
-
-    Requires: stages. Guarantees: program.tasks holds schedule_1f1b(P, M).
-    """
-    from dataclasses import replace
-    return replace(program, tasks=schedule_1f1b(len(program.stages),
-                                                program.micro_batches))

@@ -2,8 +2,9 @@
 
 It checks only what the tasks present so far promise (a pass that has not run yet adds
 no obligations): pipeline messages pair up and do not deadlock; each (stage, mb) has one
-F and one B (or the B's per-layer pieces, in order); each layer is synced once, after the
-last task producing its gradient (GRAD_PRODUCERS);
+F and one B (or the B's per-layer pieces, in order); under zb1 one W per (layer, mb) after
+its B, in micro-batch order, within the in-flight bound; each layer is synced once, after
+the last task producing its gradient (GRAD_PRODUCERS; zb1: right after its last W);
 every UPD follows its SYNC; every PREF follows its UPD; a NORM precedes every UPD, or
 follows every UPD and PREF under the commit rule; every REC precedes its B (and,
 in ratrain mode, the RECV_B it overlaps); every RECV has an earlier POST once posted.
@@ -91,13 +92,18 @@ def _check_syncs(program, stage: int, tasks) -> None:
     for layer in program.stages[stage]:
         if per_layer[layer] != 1:
             _fail(stage, f"layer {layer} is synced {per_layer[layer]} times, not once")
+    tied = tied_layers_on(program, stage)
+    if any(t.kind == Kind.W for t in tasks):  # NOTE [zb1 schedule]
+        return _check_syncs_after_weights(program, stage, [
+            t for t in tasks
+            if t.kind != Kind.FREE and not (t.kind == Kind.SYNC and t.layer in tied)])
     last = {}  # layer -> position of the last task producing its gradient
     for i, t in enumerate(tasks):
         if t.kind in GRAD_PRODUCERS:
             for layer in (program.stages[stage] if t.layer is None else (t.layer,)):
                 last[layer] = i
     # tied layers sync after their TIE (_check_ties); a scattered layer's SYNC only waits
-    exempt = set(tied_layers_on(program, stage)) | set(program.scatter_grads)
+    exempt = set(tied) | set(program.scatter_grads)
     for i, t in enumerate(tasks):
         if t.kind != Kind.SYNC or t.layer not in last:
             continue
@@ -114,6 +120,63 @@ def _check_syncs(program, stage: int, tasks) -> None:
 # (NOTE [sync issue point]): the backward of other layers, the message the previous stage
 # waits for, other SYNCs and FREEs; never other work.
 _NOT_DELAYING = GRAD_PRODUCERS | {Kind.SYNC, Kind.SEND_B, Kind.FREE}
+
+
+def _check_syncs_after_weights(program, stage: int, tasks) -> None:
+    """NOTE [zb1 schedule]: SYNC[L] after the last task producing L's gradient (the last
+    B, the last W[L]); in ratrain mode right after its layer's last W."""
+    last_b = max(i for i, t in enumerate(tasks) if t.kind == Kind.B)
+    last_w = {t.layer: i for i, t in enumerate(tasks) if t.kind == Kind.W}
+    for i, t in enumerate(tasks):
+        if t.kind != Kind.SYNC:
+            continue
+        producer = max(last_b, last_w.get(t.layer, -1))
+        if i < producer:
+            _fail(stage, f"{t} starts before {tasks[producer]}, the last task producing "
+                         f"layer {t.layer}'s gradient")
+        if program.options.schedule == "ratrain" and i != last_w.get(t.layer, -1) + 1:
+            _fail(stage, f"{t} does not start right after its layer's last W")
+
+
+def _check_weights(program, stage: int, tasks) -> None:
+    """zb1 (NOTE [zb1 schedule]): one W per (layer, micro-batch) of the stage, after its
+    B, each layer's in micro-batch order; at most min(P - s, M) micro-batches between
+    their F and their last W."""
+    if not any(t.kind == Kind.W for t in tasks):
+        return
+    b_at = {t.micro_batch: i for i, t in enumerate(tasks) if t.kind == Kind.B}
+    seen: dict = {}
+    for i, t in enumerate(tasks):
+        if t.kind != Kind.W:
+            continue
+        if t.layer not in program.stages[stage] or b_at.get(t.micro_batch, len(tasks)) > i:
+            _fail(stage, f"{t} does not follow its backward {stage}B{t.micro_batch} "
+                         "on the stage of its layer")
+        if seen.setdefault(t.layer, []) and seen[t.layer][-1] >= t.micro_batch:
+            _fail(stage, f"{t} runs out of micro-batch order: {t.layer}'s gradient sums "
+                         "its micro-batches in order")
+        seen[t.layer].append(t.micro_batch)
+    for layer in program.stages[stage]:
+        if seen.get(layer) != list(range(program.micro_batches)):
+            _fail(stage, f"layer {layer} has W's of micro-batches {seen.get(layer)}, not one "
+                         f"of each of {program.micro_batches}")
+    _check_in_flight(program, stage, tasks)
+
+
+def _check_in_flight(program, stage: int, tasks) -> None:
+    bound = min(len(program.stages) - stage, program.micro_batches)
+    owed = {m: len(program.stages[stage]) for m in range(program.micro_batches)}
+    live = set()
+    for t in tasks:
+        if t.kind == Kind.F:
+            live.add(t.micro_batch)
+            if len(live) > bound:
+                _fail(stage, f"{t} makes {len(live)} micro-batches in flight (F to last W), "
+                             f"more than {bound}")
+        elif t.kind == Kind.W:
+            owed[t.micro_batch] -= 1
+            if not owed[t.micro_batch]:
+                live.discard(t.micro_batch)
 
 
 def _check_follows(stage: int, tasks, later: Kind, earlier: Kind) -> None:
@@ -177,6 +240,7 @@ def verify_schedule(program) -> None:
         return
     for stage, tasks in program.tasks.items():
         _check_forward_backward(program, stage, tasks)
+        _check_weights(program, stage, tasks)
         _check_syncs(program, stage, tasks)
         _check_ties(program, stage, tasks)
         _check_follows(stage, tasks, Kind.UPD, Kind.SYNC)

@@ -42,6 +42,8 @@ class Candidate:
                                         # gradient accumulation])
     placement: str = "pipeline"         # rank order (NOTE [placement]): memory alike,
                                         # nodes crossed not
+    pipeline_schedule: str = "1f1b"     # "zb1": the simulated twin of a pipelined 1f1b
+                                        # candidate (NOTE [zb1 twins], search.py)
 
     def options(self, search) -> CompileOptions:
         """The CompileOptions of this candidate in `search` (search.Search)."""
@@ -50,6 +52,7 @@ class Candidate:
                                                  ("grad_accum", self.grad_accum))
                  if value is not None}
         extra["placement"] = self.placement
+        extra["pipeline_schedule"] = self.pipeline_schedule
         return CompileOptions(
             pp=self.pp, dp=self.dp, micro_batches=self.micro_batches,
             micro_batch_size=self.micro_batch_size, seq_len=search.seq_len,
@@ -71,8 +74,9 @@ class Candidate:
         rule = "" if self.update_rule is None else f", {self.update_rule} updates"
         placed = "" if self.placement == "pipeline" else f" ({self.placement}-major)" \
             if self.placement == "dp" else f" (placement {self.placement})"
+        pipeline = ", zb1 pipeline" if self.pipeline_schedule == "zb1" else ""
         return (f"pp {self.pp} x dp {self.dp}{placed}, zero {zero}, {self.batching}, "
-                f"recompute {self.recompute}, {self.schedule} schedule{rule}")
+                f"recompute {self.recompute}, {self.schedule} schedule{pipeline}{rule}")
 
 
 # NOTE [planned gradient accumulation]: under ZeRO 2 and 3 a stage may keep its full fp32

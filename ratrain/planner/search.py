@@ -63,13 +63,14 @@ class Row:
     placement: str = "pipeline"         # rank order (NOTE [placement])
     bound: str | None = None            # what bounds its estimated step: compute, port,
                                         # node-memory or link (NOTE [bound], estimate.py)
+    pipeline_schedule: str = "1f1b"     # "zb1" for a simulated twin (NOTE [zb1 twins])
 
     @property
     def candidate(self) -> Candidate:
         return Candidate(self.pp, self.dp, self.zero, self.micro_batch_size,
                          self.micro_batches, self.recompute, self.schedule,
                          self.zero3_prefetch, self.update_rule, self.grad_accum,
-                         self.placement)
+                         self.placement, self.pipeline_schedule)
 
     @property
     def simulated(self) -> bool:
@@ -167,6 +168,7 @@ class Planner:
                         and c not in skipped), key=lambda c: (estimates[c], _order(c)))
         compiled, failed = (self._simulate(queue, dict(judged), estimates, seeds)
                             if simulate else self._check(queue))
+        judged += zb1_twins(dict(judged), compiled, failed)
         rows = _rows(judged, estimates, compiled, failed, policy, skipped, bounds)
         best = rows[0] if rows and rows[0].candidate in compiled else None
         return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget, s.profile["name"],
@@ -230,6 +232,10 @@ class Planner:
             if c in verdicts and verdict.fits and c not in compiled and c not in failed:
                 outcome = self._compile(c, c.micro_batches)
                 (failed if isinstance(outcome, str) else compiled)[c] = outcome
+        for c in [c for c in compiled if c.pp > 1 and c.grad_accum != "scatter"]:
+            twin = replace(c, pipeline_schedule="zb1")
+            outcome = self._compile(twin, c.micro_batches)
+            (failed if isinstance(outcome, str) else compiled)[twin] = outcome
         return compiled, failed
 
     # NOTE [memory check]: in 1F1B stage s holds at most min(P - s, M) micro-batches in
@@ -284,6 +290,18 @@ class Planner:
                           built_micro_batches=None if built == options.micro_batches else built)
         return run_pipeline(program, PIPELINE + [plan_memory] if memory_only else None,
                             verify=False, record=False)[0]
+
+
+# NOTE [zb1 twins]: the closed-form estimate models 1F1B's bubble, not zb1's, so the
+# planner does not rank zb1 candidates by estimate: every pipelined candidate it compiles
+# and simulates (pp > 1; not a scatter row, zb1 keeps gradients local) is simulated again
+# under --pipeline-schedule zb1 (its twin), and the twin's row, memory and step from its
+# own compile, stands beside it (a twin that does
+# not fit, its W operands on top of 1F1B's peak, is an infeasible row saying why).
+def zb1_twins(verdicts: dict, compiled, failed) -> list:
+    """(twin, its 1f1b candidate's verdict) of each zb1 twin compiled or tried."""
+    return [(c, verdicts[replace(c, pipeline_schedule="1f1b")]) for c in [*compiled, *failed]
+            if c.pipeline_schedule == "zb1"]
 
 
 def near_tie_sibling(c: Candidate, compiled, estimates) -> Candidate | None:
@@ -378,7 +396,8 @@ def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str,
     base = dict(pp=c.pp, dp=c.dp, zero=c.zero, micro_batch_size=c.micro_batch_size,
                 micro_batches=c.micro_batches, recompute=c.recompute, schedule=c.schedule,
                 zero3_prefetch=c.zero3_prefetch, update_rule=c.update_rule,
-                grad_accum=c.grad_accum, placement=c.placement)
+                grad_accum=c.grad_accum, placement=c.placement,
+                pipeline_schedule=c.pipeline_schedule)
     auto = replace(c, recompute=policy)
     base["estimated_step_s"] = None if auto in failed else estimates.get(c)  # fits: estimated
     if c in compiled:

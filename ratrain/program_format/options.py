@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ratrain.program_format.placement import Placement, parse_placement
 
 SCHEDULES = ("ratrain", "baseline")
+PIPELINE_SCHEDULES = ("1f1b", "zb1")  # NOTE [zb1 schedule] (passes/schedule_zb1.py)
 RECOMPUTE_POLICIES = ("none", "full", "selective", "auto")
 PRECISIONS = ("fp32", "fp16", "bf16")
 # the dtype a precision traces activations and parameter views in (master state is fp32)
@@ -42,6 +43,8 @@ class CompileOptions:
                                         # ahead (NOTE [ZeRO-3 lifecycle]); 0 = at use
     update_rule: str = "commit"         # with a NORM: "commit" (speculative UPDs, NOTE
                                         # [commit rule]) or "after-norm"; baseline: after-norm
+    pipeline_schedule: str = "1f1b"     # order of F, B (and W) per stage: "1f1b" or "zb1"
+                                        # (B/W split, NOTE [zb1 schedule])
     placement: str = "pipeline"         # rank order: "pipeline", "dp" or "dp:B" (NOTE
                                         # [placement], program_format/placement.py)
 
@@ -71,6 +74,8 @@ def _check_options(o: CompileOptions) -> None:
                 if value < 1]
     if o.schedule not in SCHEDULES:
         problems.append(f"--schedule must be one of {', '.join(SCHEDULES)}")
+    if o.pipeline_schedule not in PIPELINE_SCHEDULES:
+        problems.append(f"--pipeline-schedule must be one of {', '.join(PIPELINE_SCHEDULES)}")
     if o.recompute not in RECOMPUTE_POLICIES:
         problems.append(f"--recompute must be one of {', '.join(RECOMPUTE_POLICIES)}")
     if o.zero not in (0, 1, 2, 3):
@@ -85,6 +90,10 @@ def _check_options(o: CompileOptions) -> None:
         problems.append(f"--grad-accum must be one of {', '.join(GRAD_ACCUMULATION)}")
     elif o.grad_accum == "scatter" and o.zero < 2:
         problems.append("--grad-accum scatter reduce-scatters shards: it needs --zero 2 or 3")
+    elif o.grad_accum == "scatter" and o.pipeline_schedule == "zb1":
+        problems.append("--grad-accum scatter reduce-scatters each backward's whole gradient, "
+                        "which --pipeline-schedule zb1 splits between B and W: use local or "
+                        "auto with zb1")
     if o.stage_speeds is not None and len(o.stage_speeds) != o.pp:
         problems.append(f"stage speeds give {len(o.stage_speeds)} values for {o.pp} stages")
     try:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FORMAT = "ratrain-program/9"            # 9: the rows say where each SYNC starts, no
-                                        # table beside them (NOTE [sync issue point]);
-                                        # 8: options name the placement; 7: every call
-                                        # names its layer; 6: JSON, no pickle
+FORMAT = "ratrain-program/9"            # 9: options name the pipeline schedule (zb1 has
+                                        # W tasks), the rows say where each SYNC starts (a
+                                        # B's per-layer pieces, no table beside them: NOTE
+                                        # [sync issue point]); 8: options name the
+                                        # placement; 7: every call names its layer; 6: JSON
 READABLE = (FORMAT, "ratrain-program/8", "ratrain-program/7",
             "ratrain-program/6")         # (5 and older: pickles)
 PICKLED = tuple(f"ratrain-program/{n}" for n in range(1, 6))

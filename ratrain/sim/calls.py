@@ -14,7 +14,8 @@ import numpy as np
 
 from ratrain.ir.buffers import is_grad_shard
 from ratrain.ir.rules import lookup_rule
-from ratrain.ir.tasks import BACKWARDS, counterpart
+from ratrain.ir.tasks import BACKWARDS, Kind, counterpart
+from ratrain.passes.buffers import is_split
 from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, rollback_only
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.costs import (collective_timed, crosses_node, dp_group, grad_scatter,
@@ -144,8 +145,9 @@ class ProfileCosts:
         graph with the call's op (lower emits a layer's calls in node order)."""
         layer = call.layer
         kind = self.program.graph.layers[layer].kind
-        backward = task.kind in BACKWARDS and not call.note.endswith(RECOMPUTE_TAG)
-        ops, warm, cold = self._table(kind, "bwd" if backward else "fwd")
+        backward = (task.kind in BACKWARDS or task.kind == Kind.W) and \
+            not call.note.endswith(RECOMPUTE_TAG)
+        ops, warm, cold = self._table(kind, self._direction(task) if backward else "fwd")
         key = (layer, backward)
         i = cursor.get(key, 0)
         while i < len(ops) and ops[i] != call.op:
@@ -158,11 +160,20 @@ class ProfileCosts:
             return warm[i]
         return warm[i] + self._cold.get((task, cursor["call"]), 0.0) * (cold[i] - warm[i])
 
+    def _direction(self, task) -> str:
+        """Which graph a backward task's calls run: the whole backward, or zb1's input
+        (B) or weight (W) part (NOTE [B/W split])."""
+        if task.kind == Kind.W:
+            return "bwd_weight"
+        return "bwd_input" if is_split(self.program) else "bwd"
+
     def _table(self, kind: str, direction: str):
         key = (kind, direction)
         if key not in self._tables:
             layer_kind = self.program.graph.kinds[kind]
-            graph = layer_kind.fwd if direction == "fwd" else layer_kind.bwd
+            graph = {"fwd": layer_kind.fwd, "bwd": layer_kind.bwd,
+                     "bwd_input": layer_kind.split.input_part,
+                     "bwd_weight": layer_kind.split.weight_part}[direction]
             precision = self.options.precision
             cold = cold_profile(self.profile, precision)
             self._tables[key] = (tuple(n.op for n in graph.nodes),

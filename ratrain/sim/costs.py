@@ -14,8 +14,8 @@ from typing import Callable
 import numpy as np
 
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.buffers import (gathers_in_place, layer_param_count, message_bytes,
-                                    recovers_in_backward, shard_elements)
+from ratrain.passes.buffers import (gathers_in_place, is_split, layer_param_count,
+                                    message_bytes, recovers_in_backward, shard_elements)
 from ratrain.passes.residuals import recompute_flops
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.hw.topology import dp_group_nodes, node_of, node_of_rank, ranks_per_node
@@ -263,10 +263,12 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
     gather = lambda t: prefetch_seconds(program, profile, t.layer, in_place=False)
     table: dict[Kind, Callable[[Task], float]] = {
         Kind.F: lambda t: sum(cost(l).fwd_flops for l in program.stages[t.stage]) / rate,
-        Kind.B: lambda t: sum(cost(l).bwd_flops + _recomputed_in_backward(program, t, l)
+        Kind.B: lambda t: sum(cost(l).bwd_flops - _deferred_flops(program, l)
+                              + _recomputed_in_backward(program, t, l)
                               for l in program.stages[t.stage]) / rate,
         Kind.BL: lambda t: (cost(t.layer).bwd_flops +
                             _recomputed_in_backward(program, t, t.layer)) / rate,
+        Kind.W: lambda t: cost(t.layer).weight_flops / rate,
         Kind.REC: lambda t: recompute_flops(program, t.layer, t.micro_batch) / rate,
         Kind.SEND_F: lambda t: message_seconds(profile, message_bytes(program, t.stage),
                                                crosses_node(profile, o, t.stage, t.stage + 1)),
@@ -294,6 +296,11 @@ def _tie_seconds(program, profile: dict, stage: int) -> float:
             seconds += tie_local_bytes(copies, nbytes) / profile["ddr_bandwidth"] + \
                 tie_sum_seconds(profile, nbytes, members)
     return seconds
+
+
+def _deferred_flops(program, layer: int) -> int:
+    """The backward FLOPs a zb1 B leaves to W[L] (NOTE [B/W split])."""
+    return program.layer_cost(layer).weight_flops if is_split(program) else 0
 
 
 def _recomputed_in_backward(program, task: Task, layer: int) -> int:

@@ -176,9 +176,16 @@ def backward_partners(fwd: LayerGraph, bwd: LayerGraph) -> list[Node | None]:
 
 
 def graph_seconds(kind, direction: str, profile: dict, precision: str) -> tuple[float, ...]:
-    """Seconds of every node of a layer kind's forward ("fwd") or backward graph."""
+    """Seconds of every node of a layer kind's forward ("fwd") or backward graph ("bwd"),
+    or of zb1's input ("bwd_input") or weight ("bwd_weight") part of it: each node its
+    share of the backward node it comes from (a split GEMM half of matmul_bwd's)."""
     if direction == "fwd":
         return tuple(node_seconds(n, profile, precision) for n in kind.fwd.nodes)
     partners = backward_partners(kind.fwd, kind.bwd)
-    return tuple(node_seconds(n, profile, precision, forward=p)
-                 for n, p in zip(kind.bwd.nodes, partners))
+    whole = tuple(node_seconds(n, profile, precision, forward=p)
+                  for n, p in zip(kind.bwd.nodes, partners))
+    if direction == "bwd":
+        return whole
+    split, n_input = kind.split, len(kind.split.input_part.nodes)
+    origin = split.origin[:n_input] if direction == "bwd_input" else split.origin[n_input:]
+    return tuple(whole[i] * share for i, share in origin)

@@ -17,7 +17,7 @@ CLI = Path(ratrain.cli.__file__).parent
 SHARED = ("--budget", "--precision", "--recompute", "--schedule", "--seq-len", "--hw",
           "--zero", "--clip", "--pp", "--dp", "--micro-batches", "--micro-batch-size",
           "--global-batch", "--update-rule", "--zero3-prefetch", "--grad-accum",
-          "--schedule-png")
+          "--schedule-png", "--pipeline-schedule")
 COMMANDS = ("info", "inspect", "compile", "train", "plan", "simulate")
 
 
@@ -62,7 +62,8 @@ def test_every_command_takes_the_one_definition():
 def test_defaults_come_from_compile_options():
     defaults = CompileOptions()
     assert defaults.recompute == "auto"   # the CLI's default is CompileOptions' (one truth)
-    for field in ("schedule", "recompute", "hw", "grad_accum", "update_rule",
+    for field in ("schedule", "pipeline_schedule", "recompute", "hw", "grad_accum",
+                  "update_rule",
                   "zero3_prefetch", "micro_batch_size", "clip"):
         assert OPTIONS[f"--{field.replace('_', '-')}"].default == getattr(defaults, field)
     assert f"{SIMULATION_MARGIN:.0%}%" in OPTIONS["--simulate"].help   # argparse's %%

@@ -9,6 +9,7 @@ GOLDEN = [
     ("1F3", Task(1, Kind.F, micro_batch=3)),
     ("1B3", Task(1, Kind.B, micro_batch=3)),
     ("1B[L5]3", Task(1, Kind.BL, micro_batch=3, layer=5)),
+    ("1W[L5]3", Task(1, Kind.W, layer=5, micro_batch=3)),
     ("0SEND_F2", Task(0, Kind.SEND_F, micro_batch=2)),
     ("1RECV_F2", Task(1, Kind.RECV_F, micro_batch=2)),
     ("1SEND_B2", Task(1, Kind.SEND_B, micro_batch=2)),

@@ -213,3 +213,18 @@ def test_a_candidate_the_commit_rule_does_not_fit_falls_back_to_after_norm(
     plan = planner.plan(1)
     assert plan.best is not None and plan.best.update_rule == "after-norm"
     assert plan.best.peak_bytes <= budget
+
+
+def test_a_simulated_pipeline_has_its_zb1_twin_beside_it():
+    """NOTE [zb1 twins]: a pipelined candidate the planner simulates is simulated again
+    under --pipeline-schedule zb1; the twin's row has its own compile's peak and step."""
+    from ratrain.planner.candidates import Candidate
+    seed = Candidate(2, 2, 0, 1, 4, "auto", "ratrain")
+    plan = Planner(search(10**12)).plan(4, seeds=(seed,))
+    rows = {r.pipeline_schedule: r for r in plan.rows if r.candidate in (seed, replace(
+        seed, pipeline_schedule="zb1"))}
+    assert set(rows) == {"1f1b", "zb1"} and rows["zb1"].simulated and rows["1f1b"].simulated
+    assert rows["zb1"].peak_bytes >= rows["1f1b"].peak_bytes  # its W operands on top
+    assert rows["zb1"].step_time_s != rows["1f1b"].step_time_s
+    assert rows["zb1"].estimated_step_s is None and rows["zb1"].reason is None
+    assert all(r.pipeline_schedule == "1f1b" for r in plan.rows if r.pp == 1)

@@ -37,6 +37,7 @@ def _train(workdir, name: str, ranks: int, *flags):
 
 @pytest.mark.parametrize("ranks,flags", [
     (2, ("--pp", "2")),
+    pytest.param(2, ("--pp", "2", "--pipeline-schedule", "zb1"), marks=pytest.mark.slow),
     pytest.param(4, ("--pp", "2", "--dp", "2", "--zero", "3"), marks=pytest.mark.slow),
     pytest.param(4, ("--pp", "2", "--dp", "2", "--zero", "2", "--grad-accum", "scatter"),
                  marks=pytest.mark.slow)])

@@ -24,6 +24,10 @@ CASES = {
                                precision="fp16"),
     "tiny-pp3-dp2-zero2-scatter": dict(model="tiny", hw="mt3000", pp=3, dp=2, zero=2,
                                        grad_accum="scatter", recompute="selective"),
+    "tiny-pp3-dp2-zero1-zb1": dict(model="tiny", hw="mt3000", pp=3, dp=2, zero=1,
+                                   pipeline_schedule="zb1"),
+    "tiny-pp2-baseline-zb1-full": dict(model="tiny", hw="cpu", pp=2, schedule="baseline",
+                                       recompute="full", pipeline_schedule="zb1"),
 }
 
 

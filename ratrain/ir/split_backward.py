@@ -1,0 +1,154 @@
+"""split_backward: a layer's backward graph as its input-gradient part (B) and its
+weight-gradient part (W), the two halves a zb1 program runs as separate tasks.
+
+Made once per layer kind from the graph autodiff produced (LayerKind.split). A coarse
+GEMM backward (`matmul_bwd`, `matmul_bias_bwd`) becomes its two GEMMs: `matmul_bwd_input`
+(dx = dy w) in B and `matmul_bwd_weight` / `matmul_bias_bwd_weight` (dw = dy^T x, the
+bias's column sums) in W; every other node goes to B when an input cotangent needs it,
+else to W (NOTE [B/W split]).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ratrain.ir.graph import LayerGraph, Literal, Node, Var
+from ratrain.ir.rules import OpRule, register_rule
+
+
+def _gemm(m: int, n: int, k: int) -> int:
+    return 2 * m * n * k
+
+
+def _input_flops(in_shapes, out_shapes, **params) -> int:
+    (w, dy), (dx,) = in_shapes, out_shapes
+    return _gemm(int(np.prod(dy[:-1])), w[1], w[0])
+
+
+def _weight_flops(in_shapes, out_shapes, **params) -> int:
+    x, dy = in_shapes
+    return _gemm(int(np.prod(x[:-1])), x[-1], dy[-1])
+
+
+def _input_grad(xp, w, dy):
+    return dy @ w
+
+
+def _weight_grad(xp, x, dy):
+    return dy.reshape(-1, dy.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+
+
+def _weight_and_bias_grad(xp, x, dy):
+    return _weight_grad(xp, x, dy), xp.sum(dy.reshape(-1, dy.shape[-1]), axis=0)
+
+
+for _rule in (OpRule("matmul_bwd_input", _input_grad, None, flops=_input_flops),
+              OpRule("matmul_bwd_weight", _weight_grad, None, flops=_weight_flops),
+              OpRule("matmul_bias_bwd_weight", _weight_and_bias_grad, None,
+                     flops=_weight_flops)):
+    register_rule(_rule)
+
+# fused backward op -> the op of its weight-gradient GEMM (its input GEMM: matmul_bwd_input)
+WEIGHT_PART = {"matmul_bwd": "matmul_bwd_weight", "matmul_bias_bwd": "matmul_bias_bwd_weight"}
+# the ops a split makes: the simulator costs each as its share of the op it comes from
+# (BackwardSplit.origin, sim/kernels.graph_seconds), so calibration times only that op
+SPLIT_OPS = frozenset({"matmul_bwd_input", *WEIGHT_PART.values()})
+
+
+# NOTE [B/W split]: B is what the input cotangent (`ct:*`, sent to the previous stage or
+# passed to the layer below) needs; W is the rest: the weight GEMMs, the bias column sums
+# and whatever only they read. Ops whose kernels make the input and the weight gradient in
+# one pass (rms_norm_bwd, cross_entropy_bwd: the norm weights, the LM head) stay whole in
+# B: their weight gradient costs a pass over the same operands, and splitting them would
+# change the kernels' accumulation order (so the bits zb1 shares with 1f1b). A split GEMM
+# runs the very two kernel calls the fused one runs, so B + W compute 1f1b's bits. W reads
+# `carried`: values B made or received (the output cotangent of each weight GEMM), kept
+# in the layer's `wop.L.mb` buffer until W; the residuals it reads stay in act/rec.
+@dataclass(frozen=True, eq=False)  # identity: one per layer kind
+class BackwardSplit:
+    input_part: LayerGraph              # B: the backward's inputs -> its ct:* outputs and
+                                        # the gradients B's whole ops make
+    weight_part: LayerGraph             # W: residuals it reads + carried -> other grads
+    carried: tuple[Var, ...]            # what B hands W (inputs of weight_part after the
+                                        # residuals)
+    origin: tuple[tuple[int, float], ...]  # per node of input_part, then of weight_part:
+                                        # (index of the backward node it comes from, the
+                                        # share of that node's cost it runs)
+
+    def weight_residuals(self, kind) -> tuple[int, ...]:
+        """Indices into kind.residuals of the residuals W reads."""
+        ids = {v.id for v in self.weight_part.inputs[:-len(self.carried) or None]}
+        return tuple(i for i, r in enumerate(kind.residuals) if r.id in ids)
+
+
+def _split_nodes(bwd: LayerGraph) -> list[tuple[Node, int, float]]:
+    out = []
+    for i, node in enumerate(bwd.nodes):
+        if node.op not in WEIGHT_PART:
+            out.append((node, i, 1.0))
+            continue
+        x, w, dy = node.inputs
+        out.append((Node("matmul_bwd_input", (w, dy), node.outputs[:1], node.params,
+                         node.source), i, 0.5))
+        out.append((Node(WEIGHT_PART[node.op], (x, dy), node.outputs[1:], node.params,
+                         node.source), i, 0.5))
+    return out
+
+
+def _needed_by(nodes: list[Node], wanted: set[int]) -> set[int]:
+    """Positions of the nodes that the values `wanted` (var ids) depend on."""
+    wanted, keep = set(wanted), set()
+    for i in range(len(nodes) - 1, -1, -1):
+        if any(o.id in wanted for o in nodes[i].outputs):
+            keep.add(i)
+            wanted |= {x.id for x in nodes[i].inputs if isinstance(x, Var)}
+    return keep
+
+
+def split_backward(kind) -> BackwardSplit:
+    """Split kind.bwd (NOTE [B/W split]).
+
+    Requires: kind.bwd as autodiff made it. Guarantees: input_part and weight_part
+    together run every node of kind.bwd once (a split GEMM as its two halves), outputs
+    keep their Vars (so grad:<name> ids are kind.bwd's), input_part makes every ct:*
+    output, weight_part reads only residuals, params and `carried`.
+    """
+    bwd = kind.bwd
+    split = _split_nodes(bwd)
+    nodes = [n for n, _, _ in split]
+    cts = {v.id for v, n in zip(bwd.outputs, bwd.output_names)
+           if n.startswith("ct:") and isinstance(v, Var)}
+    in_b = _needed_by(nodes, cts)
+    b_nodes = [split[i] for i in range(len(split)) if i in in_b]
+    w_nodes = [split[i] for i in range(len(split)) if i not in in_b]
+    made_by_b = {o.id for n, _, _ in b_nodes for o in n.outputs}
+    w_reads = [x for n, _, _ in w_nodes for x in n.inputs if isinstance(x, Var)]
+    residual_ids = {v.id for v in kind.residuals}
+    param_ids = {p.id for p in bwd.params}
+    carried = _unique([x for x in w_reads if x.id not in residual_ids | param_ids])
+    residuals = [r for r in kind.residuals if r.id in {x.id for x in w_reads}]
+    outputs = [(v, n) for v, n in zip(bwd.outputs, bwd.output_names)]
+    b_out = [(v, n) for v, n in outputs if isinstance(v, Literal) or v.id in made_by_b
+             or n.startswith("ct:")]
+    w_out = [(v, n) for v, n in outputs if (v, n) not in b_out]
+    input_part = LayerGraph(bwd.name + " input", bwd.params, bwd.param_names, bwd.inputs,
+                            bwd.input_names, tuple(n for n, _, _ in b_nodes),
+                            tuple(v for v, _ in b_out), tuple(n for _, n in b_out))
+    weight_part = LayerGraph(bwd.name + " weight", bwd.params, bwd.param_names,
+                             tuple(residuals) + tuple(carried),
+                             tuple(f"res:{i}" for i in range(len(residuals)))
+                             + tuple(f"carried:{i}" for i in range(len(carried))),
+                             tuple(n for n, _, _ in w_nodes),
+                             tuple(v for v, _ in w_out), tuple(n for _, n in w_out))
+    origin = tuple((i, share) for _, i, share in b_nodes + w_nodes)
+    return BackwardSplit(input_part, weight_part, tuple(carried), origin)
+
+
+def _unique(values: list[Var]) -> list[Var]:
+    seen, out = set(), []
+    for v in values:
+        if v.id not in seen:
+            seen.add(v.id)
+            out.append(v)
+    return out
