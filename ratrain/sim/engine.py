@@ -136,6 +136,12 @@ class Link:
         queue.append(_Transfer(nbytes, done, record))
         self._reschedule()
 
+    @property
+    def couples_compute(self) -> bool:
+        """Does the rank's compute change this port's speed or its own (NOTE [manual
+        progress], NOTE [kernels beside collectives])? Else compute is a plain delay."""
+        return self.progress_share < 1 or self.kernel_slowdown != 1
+
     def compute(self, seconds: float, done: Signal) -> None:
         """Run `seconds` of the rank's compute (alone, at full speed); fire `done` when it
         is finished. Requires: no compute of this rank running (NOTE [manual progress],
@@ -190,15 +196,18 @@ class Link:
             rate = self._rate(channel, len(heads))
             if rate <= 0:
                 continue
-            left = head.remaining / rate
-            if head.remaining <= 1e-9 * head.total or self.engine.now + left == self.engine.now:
+            if self._finished(head, rate):
                 self._queues[channel].popleft()
                 if self.on_transfer is not None:
                     self.on_transfer(channel, head.started, self.engine.now, head.record)
                 head.done.fire()
         work = self._work
-        if work is not None and (work.remaining <= 1e-9 * work.total or self.engine.now
-                                 + work.remaining / self._work_rate(heads) == self.engine.now):
+        if work is not None and self._finished(work, self._work_rate(heads)):
             self._work, self.computing = None, False
             work.done.fire()
         self._reschedule()
+
+    def _finished(self, item: _Transfer, rate: float) -> bool:
+        """Is what is left of `item` at `rate` nothing, or less than the clock resolves?"""
+        return item.remaining <= 1e-9 * item.total or \
+            self.engine.now + item.remaining / rate == self.engine.now

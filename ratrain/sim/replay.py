@@ -171,9 +171,13 @@ class _Replayer:
 
     def _compute(self, rank: int, label: str, seconds: float):
         if seconds > 0:
-            start, done = self.engine.now, Signal(self.engine)
-            self.links[rank].compute(seconds, done)  # NOTE [manual progress]
-            yield done
+            start, link = self.engine.now, self.links[rank]
+            if link.couples_compute:  # NOTE [manual progress]
+                done = Signal(self.engine)
+                link.compute(seconds, done)
+                yield done
+            else:
+                yield seconds
             self.ranks[rank].intervals.append(Interval("compute", start, self.engine.now, label))
 
     def _wait(self, rank: int, signal: Signal, label: str):
