@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from ratrain.ir.tasks import BACKWARDS, GRAD_PRODUCERS, PIPELINE_COMMS, Kind
 from ratrain.passes.dryrun import dry_run
+from ratrain.passes.insert_grad_sync import last_backward_index, last_weight_indices
 from ratrain.passes.insert_tied_sum import tied_layers_on
 from ratrain.passes.insert_update import commits_updates
 
@@ -125,8 +126,7 @@ _NOT_DELAYING = GRAD_PRODUCERS | {Kind.SYNC, Kind.SEND_B, Kind.FREE}
 def _check_syncs_after_weights(program, stage: int, tasks) -> None:
     """NOTE [zb1 schedule]: SYNC[L] after the last task producing L's gradient (the last
     B, the last W[L]); in ratrain mode right after its layer's last W."""
-    last_b = max(i for i, t in enumerate(tasks) if t.kind == Kind.B)
-    last_w = {t.layer: i for i, t in enumerate(tasks) if t.kind == Kind.W}
+    last_b, last_w = last_backward_index(tasks), last_weight_indices(tasks)
     for i, t in enumerate(tasks):
         if t.kind != Kind.SYNC:
             continue
