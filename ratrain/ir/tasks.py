@@ -90,7 +90,7 @@ GATHERS = frozenset({Kind.GATH_F, Kind.GATH_R, Kind.GATH_B})  # NOTE [ZeRO-3 lif
 BACKWARDS = frozenset({Kind.B, Kind.BL})  # run (part of) a micro-batch's backward
 # Tasks that write a layer's gradient: SYNC[L] stands after the last of them that covers
 # L (a B covers its stage's layers, a per-layer piece or a zb1 W its own; verify_schedule).
-GRAD_PRODUCERS = frozenset({Kind.B, Kind.BL, Kind.W})
+GRAD_PRODUCERS = BACKWARDS | {Kind.W}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from typing import Callable
 
 import networkx as nx
 
-from ratrain.ir.tasks import BACKWARDS, PIPELINE_COMMS, RECVS, Kind, Schedule, Task, counterpart
+from ratrain.ir.tasks import (BACKWARDS, GRAD_PRODUCERS, PIPELINE_COMMS, RECVS, Kind, Schedule,
+                              Task, counterpart)
 
 Node = tuple[int, int]   # (rank, position in that rank's program)
 
@@ -150,7 +151,7 @@ def _summarize(timeline: dict[int, tuple[TaskTiming, ...]]) -> DryRunResult:
     timings = [timing for row in timeline.values() for timing in row]
     makespan = max((timing.end for timing in timings), default=0)
     work = sum(t.end - t.start for t in timings
-               if t.task.kind in (Kind.F, Kind.W) or t.task.kind in BACKWARDS)
+               if t.task.kind == Kind.F or t.task.kind in GRAD_PRODUCERS)
     bubble = 1 - work / (len(timeline) * makespan) if makespan else 0
     busy = {rank: sum(t.end - t.start for t in row) for rank, row in timeline.items()}
     return DryRunResult(timeline, makespan, busy, bubble, _exposed_tail(timeline))

@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
-from ratrain.ir.tasks import BACKWARDS, GATHERS, Kind, Task  # noqa: E402
+from ratrain.ir.tasks import BACKWARDS, GATHERS, GRAD_PRODUCERS, Kind, Task  # noqa: E402
 from ratrain.passes.buffers import CATEGORIES  # noqa: E402
 from ratrain.passes.dryrun import DryRunResult, dry_run  # noqa: E402
 
@@ -88,7 +88,7 @@ def _label_micro_batches(ax, timeline: DryRunResult) -> None:
     """Write the micro-batch number inside F, B and REC bars."""
     for stage, row in timeline.timeline.items():
         for timing in row:
-            if timing.task.kind in (Kind.F, Kind.W, Kind.REC) or timing.task.kind in BACKWARDS:
+            if timing.task.kind in (Kind.F, Kind.REC) or timing.task.kind in GRAD_PRODUCERS:
                 ax.text((timing.start + timing.end) / 2, stage, str(timing.task.micro_batch),
                         ha="center", va="center", fontsize=6, color="white")
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ratrain.ir.buffers import is_grad_shard
 from ratrain.ir.rules import lookup_rule
-from ratrain.ir.tasks import BACKWARDS, Kind, counterpart
+from ratrain.ir.tasks import GRAD_PRODUCERS, Kind, counterpart
 from ratrain.passes.buffers import is_split
 from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, rollback_only
 from ratrain.sim.collectives import collective_cost
@@ -145,8 +145,7 @@ class ProfileCosts:
         graph with the call's op (lower emits a layer's calls in node order)."""
         layer = call.layer
         kind = self.program.graph.layers[layer].kind
-        backward = (task.kind in BACKWARDS or task.kind == Kind.W) and \
-            not call.note.endswith(RECOMPUTE_TAG)
+        backward = task.kind in GRAD_PRODUCERS and not call.note.endswith(RECOMPUTE_TAG)
         ops, warm, cold = self._table(kind, self._direction(task) if backward else "fwd")
         key = (layer, backward)
         i = cursor.get(key, 0)
