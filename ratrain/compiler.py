@@ -85,7 +85,7 @@ def _compile_periodic(graph, options, profile: dict | None = None):
     """(periodic program, stage 0's instance's records), or None when the step is short
     or shows no period (the caller then compiles it whole)."""
     from ratrain.passes.periodic_program import find_periods, periodic_program, worth_it
-    if not worth_it(options.micro_batches, options.pp):
+    if not worth_it(options.micro_batches, options.pp, options.pipeline_schedule):
         return None
     compiled = {}
 
@@ -94,7 +94,8 @@ def _compile_periodic(graph, options, profile: dict | None = None):
         return compiled[n][0]
 
     periods = find_periods(instance, options.micro_batches, options.pp,
-                           lambda text: print(f"ratrain: {text}", file=sys.stderr, flush=True))
+                           lambda text: print(f"ratrain: {text}", file=sys.stderr, flush=True),
+                           options.pipeline_schedule)
     if periods is None:
         print(f"ratrain: no repeating period found; compiling all {options.micro_batches} "
               "micro-batches", file=sys.stderr, flush=True)

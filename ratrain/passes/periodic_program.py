@@ -21,7 +21,8 @@ It is checked for each stage, never assumed: the instances of n, n + k and n + 2
 micro-batches are compiled by the whole pipeline (verified after every pass, memory plan
 included), and the rows of the last two must equal the instance of n pumped once and
 twice, call by call, offsets included (row_keys). The first k that passes is the stage's
-(tried in the order P - s, then 1, 2, ...); stages may differ in k and in their instance.
+(tried in the order P - s, then 1, 2, ...; zb1: NOTE [zb1 periods]); stages may differ
+in k and in their instance.
 The step's last B comes after the period, so the SYNCs it starts run once. Without a
 period, the caller compiles the whole step. The runtime expands the rows
 (rt/executor.expand, over program_format/table.walk) and tells buffers apart by arena
@@ -37,18 +38,39 @@ from ratrain.program_format.lowered import Slot, StagePeriod, shifted_call, shif
 from ratrain.program_format.table import walk
 
 
-def first_instance(pp: int) -> int:
-    """The smallest instance tried: past the warm-up and the offsets' first cycles."""
-    return 2 * pp + 4
+# NOTE [zb1 periods]: a zb1 stage (NOTE [zb1 schedule]) runs the same tasks every
+# micro-batch too, but holds P - s micro-batches between F and B and P - s + 1 between F
+# and the last W: the buffers that live until B (gradient messages, B's recoveries) cycle
+# through P - s places in the arena, those that live until W (act.L.mb, wop.L.mb) through
+# P - s + 1, so its rows repeat only every lcm(P - s, P - s + 1) = (P - s)(P - s + 1)
+# micro-batches (6 on stage 0 of 2, 20 on stage 0 of 4), and first-fit's places settle
+# only after such a cycle: a zb1 stage tries that shift first, from an instance one shift
+# longer than 1F1B's. 1F1B programs keep their shifts and instances.
+def first_instance(pp: int, shift: int = 0, pipeline_schedule: str = "1f1b") -> int:
+    """The smallest instance tried: past the warm-up and the offsets' first cycles (under
+    zb1 one shift more: its offsets take a whole long cycle to settle, NOTE [zb1 periods])."""
+    return 2 * pp + 4 + (shift if pipeline_schedule == "zb1" else 0)
 
 
-def largest_period(pp: int) -> int:
-    return max(4, pp)
+def largest_period(pp: int, pipeline_schedule: str = "1f1b") -> int:
+    return zb1_shift(pp, 0) if pipeline_schedule == "zb1" else max(4, pp)
 
 
-def worth_it(micro_batches: int, pp: int) -> bool:
+def zb1_shift(pp: int, stage: int) -> int:
+    """lcm(P - s, P - s + 1): the shift a zb1 stage repeats with (NOTE [zb1 periods])."""
+    return (pp - stage) * (pp - stage + 1)
+
+
+def stage_shifts(pp: int, stage: int, pipeline_schedule: str = "1f1b") -> list[int]:
+    """The shifts tried for a stage, in order: its expected period, then 1, 2, ..."""
+    expected = zb1_shift(pp, stage) if pipeline_schedule == "zb1" else pp - stage
+    return list(dict.fromkeys([expected, *range(1, max(4, pp) + 1)]))
+
+
+def worth_it(micro_batches: int, pp: int, pipeline_schedule: str = "1f1b") -> bool:
     """Is the step long enough that three instances cost clearly less than the whole?"""
-    return micro_batches >= 2 * (first_instance(pp) + 3 * largest_period(pp))
+    largest = largest_period(pp, pipeline_schedule)
+    return micro_batches >= 2 * (first_instance(pp, largest, pipeline_schedule) + 3 * largest)
 
 
 def row_keys(program, stage: int, d: int = 0, first: int = 0) -> list:
@@ -101,7 +123,8 @@ def stage_period(base, once, twice, stage: int, shift: int,
                        1 + (micro_batches - instance) // shift)
 
 
-def find_periods(compile_instance, micro_batches: int, pp: int, progress=None) -> dict | None:
+def find_periods(compile_instance, micro_batches: int, pp: int, progress=None,
+                 pipeline_schedule: str = "1f1b") -> dict | None:
     """stage -> (instance Program, StagePeriod) for every stage, or None if some stage
     shows no period. `compile_instance(n)` compiles the step's instance of n micro-batches
     (cached here); `progress(text)` is told of each one."""
@@ -114,9 +137,10 @@ def find_periods(compile_instance, micro_batches: int, pp: int, progress=None) -
             built[n] = compile_instance(n)
         return built[n]
 
-    first, periods = first_instance(pp), {}
+    periods = {}
     for stage in range(pp):
-        for shift in dict.fromkeys([pp - stage, *range(1, largest_period(pp) + 1)]):
+        for shift in stage_shifts(pp, stage, pipeline_schedule):
+            first = first_instance(pp, shift, pipeline_schedule)
             n = first + (micro_batches - first) % shift
             if n + 2 * shift > micro_batches:
                 continue

@@ -3,6 +3,7 @@ runtime expands from a stage's instance and period must be the whole step's rows
 call and byte by byte, and the memory plan the same."""
 from dataclasses import replace
 from functools import lru_cache
+from itertools import count
 
 import pytest
 
@@ -12,7 +13,7 @@ from ratrain.codegen.table import build_stage_table
 from ratrain.program_format.table import NativeStep, expanded_rows
 from ratrain.program_format.lowered import Slot, StagePeriod
 from ratrain.passes.periodic_program import (find_periods, periodic_program, row_keys,
-                                             stage_period)
+                                             stage_period, worth_it)
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 
@@ -31,6 +32,8 @@ CASES = {
                                    pipeline_schedule="zb1"),
     "tiny-pp2-baseline-zb1-full": dict(model="tiny", hw="cpu", pp=2, schedule="baseline",
                                        recompute="full", pipeline_schedule="zb1"),
+    "tiny-pp4-dp2-zero1-zb1-selective": dict(model="tiny", hw="mt3000", pp=4, dp=2, zero=1,
+                                             recompute="selective", pipeline_schedule="zb1"),
 }
 
 
@@ -73,11 +76,21 @@ def _rows(program, stage: int) -> list:
     return [_row(table, offsets, row) for row in expanded_rows(table)]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("micro_batches", [24, 33, 64])
+def _steps(case: str) -> list[int]:
+    """Micro-batches tried. zb1's periods are longer (NOTE [zb1 periods]): the shortest
+    step worth_it takes as periodic, and an odd one after it."""
+    pp, schedule = CASES[case]["pp"], CASES[case].get("pipeline_schedule", "1f1b")
+    if schedule == "1f1b":
+        return [24, 33, 64]
+    shortest = next(m for m in count(1) if worth_it(m, pp, schedule))
+    return [shortest, shortest + 33]
+
+
+@pytest.mark.parametrize("case,micro_batches", [(c, m) for c in sorted(CASES) for m in _steps(c)])
 def test_the_expanded_periodic_program_is_the_whole_step(case, micro_batches):
     periods = find_periods(lambda n: _compile(case, micro_batches, n), micro_batches,
-                           CASES[case]["pp"])
+                           CASES[case]["pp"],
+                           pipeline_schedule=CASES[case].get("pipeline_schedule", "1f1b"))
     assert periods is not None
     program, whole = periodic_program(periods), _compile(case, micro_batches, None)
     for stage in range(program.options.pp):
@@ -132,3 +145,12 @@ def test_segments_cover_the_step():
     period = StagePeriod(instance=10, start=4, length=3, shift=2, count=3)
     assert list(period.segments()) == [(0, 4, 0), (4, 7, 0), (4, 7, 2), (4, 7, 4), (7, None, 4)]
     assert period.micro_batches == 14
+
+
+def test_zb1_stages_repeat_every_lcm_of_their_two_bounds():
+    """A zb1 stage holds P - s micro-batches from F to B and P - s + 1 from F to the last
+    W: its rows repeat every (P - s)(P - s + 1) micro-batches (NOTE [zb1 periods])."""
+    periods = find_periods(lambda n: _compile("tiny-pp3-dp2-zero1-zb1", 64, n), 64, 3,
+                           pipeline_schedule="zb1")
+    assert [periods[s][1].shift for s in range(3)] == [12, 6, 2]
+    assert [periods[s][1].instance for s in range(3)] == [28, 16, 12]

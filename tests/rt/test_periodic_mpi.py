@@ -13,6 +13,7 @@ from rt_reference import HYPER, mpirun, random_workdir, read_metrics
 pytestmark = pytest.mark.mpi
 
 T, M, STEPS = 16, 40, 2
+ZB1_M = 64   # zb1 repeats every 6 micro-batches on stage 0 of 2 (NOTE [zb1 periods]): worth_it
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +23,9 @@ def workdir(tmp_path_factory):
 
 def _train(workdir, name: str, ranks: int, *flags):
     program = workdir / name
+    micro_batches = ZB1_M if "zb1" in flags else M
     assert ratrain_main(["compile", str(workdir / "config.json"), "--seq-len", str(T),
-                         "--micro-batches", str(M), "--precision", "fp32", *flags,
+                         "--micro-batches", str(micro_batches), "--precision", "fp32", *flags,
                          "-o", str(program)]) == 0
     metrics, saved = workdir / f"metrics-{name}.jsonl", workdir / f"saved-{name}"
     run = mpirun(ranks, program, "--steps", STEPS, "--data", workdir / "tokens.npy",
