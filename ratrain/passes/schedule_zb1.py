@@ -17,18 +17,22 @@ from ratrain.passes.schedule_1f1b import (compute_order, schedule_1f1b, warmup_f
 # NOTE [zb1 schedule]: ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024).
 # B computes only the input gradient, so a gradient crosses a stage in F-time instead of
 # (B + W)-time; the W's a stage owes fill the slots where 1F1B idles. Stage s keeps
-# 1F1B's order of F's and B's and its in-flight bound min(P - s, M), a micro-batch now
-# counting from its F until its last W (its activations live that long), so F(m) waits
-# for the W's of micro-batch m - bound. The W's are placed by replaying the step with
-# the program's cost model (unit costs without one): at each point a stage runs its next
-# F or B when its input is there, else a W it owes, else waits. A layer's W's stay in
-# micro-batch order, so every gradient sums its micro-batches in 1F1B's order (same
-# bits). With F = B = W the bubble falls from 1F1B's (P - 1)(F + B + W) to
-# (P - 1)(F + B - W) per stage. After the last B the W's left are ordered by Johnson's
-# rule for a two-machine flow shop (W's on the cores, then the layer's SYNC on the DP
-# link), which minimises the time the last SYNC ends: the layers whose W's are shorter
-# than their SYNC first, shortest W first, then the others, longest SYNC first. SYNC[L]
-# follows its layer's last W in the list (insert_grad_sync).
+# 1F1B's order of F's and B's and its bound b = min(P - s, M) on the micro-batches between
+# their F and their B, and allows one more between their F and their last W: F(m) waits
+# for B(m - b) and for the W's of micro-batch m - b - 1. That one deferred micro-batch is
+# what lets the last stage run F B F B W F B W ... and pass each gradient on before its
+# W (F B W strictly, under a bound of b from F to the last W, left the dry run at
+# 3 M + 2 (P - 1) slots); it costs memory: the stage keeps that micro-batch's residuals
+# and W operands until its W's (NOTE [weight operands]). The W's are placed by replaying
+# the step with the program's cost model (unit costs without one): at each point a stage
+# runs its next F or B when its input is there and the bounds allow, else a W it owes,
+# else waits. A layer's W's stay in micro-batch order, so every gradient sums its
+# micro-batches in 1F1B's order (same bits). With F = B = W the step takes 3 M + 2 P - 3
+# slots against 1F1B's 3 (M + P - 1). After the last B the W's left are ordered by
+# Johnson's rule for a two-machine flow shop (W's on the cores, then the layer's SYNC on
+# the DP link), which minimises the time the last SYNC ends: the layers whose W's are
+# shorter than their SYNC first, shortest W first, then the others, longest SYNC first.
+# SYNC[L] follows its layer's last W in the list (insert_grad_sync).
 
 Cost = Callable[[Task], float]
 
@@ -44,7 +48,7 @@ def unit_cost(task: Task, layers_per_stage: int = 1) -> float:
 class _Stage:  # one stage's state while zb1_compute_order replays the step
     stage: int
     order: list[Task]                   # 1F1B order of F and B still to run
-    bound: int                          # micro-batches in flight at most
+    bound: int                          # micro-batches between F and B (1F1B's order)
     owed: list[Task] = field(default_factory=list)  # W's whose B ran, in run order
     done: list[Task] = field(default_factory=list)  # program so far (F, B, W)
     clock: float = 0.0                  # when the stage's last task so far ends
@@ -65,7 +69,9 @@ def _ready_at(st: _Stage, task: Task, ends: dict, last: int) -> float | None:
 
 
 def _blocked_by_bound(st: _Stage, task: Task) -> bool:
-    return task.kind == Kind.F and task.micro_batch >= st.freed + st.bound
+    """Would F make more than bound + 1 micro-batches between their F and their last W?
+    (1F1B's order keeps bound between F and B.)"""
+    return task.kind == Kind.F and task.micro_batch >= st.freed + st.bound + 1
 
 
 def _run(st: _Stage, task: Task, at: float, cost: Cost, ends: dict, layers) -> None:
@@ -141,8 +147,9 @@ def schedule_zb1(stages: tuple[tuple[int, ...], ...], num_micro_batches: int,
     per F, B, W and SYNC task (default unit_cost). Guarantees: each (stage, micro_batch)
     has one F, one B and one W per layer of the stage; F's and B's in 1F1B's order
     (schedule_1f1b); each W after its B, a layer's W's in micro-batch order; at most
-    min(P - s, M) micro-batches between their F and their last W on stage s; every SEND
-    has one matching RECV and the dry run finds no deadlock.
+    min(P - s, M) micro-batches between their F and their B on stage s, and one more
+    between their F and their last W; every SEND has one matching RECV and the dry run
+    finds no deadlock.
     """
     if not stages or num_micro_batches < 1:
         raise ValueError(f"schedule_zb1 needs stages and num_micro_batches >= 1, got "

@@ -140,8 +140,7 @@ def _check_syncs_after_weights(program, stage: int, tasks) -> None:
 
 def _check_weights(program, stage: int, tasks) -> None:
     """zb1 (NOTE [zb1 schedule]): one W per (layer, micro-batch) of the stage, after its
-    B, each layer's in micro-batch order; at most min(P - s, M) micro-batches between
-    their F and their last W."""
+    B, each layer's in micro-batch order; _check_in_flight's bounds."""
     if not any(t.kind == Kind.W for t in tasks):
         return
     b_at = {t.micro_batch: i for i, t in enumerate(tasks) if t.kind == Kind.B}
@@ -164,19 +163,27 @@ def _check_weights(program, stage: int, tasks) -> None:
 
 
 def _check_in_flight(program, stage: int, tasks) -> None:
+    """NOTE [zb1 schedule]: at most 1F1B's min(P - s, M) micro-batches between their F and
+    their B, and one more between their F and their last W."""
     bound = min(len(program.stages) - stage, program.micro_batches)
     owed = {m: len(program.stages[stage]) for m in range(program.micro_batches)}
-    live = set()
+    before_b, before_w = set(), set()
     for t in tasks:
         if t.kind == Kind.F:
-            live.add(t.micro_batch)
-            if len(live) > bound:
-                _fail(stage, f"{t} makes {len(live)} micro-batches in flight (F to last W), "
+            before_b.add(t.micro_batch)
+            before_w.add(t.micro_batch)
+            if len(before_b) > bound:
+                _fail(stage, f"{t} makes {len(before_b)} micro-batches in flight (F to B), "
                              f"more than {bound}")
+            if len(before_w) > bound + 1:
+                _fail(stage, f"{t} makes {len(before_w)} micro-batches in flight (F to last "
+                             f"W), more than {bound + 1}")
+        elif t.kind == Kind.B:
+            before_b.discard(t.micro_batch)
         elif t.kind == Kind.W:
             owed[t.micro_batch] -= 1
             if not owed[t.micro_batch]:
-                live.discard(t.micro_batch)
+                before_w.discard(t.micro_batch)
 
 
 def _check_follows(stage: int, tasks, later: Kind, earlier: Kind) -> None:
