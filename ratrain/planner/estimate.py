@@ -361,7 +361,7 @@ class _StageModel:
         o = program.options
         if o.zero != 3:
             return
-        gathers = [layer_view_gather(program, l, in_place=False) for l in layers]
+        gathers = [layer_view_gather(program, l, gathers_in_place(program, l)) for l in layers]
         port = 2 * sum(collective_seconds(p, "allgather", o.dp, g.gathered, group=self.group)
                        for g in gathers)
         self.compute += 2 * sum(g.cast + g.unpack for g in gathers) / p["ddr_bandwidth"] + \
