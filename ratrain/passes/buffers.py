@@ -64,7 +64,7 @@ def persistent_buffers(program, stage: int) -> tuple[Buffer, ...]:
             out.append(Buffer(buffer_name(BufferKind.VIEW, layer=layer), "views",
                               view_bytes(program, layer)))
     if zero == 3:
-        slot = max(view_layout(program, l)[1] for l in program.stages[stage])
+        slot = max(view_bytes(program, l) for l in program.stages[stage])
         out += [Buffer(buffer_name(BufferKind.ZVIEW, slot=k), "views", slot)
                 for k in range(view_slot_count(program))]
     return tuple(out)
@@ -76,12 +76,16 @@ def persistent_buffers(program, stage: int) -> tuple[Buffer, ...]:
 # alignment, true of every LLaMA-family layer) that concatenation *is* the view, so the
 # gather receives straight into view.L, made as large as D shards, and no copy follows it:
 # measured in the simulator on LLaMA-2-7B, pp 1 x dp 1024, ZeRO 2, the copies were 0.90 s
-# of a 1.38 s exposed tail (the next step's forwards wait for each view in turn).
+# of a 1.38 s exposed tail (the next step's forwards wait for each view in turn). ZeRO 3's
+# GATHs receive the same way into their zview slot, sized for the largest D shards of the
+# stage: on the 2-core machine of bench/predict.py (tiny, dp 2) each of a step's 18
+# gathers had allocated a fresh 3 MB array (new pages every call) and copied it into the
+# slot when waited for, inside the next layer's compute.
 def gathers_in_place(program, layer: int) -> bool:
-    """Does PREF all-gather layer's view straight into view.L (NOTE [views gathered in
-    place])?"""
+    """Does PREF or GATH all-gather layer's view straight into its view buffer (view.L,
+    or a zview slot) (NOTE [views gathered in place])?"""
     o = program.options
-    return o.zero in (1, 2) and o.dp > 1 and _packs_without_gaps(_kind(program, layer))
+    return o.zero >= 1 and o.dp > 1 and _packs_without_gaps(_kind(program, layer))
 
 
 @lru_cache(maxsize=256)

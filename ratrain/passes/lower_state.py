@@ -87,23 +87,31 @@ def _lower_prefetch(program, task: Task) -> list[Call]:
     flat slot of D shards where that is the view (NOTE [views gathered in place])."""
     layer = task.layer
     master = state_slots(program, layer)[0]
-    params = (("gather", program.options.zero >= 1),)
-    if not gathers_in_place(program, layer):
-        return [Call("prefetch_view", view_slots(program, layer), (master,), params,
-                     f"L{layer}", layer=layer)]
-    flat = Slot(buffer_name(BufferKind.VIEW, layer=layer), 0, program.graph.dtype,
-                (view_gather_elements(program, layer),))
-    return [Call("prefetch_view", (flat,), (master,), params + (("in_place", True),),
-                 f"L{layer}", layer=layer)]
+    views, in_place = _gather_target(program, layer, buffer_name(BufferKind.VIEW, layer=layer))
+    return [Call("prefetch_view", views, (master,),
+                 (("gather", program.options.zero >= 1),) + in_place, f"L{layer}",
+                 layer=layer)]
 
 
 def gather_call(program, gather) -> Call:
     """NOTE [ZeRO-3 lifecycle]: cast this rank's master shard, all-gather the cast shards
     into the layer's view slot (non-blocking: the first call touching the slot waits)."""
     layer = gather.task.layer
-    views = view_slots(program, layer, buffer_name(BufferKind.ZVIEW, slot=gather.slot))
-    return [Call("gather_view", views, (state_slots(program, layer)[0],),
-                 (("use", str(gather.uses[0][0])),), f"L{layer} gather", layer=layer)][0]
+    views, in_place = _gather_target(program, layer,
+                                     buffer_name(BufferKind.ZVIEW, slot=gather.slot))
+    return Call("gather_view", views, (state_slots(program, layer)[0],),
+                (("use", str(gather.uses[0][0])),) + in_place, f"L{layer} gather",
+                layer=layer)
+
+
+def _gather_target(program, layer: int, buffer: str) -> tuple[tuple[Slot, ...], tuple]:
+    """What a PREF or GATH of `layer` into `buffer` writes, and its extra params: the
+    parameters' view slots, or one flat slot of D shards received in place (NOTE [views
+    gathered in place])."""
+    if not gathers_in_place(program, layer):
+        return view_slots(program, layer, buffer), ()
+    flat = Slot(buffer, 0, program.graph.dtype, (view_gather_elements(program, layer),))
+    return (flat,), (("in_place", True),)
 
 
 def _lower_gather(program, task: Task) -> list[Call]:

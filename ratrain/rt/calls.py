@@ -435,22 +435,26 @@ def _prefetch_view(t: Transport, st: RankState, call) -> None:
     back step (NOTE [commit rule])."""
     if _params(call).get("redo") and not st.rolled_back:
         return
-    master = st.view(call.inputs[0])
     if _params(call)["gather"]:
-        # cast the shard first: the gather then moves view-dtype bytes (half of fp32 in
-        # fp16 programs), and rounding per element commutes with concatenation
-        shard = master.astype(call.outputs[0].dtype)
-        into = st.view(call.outputs[0]) if _params(call).get("in_place") else None
-        t.dp_gather(st, call, shard, lambda flat: write_view(st, call.outputs, flat), into)
+        _start_gather(t, st, call)
     else:
-        write_view(st, call.outputs, master)
+        write_view(st, call.outputs, st.view(call.inputs[0]))
 
 
 def _gather_view(t: Transport, st: RankState, call) -> None:
     """NOTE [ZeRO-3 lifecycle]: all-gather the cast master shards into a view slot; the
     view is written when the gather completes (the hazard rule: before its first use)."""
+    _start_gather(t, st, call)
+
+
+def _start_gather(t: Transport, st: RankState, call) -> None:
+    """All-gather the master shard cast to the view's dtype into the view slots, or
+    straight into the one flat slot when `in_place` (NOTE [views gathered in place])."""
+    # cast the shard first: the gather then moves view-dtype bytes (half of fp32 in
+    # fp16 programs), and rounding per element commutes with concatenation
     shard = st.view(call.inputs[0]).astype(call.outputs[0].dtype)
-    t.dp_gather(st, call, shard, lambda flat: write_view(st, call.outputs, flat))
+    into = st.view(call.outputs[0]) if _params(call).get("in_place") else None
+    t.dp_gather(st, call, shard, lambda flat: write_view(st, call.outputs, flat), into)
 
 
 CALLS = {

@@ -260,7 +260,6 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
     params = lambda l: layer_param_count(program, l)
     prefetch = lambda t: prefetch_seconds(program, profile, t.layer,
                                           gathers_in_place(program, t.layer))
-    gather = lambda t: prefetch_seconds(program, profile, t.layer, in_place=False)
     table: dict[Kind, Callable[[Task], float]] = {
         Kind.F: lambda t: sum(cost(l).fwd_flops for l in program.stages[t.stage]) / rate,
         Kind.B: lambda t: sum(cost(l).bwd_flops - _deferred_flops(program, l)
@@ -280,7 +279,7 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
         Kind.PREF: prefetch,
         Kind.NORM: lambda t: norm_seconds(profile, o),
         Kind.TIE: lambda t: _tie_seconds(program, profile, t.stage),
-        **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), gather),
+        **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), prefetch),
     }
     return lambda task: table[task.kind](task) if task.kind in table else 0.0
 

@@ -11,6 +11,7 @@ from ratrain.hw import load_profile
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import Program
 from ratrain.planner import Planner, Search, candidates as candidates_module
+from ratrain.planner.strategies import STRATEGIES
 from ratrain.sim import simulate
 
 CPU = load_profile("cpu")
@@ -77,15 +78,21 @@ def test_llama2_7b_on_768_mt3000_clusters_scatters_instead_of_recomputing(monkey
     """pp 3 x dp 256 holds 8.8 GiB of fp32 gradients on stage 0 under local accumulation;
     reduce-scattering them each micro-batch fits without recompute and beats every plan
     without scattered gradients (74,452 tokens/s, pp 6, when this landed). Among 1f1b
-    rows: the zb1 twin of pp 6 (NOTE [zb1 twins]) simulated 77,437 tokens/s, above both."""
+    rows of ZeRO 0-2: the zb1 twin of pp 6 (NOTE [zb1 twins]) simulated 77,437 tokens/s,
+    above both; since ZeRO-3 gathers in place (NOTE [views gathered in place]) pp 3 x dp
+    256 ZeRO 3 tops them all (78,660)."""
     mt3000 = load_profile("mt3000")
     args = dict(model="llama2-7b", hw=mt3000, seq_len=2048, global_batch=4096)
+    up_to_zero2 = replace(STRATEGIES["ratrain"], zero=(0, 1, 2))
     best_1f1b = lambda plan: next(r for r in plan.rows if r.simulated
                                   and r.pipeline_schedule == "1f1b")
-    best = best_1f1b(planner(20 * 10**9, **args).plan(768))
+    best = best_1f1b(planner(20 * 10**9, **args).plan(768, strategy=up_to_zero2))
     assert (best.pp, best.dp, best.grad_accum) == (3, 256, "scatter")
+    zero3 = planner(20 * 10**9, **args).plan(768).best
+    assert (zero3.pp, zero3.dp, zero3.zero) == (3, 256, 3)
+    assert zero3.tokens_per_s > best.tokens_per_s
     without_scatter(monkeypatch)
-    before = best_1f1b(planner(20 * 10**9, **args).plan(768))
+    before = best_1f1b(planner(20 * 10**9, **args).plan(768, strategy=up_to_zero2))
     assert before.grad_accum is None
     assert best.tokens_per_s > 1.02 * before.tokens_per_s
 
