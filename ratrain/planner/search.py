@@ -168,7 +168,10 @@ class Planner:
                         and c not in skipped), key=lambda c: (estimates[c], _order(c)))
         compiled, failed = (self._simulate(queue, dict(judged), estimates, seeds)
                             if simulate else self._check(queue))
-        judged += zb1_twins(dict(judged), compiled, failed)
+        twins = zb1_twins(dict(judged), compiled, failed)
+        judged += twins
+        # the bound weighs each resource's load per step, which the schedule leaves as is
+        bounds |= {t: bounds.get(replace(t, pipeline_schedule="1f1b")) for t, _ in twins}
         rows = _rows(judged, estimates, compiled, failed, policy, skipped, bounds)
         best = rows[0] if rows and rows[0].candidate in compiled else None
         return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget, s.profile["name"],
@@ -297,7 +300,9 @@ class Planner:
 # and simulates (pp > 1; not a scatter row, zb1 keeps gradients local) is simulated again
 # under --pipeline-schedule zb1 (its twin), and the twin's row, memory and step from its
 # own compile, stands beside it (a twin that does
-# not fit, its W operands on top of 1F1B's peak, is an infeasible row saying why).
+# not fit, its W operands on top of 1F1B's peak, is an infeasible row saying why). Its
+# `bound` is its 1f1b candidate's: NOTE [bound] weighs each resource's load per step,
+# which the schedule does not change.
 def zb1_twins(verdicts: dict, compiled, failed) -> list:
     """(twin, its 1f1b candidate's verdict) of each zb1 twin compiled or tried."""
     return [(c, verdicts[replace(c, pipeline_schedule="1f1b")]) for c in [*compiled, *failed]
