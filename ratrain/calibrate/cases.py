@@ -24,6 +24,14 @@ WIDTHS = ((256, 688), (512, 1376))          # hidden, intermediate
 # attention and RoPE: B, T, H, D of micro-batches of up to 1024 tokens
 ATTENTION = tuple((b, t, h, d) for t in (128, 256, 512) for b in (1, 2, 4) if b * t <= 1024
                   for h, d in ((4, 64), (8, 32)))
+# NOTE [grouped-query attention cases]: attention also runs with fewer key/value heads
+# than query heads (tiny-gqa: 8 over 2). For the same FLOPs such a call is slower, by
+# 1.4-1.6x at B 1-4, T 256, H 8 over 2, D 32 on the 2-core machine of bench/predict.py
+# (each K/V row serves 4 query heads, so the kernel's inner loop streams it 4 times): the
+# fit over the equal-head cases charged it 0.64-0.71x of its time, and tiny-gqa pp 2's
+# step was predicted 7% short. So those shapes are timed too (attention only; RoPE
+# takes the query's shape).
+GQA_HEADS = ((8, 2, 32),)                   # query heads, key/value heads, head dim
 VOCAB = (256, 1024)
 
 
@@ -66,18 +74,25 @@ def matmul_cases(kernels, rng) -> list[Case]:
 
 
 def attention_cases(kernels, rng) -> list[Case]:
+    """Causal attention of every ATTENTION shape with as many key/value heads as query
+    heads, and of its (B, T) with the GQA_HEADS (NOTE [grouped-query attention cases])."""
     cases = []
-    for b, t, h, d in ATTENTION:
-        q, k, v, do = (_random(rng, b, t, h, d) for _ in range(4))
+    shapes = [(b, t, h, h, d) for b, t, h, d in ATTENTION] + \
+        [(b, t, h, kv, d) for b, t in dict.fromkeys((b, t) for b, t, _, _ in ATTENTION)
+         for h, kv, d in GQA_HEADS]
+    for b, t, h, kv, d in shapes:
+        q, do = (_random(rng, b, t, h, d) for _ in range(2))
+        k, v = (_random(rng, b, t, kv, d) for _ in range(2))
         o, lse = kernels.attention_fwd(q, k, v)
-        grads = [np.empty_like(q) for _ in range(3)]
+        grads = [np.empty_like(x) for x in (q, k, v)]
 
         def fwd(threads, q=q, k=k, v=v):
             kernels.attention_fwd(q, k, v, threads=threads)
 
         def bwd(threads, q=q, k=k, v=v, o=o, lse=lse, do=do):
             kernels.attention_bwd(q, k, v, o, lse, do, threads=threads)
-        cases += _pair("attention", f"B={b} T={t} H={h} D={d}", ((q, k, v), (o, lse)),
+        heads = f"H={h}" if kv == h else f"H={h}/{kv}"
+        cases += _pair("attention", f"B={b} T={t} {heads} D={d}", ((q, k, v), (o, lse)),
                        ((q, k, v, o, lse, do), tuple(grads)), fwd, bwd, causal=True,
                        alibi=False)
     return cases
