@@ -60,7 +60,7 @@ def in_flight_micro_batches(program: Program, stage_index: int) -> int:
 
     See NOTE [1F1B warm-up count] in schedule_1f1b.
     """
-    return min(program.options.pp - stage_index, program.options.micro_batches)
+    return min(program.options.pp - stage_index, program.micro_batches)
 
 
 def stage_time_estimate(program: Program, stage_index: int, layers) -> float:

@@ -64,7 +64,7 @@ def zb1_shift(pp: int, stage: int) -> int:
 def stage_shifts(pp: int, stage: int, pipeline_schedule: str = "1f1b") -> list[int]:
     """The shifts tried for a stage, in order: its expected period, then 1, 2, ..."""
     expected = zb1_shift(pp, stage) if pipeline_schedule == "zb1" else pp - stage
-    return list(dict.fromkeys([expected, *range(1, max(4, pp) + 1)]))
+    return list(dict.fromkeys([expected, *range(1, largest_period(pp) + 1)]))
 
 
 def worth_it(micro_batches: int, pp: int, pipeline_schedule: str = "1f1b") -> bool:

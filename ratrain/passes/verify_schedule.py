@@ -19,6 +19,7 @@ from ratrain.passes.dryrun import dry_run
 from ratrain.passes.insert_grad_sync import last_backward_index, last_weight_indices
 from ratrain.passes.insert_tied_sum import tied_layers_on
 from ratrain.passes.insert_update import commits_updates
+from ratrain.passes.partition_stages import in_flight_micro_batches
 
 
 class ScheduleInvariantError(ValueError):
@@ -165,7 +166,7 @@ def _check_weights(program, stage: int, tasks) -> None:
 def _check_in_flight(program, stage: int, tasks) -> None:
     """NOTE [zb1 schedule]: at most 1F1B's min(P - s, M) micro-batches between their F and
     their B, and one more between their F and their last W."""
-    bound = min(len(program.stages) - stage, program.micro_batches)
+    bound = in_flight_micro_batches(program, stage)
     owed = {m: len(program.stages[stage]) for m in range(program.micro_batches)}
     before_b, before_w = set(), set()
     for t in tasks:
