@@ -23,6 +23,8 @@ class BufferKind(StrEnum):
     GSHARD = "gshard"     # this rank's shard of a layer's fp32 gradient (ZeRO 2/3)
     UNDO = "undo"         # commit rule: a speculative UPD's copy [master | m | v]
     ACT = "act"           # residuals of (layer, micro-batch) kept from F to B
+    WACT = "wact"         # zb1: the kept residuals W[L] reads, from F to W[L] (NOTE
+                          # [weight operands], passes/buffers.py)
     REC = "rec"           # residuals of (layer, micro-batch) a REC task rebuilt
     WOP = "wop"           # zb1: what B hands W[L] of (layer, micro-batch) (NOTE [weight
                           # operands], passes/buffers.py)
@@ -43,6 +45,7 @@ NAME_FORMS: dict[BufferKind, str] = {
     BufferKind.GSHARD: "gshard.L{layer}",
     BufferKind.UNDO: "undo.L{layer}",
     BufferKind.ACT: "act.L{layer}.mb{micro_batch}",
+    BufferKind.WACT: "wact.L{layer}.mb{micro_batch}",
     BufferKind.REC: "rec.L{layer}.mb{micro_batch}",
     BufferKind.WOP: "wop.L{layer}.mb{micro_batch}",
     BufferKind.IN: "in.mb{micro_batch}",
@@ -72,8 +75,8 @@ def arena_name(name: str) -> str:
 @dataclass(frozen=True)
 class BufferName:
     kind: BufferKind                    # what the buffer holds
-    layer: int | None = None            # global layer index: per-layer state, act, rec, wop
-    micro_batch: int | None = None      # act, rec, wop and the messages
+    layer: int | None = None            # global layer index: per-layer state, act, wact, rec, wop
+    micro_batch: int | None = None      # act, wact, rec, wop and the messages
     slot: int | None = None             # zview: index in the ring of view slots
     task: str | None = None             # ws: text of the task owning the workspace
 

@@ -64,7 +64,7 @@ SPLIT_OPS = frozenset({"matmul_bwd_input", *WEIGHT_PART.values()})
 # change the kernels' accumulation order (so the bits zb1 shares with 1f1b). A split GEMM
 # runs the very two kernel calls the fused one runs, so B + W compute 1f1b's bits. W reads
 # `carried`: values B made or received (the output cotangent of each weight GEMM), kept
-# in the layer's `wop.L.mb` buffer until W; the residuals it reads stay in act/rec.
+# in the layer's `wop.L.mb` buffer until W; the residuals it reads in wact/rec.
 @dataclass(frozen=True, eq=False)  # identity: one per layer kind
 class BackwardSplit:
     input_part: LayerGraph              # B: the backward's inputs -> its ct:* outputs and

@@ -3,8 +3,8 @@
 plan_memory, the memory checker, the simulator and the runtime all derive lifetimes from
 `task_effects`: a buffer lives from the task that creates it to the last task that reads
 it. Persistent buffers (master params, optimizer state, parameter views) live all step.
-Names (master.L7, act.L5.mb3, wop.L5.mb3 under zb1, ws.<task>, ...) come from
-ir/buffers.py's grammar.
+Names (master.L7, act.L5.mb3, wact.L5.mb3 and wop.L5.mb3 under zb1, ws.<task>, ...) come
+from ir/buffers.py's grammar.
 """
 from __future__ import annotations
 
@@ -135,23 +135,42 @@ def _kind(program, layer: int):
     return program.graph.kinds[program.graph.layers[layer].kind]
 
 
-def residual_layout(program, layer: int, micro_batch: int, kept: bool) -> tuple[dict, int]:
-    """residual index -> offset in act.L.mb (kept=True) or rec.L.mb (the dropped ones)."""
+def residual_layout(program, layer: int, micro_batch: int,
+                    home: BufferKind) -> tuple[dict, int]:
+    """residual index -> offset in the buffer `home` holds them in: act.L.mb (kept from F
+    to B), wact.L.mb (under zb1, the kept residuals W[L] reads: NOTE [weight operands]) or
+    rec.L.mb (the dropped ones REC rebuilds); and that buffer's bytes."""
     mode = program.recompute.get((layer, micro_batch), "none")
-    return _residual_layout(_kind(program, layer), mode, kept)
+    return _residual_layout(_kind(program, layer), mode, home, is_split(program))
+
+
+def residual_home(program, layer: int, micro_batch: int, index: int) -> BufferKind:
+    """The buffer residual `index` of (layer, micro_batch) lives in (residual_layout)."""
+    mode = program.recompute.get((layer, micro_batch), "none")
+    return _residual_homes(_kind(program, layer), mode, is_split(program))[index]
 
 
 @lru_cache(maxsize=4096)
-def _residual_layout(kind, mode: str, kept: bool) -> tuple[dict, int]:
-    chosen = [i for i, k in enumerate(kept_mask(kind, mode)) if k == kept]
+def _residual_homes(kind, mode: str, split: bool) -> tuple[BufferKind, ...]:
+    weight = set(kind.split.weight_residuals(kind)) if split else set()
+    return tuple(BufferKind.REC if not kept else
+                 BufferKind.WACT if i in weight else BufferKind.ACT
+                 for i, kept in enumerate(kept_mask(kind, mode)))
+
+
+@lru_cache(maxsize=4096)
+def _residual_layout(kind, mode: str, home: BufferKind, split: bool) -> tuple[dict, int]:
+    chosen = [i for i, h in enumerate(_residual_homes(kind, mode, split)) if h == home]
     offsets, total = pack(kind.residuals[i].nbytes for i in chosen)
     return dict(zip(chosen, offsets)), total
 
 
-def residual_split(program, layer: int, micro_batch: int) -> tuple[int, int]:
-    """(bytes kept from F to B, bytes dropped and rebuilt by REC) of one (layer, mb)."""
-    return (residual_layout(program, layer, micro_batch, True)[1],
-            residual_layout(program, layer, micro_batch, False)[1])
+def kept_residuals(program, layer: int, micro_batch: int) -> tuple[Buffer, ...]:
+    """The buffers F keeps (layer, micro_batch)'s residuals in: act.L.mb, and under zb1
+    wact.L.mb (NOTE [weight operands])."""
+    homes = (BufferKind.ACT, BufferKind.WACT) if is_split(program) else (BufferKind.ACT,)
+    return tuple(Buffer(buffer_name(h, layer=layer, micro_batch=micro_batch), "activations",
+                        residual_layout(program, layer, micro_batch, h)[1]) for h in homes)
 
 
 def residual_ids(kind, mode: str, kept: bool) -> set[int]:
@@ -305,7 +324,8 @@ def backward_workspace(program, stage: int, micro_batch: int,
                             stage == len(program.stages) - 1) * cotangent_bytes(program)
     scratch = max(graph_workspace(k.fwd, pinned_values(k, "REC", mode))[1] for k, mode in kinds)
     base = max(plain, slots + align_up(scratch))
-    return base, base + max(_residual_layout(k, mode, False)[1] for k, mode in kinds)
+    return base, base + max(_residual_layout(k, mode, BufferKind.REC, False)[1]
+                             for k, mode in kinds)
 
 
 def cotangent_slots(kinds: list, last_stage: bool) -> int:
@@ -324,8 +344,7 @@ def message_bytes(program, stage: int) -> int:
 def _forward(program, task: Task) -> Effects:
     s, m, last = task.stage, task.micro_batch, len(program.stages) - 1
     layers = program.stages[s]
-    creates = [Buffer(buffer_name(BufferKind.ACT, layer=l, micro_batch=m), "activations",
-                      residual_split(program, l, m)[0]) for l in layers]
+    creates = [b for l in layers for b in kept_residuals(program, l, m)]
     if s < last:
         creates.append(Buffer(buffer_name(BufferKind.OUT, micro_batch=m), "comm",
                               message_bytes(program, s)))
@@ -344,11 +363,14 @@ def grad_buffer(program, layer: int) -> Buffer:
                   4 * shard_elements(n, program, scattered))
 
 
-# NOTE [weight operands]: under zb1 a B hands its W's what they read that is neither a
-# parameter nor a residual kept in act.L.mb / rebuilt in rec.L.mb: the output cotangent of
-# every weight GEMM (BackwardSplit.carried) and, where B rebuilds the layer's dropped
-# residuals in its own workspace (NOTE [backward-time recovery]), copies of those W reads.
-# They live in `wop.L.mb` from B to W[L]; act.L.mb and rec.L.mb live until W[L] too.
+# NOTE [weight operands]: under zb1 F keeps the residuals W[L] reads apart from the rest:
+# those in `wact.L.mb`, which lives until W[L], the others in act.L.mb, which dies with
+# B, so a micro-batch waiting for its W's holds only what they read. B hands its W's what
+# else they read that is not a parameter: the output cotangent of every weight GEMM
+# (BackwardSplit.carried) and, where B rebuilds the layer's dropped residuals in its own
+# workspace (NOTE [backward-time recovery]), copies of those W reads. They live in
+# `wop.L.mb` from B to W[L]. Residuals a REC rebuilt before B (rec.L.mb) live until W[L]
+# whole: they are not split.
 def weight_operand_layout(program, layer: int, micro_batch: int) -> tuple[dict, int]:
     """var id -> offset in wop.L.mb (NOTE [weight operands]), and its bytes."""
     kind = _kind(program, layer)
@@ -383,7 +405,7 @@ def weight_pinned(kind, fused: bool) -> frozenset:
 
 def _weight(program, task: Task) -> Effects:
     l, m = task.layer, task.micro_batch
-    reads = [buffer_name(kind, layer=l, micro_batch=m) for kind in (BufferKind.ACT,
+    reads = [buffer_name(kind, layer=l, micro_batch=m) for kind in (BufferKind.WACT,
                                                                      BufferKind.WOP)]
     reads.append(grad_buffer(program, l).name)
     if (l, m) in program.recompute and not recovers_in_backward(program, task.stage, m):
@@ -410,7 +432,7 @@ def _backward(program, task: Task, use=None) -> Effects:
     creates.append(Buffer(buffer_name(BufferKind.WS, task=task), "workspace",
                           backward_workspace(program, s, m)[1]))
     reads = [view_buffer(program, use(l), l) for l in layers] + \
-        [buffer_name(BufferKind.ACT, layer=l, micro_batch=m) for l in layers]
+        [b.name for l in layers for b in kept_residuals(program, l, m)]
     if not recovers_in_backward(program, s, m):
         reads += [buffer_name(BufferKind.REC, layer=l, micro_batch=m)
                   for l in layers if (l, m) in program.recompute]
@@ -432,12 +454,12 @@ def _backward_piece(program, task: Task) -> Effects:
 
 def _recompute(program, task: Task) -> Effects:
     l, m = task.layer, task.micro_batch
-    dropped = residual_split(program, l, m)[1]
+    dropped = residual_layout(program, l, m, BufferKind.REC)[1]
     return Effects((Buffer(buffer_name(BufferKind.REC, layer=l, micro_batch=m), "activations",
                            dropped),
                     Buffer(buffer_name(BufferKind.WS, task=task), "workspace",
                            workspace_bytes(program, task.stage, "fwd"))),
-                   (buffer_name(BufferKind.ACT, layer=l, micro_batch=m),
+                   (*(b.name for b in kept_residuals(program, l, m)),
                     view_buffer(program, task, l)))
 
 

@@ -18,8 +18,8 @@ from ratrain.ir.tasks import Kind, Task, backward_of
 from ratrain.passes.buffers import (GRAD_OUTPUT, backward_graph, backward_pinned,
                                     backward_workspace, cotangent_bytes, cotangent_slots,
                                     fused_grad_ids, grad_layout, is_split, pinned_values,
-                                    recovers_in_backward, residual_layout, view_layout,
-                                    weight_operand_layout, weight_pinned)
+                                    recovers_in_backward, residual_home, residual_layout,
+                                    view_layout, weight_operand_layout, weight_pinned)
 from ratrain.passes.insert_gathers import view_buffer
 from ratrain.passes.residuals import nodes_rebuilding
 from ratrain.passes.layout import graph_workspace
@@ -65,17 +65,17 @@ def _bind_params(placement: _Placement, program, task: Task, layer: int, graph) 
 
 def residual_slot(program, layer: int, micro_batch: int, index: int,
                   rebuilt: tuple[str, int] | None = None) -> Slot:
-    """Where residual `index` of (layer, micro_batch) lives: act.L.mb if kept, else
-    rec.L.mb, or (buffer, offset) `rebuilt` when its B recomputes it (NOTE
-    [backward-time recovery])."""
+    """Where residual `index` of (layer, micro_batch) lives: act.L.mb or wact.L.mb if kept
+    (residual_home), else rec.L.mb, or (buffer, offset) `rebuilt` when its B recomputes it
+    (NOTE [backward-time recovery])."""
     var = _kind(program, layer).residuals[index]
-    kept, _ = residual_layout(program, layer, micro_batch, True)
-    if index in kept:
-        return var_slot(buffer_name(BufferKind.ACT, layer=layer, micro_batch=micro_batch),
-                        kept[index], var)
-    dropped, _ = residual_layout(program, layer, micro_batch, False)
-    buffer, base = rebuilt or (buffer_name(BufferKind.REC, layer=layer, micro_batch=micro_batch), 0)
-    return var_slot(buffer, base + dropped[index], var)
+    home = residual_home(program, layer, micro_batch, index)
+    offsets, _ = residual_layout(program, layer, micro_batch, home)
+    name = buffer_name(home, layer=layer, micro_batch=micro_batch)
+    if home != BufferKind.REC:
+        return var_slot(name, offsets[index], var)
+    buffer, base = rebuilt or (name, 0)
+    return var_slot(buffer, base + offsets[index], var)
 
 
 def _input_index(kind, position: int) -> int:
@@ -95,8 +95,7 @@ def _bind_residuals(placement: _Placement, program, layer: int, m: int, keep,
 
 
 def _is_kept(program, layer: int, m: int):
-    kept, _ = residual_layout(program, layer, m, True)
-    return lambda i: i in kept
+    return lambda i: residual_home(program, layer, m, i) != BufferKind.REC
 
 
 def _forward_inputs(program, task: Task, layer: int) -> list[Call]:

@@ -40,12 +40,12 @@ from ratrain.program_format.table import walk
 
 # NOTE [zb1 periods]: a zb1 stage (NOTE [zb1 schedule]) runs the same tasks every
 # micro-batch too, but holds P - s micro-batches between F and B and P - s + 1 between F
-# and the last W: the buffers that live until B (gradient messages, B's recoveries) cycle
-# through P - s places in the arena, those that live until W (act.L.mb, wop.L.mb) through
-# P - s + 1, so its rows repeat only every lcm(P - s, P - s + 1) = (P - s)(P - s + 1)
-# micro-batches (6 on stage 0 of 2, 20 on stage 0 of 4), and first-fit's places settle
-# only after such a cycle: a zb1 stage tries that shift first, from an instance one shift
-# longer than 1F1B's. 1F1B programs keep their shifts and instances.
+# and the last W: the buffers that live until B (act.L.mb, gradient messages, B's
+# recoveries) cycle through P - s places in the arena, those that live until W
+# (wact.L.mb, wop.L.mb) through P - s + 1, so its rows repeat only every
+# lcm(P - s, P - s + 1) = (P - s)(P - s + 1) micro-batches (6 on stage 0 of 2, 20 on stage
+# 0 of 4), and first-fit's places settle only after such a cycle: a zb1 stage tries that
+# shift first, from an instance one shift longer than 1F1B's. 1F1B programs keep their shifts and instances.
 def first_instance(pp: int, shift: int = 0, pipeline_schedule: str = "1f1b") -> int:
     """The smallest instance tried: past the warm-up and the offsets' first cycles (under
     zb1 one shift more: its offsets take a whole long cycle to settle, NOTE [zb1 periods])."""

@@ -22,8 +22,16 @@ from ratrain.passes.schedule_1f1b import (compute_order, schedule_1f1b, warmup_f
 # for B(m - b) and for the W's of micro-batch m - b - 1. That one deferred micro-batch is
 # what lets the last stage run F B F B W F B W ... and pass each gradient on before its
 # W (F B W strictly, under a bound of b from F to the last W, left the dry run at
-# 3 M + 2 (P - 1) slots); it costs memory: the stage keeps that micro-batch's residuals
-# and W operands until its W's (NOTE [weight operands]). The W's are placed by replaying
+# 3 M + 2 (P - 1) slots); it costs memory: the stage keeps that micro-batch's W operands
+# (NOTE [weight operands]) until its W's. Every stage but the last runs B(m) only after
+# the W's of the micro-batches before m, so a B never creates W operands while an older
+# micro-batch holds its own: F(m + b) may still run before the W's of m, which then run
+# while the stage waits for B(m + 1)'s gradient, and the stage's peak stays 1F1B's plus
+# one micro-batch's W operands (tests/passes/test_zb1.py). The last stage, whose B's
+# start the gradient on its way through every other stage, runs each B as soon as it
+# can, and holds one micro-batch's W operands more than that (it holds P - 1
+# micro-batches fewer than stage 0 from F to B; with F = B = W, waiting there too costs
+# a slot: 3 M + 2 (P - 1)). The W's are placed by replaying
 # the step with the program's cost model (unit costs without one): at each point a stage
 # runs its next F or B when its input is there and the bounds allow, else a W it owes,
 # else waits. A layer's W's stay in micro-batch order, so every gradient sums its
@@ -88,11 +96,18 @@ def _run(st: _Stage, task: Task, at: float, cost: Cost, ends: dict, layers) -> N
             st.owed += _w_tasks(st.stage, layers, task.micro_batch)
 
 
+def _waits_for_weights(st: _Stage, task: Task, last: int) -> bool:
+    """Must B wait for the W's of earlier micro-batches? (Every stage but the last.)"""
+    return task.kind == Kind.B and st.stage != last and \
+        any(w.micro_batch < task.micro_batch for w in st.owed)
+
+
 def _step(st: _Stage, cost: Cost, ends: dict, last: int, layers) -> bool:
     """Run one task on the stage if it can; False when it must wait for a neighbour."""
     task = st.order[0]
     ready = _ready_at(st, task, ends, last)
-    if _blocked_by_bound(st, task) or ready is None or ready > st.clock:
+    if _blocked_by_bound(st, task) or _waits_for_weights(st, task, last) or ready is None \
+            or ready > st.clock:
         if st.owed:
             _run(st, st.owed[0], st.clock, cost, ends, layers)
             return True
@@ -148,7 +163,8 @@ def schedule_zb1(stages: tuple[tuple[int, ...], ...], num_micro_batches: int,
     has one F, one B and one W per layer of the stage; F's and B's in 1F1B's order
     (schedule_1f1b); each W after its B, a layer's W's in micro-batch order; at most
     min(P - s, M) micro-batches between their F and their B on stage s, and one more
-    between their F and their last W; every SEND has one matching RECV and the dry run
+    between their F and their last W; on every stage but the last, each B after the W's
+    of the micro-batches before it; every SEND has one matching RECV and the dry run
     finds no deadlock.
     """
     if not stages or num_micro_batches < 1:

@@ -161,6 +161,19 @@ def _check_weights(program, stage: int, tasks) -> None:
             _fail(stage, f"layer {layer} has W's of micro-batches {seen.get(layer)}, not one "
                          f"of each of {program.micro_batches}")
     _check_in_flight(program, stage, tasks)
+    if stage != len(program.stages) - 1:
+        _check_weights_before_backward(stage, tasks)
+
+
+def _check_weights_before_backward(stage: int, tasks) -> None:
+    """NOTE [zb1 schedule]: on every stage but the last, B(m) follows the W's of the
+    micro-batches before m (one micro-batch's W operands at a time)."""
+    last_w = {t.micro_batch: i for i, t in enumerate(tasks) if t.kind == Kind.W}
+    for i, t in enumerate(tasks):
+        late = [m for m, j in last_w.items() if t.kind == Kind.B and m < t.micro_batch and j > i]
+        if late:
+            _fail(stage, f"{t} runs before the W's of micro-batch {min(late)}: a B that is "
+                         "not the last stage's follows the W's of earlier micro-batches")
 
 
 def _check_in_flight(program, stage: int, tasks) -> None:

@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ratrain.ir.buffers import BufferKind
 from ratrain.ir.tasks import Kind, Task, format_tasks, parse_tasks
-from ratrain.passes.buffers import recovers_in_backward, residual_split, weight_operand_layout
+from ratrain.passes.buffers import (recovers_in_backward, residual_layout, task_effects,
+                                    weight_operand_layout)
 from ratrain.passes.dryrun import dry_run
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
@@ -47,7 +49,8 @@ def test_stage_orders_p2_m4():
     order = zb1_compute_order(((0, 1), (2,)), 4)
     assert format_tasks(order[1]) == ("1F0 1B0 1F1 1B1 1W[L2]0 1F2 1B2 1W[L2]1 1F3 1B3 "
                                       "1W[L2]2 1W[L2]3")
-    assert format_tasks(order[0]).startswith("0F0 0F1 0B0 0F2 0B1 0W[L1]0 0W[L0]0 0F3 0B2")
+    # Stage 0 runs F2 before W0, and B1 after it.
+    assert format_tasks(order[0]).startswith("0F0 0F1 0B0 0F2 0W[L1]0 0W[L0]0 0B1 0F3")
 
 
 @pytest.mark.parametrize("p,m", [(1, 1), (2, 1), (2, 5), (3, 3), (4, 8), (5, 3)])
@@ -130,32 +133,44 @@ def test_zb1_with_clipping_and_tied_weights_computes_1f1b_bits(clip, model):
     assert all(np.array_equal(runs[0][1][k], runs[1][1][k]) for k in runs[1][1])
 
 
-def held_for_weights(program, stage: int, micro_batch: int) -> int:
-    """What a micro-batch keeps on the stage from its B to its last W (NOTE [weight
-    operands]): its residuals (act.L.mb, and rec.L.mb when rebuilt before B) and wop.L.mb."""
+def weight_operands(program, stage: int, micro_batch: int) -> int:
+    """What the W's of a micro-batch read on the stage besides parameters (NOTE [weight
+    operands]): the kept residuals they read (wact.L.mb), what B handed them (wop.L.mb)
+    and the residuals a REC rebuilt before B (rec.L.mb)."""
     held = 0
     for layer in program.stages[stage]:
-        kept, dropped = residual_split(program, layer, micro_batch)
         rebuilt_before_b = (layer, micro_batch) in program.recompute and \
             not recovers_in_backward(program, stage, micro_batch)
-        held += kept + (dropped if rebuilt_before_b else 0) + \
-            weight_operand_layout(program, layer, micro_batch)[1]
+        held += residual_layout(program, layer, micro_batch, BufferKind.WACT)[1] + \
+            weight_operand_layout(program, layer, micro_batch)[1] + \
+            (residual_layout(program, layer, micro_batch, BufferKind.REC)[1]
+             if rebuilt_before_b else 0)
     return held
 
 
 @pytest.mark.parametrize("pp,dp,m,zero,schedule,recompute", CASES)
-def test_zb1_peak_is_1f1b_plus_one_deferred_micro_batch(pp, dp, m, zero, schedule,
-                                                        recompute):
-    """NOTE [zb1 schedule]: beside 1F1B's micro-batches a stage holds the W operands of the
-    micro-batch in its B and one micro-batch more between its B and its last W."""
+def test_zb1_peak_is_1f1b_plus_one_micro_batchs_weight_operands(pp, dp, m, zero, schedule,
+                                                                recompute):
+    """NOTE [zb1 schedule], NOTE [weight operands]: act.L.mb dies with B and a B waits for
+    older W's, so a stage but the last holds 1F1B's peak plus at most one micro-batch's W
+    operands; the last stage one micro-batch's more, and the program's peak (its largest
+    stage's, what a rank's budget must hold) stays within 1F1B's plus one."""
     zb1 = compile_zb1(pp, dp, m, zero, schedule, "zb1", recompute)
     base = compile_zb1(pp, dp, m, zero, schedule, "1f1b", recompute)
-    for s, layers in enumerate(zb1.stages):
-        operands = max(sum(weight_operand_layout(zb1, l, k)[1] for l in layers)
-                       for k in range(m))
-        deferred = max(held_for_weights(zb1, s, k) for k in range(m))
-        assert zb1.memory.stages[s].peak_bytes <= \
-            base.memory.stages[s].peak_bytes + operands + deferred
+    peaks = [[p.memory.stages[s].peak_bytes for s in range(pp)] for p in (zb1, base)]
+    operands = [max(weight_operands(zb1, s, k) for k in range(m)) for s in range(pp)]
+    for s in range(pp):
+        assert peaks[0][s] <= peaks[1][s] + operands[s] * (2 if s == pp - 1 else 1)
+    assert max(peaks[0]) <= max(peaks[1]) + max(operands)
+
+
+def test_w_reads_no_residual_buffer_b_frees():
+    """act.L.mb is last read by B, wact.L.mb by W (NOTE [weight operands])."""
+    program = compile_zb1(2, 1, 3)
+    reads = {t: task_effects(program, t).reads for t in program.tasks[0]}
+    w_reads = {name for t, names in reads.items() if t.kind == Kind.W for name in names}
+    assert any(name.startswith("wact.") for name in w_reads)
+    assert not any(name.startswith("act.") for name in w_reads)
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +248,15 @@ def test_weight_operand_buffers_are_named_by_the_grammar(program):
     for stage, memory in program.memory.stages.items():
         kinds = {parse_buffer(n).kind for n in memory.offsets}
         assert BufferKind.WOP in kinds and all(str(parse_buffer(n)) == n for n in memory.offsets)
+
+
+def test_a_b_before_older_ws_is_rejected_but_on_the_last_stage(program):
+    """Stage 0 runs 0B1 after the W's of micro-batch 0; moving 0W[L0]0 after it breaks
+    that (NOTE [zb1 schedule]); the last stage's 1B1 may precede 1W[L4]0 and does."""
+    tasks = [t for t in program.tasks[0] if str(t) != "0W[L0]0"]
+    b1 = next(i for i, t in enumerate(tasks) if str(t) == "0B1")
+    tasks.insert(b1 + 1, parse_tasks("0W[L0]0")[0])
+    with pytest.raises(ScheduleInvariantError, match="0B1 runs before the W's of micro-batch 0"):
+        verify_schedule(replace(program, tasks={**program.tasks, 0: tuple(tasks)}))
+    order = [str(t) for t in program.tasks[1]]
+    assert order.index("1B1") < order.index("1W[L4]0")
