@@ -2,7 +2,7 @@
 profile `ratrain calibrate` measured, against the runtime's step_seconds (--metrics), for
 programs that cover what the planner chooses between: two model shapes (tiny, tiny-gqa),
 pp 2 and dp 2 (2 ranks x 1 thread) and 1 rank x 2 threads, ZeRO 0 to 3, both schedules,
-with and without recompute, fp32 and bf16. Measured = median of --measure steps after
+both pipeline schedules (1f1b, zb1), with and without recompute, fp32 and bf16. Measured = median of --measure steps after
 --warmup steps; error = predicted / measured - 1 (target: mean absolute error at most 3%,
 none over 6%). Every line carries the CPU's SIMD flags.
 
@@ -35,6 +35,7 @@ CONFIGS = {
     "tiny 1 rank x 2 threads": ("tiny", 1, ("--micro-batches", "2", "--micro-batch-size", "2")),
     "tiny pp2": ("tiny", 2, PP2),
     "tiny pp2 baseline": ("tiny", 2, (*PP2, "--schedule", "baseline")),
+    "tiny pp2 zb1": ("tiny", 2, (*PP2, "--pipeline-schedule", "zb1")),
     "tiny pp2 recompute full": ("tiny", 2, (*PP2, "--recompute", "full")),
     "tiny dp2 zero1": ("tiny", 2, (*DP2, "--zero", "1")),
     "tiny dp2 zero2": ("tiny", 2, (*DP2, "--zero", "2")),
