@@ -2,9 +2,9 @@
 profile `ratrain calibrate` measured, against the runtime's step_seconds (--metrics), for
 programs that cover what the planner chooses between: two model shapes (tiny, tiny-gqa),
 pp 2 and dp 2 (2 ranks x 1 thread) and 1 rank x 2 threads, ZeRO 0 to 3, both schedules,
-both pipeline schedules (1f1b, zb1), with and without recompute, fp32 and bf16. Measured = median of --measure steps after
---warmup steps; error = predicted / measured - 1 (target: mean absolute error at most 3%,
-none over 6%). Every line carries the CPU's SIMD flags.
+both pipeline schedules (1f1b, zb1), with and without recompute, fp32 and bf16. Measured =
+median of --measure steps after --warmup steps; error = predicted / measured - 1 (target:
+mean absolute error at most 3%, none over 6%). Every line carries the CPU's SIMD flags.
 
 Timings are only meaningful on idle cores: before calibrating and before each run the
 bench waits (polling every 30 s, up to --wait seconds) for the 1-minute load average to

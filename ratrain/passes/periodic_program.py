@@ -45,7 +45,8 @@ from ratrain.program_format.table import walk
 # (wact.L.mb, wop.L.mb) through P - s + 1, so its rows repeat only every
 # lcm(P - s, P - s + 1) = (P - s)(P - s + 1) micro-batches (6 on stage 0 of 2, 20 on stage
 # 0 of 4), and first-fit's places settle only after such a cycle: a zb1 stage tries that
-# shift first, from an instance one shift longer than 1F1B's. 1F1B programs keep their shifts and instances.
+# shift first, from an instance one shift longer than 1F1B's. 1F1B programs keep their
+# shifts and instances.
 def first_instance(pp: int, shift: int = 0, pipeline_schedule: str = "1f1b") -> int:
     """The smallest instance tried: past the warm-up and the offsets' first cycles (under
     zb1 one shift more: its offsets take a whole long cycle to settle, NOTE [zb1 periods])."""

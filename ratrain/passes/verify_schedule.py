@@ -170,7 +170,9 @@ def _check_weights_before_backward(stage: int, tasks) -> None:
     micro-batches before m (one micro-batch's W operands at a time)."""
     last_w = {t.micro_batch: i for i, t in enumerate(tasks) if t.kind == Kind.W}
     for i, t in enumerate(tasks):
-        late = [m for m, j in last_w.items() if t.kind == Kind.B and m < t.micro_batch and j > i]
+        if t.kind != Kind.B:
+            continue
+        late = [m for m, j in last_w.items() if m < t.micro_batch and j > i]
         if late:
             _fail(stage, f"{t} runs before the W's of micro-batch {min(late)}: a B that is "
                          "not the last stage's follows the W's of earlier micro-batches")
