@@ -199,7 +199,7 @@ def _groups() -> dict:
             ("rms_norm", "rms_norm_bwd"): norm_cases, ("rope", "rope_bwd"): rope_cases,
             ("swiglu", "swiglu_bwd"): swiglu_cases, ("embedding", "embedding_bwd"): embedding_cases,
             ("cross_entropy", "cross_entropy_bwd"): cross_entropy_cases, ("add",): memory_cases,
-            ("adamw", "prefetch_view", "grad_sync"): runtime_cases}
+            ("adamw", "prefetch_view", "grad_sync", "gather_view"): runtime_cases}
 
 
 def all_cases(ops=None, seed: int = 0) -> list[Case]:

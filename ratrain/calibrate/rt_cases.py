@@ -1,8 +1,8 @@
-"""The runtime's own Python-run calls as calibration cases: AdamW, view prefetch and the
-finishing work of a gradient all-reduce, run through rt/calls.run_call on a small arena,
-so their cost includes what the runtime does around the kernel (gradient scaling, decay
-runs, the mean written back) and not only the kernel. Bytes are those the simulator
-charges (sim/calls.py).
+"""The runtime's own Python-run calls as calibration cases: AdamW, view prefetch, the
+finishing work of a gradient all-reduce and the start of a view's all-gather, run through
+rt/calls.run_call on a small arena, so their cost includes what the runtime does around
+the kernel (gradient scaling, decay runs, the mean written back, the shard cast and the
+MPI start) and not only the kernel. Bytes are those the simulator charges (sim/calls.py).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from ratrain.calibrate.case import Case
 from ratrain.ir.buffers import BufferKind, buffer_name
-from ratrain.sim.costs import UPDATE_BYTES_PER_PARAM
+from ratrain.sim.costs import UPDATE_BYTES_PER_PARAM, view_cast_bytes
 from ratrain.optim import AdamW
 from ratrain.program_format.lowered import Call, Slot
 from ratrain.passes.program import CompileOptions
@@ -31,13 +31,20 @@ WEIGHT_SHARE = 0.99                     # of a decoder layer's parameters, in ma
 
 
 class OneMemberGroup:
-    """The Transport of a rank alone in its DP group: collectives finish at once."""
+    """The Transport of a rank alone in its DP group: collectives finish at once; an
+    all-gather is a real MPI one over this rank alone (NOTE [gather start])."""
 
     def __init__(self):
         self.options, self.step, self.optimizer = CompileOptions(), 1, AdamW(weight_decay=0.1)
+        self.comms = None
 
     def dp_sum(self, st, call, value, scatter, finish):
         finish(value)
+
+    def dp_gather(self, st, call, shard, finish, into=None):
+        from ratrain.rt import comm
+        self.comms = self.comms or comm.Communicators.alone()
+        comm.start_param_allgather(self.comms, shard, (), finish, into).complete()
 
 
 def _state(n: int, buffers: dict):
@@ -76,5 +83,8 @@ def runtime_cases(kernels=None, rng=None) -> list[Case]:
             _case("prefetch_view", n, 8 * n,
                   Call("prefetch_view", (view,), (master,), (("gather", False),), layer=1), st),
             _case("grad_sync", n, 8 * n,
-                  Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), layer=1), st)]
+                  Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), layer=1), st),
+            _case("gather_view", n, view_cast_bytes(n, 4),
+                  Call("gather_view", (view,), (master,), (("use", "0F0"), ("in_place", True)),
+                       layer=1), st)]
     return cases

@@ -18,11 +18,12 @@ from ratrain.ir.tasks import GRAD_PRODUCERS, Kind, counterpart
 from ratrain.passes.buffers import is_split
 from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, rollback_only
 from ratrain.sim.collectives import collective_cost
-from ratrain.sim.costs import (collective_timed, crosses_node, dp_group, grad_scatter,
-                               link_host_seconds, memory_seconds, message_path, norm_seconds,
-                               norm_share_bytes, scatter_bytes, slot_elements,
-                               sync_finish_seconds, tie_local_bytes, tie_sum_seconds,
-                               undo_copy_bytes, update_seconds, view_gather)
+from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
+                               gather_start_seconds, grad_scatter, link_host_seconds,
+                               memory_seconds, message_path, norm_seconds, norm_share_bytes,
+                               scatter_bytes, slot_elements, sync_finish_seconds,
+                               tie_local_bytes, tie_sum_seconds, undo_copy_bytes,
+                               update_seconds, view_gather)
 from ratrain.sim.kernels import cold_profile, graph_seconds
 from ratrain.sim.residency import cold_fractions
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
@@ -320,7 +321,7 @@ def _view_gather(c: ProfileCosts, task, call, label: str) -> list[Step]:
     g = view_gather(slot_elements(call.inputs[0]), np.dtype(call.outputs[0].dtype).itemsize,
                     c.options.dp, sum(s.nbytes for s in call.outputs),
                     bool(dict(call.params).get("in_place")))
-    return [Compute(g.cast / c.ddr),
+    return [Compute(gather_start_seconds(c.profile, c.options.precision, g)),
             *c.collective("allgather", g.gathered, task.stage,
                           {s.buffer for s in call.outputs}, g.unpack / c.ddr, label)]
 

@@ -211,6 +211,22 @@ def view_gather(shard: int, itemsize: int, dp: int, view_bytes: int,
                       0 if in_place else gathered + view_bytes)
 
 
+# NOTE [gather start]: starting a view's all-gather is the rank's own work: the runtime casts
+# the master shard (numpy), builds the request and MPI's start copies the rank's own
+# shard into the output (rt/calls._start_gather, rt/comm.start_param_allgather). On the
+# 2-core machine of bench/predict.py a 1.6 MB fp32 shard took 0.24 ms per start, 0.09 ms
+# of it inside MPI's start, where the cast's DDR bytes charged 0.09 ms in all: a dp 2
+# ZeRO-3 tiny step starts 21 of them and ran 3.3 ms longer than simulated for it.
+# `ratrain calibrate` times that start as the runtime runs it (calibrate/rt_cases.py: the
+# `gather_view` case, over a DP group of the rank alone) per cast byte; a profile without
+# the case charges the cast's bytes at DDR bandwidth.
+def gather_start_seconds(profile: dict, precision: str, g: ViewGather) -> float:
+    """The compute of starting the view_gather `g` (NOTE [gather start])."""
+    measured = op_costs(profile, precision, "gather_view")
+    return g.cast / profile["ddr_bandwidth"] if measured is None else \
+        fitted_seconds(measured, 0, g.cast)
+
+
 def layer_view_gather(program, layer: int, in_place: bool) -> ViewGather:
     """A layer's view_gather: its master shard over the DP group into its view."""
     itemsize, params = np.dtype(program.graph.dtype).itemsize, layer_param_count(program, layer)
@@ -227,7 +243,7 @@ def prefetch_seconds(program, profile: dict, layer: int, in_place: bool,
         params = layer_param_count(program, layer)
         return memory_seconds(profile, o.precision, "prefetch_view", 4 * params + view)
     g = layer_view_gather(program, layer, in_place)
-    return (g.cast + g.unpack) / profile["ddr_bandwidth"] + \
+    return gather_start_seconds(profile, o.precision, g) + g.unpack / profile["ddr_bandwidth"] + \
         collective_seconds(profile, "allgather", o.dp, g.gathered, algorithm,
                            dp_group(profile, o, program.stage_of_layer(layer)))
 

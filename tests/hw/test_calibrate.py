@@ -4,6 +4,7 @@ fed to the fits are made up, the probe's are only checked to be there."""
 import json
 import math
 
+import numpy as np
 import pytest
 
 from ratrain.calibrate import build_profile
@@ -261,3 +262,23 @@ def test_probe_times_collectives_on_every_rank_and_beside_a_kernel_under_mpiexec
     assert beside["kernel_seconds"] > 0 and beside["kernel_seconds_beside"] > 0
     assert beside["allreduces_done"] >= 0 and beside["members"] == 2
     assert "collectives on every rank at once" in capfd.readouterr().out
+
+
+def test_the_gather_view_case_runs_the_runtimes_gather_over_a_group_of_one():
+    """NOTE [gather start]: the case is the runtime's own gather_view (shard cast, MPI's
+    all-gather started and completed over this rank alone), so the view ends up holding
+    the master; every size is a case."""
+    from ratrain.calibrate.rt_cases import SIZES, OneMemberGroup, _slot, _state, runtime_cases
+    from ratrain.ir.buffers import BufferKind, buffer_name
+    from ratrain.program_format.lowered import Call
+    from ratrain.rt.calls import run_call
+    n = 1000
+    names = [buffer_name(kind, layer=1) for kind in (BufferKind.MASTER, BufferKind.VIEW)]
+    st = _state(n, dict.fromkeys(names, n))
+    master, view = (_slot(name, n) for name in names)
+    st.view(master)[:] = np.arange(n, dtype=np.float32) / 7
+    run_call(OneMemberGroup(), st, Call("gather_view", (view,), (master,),
+                                        (("use", "0F0"), ("in_place", True)), layer=1))
+    np.testing.assert_array_equal(st.view(view), st.view(master))
+    assert [c.shape for c in runtime_cases() if c.op == "gather_view"] == \
+        [f"n={size}" for size in SIZES]

@@ -13,7 +13,8 @@ from ratrain.ir.tasks import parse_task
 from ratrain.passes.program import CompileOptions
 from ratrain.sim import simulate
 from ratrain.sim.calls import ProfileCosts
-from ratrain.sim.costs import UPDATE_BYTES_PER_PARAM
+from ratrain.sim.costs import (UPDATE_BYTES_PER_PARAM, layer_view_gather, prefetch_seconds,
+                              view_cast_bytes)
 from ratrain.sim.kernels import fitted_seconds, node_bytes, node_seconds
 from ratrain.sim.simulate import rank_profile
 from ratrain.sim.steps import Compute
@@ -94,6 +95,30 @@ def test_all_reduce_finishing_work_uses_its_measured_cost():
     cpu = load_profile("cpu")
     assert start(cpu).finish > 0
     assert start(cpu | {"op_costs": {"fp32": {"grad_sync": {"seconds": 0.25}}}}).finish == 0.25
+
+
+@pytest.mark.parametrize("zero, task", [(3, "0GATH_F[L1]0"), (1, "0PREF[L1]")])
+def test_a_gathers_start_costs_its_measured_time(zero, task):
+    """NOTE [gather start]: a ZeRO-3 gather (and a ZeRO 1-2 prefetch's gather) charges the
+    rank the `gather_view` case's time for its cast bytes instead of those bytes at DDR
+    bandwidth; the estimate's PREF does the same."""
+    options = CompileOptions(dp=2, zero=zero, micro_batches=2, micro_batch_size=1, seq_len=32)
+    program = compile_graph(trace_for(models.get_config("tiny"), "tiny", options), options)[0]
+    task = parse_task(task)
+    compute = lambda p: sum(s.seconds for s in ProfileCosts(program, p).steps(task)
+                            if isinstance(s, Compute))
+    gathers = [c for lt in program.lowered[0] if lt.task == task for c in lt.calls
+               if c.op in ("gather_view", "prefetch_view")]
+    cpu = load_profile("cpu")
+    slow = cpu | {"op_costs": {"fp32": {"gather_view": {"seconds": 0.5}}}}
+    cast = sum(view_cast_bytes(math.prod(c.inputs[0].shape), 4) for c in gathers)
+    assert len(gathers) == 1 and cast > 0
+    assert compute(slow) == pytest.approx(compute(cpu) - cast / cpu["ddr_bandwidth"] + 0.5,
+                                          rel=1e-12)
+    in_place = bool(dict(gathers[0].params).get("in_place"))
+    pref = lambda p: prefetch_seconds(program, p, 1, in_place)
+    assert pref(slow) == pytest.approx(pref(cpu) - layer_view_gather(program, 1, in_place).cast
+                                       / cpu["ddr_bandwidth"] + 0.5, rel=1e-12)
 
 
 PER_THREADS = {"node_cores": 4, "threads": {"1": {"ddr_bandwidth": 1e9},
