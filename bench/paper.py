@@ -27,7 +27,7 @@ from ratrain.hw.topology import ranks_per_node
 from ratrain.inputs import load_hw, load_model
 from ratrain.units import format_budget, parse_size
 from ratrain.ir.tasks import BACKWARDS, Kind
-from ratrain.passes.buffers import recovers_in_backward
+from ratrain.passes.layer_buffers import recovers_in_backward
 from ratrain.passes.partition_stages import PartitionError
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
 from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ratrain.ir.buffers import NAME_FORMS, BufferKind, parse_buffer
 from ratrain.ir.graph import DTYPE_SHORT
-from ratrain.passes.buffers import grad_layout, view_layout
+from ratrain.passes.layer_buffers import grad_layout, view_layout
 
 _PARAM_BUFFERS = (BufferKind.VIEW, BufferKind.GRAD)  # laid out by the layer kind
 

@@ -24,10 +24,10 @@ class BufferKind(StrEnum):
     UNDO = "undo"         # commit rule: a speculative UPD's copy [master | m | v]
     ACT = "act"           # residuals of (layer, micro-batch) kept from F to B
     WACT = "wact"         # zb1: the kept residuals W[L] reads, from F to W[L] (NOTE
-                          # [weight operands], passes/buffers.py)
+                          # [weight operands], passes/layer_buffers.py)
     REC = "rec"           # residuals of (layer, micro-batch) a REC task rebuilt
     WOP = "wop"           # zb1: what B hands W[L] of (layer, micro-batch) (NOTE [weight
-                          # operands], passes/buffers.py)
+                          # operands], passes/layer_buffers.py)
     IN = "in"             # forward activation received from stage - 1
     OUT = "out"           # forward activation sent to stage + 1
     GIN = "gin"           # output gradient received from stage + 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.buffers import recovers_in_backward, stage_recovers_in_backward
+from ratrain.passes.layer_buffers import recovers_in_backward, stage_recovers_in_backward
 from ratrain.passes.residuals import recompute_flops
 
 
@@ -135,7 +135,7 @@ def _place(program, choices: dict, stage: int, tasks) -> tuple[Task, ...]:
     """REC tasks of micro-batch m go before RECV_B m (ratrain: forward side, in the wait
     for the gradient). In baseline mode, on the last stage and for the micro-batches auto
     leaves to B there are none: B rebuilds each layer right before its backward (NOTE
-    [backward-time recovery], buffers.py)."""
+    [backward-time recovery], layer_buffers.py)."""
     if stage_recovers_in_backward(program, stage):
         return tuple(tasks)
     out: list[Task] = []

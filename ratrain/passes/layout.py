@@ -1,9 +1,9 @@
 """Layouts inside buffers: where each tensor of a buffer sits, in bytes from its start.
 
-buffers.py sizes buffers from these layouts and lower.py addresses tensors through them,
-so the memory plan and the lowered calls agree byte for byte. Tensors are packed in a
-fixed order at ALIGN-byte boundaries; a layer's workspace places its intermediates by
-first fit over their live ranges inside the graph.
+buffers.py and layer_buffers.py size buffers from these layouts and lower.py addresses
+tensors through them, so the memory plan and the lowered calls agree byte for byte.
+Tensors are packed in a fixed order at ALIGN-byte boundaries; a layer's workspace places
+its intermediates by first fit over their live ranges inside the graph.
 """
 from __future__ import annotations
 

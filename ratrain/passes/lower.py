@@ -15,11 +15,11 @@ from dataclasses import replace
 from ratrain.ir.buffers import BufferKind, buffer_name, grad_accumulator, message_buffer
 from ratrain.ir.graph import Literal
 from ratrain.ir.tasks import Kind, Task, backward_of
-from ratrain.passes.buffers import (GRAD_OUTPUT, backward_graph, backward_pinned,
-                                    backward_workspace, cotangent_bytes, cotangent_slots,
-                                    fused_grad_ids, grad_layout, is_split, pinned_values,
-                                    recovers_in_backward, residual_home, residual_layout,
-                                    view_layout, weight_operand_layout, weight_pinned)
+from ratrain.passes.layer_buffers import (GRAD_OUTPUT, backward_graph, backward_pinned,
+                                          backward_workspace, cotangent_bytes, cotangent_slots,
+                                          fused_grad_ids, grad_layout, is_split, pinned_values,
+                                          recovers_in_backward, residual_home, residual_layout,
+                                          view_layout, weight_operand_layout, weight_pinned)
 from ratrain.passes.insert_gathers import view_buffer
 from ratrain.passes.residuals import nodes_rebuilding
 from ratrain.passes.layout import graph_workspace
@@ -313,8 +313,8 @@ def _lower_weight(program, task: Task) -> list[Call]:
 
 
 def fuse_grad_accumulation(calls: list[Call]) -> list[Call]:
-    """NOTE [fused gradient accumulation] (buffers.py): `accumulate_grad` of a gradient a
-    GRAD_OUTPUT op wrote into its grad.L slot is folded into that op, param
+    """NOTE [fused gradient accumulation] (layer_buffers.py): `accumulate_grad` of a
+    gradient a GRAD_OUTPUT op wrote into its grad.L slot is folded into that op, param
     grad_into=(output index, "set"|"add"). That saves a write and a read of every weight
     gradient per micro-batch through DDR, and fp16 weight gradients are no longer rounded
     to half before they are summed."""

@@ -14,8 +14,8 @@ from dataclasses import replace
 from ratrain.ir.buffers import (BufferKind, buffer_name, is_grad_shard, parse_buffer,
                                 sync_buffers, update_grad)
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.buffers import (gathers_in_place, grad_layout, shard_elements,
-                                    view_gather_elements, view_layout)
+from ratrain.passes.layer_buffers import (gathers_in_place, grad_layout, shard_elements,
+                                          view_gather_elements, view_layout)
 from ratrain.passes.insert_gathers import gather_of, gathers_issued_in
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.passes.insert_update import commits_updates

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ratrain.passes.buffers import (CATEGORIES, backward_workspace, gathers_in_place,
-                                    layer_param_count, message_bytes, persistent_buffers,
-                                    recovers_in_backward, shard_elements,
-                                    unfused_grad_elements, undo_buffer)
+from ratrain.passes.buffers import CATEGORIES, persistent_buffers, undo_buffer
+from ratrain.passes.layer_buffers import (backward_workspace, gathers_in_place, layer_param_count,
+                                          message_bytes, recovers_in_backward, shard_elements,
+                                          unfused_grad_elements)
 from ratrain.passes.residuals import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches

@@ -128,7 +128,7 @@ def unflatten_layer(program, layer: int, flat) -> dict:
 
 def write_view(st: RankState, slots, flat) -> None:
     """The flat parameters into the view slots, in order; nothing to do for a gather that
-    received in place (NOTE [views gathered in place], passes/buffers.py)."""
+    received in place (NOTE [views gathered in place], passes/layer_buffers.py)."""
     at = 0
     for slot in slots:
         n, view = math.prod(slot.shape), st.view(slot)

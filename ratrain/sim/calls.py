@@ -15,7 +15,7 @@ import numpy as np
 from ratrain.ir.buffers import is_grad_shard
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import GRAD_PRODUCERS, Kind, counterpart
-from ratrain.passes.buffers import is_split
+from ratrain.passes.layer_buffers import is_split
 from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, rollback_only
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
@@ -317,7 +317,7 @@ def _view_gather(c: ProfileCosts, task, call, label: str) -> list[Step]:
     """Cast the master shard, all-gather the cast shards on the DP link (a Start: later
     calls overlap it until one touches the view), and copy the gathered view into place
     when it is waited for, unless it was gathered in place (NOTE [views gathered in
-    place], passes/buffers.py)."""
+    place], passes/layer_buffers.py)."""
     g = view_gather(slot_elements(call.inputs[0]), np.dtype(call.outputs[0].dtype).itemsize,
                     c.options.dp, sum(s.nbytes for s in call.outputs),
                     bool(dict(call.params).get("in_place")))

@@ -14,8 +14,8 @@ from typing import Callable
 import numpy as np
 
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.buffers import (gathers_in_place, is_split, layer_param_count,
-                                    message_bytes, recovers_in_backward, shard_elements)
+from ratrain.passes.layer_buffers import (gathers_in_place, is_split, layer_param_count,
+                                          message_bytes, recovers_in_backward, shard_elements)
 from ratrain.passes.residuals import recompute_flops
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.hw.topology import dp_group_nodes, node_of, node_of_rank, ranks_per_node
@@ -204,7 +204,7 @@ class ViewGather:
 def view_gather(shard: int, itemsize: int, dp: int, view_bytes: int,
                 in_place: bool) -> ViewGather:
     """Cast the master shard of `shard` elements, all-gather the cast shards and, unless
-    gathered in place (NOTE [views gathered in place], passes/buffers.py), copy them into
+    gathered in place (NOTE [views gathered in place], passes/layer_buffers.py), copy them into
     the `view_bytes` view."""
     gathered = dp * shard * itemsize
     return ViewGather(view_cast_bytes(shard, itemsize), gathered,

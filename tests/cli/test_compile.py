@@ -268,7 +268,7 @@ def test_task_costs_follow_the_profile():
     from ratrain.sim.costs import task_cost_model
     from ratrain.ir.tasks import Task
     from ratrain.models import get_config
-    from ratrain.passes.buffers import layer_param_count
+    from ratrain.passes.layer_buffers import layer_param_count
     from ratrain.passes.program import CompileOptions
     options = CompileOptions(pp=2, dp=4, micro_batches=2, seq_len=32, recompute="full")
     program = compile_graph(trace_for(get_config("tiny"), "tiny", options), options)[0]

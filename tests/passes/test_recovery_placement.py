@@ -7,7 +7,7 @@ micro-batches to B and moves the last ones to the forward side where they fit.
 from functools import lru_cache
 
 from ratrain.ir.tasks import Kind
-from ratrain.passes.buffers import recovers_in_backward
+from ratrain.passes.layer_buffers import recovers_in_backward
 from ratrain.passes.residuals import recompute_flops
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.printer import format_program

@@ -10,8 +10,9 @@ import pytest
 
 from ratrain.ir.buffers import BufferKind
 from ratrain.ir.tasks import Kind, Task, format_tasks, parse_tasks
-from ratrain.passes.buffers import (recovers_in_backward, residual_layout, task_effects,
-                                    weight_operand_layout)
+from ratrain.passes.buffers import task_effects
+from ratrain.passes.layer_buffers import (recovers_in_backward, residual_layout,
+                                          weight_operand_layout)
 from ratrain.passes.dryrun import dry_run
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program

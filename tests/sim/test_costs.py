@@ -12,8 +12,8 @@ from ratrain.cluster.volume import _call_bytes
 from ratrain.hw import load_profile
 from ratrain.hw.topology import node_per_rank
 from ratrain.ir.tasks import Kind
-from ratrain.passes import buffers, lower_state
-from ratrain.passes.buffers import layer_param_count
+from ratrain.passes import layer_buffers, lower_state
+from ratrain.passes.layer_buffers import layer_param_count
 from ratrain.passes.program import CompileOptions
 from ratrain.planner import estimate as estimate_module
 from ratrain.planner.estimate import Estimator, StagePlan, _StageModel
@@ -155,7 +155,7 @@ def test_prefetch_costs_the_same_in_dry_run_simulator_and_planner(flags, in_plac
     when it is waited for (none when gathered in place: the tiny model's views all are,
     so the other case is forced)."""
     if not in_place:
-        for module in (buffers, lower_state, costs_module, estimate_module):
+        for module in (layer_buffers, lower_state, costs_module, estimate_module):
             monkeypatch.setattr(module, "gathers_in_place", lambda program, layer: False)
         compiled.cache_clear()
     profile, program = ALGORITHMS["tree"], compiled(pp=2, dp=4, **flags)

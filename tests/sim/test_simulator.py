@@ -10,7 +10,7 @@ from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
 from ratrain.hw.topology import node_per_rank
 from ratrain.ir.tasks import BACKWARDS, Kind, parse_schedule, parse_task
-from ratrain.passes.buffers import layer_param_count
+from ratrain.passes.layer_buffers import layer_param_count
 from ratrain.passes.dryrun import dry_run
 from ratrain.passes.plots import unit_cost
 from ratrain.passes.program import CompileOptions
