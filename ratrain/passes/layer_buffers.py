@@ -198,9 +198,20 @@ def backward_graph(kind, split: bool):
 
 
 def backward_pinned(kind, split: bool, fused: bool) -> frozenset:
-    """pinned_values of B's graph; under zb1 also what B hands W (wop.L.mb)."""
+    """pinned_values of B's graph; under zb1 also what B hands W (wop.L.mb): the carried
+    values, and B's parameter gradients where they are reduce-scattered (not `fused`)."""
     pinned = pinned_values(kind, "B", fused=fused)
-    return pinned | {v.id for v in kind.split.carried} if split else pinned
+    if not split:
+        return pinned
+    return pinned | {v.id for v in kind.split.carried} | \
+        (set() if fused else {v.id for v in input_gradients(kind)})
+
+
+def input_gradients(kind) -> tuple:
+    """The parameter gradients zb1's B makes (the whole ops' own: NOTE [B/W split])."""
+    part = kind.split.input_part
+    return tuple(v for v, n in zip(part.outputs, part.output_names)
+                 if n.startswith("grad:") and not isinstance(v, Literal))
 
 
 def workspace_bytes(program, stage: int, direction: str) -> int:
@@ -297,19 +308,22 @@ def message_bytes(program, stage: int) -> int:
 # (BackwardSplit.carried) and, where B rebuilds the layer's dropped residuals in its own
 # workspace (NOTE [backward-time recovery]), copies of those W reads. They live in
 # `wop.L.mb` from B to W[L]. Residuals a REC rebuilt before B (rec.L.mb) live until W[L]
-# whole: they are not split.
+# whole: they are not split. Where the layer's gradients are reduce-scattered per
+# micro-batch (NOTE [gradient accumulation]), W[L] starts that one reduce-scatter of them
+# all, so B hands it its own gradients (input_gradients) in wop.L.mb too.
 def weight_operand_layout(program, layer: int, micro_batch: int) -> tuple[dict, int]:
     """var id -> offset in wop.L.mb (NOTE [weight operands]), and its bytes."""
     kind = _kind(program, layer)
     mode = program.recompute.get((layer, micro_batch), "none")
     copied = mode != "none" and recovers_in_backward(program, program.stage_of_layer(layer),
                                                      micro_batch)
-    return _weight_operand_layout(kind, mode, copied)
+    return _weight_operand_layout(kind, mode, copied, layer in program.scatter_grads)
 
 
 @lru_cache(maxsize=1024)
-def _weight_operand_layout(kind, mode: str, copied: bool) -> tuple[dict, int]:
-    values = list(kind.split.carried)
+def _weight_operand_layout(kind, mode: str, copied: bool,
+                           scattered: bool) -> tuple[dict, int]:
+    values = list(kind.split.carried) + list(input_gradients(kind) if scattered else ())
     if copied:
         dropped = residual_ids(kind, mode, False)
         values += [kind.residuals[i] for i in kind.split.weight_residuals(kind)

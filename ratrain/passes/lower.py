@@ -17,9 +17,10 @@ from ratrain.ir.graph import Literal
 from ratrain.ir.tasks import Kind, Task, backward_of
 from ratrain.passes.layer_buffers import (GRAD_OUTPUT, backward_graph, backward_pinned,
                                           backward_workspace, cotangent_bytes, cotangent_slots,
-                                          fused_grad_ids, grad_layout, is_split, pinned_values,
-                                          recovers_in_backward, residual_home, residual_layout,
-                                          view_layout, weight_operand_layout, weight_pinned)
+                                          fused_grad_ids, grad_layout, input_gradients,
+                                          is_split, pinned_values, recovers_in_backward,
+                                          residual_home, residual_layout, view_layout,
+                                          weight_operand_layout, weight_pinned)
 from ratrain.passes.insert_gathers import view_buffer
 from ratrain.passes.residuals import nodes_rebuilding
 from ratrain.passes.layout import graph_workspace
@@ -166,16 +167,17 @@ def _cotangent_slots(program, task: Task, var) -> tuple[Slot, Slot]:
 
 
 def _accumulate_grads(program, task: Task, layer: int, placement: _Placement,
-                      graph=None) -> list[Call]:
-    """Accumulate the gradients `graph` (default: the whole backward) makes."""
+                      graph=None, handed: dict | None = None) -> list[Call]:
+    """Accumulate the gradients `graph` (default: the whole backward) makes; `handed`:
+    W's operands in wop.L.mb (zb1)."""
     kind = _kind(program, layer)
     made = set((graph or kind.bwd).output_names)
     first_b = 0  # the step's first B (verify_schedule checks B's run in micro-batch order)
     if layer in program.scatter_grads:  # NOTE [gradient accumulation]
-        if graph is not None:
-            raise NotImplementedError("zb1 splits a layer's gradients between B and W; "
-                                      "it cannot reduce-scatter them per micro-batch")
-        grads = tuple(placement.slots[kind.bwd.output("grad:" + n).id] for n in kind.fwd.param_names)
+        if graph is not None and graph is kind.split.input_part:
+            return []  # zb1: W[L] reduce-scatters them all (NOTE [weight operands])
+        slots = {**(handed or {}), **placement.slots}
+        grads = tuple(slots[kind.bwd.output("grad:" + n).id] for n in kind.fwd.param_names)
         shard = state_slots(program, layer)[4]
         return [Call("grad_scatter", (flat_slot(grad_accumulator(layer, True), shard),), grads,
                      (("first", task.micro_batch == first_b), ("micro_batch", task.micro_batch)),
@@ -275,7 +277,8 @@ def _backward_layers(program, task: Task, use) -> list[tuple[int, list[Call]]]:
 def _weight_operands(program, layer: int, m: int) -> dict:
     """var id -> its slot in wop.L.mb (NOTE [weight operands])."""
     offsets, _ = weight_operand_layout(program, layer, m)
-    values = {v.id: v for v in _kind(program, layer).split.weight_part.inputs}
+    kind = _kind(program, layer)
+    values = {v.id: v for v in kind.split.weight_part.inputs + input_gradients(kind)}
     wop = buffer_name(BufferKind.WOP, layer=layer, micro_batch=m)
     return {i: var_slot(wop, o, values[i]) for i, o in offsets.items()}
 
@@ -309,7 +312,7 @@ def _lower_weight(program, task: Task) -> list[Call]:
     for var in kind.split.carried:
         placement.bind(var, handed[var.id])
     return fuse_grad_accumulation(placement.calls(layer) + _accumulate_grads(
-        program, task, layer, placement, graph))
+        program, task, layer, placement, graph, handed))
 
 
 def fuse_grad_accumulation(calls: list[Call]) -> list[Call]:

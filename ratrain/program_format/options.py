@@ -90,10 +90,6 @@ def _check_options(o: CompileOptions) -> None:
         problems.append(f"--grad-accum must be one of {', '.join(GRAD_ACCUMULATION)}")
     elif o.grad_accum == "scatter" and o.zero < 2:
         problems.append("--grad-accum scatter reduce-scatters shards: it needs --zero 2 or 3")
-    elif o.grad_accum == "scatter" and o.pipeline_schedule == "zb1":
-        problems.append("--grad-accum scatter reduce-scatters each backward's whole gradient, "
-                        "which --pipeline-schedule zb1 splits between B and W: use local or "
-                        "auto with zb1")
     if o.stage_speeds is not None and len(o.stage_speeds) != o.pp:
         problems.append(f"stage speeds give {len(o.stage_speeds)} values for {o.pp} stages")
     try:

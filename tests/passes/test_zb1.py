@@ -11,8 +11,8 @@ import pytest
 from ratrain.ir.buffers import BufferKind
 from ratrain.ir.tasks import Kind, Task, format_tasks, parse_tasks
 from ratrain.passes.buffers import task_effects
-from ratrain.passes.layer_buffers import (recovers_in_backward, residual_layout,
-                                          weight_operand_layout)
+from ratrain.passes.layer_buffers import (input_gradients, recovers_in_backward,
+                                          residual_layout, weight_operand_layout)
 from ratrain.passes.dryrun import dry_run
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
@@ -93,10 +93,10 @@ def test_cool_down_order_follows_the_cost_model():
 
 
 def compile_zb1(pp, dp, m, zero=0, schedule="ratrain", pipeline="zb1", recompute="none",
-                clip=None, model="llama", update_rule="commit"):
+                clip=None, model="llama", update_rule="commit", grad_accum="local"):
     options = CompileOptions(pp=pp, dp=dp, micro_batches=m, micro_batch_size=B, seq_len=T,
                              schedule=schedule, zero=zero, recompute=recompute, clip=clip,
-                             grad_accum="local", pipeline_schedule=pipeline,
+                             grad_accum=grad_accum, pipeline_schedule=pipeline,
                              update_rule=update_rule)
     return run_pipeline(Program(graph(model), options))[0]
 
@@ -106,18 +106,19 @@ def run_steps(program, dp, m, model="llama"):
     return [executor.run_step(tokens) for tokens in batches(dp, m)], executor.params()
 
 
-CASES = [(2, 1, 4, 0, "ratrain", "none"), (4, 1, 8, 0, "ratrain", "none"),
-         (3, 2, 3, 2, "ratrain", "none"), (2, 2, 3, 1, "baseline", "none"),
-         (2, 1, 3, 0, "ratrain", "full"), (3, 1, 4, 0, "baseline", "selective"),
-         (2, 2, 4, 3, "ratrain", "none")]
+CASES = [(2, 1, 4, 0, "ratrain", "none", "local"), (4, 1, 8, 0, "ratrain", "none", "local"),
+         (3, 2, 3, 2, "ratrain", "none", "local"), (2, 2, 3, 1, "baseline", "none", "local"),
+         (2, 1, 3, 0, "ratrain", "full", "local"), (3, 1, 4, 0, "baseline", "selective", "local"),
+         (2, 2, 4, 3, "ratrain", "none", "local"), (2, 2, 3, 2, "ratrain", "none", "scatter"),
+         (2, 2, 4, 3, "baseline", "full", "scatter")]
 
 
-@pytest.mark.parametrize("pp,dp,m,zero,schedule,recompute", CASES)
-def test_zb1_computes_1f1b_bits(pp, dp, m, zero, schedule, recompute):
+@pytest.mark.parametrize("pp,dp,m,zero,schedule,recompute,grad_accum", CASES)
+def test_zb1_computes_1f1b_bits(pp, dp, m, zero, schedule, recompute, grad_accum):
     """B + W run the very calls of 1f1b's B, each layer's W's in micro-batch order, so
     the reference executor (numpy) gives identical losses and weights."""
-    zb1 = compile_zb1(pp, dp, m, zero, schedule, "zb1", recompute)
-    base = compile_zb1(pp, dp, m, zero, schedule, "1f1b", recompute)
+    zb1 = compile_zb1(pp, dp, m, zero, schedule, "zb1", recompute, grad_accum=grad_accum)
+    base = compile_zb1(pp, dp, m, zero, schedule, "1f1b", recompute, grad_accum=grad_accum)
     assert any(t.kind == Kind.W for t in zb1.tasks[0])
     (zb1_losses, zb1_params), (losses, params) = run_steps(zb1, dp, m), run_steps(base, dp, m)
     assert zb1_losses == losses
@@ -149,15 +150,15 @@ def weight_operands(program, stage: int, micro_batch: int) -> int:
     return held
 
 
-@pytest.mark.parametrize("pp,dp,m,zero,schedule,recompute", CASES)
+@pytest.mark.parametrize("pp,dp,m,zero,schedule,recompute,grad_accum", CASES)
 def test_zb1_peak_is_1f1b_plus_one_micro_batchs_weight_operands(pp, dp, m, zero, schedule,
-                                                                recompute):
+                                                                recompute, grad_accum):
     """NOTE [zb1 schedule], NOTE [weight operands]: act.L.mb dies with B and a B waits for
     older W's, so a stage but the last holds 1F1B's peak plus at most one micro-batch's W
     operands; the last stage one micro-batch's more, and the program's peak (its largest
     stage's, what a rank's budget must hold) stays within 1F1B's plus one."""
-    zb1 = compile_zb1(pp, dp, m, zero, schedule, "zb1", recompute)
-    base = compile_zb1(pp, dp, m, zero, schedule, "1f1b", recompute)
+    zb1 = compile_zb1(pp, dp, m, zero, schedule, "zb1", recompute, grad_accum=grad_accum)
+    base = compile_zb1(pp, dp, m, zero, schedule, "1f1b", recompute, grad_accum=grad_accum)
     peaks = [[p.memory.stages[s].peak_bytes for s in range(pp)] for p in (zb1, base)]
     operands = [max(weight_operands(zb1, s, k) for k in range(m)) for s in range(pp)]
     for s in range(pp):
@@ -228,9 +229,19 @@ def test_a_sync_before_its_layers_last_w_is_rejected(program):
         verify_schedule(broken(program, 1, " ".join(words)))
 
 
-def test_scatter_accumulation_is_refused_with_zb1_and_auto_keeps_gradients_local():
-    with pytest.raises(ValueError, match="splits between B and W"):
-        CompileOptions(pp=2, dp=2, zero=2, grad_accum="scatter", pipeline_schedule="zb1")
+def test_scattered_gradients_are_reduce_scattered_by_w_from_what_b_hands_it():
+    """NOTE [weight operands]: under scatter accumulation B keeps its own gradients (the
+    norms') in wop.L.mb and W[L] starts the micro-batch's one reduce-scatter of them all;
+    auto chooses scatter under zb1 as under 1f1b."""
+    program = compile_zb1(2, 2, 3, 2, grad_accum="scatter")
+    calls = {lt.task: [c.op for c in lt.calls] for lt in program.lowered[0]}
+    scatters = {t.kind for t, ops in calls.items() if "grad_scatter" in ops}
+    assert scatters == {Kind.W}
+    layers = [l for l in program.stages[0] if l in program.scatter_grads]
+    assert sum(ops.count("grad_scatter") for ops in calls.values()) == 3 * len(layers)
+    kind = program.graph.kinds["decoder"]
+    handed = input_gradients(kind)
+    assert handed and all(v.id in weight_operand_layout(program, 1, 0)[0] for v in handed)
     options = CompileOptions(pp=2, dp=2, micro_batches=2, micro_batch_size=B, seq_len=T,
                              zero=2, budget=1, pipeline_schedule="zb1")  # auto, nothing fits
     from ratrain.passes.choose_grad_accumulation import choose_grad_accumulation
@@ -238,10 +249,9 @@ def test_scatter_accumulation_is_refused_with_zb1_and_auto_keeps_gradients_local
     from ratrain.passes.schedule_zb1 import schedule_pipeline
     program = schedule_pipeline(partition_stages(Program(graph(), replace(options,
                                                                           budget=None))))
-    program = replace(program, options=options)
-    assert choose_grad_accumulation(program).scatter_grads == frozenset()
+    zb1 = choose_grad_accumulation(replace(program, options=options)).scatter_grads
     one_f_one_b = replace(program, options=replace(options, pipeline_schedule="1f1b"))
-    assert choose_grad_accumulation(one_f_one_b).scatter_grads  # what zb1 declines
+    assert zb1 and zb1 == choose_grad_accumulation(one_f_one_b).scatter_grads
 
 
 def test_weight_operand_buffers_are_named_by_the_grammar(program):

@@ -1,8 +1,8 @@
 """zb1 under MPI (NOTE [zb1 schedule], passes/schedule_zb1.py): programs compiled with
 --pipeline-schedule zb1 and 1f1b train to bit-identical losses, norms, loss scales and
 weights (fp32; with clipping; fp16 steps that overflow and roll back), for pipelines of
-2 and 4 stages, DP with ZeRO 2 and 3, tied embeddings and the baseline lifecycle; the
-zb1 run's measured arena peak is its plan's."""
+2 and 4 stages, DP with ZeRO 2 (also reduce-scattered per micro-batch) and 3, tied
+embeddings and the baseline lifecycle; the zb1 run's measured arena peak is its plan's."""
 import pytest
 
 from ratrain import models
@@ -20,6 +20,7 @@ CASES = {  # name -> (pp, dp, compile flags, run flags, tied)
     "pp4": (4, 1, (), (), False),
     "pp2-dp2-zero2": (2, 2, ("--zero", "2"), (), False),
     "pp2-dp2-zero3": (2, 2, ("--zero", "3"), (), False),
+    "pp2-dp2-zero2-scatter": (2, 2, ("--zero", "2", "--grad-accum", "scatter"), (), False),
     "tied-pp2": (2, 1, (), (), True),
     "baseline-pp2": (2, 1, ("--schedule", "baseline"), (), False),
     "clip-pp2": (2, 1, ("--clip", "1e-3"), (), False),
