@@ -53,6 +53,8 @@ class Candidate:
                  if value is not None}
         extra["placement"] = self.placement
         extra["pipeline_schedule"] = self.pipeline_schedule
+        if self.pipeline_schedule == "zb1":  # a twin keeps gradients local (NOTE [zb1 twins])
+            extra["grad_accum"] = "local"
         return CompileOptions(
             pp=self.pp, dp=self.dp, micro_batches=self.micro_batches,
             micro_batch_size=self.micro_batch_size, seq_len=search.seq_len,

@@ -235,7 +235,7 @@ class Planner:
             if c in verdicts and verdict.fits and c not in compiled and c not in failed:
                 outcome = self._compile(c, c.micro_batches)
                 (failed if isinstance(outcome, str) else compiled)[c] = outcome
-        for c in [c for c in compiled if c.pp > 1]:
+        for c in [c for c in compiled if c.pp > 1 and c.grad_accum != "scatter"]:
             twin = replace(c, pipeline_schedule="zb1")
             outcome = self._compile(twin, c.micro_batches)
             (failed if isinstance(outcome, str) else compiled)[twin] = outcome
@@ -297,11 +297,14 @@ class Planner:
 
 # NOTE [zb1 twins]: the closed-form estimate models 1F1B's bubble, not zb1's, so the
 # planner does not rank zb1 candidates by estimate: every pipelined candidate it compiles
-# and simulates (pp > 1) is simulated again under --pipeline-schedule zb1 (its twin),
-# and the twin's row, memory and step from its own compile, stands beside it (a twin that
-# does not fit, its W operands on top of 1F1B's peak, is an infeasible row saying why). Its
-# `bound` is its 1f1b candidate's: NOTE [bound] weighs each resource's load per step,
-# which the schedule does not change.
+# and simulates (pp > 1; not a scatter row) is simulated again under --pipeline-schedule
+# zb1 (its twin), and the twin's row, memory and step from its own compile, stands beside
+# it (a twin that does not fit, its W operands on top of 1F1B's peak, is an infeasible
+# row saying why). A twin keeps its gradients local (Candidate.options): with the
+# reduce-scatter of every micro-batch in its W's, bench/paper.py's qwen2.5-32b plans on
+# 256 clusters spent over 10 minutes in simulate_periodic's instances of zb1 scatter
+# programs (the whole part took 283 s without them). Its `bound` is its 1f1b candidate's:
+# NOTE [bound] weighs each resource's load per step, which the schedule does not change.
 def zb1_twins(verdicts: dict, compiled, failed) -> list:
     """(twin, its 1f1b candidate's verdict) of each zb1 twin compiled or tried."""
     return [(c, verdicts[replace(c, pipeline_schedule="1f1b")]) for c in [*compiled, *failed]
