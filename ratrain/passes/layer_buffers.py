@@ -164,7 +164,8 @@ def pinned_values(kind, use: str, mode: str = "none", fused: bool = False) -> fr
     ids = {v.id for v in kind.fwd.inputs}
     if use == "F":
         ids |= residual_ids(kind, mode, True)
-        ids |= {v.id for v in kind.fwd.outputs if kind.kind != "head" and not isinstance(v, Literal)}
+        ids |= {v.id for v in kind.fwd.outputs
+                if kind.kind != "head" and not isinstance(v, Literal)}
     elif use == "REC":
         ids |= residual_ids(kind, mode, False)
     else:
@@ -203,8 +204,8 @@ def backward_pinned(kind, split: bool, fused: bool) -> frozenset:
     pinned = pinned_values(kind, "B", fused=fused)
     if not split:
         return pinned
-    return pinned | {v.id for v in kind.split.carried} | \
-        (set() if fused else {v.id for v in input_gradients(kind)})
+    handed = () if fused else handed_gradients(kind)
+    return pinned | {v.id for v in kind.split.carried} | {v.id for v in handed}
 
 
 def input_gradients(kind) -> tuple:
@@ -212,6 +213,19 @@ def input_gradients(kind) -> tuple:
     part = kind.split.input_part
     return tuple(v for v, n in zip(part.outputs, part.output_names)
                  if n.startswith("grad:") and not isinstance(v, Literal))
+
+
+def scatters_in_weight(kind) -> bool:
+    """Does W[L] make any of the layer's parameter gradients, and so reduce-scatter them
+    all under scatter accumulation (NOTE [weight operands])? Else B makes them all and
+    reduce-scatters them itself (the LM head: norm and cross-entropy stay whole in B)."""
+    return any(n.startswith("grad:") for n in kind.split.weight_part.output_names)
+
+
+def handed_gradients(kind) -> tuple:
+    """The gradients B hands W[L] under scatter accumulation: B's own, where W[L]
+    reduce-scatters."""
+    return input_gradients(kind) if scatters_in_weight(kind) else ()
 
 
 def workspace_bytes(program, stage: int, direction: str) -> int:
@@ -309,8 +323,10 @@ def message_bytes(program, stage: int) -> int:
 # workspace (NOTE [backward-time recovery]), copies of those W reads. They live in
 # `wop.L.mb` from B to W[L]. Residuals a REC rebuilt before B (rec.L.mb) live until W[L]
 # whole: they are not split. Where the layer's gradients are reduce-scattered per
-# micro-batch (NOTE [gradient accumulation]), W[L] starts that one reduce-scatter of them
-# all, so B hands it its own gradients (input_gradients) in wop.L.mb too.
+# micro-batch (NOTE [gradient accumulation]), the part that makes the last of them starts
+# that one reduce-scatter of them all: W[L] where it makes any, and then B hands it its
+# own (handed_gradients) in wop.L.mb too; else B (the LM head, whose vocabulary-sized
+# gradient would otherwise wait in wop.L.mb for an empty W).
 def weight_operand_layout(program, layer: int, micro_batch: int) -> tuple[dict, int]:
     """var id -> offset in wop.L.mb (NOTE [weight operands]), and its bytes."""
     kind = _kind(program, layer)
@@ -323,7 +339,7 @@ def weight_operand_layout(program, layer: int, micro_batch: int) -> tuple[dict, 
 @lru_cache(maxsize=1024)
 def _weight_operand_layout(kind, mode: str, copied: bool,
                            scattered: bool) -> tuple[dict, int]:
-    values = list(kind.split.carried) + list(input_gradients(kind) if scattered else ())
+    values = list(kind.split.carried) + list(handed_gradients(kind) if scattered else ())
     if copied:
         dropped = residual_ids(kind, mode, False)
         values += [kind.residuals[i] for i in kind.split.weight_residuals(kind)

@@ -17,10 +17,10 @@ from ratrain.ir.graph import Literal
 from ratrain.ir.tasks import Kind, Task, backward_of
 from ratrain.passes.layer_buffers import (GRAD_OUTPUT, backward_graph, backward_pinned,
                                           backward_workspace, cotangent_bytes, cotangent_slots,
-                                          fused_grad_ids, grad_layout, input_gradients,
+                                          fused_grad_ids, grad_layout, handed_gradients,
                                           is_split, pinned_values, recovers_in_backward,
-                                          residual_home, residual_layout, view_layout,
-                                          weight_operand_layout, weight_pinned)
+                                          residual_home, residual_layout, scatters_in_weight,
+                                          view_layout, weight_operand_layout, weight_pinned)
 from ratrain.passes.insert_gathers import view_buffer
 from ratrain.passes.residuals import nodes_rebuilding
 from ratrain.passes.layout import graph_workspace
@@ -174,8 +174,8 @@ def _accumulate_grads(program, task: Task, layer: int, placement: _Placement,
     made = set((graph or kind.bwd).output_names)
     first_b = 0  # the step's first B (verify_schedule checks B's run in micro-batch order)
     if layer in program.scatter_grads:  # NOTE [gradient accumulation]
-        if graph is not None and graph is kind.split.input_part:
-            return []  # zb1: W[L] reduce-scatters them all (NOTE [weight operands])
+        if graph is not None and (graph is kind.split.input_part) == scatters_in_weight(kind):
+            return []  # zb1: the other part reduce-scatters them all (NOTE [weight operands])
         slots = {**(handed or {}), **placement.slots}
         grads = tuple(slots[kind.bwd.output("grad:" + n).id] for n in kind.fwd.param_names)
         shard = state_slots(program, layer)[4]
@@ -278,7 +278,7 @@ def _weight_operands(program, layer: int, m: int) -> dict:
     """var id -> its slot in wop.L.mb (NOTE [weight operands])."""
     offsets, _ = weight_operand_layout(program, layer, m)
     kind = _kind(program, layer)
-    values = {v.id: v for v in kind.split.weight_part.inputs + input_gradients(kind)}
+    values = {v.id: v for v in kind.split.weight_part.inputs + handed_gradients(kind)}
     wop = buffer_name(BufferKind.WOP, layer=layer, micro_batch=m)
     return {i: var_slot(wop, o, values[i]) for i, o in offsets.items()}
 

@@ -230,18 +230,26 @@ def test_a_sync_before_its_layers_last_w_is_rejected(program):
 
 
 def test_scattered_gradients_are_reduce_scattered_by_w_from_what_b_hands_it():
-    """NOTE [weight operands]: under scatter accumulation B keeps its own gradients (the
-    norms') in wop.L.mb and W[L] starts the micro-batch's one reduce-scatter of them all;
+    """NOTE [weight operands]: under scatter accumulation a decoder's B keeps its own
+    gradients (the norms') in wop.L.mb and W[L] starts the micro-batch's one reduce-scatter
+    of them all; the LM head's B makes all of its own and reduce-scatters them itself;
     auto chooses scatter under zb1 as under 1f1b."""
     program = compile_zb1(2, 2, 3, 2, grad_accum="scatter")
-    calls = {lt.task: [c.op for c in lt.calls] for lt in program.lowered[0]}
-    scatters = {t.kind for t, ops in calls.items() if "grad_scatter" in ops}
-    assert scatters == {Kind.W}
-    layers = [l for l in program.stages[0] if l in program.scatter_grads]
-    assert sum(ops.count("grad_scatter") for ops in calls.values()) == 3 * len(layers)
+    head = program.stages[-1][-1]
+    scatters = {(lt.task.kind, c.layer) for s in program.lowered
+                for lt in program.lowered[s] for c in lt.calls if c.op == "grad_scatter"}
+    assert {layer for _, layer in scatters} == set(program.scatter_grads)
+    assert scatters == {(Kind.B if layer == head else Kind.W, layer)
+                        for _, layer in scatters}
+    per_micro_batch = [c for lt in program.lowered[0] for c in lt.calls
+                       if c.op == "grad_scatter"]
+    assert len(per_micro_batch) == 3 * len(program.stages[0])
     kind = program.graph.kinds["decoder"]
-    handed = input_gradients(kind)
-    assert handed and all(v.id in weight_operand_layout(program, 1, 0)[0] for v in handed)
+    assert input_gradients(kind) and all(v.id in weight_operand_layout(program, 1, 0)[0]
+                                         for v in input_gradients(kind))
+    assert input_gradients(program.graph.kinds["head"])
+    assert weight_operand_layout(program, head, 0) == \
+        weight_operand_layout(compile_zb1(2, 2, 3, 2), head, 0)  # the head hands nothing
     options = CompileOptions(pp=2, dp=2, micro_batches=2, micro_batch_size=B, seq_len=T,
                              zero=2, budget=1, pipeline_schedule="zb1")  # auto, nothing fits
     from ratrain.passes.choose_grad_accumulation import choose_grad_accumulation
