@@ -24,7 +24,7 @@ from ratrain.passes.residuals import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
 from ratrain.passes.partition_stages import in_flight_micro_batches
 from ratrain.sim.costs import (collective_port_bytes, collective_seconds, crosses_node,
-                               dp_group, gather_start_seconds, grad_scatter,
+                               dp_group, gather_local_seconds, grad_scatter,
                                layer_view_gather, link_host_seconds, message_path,
                                message_seconds, norm_seconds, norm_share_bytes,
                                prefetch_seconds, sync_finish_seconds, sync_op, sync_seconds,
@@ -369,8 +369,7 @@ class _StageModel:
         gathers = [layer_view_gather(program, l, gathers_in_place(program, l)) for l in layers]
         port = 2 * sum(collective_seconds(p, "allgather", o.dp, g.gathered, group=self.group)
                        for g in gathers)
-        self.compute += 2 * sum(gather_start_seconds(p, o.precision, g)
-                                + g.unpack / p["ddr_bandwidth"] for g in gathers) + \
+        self.compute += 2 * sum(gather_local_seconds(p, o.precision, g) for g in gathers) + \
             link_host_seconds(p, 4 * sum(collective_port_bytes(p, "allgather", o.dp, g.gathered)
                                          for g in gathers))
         if o.zero3_prefetch == 0:

@@ -227,6 +227,12 @@ def gather_start_seconds(profile: dict, precision: str, g: ViewGather) -> float:
         fitted_seconds(measured, 0, g.cast)
 
 
+def gather_local_seconds(profile: dict, precision: str, g: ViewGather) -> float:
+    """The rank's own compute for the view_gather `g`: its start and, unless gathered in
+    place, the copy into the view (the simulator charges the two apart: sim/calls.py)."""
+    return gather_start_seconds(profile, precision, g) + g.unpack / profile["ddr_bandwidth"]
+
+
 def layer_view_gather(program, layer: int, in_place: bool) -> ViewGather:
     """A layer's view_gather: its master shard over the DP group into its view."""
     itemsize, params = np.dtype(program.graph.dtype).itemsize, layer_param_count(program, layer)
@@ -243,7 +249,7 @@ def prefetch_seconds(program, profile: dict, layer: int, in_place: bool,
         params = layer_param_count(program, layer)
         return memory_seconds(profile, o.precision, "prefetch_view", 4 * params + view)
     g = layer_view_gather(program, layer, in_place)
-    return gather_start_seconds(profile, o.precision, g) + g.unpack / profile["ddr_bandwidth"] + \
+    return gather_local_seconds(profile, o.precision, g) + \
         collective_seconds(profile, "allgather", o.dp, g.gathered, algorithm,
                            dp_group(profile, o, program.stage_of_layer(layer)))
 
