@@ -15,3 +15,5 @@ class Case:
     run: Callable[[int], object]        # run(threads): one call, as the generated code
     cold: bool = False                  # sweeps whole-model state: time it with cold
                                         # caches (NOTE [warm operands], profile.py)
+    precision: str = "fp32"             # the operands' format: the profile's op_costs key
+                                        # (NOTE [16-bit GEMM cases], cases.py)

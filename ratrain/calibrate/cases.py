@@ -35,41 +35,67 @@ GQA_HEADS = ((8, 2, 32),)                   # query heads, key/value heads, head
 VOCAB = (256, 1024)
 
 
+# NOTE [16-bit GEMM cases]: the GEMMs (matmul, and the LM head's inside cross-entropy) are
+# also timed with bf16 and fp16 operands, as a 16-bit program runs them (outputs in the
+# operands' format, weight gradients in fp32): their speed is the kernel path's
+# (kernels.pyx), not the fp32 rate's. On the 2-core AMD EPYC of bench/predict.py
+# (avx512_bf16, 1 thread) bf16 GEMMs ran at 157-186 GFLOP/s, fp16 ones at 89-100 and fp32
+# ones at 85-98, where the roofline had charged both 16-bit formats `fp16_flops`, half the
+# fp32 rate of the whole node. The other kernels widen 16-bit operands to fp32 and compute
+# there (attention took 1.03-1.04 ms at B 1, T 256, H 8/2, D 32 in all three formats), so
+# their fp32 cases stand for them (NOTE [16-bit costs], sim/kernels.py).
+GEMM_FORMATS = {"fp32": np.float32, "bf16": np.uint16, "fp16": np.float16}
+IR_DTYPE = {np.dtype(np.uint16): "bfloat16"}   # bf16 arrays are uint16 bits (kernels.pyx)
+
+
 def _node(op: str, inputs, outputs, **params) -> Node:
-    var = lambda a: Var(str(a.dtype), tuple(a.shape))
+    var = lambda a: Var(IR_DTYPE.get(a.dtype, str(a.dtype)), tuple(a.shape))
     return Node(op, tuple(map(var, inputs)), tuple(map(var, outputs)),
                 tuple(sorted(params.items())))
 
 
-def _pair(op: str, shape: str, fwd_io, bwd_io, run_fwd, run_bwd, **params) -> list[Case]:
+def _pair(op: str, shape: str, fwd_io, bwd_io, run_fwd, run_bwd, precision: str = "fp32",
+          **params) -> list[Case]:
     """The forward case of `op` and its `<op>_bwd` case (FLOPs of the forward node)."""
     fwd = _node(op, *fwd_io, **params)
     bwd = _node(f"{op}_bwd", *bwd_io)
-    return [Case(op, shape, node_flops(fwd), node_bytes(fwd), run_fwd),
-            Case(f"{op}_bwd", shape, coarse_bwd_flops(fwd), node_bytes(bwd), run_bwd)]
+    return [Case(op, shape, node_flops(fwd), node_bytes(fwd), run_fwd, precision=precision),
+            Case(f"{op}_bwd", shape, coarse_bwd_flops(fwd), node_bytes(bwd), run_bwd,
+                 precision=precision)]
 
 
 def _random(rng, *shape):
     return rng.random(shape, np.float32) - 0.5
 
 
+def _in_format(a: np.ndarray, precision: str) -> np.ndarray:
+    """`a` (float32) stored as `precision` stores it: bf16 as the top half of its bits."""
+    if precision == "bf16":
+        return (a.view(np.uint32) >> 16).astype(np.uint16)
+    return a.astype(GEMM_FORMATS[precision])
+
+
 def matmul_cases(kernels, rng) -> list[Case]:
-    """y = x w^T (NT); backward dx = dy w (NN) and dw = dy^T x (TN), as codegen emits."""
+    """y = x w^T (NT); backward dx = dy w (NN) and dw = dy^T x (TN), as codegen emits; in
+    every GEMM_FORMATS (NOTE [16-bit GEMM cases])."""
     cases = []
-    for m in ROWS:
-        for hidden, inter in WIDTHS:
-            for n, k in ((hidden, hidden), (inter, hidden), (hidden, inter)):
-                x, w, dy = _random(rng, m, k), _random(rng, n, k), _random(rng, m, n)
-                y, dx, dw = np.empty((m, n), np.float32), np.empty_like(x), np.empty_like(w)
+    for precision in GEMM_FORMATS:
+        for m in ROWS:
+            for hidden, inter in WIDTHS:
+                for n, k in ((hidden, hidden), (inter, hidden), (hidden, inter)):
+                    x, w, dy = (_in_format(_random(rng, *s), precision)
+                                for s in ((m, k), (n, k), (m, n)))
+                    y, dx = np.empty((m, n), x.dtype), np.empty_like(x)
+                    dw = np.empty((n, k), np.float32)
 
-                def fwd(t, x=x, w=w, y=y):
-                    kernels.gemm(x, w, trans_b=True, out=y, threads=t)
+                    def fwd(t, x=x, w=w, y=y):
+                        kernels.gemm(x, w, trans_b=True, out=y, threads=t)
 
-                def bwd(t, x=x, w=w, dy=dy, dx=dx, dw=dw):
-                    kernels.gemm(dy, w, out=dx, threads=t)
-                    kernels.gemm(dy, x, trans_a=True, out=dw, threads=t)
-                cases += _pair("matmul", f"M={m} N={n} K={k}", ((x, w), (y,)),
-                               ((x, w, dy), (dx, dw)), fwd, bwd)
+                    def bwd(t, x=x, w=w, dy=dy, dx=dx, dw=dw):
+                        kernels.gemm(dy, w, out=dx, threads=t)
+                        kernels.gemm(dy, x, trans_a=True, out=dw, threads=t)
+                    cases += _pair("matmul", f"M={m} N={n} K={k}", ((x, w), (y,)),
+                                   ((x, w, dy), (dx, dw)), fwd, bwd, precision)
     return cases
 
 
@@ -161,24 +187,27 @@ def embedding_cases(kernels, rng) -> list[Case]:
 
 
 def cross_entropy_cases(kernels, rng) -> list[Case]:
+    """The LM head's GEMM and cross-entropy, in every GEMM_FORMATS (hidden states and head
+    weights in it; NOTE [16-bit GEMM cases])."""
     cases = []
-    for n in ROWS:
-        for vocab in VOCAB:
-            for c, _ in WIDTHS:
-                h, w = _random(rng, n, c), _random(rng, vocab, c)
-                targets = rng.integers(0, vocab, n).astype(np.int32)
-                losses, lse = kernels.cross_entropy_fwd(h, w, targets)
-                dlosses, dw = np.full(n, 1.0 / n, np.float32), np.zeros((vocab, c), np.float32)
-                loss = np.zeros((), np.float32)
+    for precision in GEMM_FORMATS:
+        for n in ROWS:
+            for vocab in VOCAB:
+                for c, _ in WIDTHS:
+                    h, w = (_in_format(_random(rng, *s), precision) for s in ((n, c), (vocab, c)))
+                    targets = rng.integers(0, vocab, n).astype(np.int32)
+                    losses, lse = kernels.cross_entropy_fwd(h, w, targets)
+                    dlosses = np.full(n, 1.0 / n, np.float32)
+                    dw, loss = np.zeros((vocab, c), np.float32), np.zeros((), np.float32)
 
-                def bwd(t, h=h, w=w, targets=targets, lse=lse, dlosses=dlosses, dw=dw):
-                    dw.fill(0)
-                    kernels.cross_entropy_bwd(h, w, targets, lse, dlosses, dw=dw, threads=t)
-                cases += _pair("cross_entropy", f"N={n} V={vocab} C={c}",
-                               ((h, w, targets), (loss, lse)), ((h, w, targets, lse, loss),
-                                                                (h, dw)),
-                               lambda t, h=h, w=w, targets=targets: kernels.cross_entropy_fwd(
-                                   h, w, targets, threads=t), bwd)
+                    def bwd(t, h=h, w=w, targets=targets, lse=lse, dlosses=dlosses, dw=dw):
+                        dw.fill(0)
+                        kernels.cross_entropy_bwd(h, w, targets, lse, dlosses, dw=dw, threads=t)
+                    cases += _pair("cross_entropy", f"N={n} V={vocab} C={c}",
+                                   ((h, w, targets), (loss, lse)),
+                                   ((h, w, targets, lse, loss), (h, dw)),
+                                   lambda t, h=h, w=w, targets=targets: kernels.cross_entropy_fwd(
+                                       h, w, targets, threads=t), bwd, precision)
     return cases
 
 

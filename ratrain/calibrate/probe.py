@@ -101,8 +101,8 @@ def measure_kernels(world, threads: int, ops: set | None, evict: Evictor) -> lis
     mean = lambda t: world.allreduce(statistics.median(t)) / world.size
     rows = []
     for case, case_times, cold_times in zip(cases, times, cold):
-        rows.append({"op": case.op, "shape": case.shape, "flops": case.flops,
-                     "bytes": case.nbytes, "seconds": mean(case_times)})
+        rows.append({"op": case.op, "precision": case.precision, "shape": case.shape,
+                     "flops": case.flops, "bytes": case.nbytes, "seconds": mean(case_times)})
         if evict.enabled:
             rows[-1]["seconds_cold"] = mean(cold_times) if cold_times else rows[-1]["seconds"]
     return rows

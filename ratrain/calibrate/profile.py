@@ -19,29 +19,37 @@ from ratrain.calibrate.node_fit import node_fields
 from ratrain.rt.launch import find_mpiexec, rank_python
 from ratrain.sim.kernels import fitted_seconds
 
-PRECISION = "fp32"                      # what the cases run (the cpu profile's default)
+PRECISION = "fp32"                      # what every case runs in (the cpu profile's default);
+                                        # the GEMMs also in bf16 and fp16 (NOTE [16-bit GEMM
+                                        # cases], cases.py)
 ALIASES = {"matmul_bias": "matmul", "matmul_bias_bwd": "matmul_bwd"}  # same GEMMs + a bias
 
 
 def _fits(kernels: list[dict], seconds: str = "seconds") -> tuple[dict, dict]:
-    """op -> fitted cost, and op -> largest relative error of the fit over its shapes,
-    of the rows' `seconds` field (seconds_cold: NOTE [cache residency])."""
+    """precision -> op -> fitted cost, and `op` or `op precision` (16-bit) -> largest
+    relative error of the fit over its shapes, of the rows' `seconds` field (seconds_cold:
+    NOTE [cache residency])."""
     by_op = defaultdict(list)
     for row in kernels:
-        by_op[row["op"]].append(row)
-    costs, errors = {}, {}
-    for op, rows in by_op.items():
-        costs[op] = fit_op(*([r[k] for r in rows] for k in ("flops", "bytes", seconds)))
-        errors[op] = round(max(abs(fitted_seconds(costs[op], r["flops"], r["bytes"])
-                                   / r[seconds] - 1) for r in rows), 3)
-        costs[op]["measured"] = [[r["flops"], r["bytes"], r[seconds]] for r in rows]
-    costs.update({alias: costs[op] for alias, op in ALIASES.items() if op in costs})
-    return costs, errors
+        by_op[row.get("precision", PRECISION), row["op"]].append(row)
+    costs, errors = defaultdict(dict), {}
+    for (precision, op), rows in by_op.items():
+        fitted = fit_op(*([r[k] for r in rows] for k in ("flops", "bytes", seconds)))
+        errors[op if precision == PRECISION else f"{op} {precision}"] = round(max(
+            abs(fitted_seconds(fitted, r["flops"], r["bytes"]) / r[seconds] - 1)
+            for r in rows), 3)
+        costs[precision][op] = fitted | {"measured": [[r["flops"], r["bytes"], r[seconds]]
+                                                      for r in rows]}
+    for per_op in costs.values():
+        per_op.update({alias: per_op[op] for alias, op in ALIASES.items() if op in per_op})
+    return dict(costs), errors
 
 
-def _gemm_rate(kernels: list[dict]) -> float:
-    """The best FLOP rate of any measured forward GEMM."""
-    return max(r["flops"] / r["seconds"] for r in kernels if r["op"] == "matmul")
+def _gemm_rate(kernels: list[dict], precision: str = PRECISION) -> float | None:
+    """The best FLOP rate of any forward GEMM measured in `precision` (None: none was)."""
+    return max((r["flops"] / r["seconds"] for r in kernels
+                if r["op"] == "matmul" and r.get("precision", PRECISION) == precision),
+               default=None)
 
 
 def _ddr_bandwidth(kernels: list[dict]) -> float:
@@ -54,9 +62,11 @@ def _ddr_bandwidth(kernels: list[dict]) -> float:
 def _per_threads(run: dict) -> tuple[dict, dict]:
     costs, errors = _fits(run["kernels"])
     fields = {"fp32_flops": _gemm_rate(run["kernels"]),
-              "ddr_bandwidth": _ddr_bandwidth(run["kernels"]), "op_costs": {PRECISION: costs}}
+              "ddr_bandwidth": _ddr_bandwidth(run["kernels"]), "op_costs": costs}
+    fields |= {f"{p}_flops": rate for p in ("bf16", "fp16")
+               if (rate := _gemm_rate(run["kernels"], p)) is not None}
     if all("seconds_cold" in r for r in run["kernels"]) and run.get("cache_bytes"):
-        fields["op_costs_cold"] = {PRECISION: _fits(run["kernels"], "seconds_cold")[0]}
+        fields["op_costs_cold"] = _fits(run["kernels"], "seconds_cold")[0]
         fields["cache_bytes"] = run["cache_bytes"]
     return fields, errors
 
@@ -89,7 +99,8 @@ def build_profile(runs: list[dict], machine: dict, evict: bool = False) -> dict:
     return _rounded({
         "name": "cpu", "description": f"this machine: {cores} cores, one MPI rank per core "
         "or one rank on all of them, measured by `ratrain calibrate`",
-        "calibrated": True, "fp16_flops": whole["fp32_flops"] / 2,
+        "calibrated": True, "fp16_flops": whole.get("fp16_flops", whole["fp32_flops"] / 2),
+        **({"bf16_flops": whole["bf16_flops"]} if "bf16_flops" in whole else {}),
         "fp32_flops": whole["fp32_flops"], "gemm_efficiency": 1.0,
         "ddr_bandwidth": whole["ddr_bandwidth"], "link_bandwidth": bandwidth,
         "link_latency": latency, "usable_memory": machine["memory_bytes"] // cores,
@@ -122,14 +133,16 @@ def _sources(runs: list[dict], pings, errors: dict, evict: bool) -> dict:
                "rank running all node_cores threads",
         "threads": "per threads of a rank (the simulator picks node_cores // ranks, as the "
                    "runtime sizes OMP_NUM_THREADS): op_costs, op_costs_cold, cache_bytes, "
-                   "fp32_flops, ddr_bandwidth",
+                   "fp32_flops, bf16_flops, fp16_flops, ddr_bandwidth",
         "op_costs_cold": "as op_costs, every call after a sweep of the last-level cache; "
                          "the simulator charges a kernel call between op_costs and these by "
                          "the share of its operands out of cache_bytes (NOTE [cache "
                          "residency], sim/residency.py)",
         "cache_bytes": "working set a rank keeps in the caches, all ranks copying at once "
                        "(NOTE [cache share], calibrate/probe.py)",
-        "op_costs": "per op: the median seconds `measured` for each case [FLOPs, bytes, s] "
+        "op_costs": "per precision (fp32; the GEMMs also bf16 and fp16, NOTE [16-bit GEMM "
+                    "cases]), per op: the median seconds `measured` for each case [FLOPs, "
+                    "bytes, s] "
                     "(native kernels on the shapes of the tiny and small models, "
                     "ratrain/calibrate/cases.py, and the runtime's own AdamW, prefetch and "
                     "all-reduce finish, all ranks running at once, "
@@ -145,7 +158,9 @@ def _sources(runs: list[dict], pings, errors: dict, evict: bool) -> dict:
                     "error)",
         "fit_error": errors,
         "fp32_flops": "best measured forward GEMM rate (so gemm_efficiency is 1)",
-        "fp16_flops": "not measured: half the FP32 rate (x86 converts FP16 operands)",
+        "bf16_flops": "best measured bf16 forward GEMM rate",
+        "fp16_flops": "best measured fp16 forward GEMM rate (half the FP32 rate where the "
+                      "probes timed no fp16 GEMM)",
         "ddr_bandwidth": "byte rate fitted to out = a + b over 256 KiB to 16 MiB arrays",
         "link_latency": f"one-way ping-pong time of {pings[0][0]} B between two ranks "
                         "(mpi4py Send/Recv through mpiexec), less its bytes at bandwidth",
@@ -214,7 +229,7 @@ def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0,
 # both ways and the simulator picks per call; `--evict` then charges every call cold.
 
 def calibrate(progress: Callable[[str], None] = print, evict: bool = False) -> dict:
-    """Measure this machine (well under 2 minutes on 2 cores) and return its profile;
+    """Measure this machine (about 1.5 minutes on 2 cores) and return its profile;
     `evict`: sweep the last-level cache before every timed call (NOTE [warm operands])."""
     machine = machine_facts()
     cores, runs = machine["node_cores"], []

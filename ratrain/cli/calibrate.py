@@ -57,8 +57,10 @@ def summary(profile: dict, path: Path, seconds: float) -> str:
     lines = [f"wrote {path} in {seconds:.0f} s: link {profile['link_latency'] * 1e6:.2f} us + "
              f"{profile['link_bandwidth'] / 1e9:.2f} GB/s"]
     for threads, fields in sorted(profile["threads"].items(), key=lambda kv: int(kv[0])):
+        sixteen = "".join(f" ({p} {fields[f'{p}_flops'] / 1e9:.1f})" for p in ("bf16", "fp16")
+                          if f"{p}_flops" in fields)
         lines.append(f"  {threads} thread{'s' * (threads != '1')} per rank: GEMM up to "
-                     f"{fields['fp32_flops'] / 1e9:.1f} GFLOP/s, DDR "
+                     f"{fields['fp32_flops'] / 1e9:.1f}{sixteen} GFLOP/s, DDR "
                      f"{fields['ddr_bandwidth'] / 1e9:.1f} GB/s")
     return "\n".join(lines)
 
@@ -70,7 +72,7 @@ def add_calibrate_parser(sub) -> None:
                        "model-sized shapes, with warm and with swept caches, the cache share "
                        "of a rank, DDR bandwidth and MPI latency and bandwidth between two "
                        "ranks, at the threads per rank the runtime uses, and write a profile "
-                       "for `--hw`. Takes about a minute; run it on an idle machine.")
+                       "for `--hw`. Takes about 1.5 minutes; run it on an idle machine.")
     p.add_argument("-o", "--output", default=str(PROFILE_DIR / "cpu.json"), metavar="FILE",
                    help="profile to write (default: the built-in `cpu` profile, "
                    f"{PROFILE_DIR / 'cpu.json'})")

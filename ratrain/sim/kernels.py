@@ -73,19 +73,42 @@ def node_bytes(node: Node) -> int:
             + sum(o.nbytes for o in node.outputs))
 
 
+MEASURED_PRECISION = "fp32"             # every op calibrate times is timed in it
+
+
+# NOTE [16-bit costs]: `ratrain calibrate` times every op in fp32 and only the GEMMs in bf16
+# and fp16 too (NOTE [16-bit GEMM cases], calibrate/cases.py): the other kernels widen
+# 16-bit operands and compute in fp32, and take the fp32 call's time (1 thread here, tiny
+# shapes, bf16 against fp32: rms_norm 29 against 23 us, swiglu 481 against 507, RoPE 112
+# against 114, attention 1.035 against 1.038 ms), and the runtime's calls (AdamW on the fp32
+# master weights, the all-reduce finish, a view's prefetch) are the same code in every
+# program. So a kernel a profile measured only in fp32 costs a 16-bit program its fp32 fit
+# at the node's FLOPs and at its bytes counted as fp32 (`widened_bytes`), and a runtime call
+# its fp32 fit at the bytes it moves. Before, such ops fell back to the roofline: a
+# tiny-gqa pp 2 bf16 step's AdamWs took 3.25 ms on stage 0 where DDR bandwidth charged
+# 0.72 ms, and its GEMMs ran at the bf16 rate where the roofline charged `fp16_flops`.
+def widened_bytes(node: Node) -> int:
+    """node_bytes with 16-bit floats counted as fp32: what the node's fp32 call moves."""
+    size = lambda v: v.size * 4 if v.dtype in ("float16", "bfloat16") else v.nbytes
+    return sum(size(x) for x in (*node.inputs, *node.outputs) if isinstance(x, Var))
+
+
 def op_costs(profile: dict, precision: str, op: str) -> dict | None:
-    """The profile's measured cost entry of `op` at `precision`, if it has one."""
-    return profile.get("op_costs", {}).get(precision, {}).get(op)
+    """The profile's measured cost entry of `op` at `precision`, else its fp32 one
+    (NOTE [16-bit costs]); None if it measured neither."""
+    costs = profile.get("op_costs", {})
+    return costs.get(precision, {}).get(op) or costs.get(MEASURED_PRECISION, {}).get(op)
 
 
 def cold_profile(profile: dict, precision: str) -> dict | None:
-    """The profile whose `op_costs` at `precision` are its cold ones (`op_costs_cold`
-    over the warm ones it lacks), None without cold costs (NOTE [cache residency])."""
-    cold = profile.get("op_costs_cold", {}).get(precision)
-    if not cold:
+    """The profile whose `op_costs` are its cold ones (`op_costs_cold` over the warm ones
+    it lacks, at every precision), None without cold costs at `precision` or fp32 (NOTE
+    [cache residency])."""
+    cold, warm = profile.get("op_costs_cold", {}), profile.get("op_costs", {})
+    if not cold.get(precision) and not cold.get(MEASURED_PRECISION):
         return None
-    return profile | {"op_costs": {precision: {
-        **profile.get("op_costs", {}).get(precision, {}), **cold}}}
+    return profile | {"op_costs": {p: {**warm.get(p, {}), **cold.get(p, {})}
+                                   for p in {*warm, *cold}}}
 
 
 def fitted_seconds(costs: dict, flops: float, nbytes: float) -> float:
@@ -139,7 +162,8 @@ def node_seconds(node: Node, profile: dict, precision: str, forward: Node | None
     flops = coarse_bwd_flops(forward) if forward is not None else node_flops(node)
     measured = op_costs(profile, precision, node.op)
     if measured is not None:
-        return fitted_seconds(measured, flops, node_bytes(node))
+        own = node.op in profile["op_costs"].get(precision, {})   # else fp32's: NOTE [16-bit costs]
+        return fitted_seconds(measured, flops, node_bytes(node) if own else widened_bytes(node))
     compute = flops / (peak_flops(profile, precision) * efficiency(profile, shaped))
     return max(compute, node_bytes(node) / profile["ddr_bandwidth"])
 

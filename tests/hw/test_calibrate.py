@@ -32,8 +32,9 @@ def made_up_run(cases, threads: int, ping_pong=()) -> dict:
     10 GB/s."""
     seconds = lambda c: 5e-6 + c.flops / (2e10 * threads) + c.nbytes / 1e10
     return {"ranks": 2 if ping_pong else 1, "threads": threads, "ping_pong": list(ping_pong),
-            "kernels": [{"op": c.op, "shape": c.shape, "flops": c.flops, "bytes": c.nbytes,
-                         "seconds": seconds(c)} for c in cases]}
+            "kernels": [{"op": c.op, "precision": c.precision, "shape": c.shape,
+                         "flops": c.flops, "bytes": c.nbytes, "seconds": seconds(c)}
+                        for c in cases]}
 
 
 PINGS = [[8, 2e-6 + 8 / 4e9], [1 << 16, 2e-6 + (1 << 16) / 4e9],
@@ -70,11 +71,26 @@ def test_fit_link_rejects_times_that_do_not_grow():
 def test_cases_cover_every_native_op_and_count_as_the_simulator(cases):
     ops = {c.op for c in cases}
     assert set(EMITTERS) - RUNTIME_MEMORY_OPS - SPLIT_OPS <= ops
-    gemm = {c.op: c for c in cases if c.shape == "M=256 N=688 K=256"}
+    gemm = {c.op: c for c in cases if c.shape == "M=256 N=688 K=256" and c.precision == "fp32"}
     assert gemm["matmul"].flops == 2 * 256 * 688 * 256
     assert gemm["matmul_bwd"].flops == 4 * 256 * 688 * 256
     assert gemm["matmul"].nbytes == 4 * (256 * 256 + 688 * 256 + 256 * 688)
     assert gemm["matmul_bwd"].nbytes == 4 * (2 * 256 * 256 + 2 * 688 * 256 + 256 * 688)
+    assert {c.precision for c in cases} == {"fp32", "bf16", "fp16"}
+    assert {c.op for c in cases if c.precision != "fp32"} == \
+        {"matmul", "matmul_bwd", "cross_entropy", "cross_entropy_bwd"}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_16_bit_gemm_cases_count_their_operands_in_their_format(cases, precision):
+    """NOTE [16-bit GEMM cases]: x, w, y, dy and dx in the 16-bit format, dw in fp32 (the
+    bytes the simulator counts for a 16-bit program's matmul nodes), the same FLOPs."""
+    gemm = {c.op: c for c in cases if c.shape == "M=256 N=688 K=256" and
+            c.precision == precision}
+    assert gemm["matmul"].flops == 2 * 256 * 688 * 256
+    assert gemm["matmul"].nbytes == 2 * (256 * 256 + 688 * 256 + 256 * 688)
+    assert gemm["matmul_bwd"].nbytes == 2 * (2 * 256 * 256 + 688 * 256 + 256 * 688) \
+        + 4 * 688 * 256
     attention = next(c for c in cases if c.op == "attention" and c.shape == "B=2 T=128 H=4 D=64")
     assert attention.flops == 4 * 2 * 4 * 64 * (128 * 129 // 2)
 
@@ -115,10 +131,19 @@ def test_profile_loads_compiles_and_simulates(cases, tmp_path, capsys):
         measured = matmul.pop("measured")
         assert matmul == pytest.approx({"seconds": 5e-6, "flop_rate": 2e10 * threads,
                                         "byte_rate": 1e10}, rel=1e-3)
-        gemms = [c for c in cases if c.op == "matmul"]
+        gemms = [c for c in cases if c.op == "matmul" and c.precision == "fp32"]
         assert [m[:2] for m in measured] == [[c.flops, c.nbytes] for c in gemms]
         assert measured[0][2] == pytest.approx(5e-6 + gemms[0].flops / (2e10 * threads)
                                                + gemms[0].nbytes / 1e10, rel=1e-3)
+        per_thread = loaded["threads"][str(threads)]
+        for precision in ("bf16", "fp16"):  # NOTE [16-bit GEMM cases]
+            assert set(per_thread["op_costs"][precision]) == {
+                "matmul", "matmul_bwd", "matmul_bias", "matmul_bias_bwd", "cross_entropy",
+                "cross_entropy_bwd"}
+            assert [m[:2] for m in per_thread["op_costs"][precision]["matmul"]["measured"]] \
+                == [[c.flops, c.nbytes] for c in cases
+                    if c.op == "matmul" and c.precision == precision]
+            assert per_thread[f"{precision}_flops"] > per_thread["fp32_flops"]  # fewer bytes
     assert loaded["threads"]["1"]["op_costs"]["fp32"]["matmul_bias"] == \
         loaded["threads"]["1"]["op_costs"]["fp32"]["matmul"]
     assert max(v for per_op in loaded["sources"]["fit_error"].values()
