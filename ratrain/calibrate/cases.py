@@ -68,13 +68,6 @@ def _random(rng, *shape):
     return rng.random(shape, np.float32) - 0.5
 
 
-def _in_format(a: np.ndarray, precision: str) -> np.ndarray:
-    """`a` (float32) stored as `precision` stores it: bf16 as the top half of its bits."""
-    if precision == "bf16":
-        return (a.view(np.uint32) >> 16).astype(np.uint16)
-    return a.astype(GEMM_FORMATS[precision])
-
-
 def matmul_cases(kernels, rng) -> list[Case]:
     """y = x w^T (NT); backward dx = dy w (NN) and dw = dy^T x (TN), as codegen emits; in
     every GEMM_FORMATS (NOTE [16-bit GEMM cases])."""
@@ -83,7 +76,7 @@ def matmul_cases(kernels, rng) -> list[Case]:
         for m in ROWS:
             for hidden, inter in WIDTHS:
                 for n, k in ((hidden, hidden), (inter, hidden), (hidden, inter)):
-                    x, w, dy = (_in_format(_random(rng, *s), precision)
+                    x, w, dy = (kernels.cast(_random(rng, *s), GEMM_FORMATS[precision])
                                 for s in ((m, k), (n, k), (m, n)))
                     y, dx = np.empty((m, n), x.dtype), np.empty_like(x)
                     dw = np.empty((n, k), np.float32)
@@ -194,7 +187,8 @@ def cross_entropy_cases(kernels, rng) -> list[Case]:
         for n in ROWS:
             for vocab in VOCAB:
                 for c, _ in WIDTHS:
-                    h, w = (_in_format(_random(rng, *s), precision) for s in ((n, c), (vocab, c)))
+                    h, w = (kernels.cast(_random(rng, *s), GEMM_FORMATS[precision])
+                            for s in ((n, c), (vocab, c)))
                     targets = rng.integers(0, vocab, n).astype(np.int32)
                     losses, lse = kernels.cross_entropy_fwd(h, w, targets)
                     dlosses = np.full(n, 1.0 / n, np.float32)

@@ -67,10 +67,14 @@ def efficiency(profile: dict, node: Node) -> float:
     return base if dim is None else base * shape_factor(profile, dim)
 
 
-def node_bytes(node: Node) -> int:
-    """DDR bytes a node reads and writes: its operands and results (a reshape copies)."""
-    return (sum(x.nbytes for x in node.inputs if isinstance(x, Var))
-            + sum(o.nbytes for o in node.outputs))
+def node_bytes(node: Node, widened: bool = False) -> int:
+    """DDR bytes a node reads and writes: its operands and results (a reshape copies);
+    `widened`: 16-bit floats counted as fp32, what the node's fp32 call moves (NOTE
+    [16-bit costs])."""
+    size = (lambda v: v.size * 4 if v.dtype in ("float16", "bfloat16") else v.nbytes) \
+        if widened else (lambda v: v.nbytes)
+    return sum(size(x) for x in node.inputs if isinstance(x, Var)) + \
+        sum(size(o) for o in node.outputs)
 
 
 MEASURED_PRECISION = "fp32"             # every op calibrate times is timed in it
@@ -83,21 +87,23 @@ MEASURED_PRECISION = "fp32"             # every op calibrate times is timed in i
 # against 114, attention 1.035 against 1.038 ms), and the runtime's calls (AdamW on the fp32
 # master weights, the all-reduce finish, a view's prefetch) are the same code in every
 # program. So a kernel a profile measured only in fp32 costs a 16-bit program its fp32 fit
-# at the node's FLOPs and at its bytes counted as fp32 (`widened_bytes`), and a runtime call
-# its fp32 fit at the bytes it moves. Before, such ops fell back to the roofline: a
-# tiny-gqa pp 2 bf16 step's AdamWs took 3.25 ms on stage 0 where DDR bandwidth charged
-# 0.72 ms, and its GEMMs ran at the bf16 rate where the roofline charged `fp16_flops`.
-def widened_bytes(node: Node) -> int:
-    """node_bytes with 16-bit floats counted as fp32: what the node's fp32 call moves."""
-    size = lambda v: v.size * 4 if v.dtype in ("float16", "bfloat16") else v.nbytes
-    return sum(size(x) for x in (*node.inputs, *node.outputs) if isinstance(x, Var))
+# at the node's FLOPs and at its bytes counted as fp32 (`node_bytes(widened=True)`), and a
+# runtime call its fp32 fit at the bytes it moves. Before, such ops fell back to the
+# roofline: a tiny-gqa pp 2 bf16 step's AdamWs took 3.25 ms on stage 0 where DDR bandwidth
+# charged 0.72 ms, and its GEMMs ran at the bf16 rate where the roofline charged
+# `fp16_flops`.
+def measured_at(profile: dict, precision: str, op: str) -> tuple[str, dict] | None:
+    """(the format it was measured in, the entry): the profile's measured cost of `op` at
+    `precision`, else its fp32 one (NOTE [16-bit costs]); None if it measured neither."""
+    costs = profile.get("op_costs", {})
+    return next(((p, costs[p][op]) for p in (precision, MEASURED_PRECISION)
+                 if op in costs.get(p, {})), None)
 
 
 def op_costs(profile: dict, precision: str, op: str) -> dict | None:
-    """The profile's measured cost entry of `op` at `precision`, else its fp32 one
-    (NOTE [16-bit costs]); None if it measured neither."""
-    costs = profile.get("op_costs", {})
-    return costs.get(precision, {}).get(op) or costs.get(MEASURED_PRECISION, {}).get(op)
+    """The entry of measured_at (what a call of `op` in a `precision` program costs)."""
+    found = measured_at(profile, precision, op)
+    return found and found[1]
 
 
 def cold_profile(profile: dict, precision: str) -> dict | None:
@@ -160,10 +166,10 @@ def node_seconds(node: Node, profile: dict, precision: str, forward: Node | None
     `<op>_bwd` node."""
     shaped = forward if forward is not None else node
     flops = coarse_bwd_flops(forward) if forward is not None else node_flops(node)
-    measured = op_costs(profile, precision, node.op)
-    if measured is not None:
-        own = node.op in profile["op_costs"].get(precision, {})   # else fp32's: NOTE [16-bit costs]
-        return fitted_seconds(measured, flops, node_bytes(node) if own else widened_bytes(node))
+    found = measured_at(profile, precision, node.op)
+    if found is not None:
+        measured_in, measured = found
+        return fitted_seconds(measured, flops, node_bytes(node, widened=measured_in != precision))
     compute = flops / (peak_flops(profile, precision) * efficiency(profile, shaped))
     return max(compute, node_bytes(node) / profile["ddr_bandwidth"])
 
