@@ -228,6 +228,21 @@ def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0,
 # kernels too. Since NOTE [cache residency] (sim/residency.py) the probes time each kernel
 # both ways and the simulator picks per call; `--evict` then charges every call cold.
 
+# NOTE [sweep share]: a cold timing streams bytes through the caches first (probe.Evictor),
+# and the ranks of a probe stream them at the same time (a barrier before each case, then
+# the same calls), through one last-level cache. Together they need to stream it once to
+# leave every operand cold, so each streams twice its share of it, at most all of it:
+# last_level_cache x min(ranks, 2) / ranks. On 2 cores that is the whole cache per rank, as
+# before. A probe sweeps about 4,900 times (counted on 2 ranks here); on a 16-core node
+# whose 300 MiB cache every rank swept whole, that was 5 GB through the node's memory
+# per sweep (56-86 GB/s measured there, so about 60-90 ms each), and calibrate took 429 s
+# where node16.sh allows 300.
+def sweep_bytes(last_level_cache: int, ranks: int) -> int:
+    """Bytes each of `ranks` ranks sweeping at once streams before a cold call (NOTE
+    [sweep share])."""
+    return last_level_cache * min(ranks, 2) // max(1, ranks)
+
+
 def calibrate(progress: Callable[[str], None] = print, evict: bool = False) -> dict:
     """Measure this machine (about 1.5 minutes on 2 cores) and return its profile;
     `evict`: sweep the last-level cache before every timed call (NOTE [warm operands])."""
@@ -236,6 +251,7 @@ def calibrate(progress: Callable[[str], None] = print, evict: bool = False) -> d
     for ranks, threads in sorted({(max(cores, 2), 1), (1, cores)}):
         progress(f"measuring {ranks} rank{'s' * (ranks > 1)} x {threads} "
                  f"thread{'s' * (threads > 1)}:")
-        runs.append(run_probe(ranks, threads, evict=machine["last_level_cache"],
+        runs.append(run_probe(ranks, threads,
+                              evict=sweep_bytes(machine["last_level_cache"], ranks),
                               evict_kernels=evict, node=ranks > 1))
     return build_profile(runs, machine, evict)

@@ -235,6 +235,22 @@ def test_probes_sweep_the_caches_only_under_evict(cases, tmp_path, monkeypatch, 
     assert ("operands are warm" in sources) != bool(flag)
 
 
+def test_ranks_sweeping_at_once_share_the_last_level_cache(cases, tmp_path, monkeypatch):
+    """NOTE [sweep share]: on a 16-core node with a 300 MiB cache, the 16 ranks that sweep
+    together stream twice the cache between them (37.5 MiB each), and the one rank of 16
+    threads streams it whole, as one rank or two did before."""
+    sweeps = {}
+
+    def probe(ranks, threads, ops=None, evict=0, evict_kernels=False, node=False):
+        sweeps[ranks] = evict
+        return made_up_run(cases, threads, PINGS if ranks > 1 else ())
+    node16 = MACHINE | {"node_cores": 16, "last_level_cache": 300 << 20}
+    monkeypatch.setattr("ratrain.calibrate.profile.run_probe", probe)
+    monkeypatch.setattr("ratrain.calibrate.profile.machine_facts", lambda: node16)
+    assert main(["calibrate", "-o", str(tmp_path / "cpu.json")]) == 0
+    assert sweeps == {1: 300 << 20, 16: 75 << 19}
+
+
 def test_only_cold_cases_are_swept_unless_every_case():
     from ratrain.calibrate.cases import all_cases as every
     from ratrain.calibrate.probe import Evictor
