@@ -236,7 +236,7 @@ def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0,
 # before. A probe sweeps about 4,900 times (counted on 2 ranks here); on a 16-core node
 # whose 300 MiB cache every rank swept whole, that was 5 GB through the node's memory
 # per sweep (56-86 GB/s measured there, so about 60-90 ms each), and calibrate took 429 s
-# where node16.sh allows 300.
+# where node16.sh allows 300; with the shares it took 146 s on a machine of the same kind.
 def sweep_bytes(last_level_cache: int, ranks: int) -> int:
     """Bytes each of `ranks` ranks sweeping at once streams before a cold call (NOTE
     [sweep share])."""

@@ -72,8 +72,8 @@ def add_calibrate_parser(sub) -> None:
                        "model-sized shapes, with warm and with swept caches, the cache share "
                        "of a rank, DDR bandwidth and MPI latency and bandwidth between two "
                        "ranks, at the threads per rank the runtime uses, and write a profile "
-                       "for `--hw`. Takes about 1.5 minutes on 2 cores, several on a node of "
-                       "many cores; run it on an idle machine.")
+                       "for `--hw`. Takes about 1.5 minutes on 2 cores and 2.5 on 16; run it "
+                       "on an idle machine.")
     p.add_argument("-o", "--output", default=str(PROFILE_DIR / "cpu.json"), metavar="FILE",
                    help="profile to write (default: the built-in `cpu` profile, "
                    f"{PROFILE_DIR / 'cpu.json'})")
