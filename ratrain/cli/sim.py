@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from ratrain.cli.options import HW_HELP, add_options
+from ratrain.cli.options import HW_HELP, add_options, non_negative_int
 from ratrain.errors import UserError
 from ratrain.hw.profiles import ALGORITHMS
 from ratrain.inputs import load_hw
@@ -62,12 +62,15 @@ def cmd_simulate(args) -> None:
     from ratrain.compiler import recompile
     manifest, profile = _program_and_profile(args)
     how = dict(overlap=not args.serialize, algorithm=args.algorithm)
-    if manifest.get("periods") and not (args.trace or args.schedule_png):
+    if manifest.get("periods") and not (args.trace or args.schedule_png or args.against):
         _simulate_periodic(manifest, profile, how, args.json)
         return
     sim = simulate(recompile(manifest), profile, **how)
     print(json.dumps(summary(sim), indent=1) if args.json else format_summary(sim))
     notes = []
+    if args.against:
+        from ratrain.sim.against import against
+        notes.append(against(sim, Path(args.against), args.skip_steps))
     if args.trace:
         notes.append(f"wrote {args.trace} ({write_trace(sim, args.trace)} trace events; open "
                      "in chrome://tracing or ui.perfetto.dev)")
@@ -116,4 +119,10 @@ def add_simulate_parser(sub) -> None:
                    "and --link-latency still override")
     p.add_argument("--serialize", action="store_true", help="wait for every DP collective "
                    "right after starting it (what overlap saves, by difference)")
+    p.add_argument("--against", default=None, metavar="TRACE", help="the directory "
+                   "`ratrain run DIR --trace TRACE` wrote: print, for every stage and task "
+                   "kind, the seconds per step it measured (replica 0, and the range over "
+                   "the stage's replicas) beside the simulated ones")
+    p.add_argument("--skip-steps", type=non_negative_int, default=2, metavar="N",
+                   help="with --against, leave the first N traced steps out (default: 2)")
     p.set_defaults(func=cmd_simulate)

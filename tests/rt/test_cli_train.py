@@ -12,6 +12,7 @@ from test_progress import png_size
 from ratrain import models
 from ratrain.hw.profiles import load_profile
 from ratrain.ir.costs import node_flops
+from ratrain.ir.tasks import parse_task
 from ratrain.models.trace import trace_model
 
 pytestmark = pytest.mark.mpi
@@ -86,6 +87,24 @@ def test_trace_has_every_task_of_every_step(trained):
         assert {e["args"]["step"] for e in tasks} == {1, 2, 3}
         assert any(e["name"].startswith(f"{rank}F0") for e in tasks)
         assert all(e["dur"] >= 0 for e in tasks)
+
+
+def test_simulate_against_the_trace_of_the_run(trained):
+    """`ratrain simulate --against` reads what `--trace` wrote of the same program: a row per
+    stage and kind, each measured figure the median over steps 2-3 of what the trace holds."""
+    run_dir, _ = trained
+    done = ratrain("simulate", run_dir / "program", "--against", run_dir / "trace",
+                   "--skip-steps", 1)
+    assert done.returncode == 0, done.stderr
+    rows = {tuple(line.split()[:2]): line.split()[2] for line in
+            done.stdout.split("median of steps 2-3")[1].splitlines()[2:]}
+    for stage in (0, 1):
+        events = json.loads((run_dir / "trace" / f"trace-rank{stage}.json").read_text())
+        forward = sorted(sum(e["dur"] for e in events["traceEvents"] if e["ph"] == "X" and
+                             e["args"]["step"] == step and parse_task(e["name"]).kind == "F")
+                         for step in (2, 3))
+        assert float(rows[str(stage), "F"]) == pytest.approx(sum(forward) / 2e3, abs=0.006)
+        assert float(rows[str(stage), "all"]) > float(rows[str(stage), "F"]) > 0
 
 
 def test_run_forwards_options_and_exit_code(trained):
