@@ -66,11 +66,11 @@ def cmd_simulate(args) -> None:
         _simulate_periodic(manifest, profile, how, args.json)
         return
     sim = simulate(recompile(manifest), profile, **how)
-    print(json.dumps(summary(sim), indent=1) if args.json else format_summary(sim))
     notes = []
-    if args.against:
+    if args.against:  # before the summary: a trace that does not fit is the only line
         from ratrain.sim.against import against
         notes.append(against(sim, Path(args.against), args.skip_steps))
+    print(json.dumps(summary(sim), indent=1) if args.json else format_summary(sim))
     if args.trace:
         notes.append(f"wrote {args.trace} ({write_trace(sim, args.trace)} trace events; open "
                      "in chrome://tracing or ui.perfetto.dev)")
@@ -121,7 +121,7 @@ def add_simulate_parser(sub) -> None:
                    "right after starting it (what overlap saves, by difference)")
     p.add_argument("--against", default=None, metavar="TRACE", help="the directory "
                    "`ratrain run DIR --trace TRACE` wrote: print, for every stage and task "
-                   "kind, the seconds per step it measured (replica 0, and the range over "
+                   "kind, the ms per step it measured (replica 0, and the range over "
                    "the stage's replicas) beside the simulated ones")
     p.add_argument("--skip-steps", type=non_negative_int, default=2, metavar="N",
                    help="with --against, leave the first N traced steps out (default: 2)")

@@ -104,5 +104,5 @@ def test_a_trace_that_does_not_fit_is_one_line_naming_it(pp2dp2, tmp_path, capsy
         (trace / "trace-rank0.json").write_text("[1, 2]")
     capsys.readouterr()
     assert main(["simulate", str(directory), "--against", str(trace)]) == 2
-    err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1, err
+    out = capsys.readouterr()
+    assert message in out.err and out.err.count("\n") == 1 and not out.out, out
