@@ -122,7 +122,8 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--against", default=None, metavar="TRACE", help="the directory "
                    "`ratrain run DIR --trace TRACE` wrote: print, for every stage and task "
                    "kind, the ms per step it measured (replica 0, and the range over "
-                   "the stage's replicas) beside the simulated ones")
+                   "the stage's replicas) beside the simulated ones, then the measured "
+                   "step against the simulated step")
     p.add_argument("--skip-steps", type=non_negative_int, default=2, metavar="N",
                    help="with --against, leave the first N traced steps out (default: 2)")
     p.set_defaults(func=cmd_simulate)

@@ -25,6 +25,9 @@ from ratrain.ir.tasks import parse_task
 # any replica of the stage: a wide range in a stage's waiting tasks (RECV, UPD) is that.
 
 
+STEP = "step"                           # measured_seconds' key of the whole step
+
+
 @dataclass(frozen=True)
 class Row:
     stage: int
@@ -36,8 +39,9 @@ class Row:
 
 
 def measured_seconds(trace_dir: Path, skip: int) -> dict[int, dict[str, list[float]]]:
-    """rank -> kind -> seconds in each traced step after the first `skip` (and "all": the
-    sum of the rank's tasks in the step)."""
+    """rank -> kind -> seconds in each traced step after the first `skip` ("all": the sum
+    of the rank's tasks in the step; STEP: from the step's first task to the next step's,
+    to its last task's end for the last step)."""
     files = sorted(trace_dir.glob("trace-rank*.json"))
     if not files:
         raise UserError(f"{trace_dir} holds no trace-rank<R>.json; write them with "
@@ -45,13 +49,21 @@ def measured_seconds(trace_dir: Path, skip: int) -> dict[int, dict[str, list[flo
     out = {}
     for path in files:
         steps: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        bounds: dict[int, list[float]] = {}
         rank = None
         for event in _events(path):
             rank, step = event["pid"], event["args"]["step"]
             kind = str(_task(event["name"], path).kind)
             steps[step][kind] += event["dur"] * 1e-6
             steps[step]["all"] += event["dur"] * 1e-6
-        kept = [steps[s] for s in sorted(steps)[skip:]]
+            start, end = event["ts"] * 1e-6, (event["ts"] + event["dur"]) * 1e-6
+            first, last = bounds.get(step, (start, end))
+            bounds[step] = [min(first, start), max(last, end)]
+        order = sorted(steps)
+        for step, after in zip(order, order[1:] + [None]):
+            first, last = bounds[step]
+            steps[step][STEP] = (bounds[after][0] if after is not None else last) - first
+        kept = [steps[s] for s in order[skip:]]
         if rank is None or not kept:
             raise UserError(f"{path} has no task after its first {skip} steps; trace more "
                             "steps or pass a smaller --skip-steps")
@@ -110,11 +122,22 @@ def compare(program, measured: dict, simulated: dict) -> list[Row]:
             raise UserError(f"the trace has no file of rank {missing[0]} (stage {stage}); "
                             "trace the program that DIR holds, every rank")
         sim, first = simulated[ranks[0]], measured[ranks[0]]
-        for kind in sorted(set(sim) | set(first), key=lambda k: (k == "all", k)):
+        for kind in sorted((set(sim) | set(first)) - {STEP}, key=lambda k: (k == "all", k)):
             per_replica = [statistics.median(measured[r].get(kind, [0.0])) for r in ranks]
             rows.append(Row(stage, kind, per_replica[0], sim.get(kind, 0.0),
                             min(per_replica), max(per_replica)))
     return rows
+
+
+def step_line(measured: dict, step_time: float) -> str:
+    """Rank 0's median step, start to start, against the simulated step, and the fewest
+    and most of any rank."""
+    per_rank = {rank: statistics.median(kinds[STEP]) for rank, kinds in measured.items()}
+    first = per_rank[min(per_rank)]
+    return (f"step: measured {1e3 * first:.2f} ms (rank {min(per_rank)}, from a step's first "
+            f"task to the next's; every rank {1e3 * min(per_rank.values()):.2f}-"
+            f"{1e3 * max(per_rank.values()):.2f}), simulated {1e3 * step_time:.2f} ms, "
+            f"error {step_time / first - 1:+.1%}")
 
 
 def format_rows(rows: list[Row], trace_dir: Path, skip: int, steps: int) -> str:
@@ -137,4 +160,5 @@ def against(sim, trace_dir: Path, skip: int) -> str:
     check_same_program(sim.program, trace_dir)
     rows = compare(sim.program, measured, simulated_seconds(sim))
     steps = min(len(kinds["all"]) for kinds in measured.values())
-    return format_rows(rows, trace_dir, skip, steps)
+    table = format_rows(rows, trace_dir, skip, steps)
+    return f"{table}\n{step_line(measured, sim.step_time)}"

@@ -96,8 +96,10 @@ def test_simulate_against_the_trace_of_the_run(trained):
     done = ratrain("simulate", run_dir / "program", "--against", run_dir / "trace",
                    "--skip-steps", 1)
     assert done.returncode == 0, done.stderr
-    rows = {tuple(line.split()[:2]): line.split()[2] for line in
-            done.stdout.split("median of steps 2-3")[1].splitlines()[2:]}
+    table = done.stdout.split("median of steps 2-3")[1].splitlines()
+    rows = {tuple(line.split()[:2]): line.split()[2] for line in table[2:-1]}
+    step = float(table[-1].split("step: measured ")[1].split(" ms")[0])
+    assert step >= max(float(rows[str(s), "all"]) for s in (0, 1)) > 0
     for stage in (0, 1):
         events = json.loads((run_dir / "trace" / f"trace-rank{stage}.json").read_text())
         forward = sorted(sum(e["dur"] for e in events["traceEvents"] if e["ph"] == "X" and

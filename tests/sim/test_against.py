@@ -22,9 +22,10 @@ def pp2dp2(tmp_path_factory):
     return out, simulate(program, load_profile("cpu"))
 
 
-def write_traces(sim, directory, factor, steps=4):
+def write_traces(sim, directory, factor, steps=4, gap=0.0):
     """trace-rank<R>.json of every rank of the job, as `ratrain run --trace` writes them:
-    rank r of stage s ran each of its stage's tasks in factor(r, step) x its simulated time."""
+    rank r of stage s ran each of its stage's tasks in factor(r, step) x its simulated time,
+    back to back, with `gap` microseconds between steps."""
     program, replay = sim.program, sim.replay
     directory.mkdir(parents=True, exist_ok=True)
     for stage in range(program.options.pp):
@@ -37,6 +38,7 @@ def write_traces(sim, directory, factor, steps=4):
                     events.append({"name": str(span.task), "ph": "X", "pid": rank, "tid": 0,
                                    "ts": now, "dur": dur, "args": {"step": step}})
                     now += dur
+                now += gap
             (directory / f"trace-rank{rank}.json").write_text(json.dumps(
                 {"traceEvents": [{"name": "process_name", "ph": "M", "pid": rank}] + events}))
 
@@ -45,7 +47,7 @@ def rows_of(text):
     """(stage, kind) -> (measured, simulated, fewest, most) ms from the printed table, each
     rounded to 0.01 ms (so a multiple of one is within 0.02 of the other)."""
     rows = {}
-    for line in text.splitlines()[2:]:
+    for line in text.splitlines()[2:-1]:
         stage, kind, measured, simulated, _, replicas = line.split()
         fewest, most = replicas.split("-")
         rows[int(stage), kind] = tuple(map(float, (measured, simulated, fewest, most)))
@@ -68,6 +70,27 @@ def test_every_kind_of_every_stage_at_the_factor_it_ran(pp2dp2, tmp_path):
         assert fewest == pytest.approx(measured, abs=0.02)
         assert most == pytest.approx((1.5 if stage == 1 else 1.25) * simulated, abs=0.02)
     assert rows[0, "F"][1] > 0 and rows[1, "B"][1] > 0
+
+
+def test_the_step_runs_from_a_step_s_first_task_to_the_next_s(pp2dp2, tmp_path):
+    """The traced tasks run back to back with 1 ms between steps, so rank 0's step is its
+    tasks' sum, 1.25x its simulated sum, and 1 ms (the last step, with no next one, has
+    no gap, and the median of 3 leaves it out); the slow replica's rank is the most."""
+    directory, sim = pp2dp2
+    slow = sim.program.rank(1, 1)
+    write_traces(sim, tmp_path / "trace", lambda rank, step: 1.5 if rank == slow else 1.25,
+                 steps=5, gap=1000.0)
+    text = against(sim, tmp_path / "trace", skip=2)
+    step = text.splitlines()[-1]
+    measured = float(step.split("measured ")[1].split(" ms")[0])
+    fewest, most = map(float, step.split("every rank ")[1].split(")")[0].split("-"))
+    spans = sim.replay.spans
+    total = {r: sum(s.end - s.reached for s in spans[sim.program.rank(r, 0)]) for r in (0, 1)}
+    assert measured == pytest.approx(1.25e3 * total[0] + 1, abs=0.01)
+    assert most == pytest.approx(1.5e3 * total[1] + 1, abs=0.01)
+    assert fewest == pytest.approx(1.25e3 * min(total.values()) + 1, abs=0.01)
+    assert f"simulated {1e3 * sim.step_time:.2f} ms" in step
+    assert f"error {sim.step_time / (measured / 1e3) - 1:+.1%}" in step
 
 
 def test_cli_prints_the_table_under_the_summary(pp2dp2, tmp_path, capsys):
