@@ -66,11 +66,13 @@ def cmd_simulate(args) -> None:
         _simulate_periodic(manifest, profile, how, args.json)
         return
     sim = simulate(recompile(manifest), profile, **how)
-    notes = []
+    record, compared = summary(sim), None
     if args.against:  # before the summary: a trace that does not fit is the only line
         from ratrain.sim.against import against
-        notes.append(against(sim, Path(args.against), args.skip_steps))
-    print(json.dumps(summary(sim), indent=1) if args.json else format_summary(sim))
+        compared = against(sim, Path(args.against), args.skip_steps)
+        record["against"] = compared.record()
+    print(json.dumps(record, indent=1) if args.json else format_summary(sim))
+    notes = [compared.text()] if compared and not args.json else []
     if args.trace:
         notes.append(f"wrote {args.trace} ({write_trace(sim, args.trace)} trace events; open "
                      "in chrome://tracing or ui.perfetto.dev)")

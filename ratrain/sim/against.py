@@ -129,36 +129,51 @@ def compare(program, measured: dict, simulated: dict) -> list[Row]:
     return rows
 
 
-def step_line(measured: dict, step_time: float) -> str:
-    """Rank 0's median step, start to start, against the simulated step, and the fewest
-    and most of any rank."""
-    per_rank = {rank: statistics.median(kinds[STEP]) for rank, kinds in measured.items()}
-    first = per_rank[min(per_rank)]
-    return (f"step: measured {1e3 * first:.2f} ms (rank {min(per_rank)}, from a step's first "
-            f"task to the next's; every rank {1e3 * min(per_rank.values()):.2f}-"
-            f"{1e3 * max(per_rank.values()):.2f}), simulated {1e3 * step_time:.2f} ms, "
-            f"error {step_time / first - 1:+.1%}")
+@dataclass(frozen=True)
+class Comparison:
+    trace_dir: Path
+    skip: int                           # traced steps left out
+    steps: int                          # steps compared (the fewest any rank traced)
+    rows: list[Row]
+    step: float                         # rank 0's median step, first task to the next's
+    step_fewest: float                  # ... the least of any rank
+    step_most: float                    # ... the most
+    simulated_step: float
+
+    def record(self) -> dict:
+        """The JSON form (`ratrain simulate --json --against`), in seconds."""
+        return {"trace": str(self.trace_dir), "steps": [self.skip + 1, self.skip + self.steps],
+                "step_s": {"measured": self.step, "fewest": self.step_fewest,
+                           "most": self.step_most, "simulated": self.simulated_step},
+                "rows": [{"stage": r.stage, "kind": r.kind, "measured_s": r.measured,
+                          "simulated_s": r.simulated, "fewest_s": r.fewest,
+                          "most_s": r.most} for r in self.rows]}
+
+    def text(self) -> str:
+        lines = [f"measured ({self.trace_dir}, median of steps {self.skip + 1}-"
+                 f"{self.skip + self.steps}; waits inside tasks included) against simulated, "
+                 "ms per step; replicas: the fewest and most ms any replica of the stage "
+                 "measured",
+                 f"{'stage':>5}  {'kind':<7} {'measured':>10} {'simulated':>10} {'ratio':>7}"
+                 f"   {'replicas':>19}"]
+        for row in self.rows:
+            ratio = f"{row.measured / row.simulated:6.2f}x" if row.simulated > 0 else "      -"
+            lines.append(f"{row.stage:>5}  {row.kind:<7} {1e3 * row.measured:>10.2f} "
+                         f"{1e3 * row.simulated:>10.2f} {ratio}   "
+                         f"{1e3 * row.fewest:>9.2f}-{1e3 * row.most:.2f}")
+        lines.append(f"step: measured {1e3 * self.step:.2f} ms (rank 0, from a step's first "
+                     f"task to the next's; every rank {1e3 * self.step_fewest:.2f}-"
+                     f"{1e3 * self.step_most:.2f}), simulated {1e3 * self.simulated_step:.2f} "
+                     f"ms, error {self.simulated_step / self.step - 1:+.1%}")
+        return "\n".join(lines)
 
 
-def format_rows(rows: list[Row], trace_dir: Path, skip: int, steps: int) -> str:
-    lines = [f"measured ({trace_dir}, median of steps {skip + 1}-{skip + steps}; waits inside "
-             "tasks included) against simulated, ms per step; replicas: the fewest and most "
-             "ms any replica of the stage measured",
-             f"{'stage':>5}  {'kind':<7} {'measured':>10} {'simulated':>10} {'ratio':>7}"
-             f"   {'replicas':>19}"]
-    for row in rows:
-        ratio = f"{row.measured / row.simulated:6.2f}x" if row.simulated > 0 else "      -"
-        lines.append(f"{row.stage:>5}  {row.kind:<7} {1e3 * row.measured:>10.2f} "
-                     f"{1e3 * row.simulated:>10.2f} {ratio}   "
-                     f"{1e3 * row.fewest:>9.2f}-{1e3 * row.most:.2f}")
-    return "\n".join(lines)
-
-
-def against(sim, trace_dir: Path, skip: int) -> str:
-    """The comparison table of `sim` against the traces in `trace_dir`."""
+def against(sim, trace_dir: Path, skip: int) -> Comparison:
+    """`sim` against the traces in `trace_dir`, after their first `skip` steps."""
     measured = measured_seconds(trace_dir, skip)
     check_same_program(sim.program, trace_dir)
     rows = compare(sim.program, measured, simulated_seconds(sim))
-    steps = min(len(kinds["all"]) for kinds in measured.values())
-    table = format_rows(rows, trace_dir, skip, steps)
-    return f"{table}\n{step_line(measured, sim.step_time)}"
+    steps = {rank: statistics.median(kinds[STEP]) for rank, kinds in measured.items()}
+    return Comparison(trace_dir, skip, min(len(k["all"]) for k in measured.values()), rows,
+                      steps[min(steps)], min(steps.values()), max(steps.values()),
+                      sim.step_time)

@@ -61,7 +61,7 @@ def test_every_kind_of_every_stage_at_the_factor_it_ran(pp2dp2, tmp_path):
     slow = sim.program.rank(1, 1)
     write_traces(sim, tmp_path / "trace",
                  lambda rank, step: 3.0 if step <= 2 else 1.5 if rank == slow else 1.25)
-    rows = rows_of(against(sim, tmp_path / "trace", skip=2))
+    rows = rows_of(against(sim, tmp_path / "trace", skip=2).text())
     kinds = {(s, str(span.task.kind)) for s in (0, 1)
              for span in sim.replay.spans[sim.program.rank(s, 0)]}
     assert set(rows) == kinds | {(0, "all"), (1, "all")}
@@ -80,7 +80,7 @@ def test_the_step_runs_from_a_step_s_first_task_to_the_next_s(pp2dp2, tmp_path):
     slow = sim.program.rank(1, 1)
     write_traces(sim, tmp_path / "trace", lambda rank, step: 1.5 if rank == slow else 1.25,
                  steps=5, gap=1000.0)
-    text = against(sim, tmp_path / "trace", skip=2)
+    text = against(sim, tmp_path / "trace", skip=2).text()
     step = text.splitlines()[-1]
     measured = float(step.split("measured ")[1].split(" ms")[0])
     fewest, most = map(float, step.split("every rank ")[1].split(")")[0].split("-"))
@@ -91,6 +91,21 @@ def test_the_step_runs_from_a_step_s_first_task_to_the_next_s(pp2dp2, tmp_path):
     assert fewest == pytest.approx(1.25e3 * min(total.values()) + 1, abs=0.01)
     assert f"simulated {1e3 * sim.step_time:.2f} ms" in step
     assert f"error {sim.step_time / (measured / 1e3) - 1:+.1%}" in step
+
+
+def test_json_record_holds_the_comparison_in_seconds(pp2dp2, tmp_path, capsys):
+    directory, sim = pp2dp2
+    write_traces(sim, tmp_path / "trace", lambda rank, step: 2.0, steps=3)
+    capsys.readouterr()
+    assert main(["simulate", str(directory), "--json", "--against", str(tmp_path / "trace"),
+                 "--skip-steps", "1"]) == 0
+    out = capsys.readouterr()
+    record = json.loads(out.out)["against"]
+    assert record["steps"] == [2, 3] and not out.err
+    assert record["step_s"]["simulated"] == pytest.approx(sim.step_time)
+    f0 = next(r for r in record["rows"] if (r["stage"], r["kind"]) == (0, "F"))
+    assert f0["simulated_s"] > 0 and f0["measured_s"] == pytest.approx(2 * f0["simulated_s"])
+    assert f0["fewest_s"] == f0["most_s"] == pytest.approx(f0["measured_s"])
 
 
 def test_cli_prints_the_table_under_the_summary(pp2dp2, tmp_path, capsys):
