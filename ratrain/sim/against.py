@@ -38,23 +38,26 @@ class Row:
     most: float                         # ... most
 
 
-def measured_seconds(trace_dir: Path, skip: int) -> dict[int, dict[str, list[float]]]:
-    """rank -> kind -> seconds in each traced step after the first `skip` ("all": the sum
-    of the rank's tasks in the step; STEP: from the step's first task to the next step's,
-    to its last task's end for the last step)."""
+def measured_seconds(trace_dir: Path, skip: int) -> tuple[dict, dict]:
+    """(rank -> kind -> seconds in each traced step after the first `skip`, rank -> the
+    task texts it traced), one read of each file. "all" is the sum of the rank's tasks in
+    a step; STEP runs from the step's first task to the next step's (to its last task's
+    end for the last step)."""
     files = sorted(trace_dir.glob("trace-rank*.json"))
     if not files:
         raise UserError(f"{trace_dir} holds no trace-rank<R>.json; write them with "
                         f"`ratrain run DIR --trace {trace_dir}`")
-    out = {}
+    out, names = {}, {}
     for path in files:
         steps: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         bounds: dict[int, list[float]] = {}
+        kinds: dict[str, str] = {}      # task text -> its kind, parsed once
         rank = None
         for event in _events(path):
-            rank, step = event["pid"], event["args"]["step"]
-            kind = str(_task(event["name"], path).kind)
-            steps[step][kind] += event["dur"] * 1e-6
+            rank, step, name = event["pid"], event["args"]["step"], event["name"]
+            if name not in kinds:
+                kinds[name] = str(_task(name, path).kind)
+            steps[step][kinds[name]] += event["dur"] * 1e-6
             steps[step]["all"] += event["dur"] * 1e-6
             start, end = event["ts"] * 1e-6, (event["ts"] + event["dur"]) * 1e-6
             first, last = bounds.get(step, (start, end))
@@ -69,7 +72,8 @@ def measured_seconds(trace_dir: Path, skip: int) -> dict[int, dict[str, list[flo
                             "steps or pass a smaller --skip-steps")
         out[rank] = {kind: [step.get(kind, 0.0) for step in kept]
                      for kind in {k for step in kept for k in step}}
-    return out
+        names[rank] = (path, set(kinds))
+    return out, names
 
 
 def _events(path: Path) -> list[dict]:
@@ -89,14 +93,14 @@ def _task(name: str, path: Path):
                         "`ratrain run --trace` wrote") from None
 
 
-def check_same_program(program, trace_dir: Path) -> None:
-    """Every task replica 0's ranks traced is one of their stage's tasks in `program`."""
+def check_same_program(program, names: dict) -> None:
+    """Every task replica 0's ranks traced (`names`: rank -> (file, task texts)) is one of
+    their stage's tasks in `program`."""
     for stage, tasks in program.tasks.items():
-        path = trace_dir / f"trace-rank{program.rank(stage, 0)}.json"
-        if not path.is_file():
+        if (rank := program.rank(stage, 0)) not in names:
             continue  # compare() names the missing rank
-        known = {str(t) for t in tasks}
-        if stray := next((e["name"] for e in _events(path) if e["name"] not in known), None):
+        path, traced = names[rank]
+        if stray := min(traced - {str(t) for t in tasks}, default=None):
             raise UserError(f"{path} holds task {stray}, which stage {stage} of this program "
                             "does not run: trace the program that DIR holds")
 
@@ -170,8 +174,8 @@ class Comparison:
 
 def against(sim, trace_dir: Path, skip: int) -> Comparison:
     """`sim` against the traces in `trace_dir`, after their first `skip` steps."""
-    measured = measured_seconds(trace_dir, skip)
-    check_same_program(sim.program, trace_dir)
+    measured, names = measured_seconds(trace_dir, skip)
+    check_same_program(sim.program, names)
     rows = compare(sim.program, measured, simulated_seconds(sim))
     steps = {rank: statistics.median(kinds[STEP]) for rank, kinds in measured.items()}
     return Comparison(trace_dir, skip, min(len(k["all"]) for k in measured.values()), rows,
