@@ -39,6 +39,7 @@ from ratrain.planner.estimate import Estimator
 from ratrain.planner.screen import compile_reason
 from ratrain.planner.search import recompute_note
 from ratrain.sim import Simulation, simulate
+from ratrain.sim.costs import bound_cost_model
 from ratrain.units import format_bytes
 
 SEQ_LEN, GLOBAL_BATCH, BUDGET = 2048, 4096, parse_size("20GB")
@@ -106,7 +107,8 @@ class Runs:
         planner = self.planner(model, c.schedule)
         options = replace(c.options(planner.search), budget=budget,
                           micro_batches=micro_batches or c.micro_batches)
-        program = Program(planner.graphs.get(c.micro_batch_size), options)
+        program = Program(planner.graphs.get(c.micro_batch_size), options,
+                          cost_model=bound_cost_model(self.profile))  # as the planner's
         passes = PIPELINE + [plan_memory] if memory_only else None
         try:
             return run_pipeline(program, passes, verify=False)[0]

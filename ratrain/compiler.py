@@ -71,14 +71,11 @@ def compile_graph(graph, options, expand: bool = False, profile: dict | None = N
 
 
 def _compile_instance(graph, options, micro_batches: int | None, profile: dict | None = None):
-    from functools import partial
-
     from ratrain.passes.pipeline import run_pipeline
     from ratrain.passes.program import Program
-    from ratrain.sim.costs import task_cost_model
-    cost_model = partial(task_cost_model, profile=profile) if profile else None
+    from ratrain.sim.costs import bound_cost_model
     return run_pipeline(Program(graph, options, built_micro_batches=micro_batches,
-                                cost_model=cost_model))
+                                cost_model=bound_cost_model(profile)))
 
 
 def _compile_periodic(graph, options, profile: dict | None = None):
@@ -129,14 +126,17 @@ def other_schedule(schedule: str) -> str:
     return "baseline" if schedule == "ratrain" else "ratrain"
 
 
-def compile_other_schedule(graph, options):
+def compile_other_schedule(graph, options, profile: dict | None = None):
     """The same configuration under the other schedule, in memory, through plan_memory
-    only (its peak is all the report needs); the error's first line if it does not fit."""
+    only (its peak and dry run are all the report needs), decided on `profile`'s costs
+    as this one was; the error's first line if it does not fit."""
     from ratrain.passes.partition_stages import PartitionError
     from ratrain.passes.pipeline import PIPELINE, run_pipeline
     from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory
     from ratrain.passes.program import Program
-    other = Program(graph, replace(options, schedule=other_schedule(options.schedule)))
+    from ratrain.sim.costs import bound_cost_model
+    other = Program(graph, replace(options, schedule=other_schedule(options.schedule)),
+                    cost_model=bound_cost_model(profile))
     try:
         return run_pipeline(other, PIPELINE + [plan_memory], verify=False)[0]
     except (PartitionError, MemoryBudgetError) as e:

@@ -79,7 +79,7 @@ def format_schedule_comparison(program, other, profile: dict, result) -> list[st
 
 def format_report(program, records, profile: dict, graph) -> str:
     result = simulate(program, profile)
-    other = compile_other_schedule(graph, program.options)
+    other = compile_other_schedule(graph, program.options, profile)
     return "\n".join(format_pass_times(records) + format_stage_memory(program)
                      + format_dry_run(program, profile, result)
                      + format_schedule_comparison(program, other, profile, result))

@@ -77,11 +77,29 @@ def _escalate(program, stage: int, base: dict) -> dict:
 # where every pair just fits fully recomputed on the forward side, B-time recovery fits
 # with 5 of stage 0's 16 pairs only selectively recomputed, and the ranks' compute per
 # step was 22% longer on average with forward-side recovery. So auto decides, per stage, where
-# recovery runs: on the forward side when that recomputes no more FLOPs than B-time
-# recovery; else it takes B-time recovery's choices and moves micro-batches to the
-# forward side from the last one down while the stage still fits (the last ones have
-# the fewest micro-batches in flight, and a REC in the wait before the last B is the one
-# that shortens the pipeline's drain). The recompute is then never more than the
+# recovery runs, by what recovery costs there (_recovery_cost: the RECs' seconds under the
+# program's cost model, or their FLOPs without one; on the forward side under ZeRO-3 also
+# the view all-gathers of RECs apart from their B): on the forward side when that costs no
+# more than B-time recovery plus one micro-batch of the stage's layers fully recomputed;
+# else it takes B-time recovery's choices and moves micro-batches to the forward side from
+# the last one down while the stage still fits (the last ones have the fewest
+# micro-batches in flight, and a REC in the wait before the last B is the one that
+# shortens the pipeline's drain).
+# - The margin is the grain of the two searches: both escalate pairs micro-batch by
+#   micro-batch and stop inside one, so costs closer than a micro-batch are a tie. Broken
+#   by where each search stopped, the tie flipped with the micro-batch count: qwen2.5-32b
+#   (pp 16 x dp 16, zb1, scatter) had stages 7-12 recover in B at some counts from 19 to 42
+#   and on the forward side at others, 0.04-0.22 TFLOP apart, so the instances of its
+#   periodic step never repeated (NOTE [periodic steps]); tiny at pp 3 did the same at odd
+#   and even counts (tests/passes/test_recovery_placement.py). The tie goes to the forward
+#   side, whose RECs can fill idle time. Simulated on mt3000 for llama2-7b at pp 3 x dp 256
+#   and 16 micro-batches under 20 GB, ZeRO 2 and zb1, its stage 0 recomputes 9.1 TFLOP
+#   more on the forward side (within the margin) and the step is 122.1 s against 124.2 s.
+# - The gathers: on the same program under ZeRO-3 the two sides recompute the same
+#   selective pairs to within a micro-batch, but the forward side's RECs gather every
+#   view but the last layer's once more per micro-batch: 114.7 s against B-time's
+#   103.4 s under zb1, 119.2 against 106.7 under 1f1b. Charged, they leave recovery in B.
+# The recompute is then at most one micro-batch of the stage's layers more than the
 # baseline's, and forward-side recovery runs wherever the memory allows.
 
 def _auto(program):
@@ -105,14 +123,35 @@ def _auto_stage(program, stage: int):
     backward = _escalate(in_backward, stage, program.recompute)
     # _escalate's choice fits unless it recomputes everything fully
     fits = set(own.values()) != {"full"} or _stage_fits(program, stage, forward, exact=True)
-    if fits and _flops(program, forward) <= _flops(program, backward):
+    forward_cost = _recovery_cost(program, stage, forward, forward_side=True)
+    backward_cost = _recovery_cost(program, stage, backward, forward_side=False)
+    if fits and forward_cost <= backward_cost + _grain(program, stage):
         return replace(program, recompute=forward)
     return _forward_where_it_fits(replace(in_backward, recompute=backward), stage)
 
 
-def _flops(program, choices: dict) -> int:
+def _recovery_cost(program, stage: int, choices: dict, forward_side: bool) -> float:
+    """What recovering `stage`'s pairs in `choices` costs: under the program's cost model
+    the seconds of their RECs and, on the forward side under ZeRO-3, of the view
+    all-gathers they add (a REC uses its layer's view apart from its B, except the stage's
+    last layer, whose REC runs right before the B and shares its gather: NOTE [ZeRO-3
+    lifecycle], insert_gathers.py); without a cost model the FLOPs recomputed."""
     chosen = replace(program, recompute=choices)
-    return sum(recompute_flops(chosen, l, m) for l, m in choices)
+    pairs = [(l, m) for l, m in choices if l in program.stages[stage]]
+    if program.cost_model is None:
+        return float(sum(recompute_flops(chosen, l, m) for l, m in pairs))
+    cost, last = program.cost_model(chosen), program.stages[stage][-1]
+    gathers = [(l, m) for l, m in pairs if l != last] \
+        if forward_side and program.options.zero == 3 else []
+    return sum(cost(Task(stage, Kind.REC, micro_batch=m, layer=l)) for l, m in pairs) + \
+        sum(cost(Task(stage, Kind.GATH_R, micro_batch=m, layer=l)) for l, m in gathers)
+
+
+def _grain(program, stage: int) -> float:
+    """One micro-batch of `stage`'s layers fully recomputed, in _recovery_cost's unit: how
+    far apart two _escalate searches can stop (NOTE [where recovery runs])."""
+    one = {(l, m): "full" for l, m in _stage_keys(program, stage) if m == 0}
+    return _recovery_cost(program, stage, one, forward_side=False)
 
 
 def _forward_where_it_fits(program, stage: int):

@@ -289,8 +289,10 @@ class Planner:
         from ratrain.passes.pipeline import PIPELINE, run_pipeline
         from ratrain.passes.plan_memory import plan_memory
         from ratrain.passes.program import Program
+        from ratrain.sim.costs import bound_cost_model
         program = Program(self.graphs.get(c.micro_batch_size), options,
-                          built_micro_batches=None if built == options.micro_batches else built)
+                          built_micro_batches=None if built == options.micro_batches else built,
+                          cost_model=bound_cost_model(self.search.profile))
         return run_pipeline(program, PIPELINE + [plan_memory] if memory_only else None,
                             verify=False, record=False)[0]
 
@@ -303,8 +305,12 @@ class Planner:
 # row saying why). A twin keeps its gradients local (Candidate.options): with the
 # reduce-scatter of every micro-batch in its W's, bench/paper.py's qwen2.5-32b plans on
 # 256 clusters spent over 10 minutes in simulate_periodic's instances of zb1 scatter
-# programs (the whole part took 283 s without them). Its `bound` is its 1f1b candidate's:
-# NOTE [bound] weighs each resource's load per step, which the schedule does not change.
+# programs (the whole part took 283 s without them). Their auto recompute flipped where
+# recovery runs with the micro-batch count, so no period showed (NOTE [where recovery
+# runs]); with that fixed, pp 16 x dp 16 ZeRO 2 at 256 micro-batches finds its period at
+# 44 of them in 169 s, against 13 s at 21 for its 1f1b program: still too slow to twin.
+# Its `bound` is its 1f1b candidate's: NOTE [bound] weighs each resource's load per step,
+# which the schedule does not change.
 def zb1_twins(verdicts: dict, compiled, failed) -> list:
     """(twin, its 1f1b candidate's verdict) of each zb1 twin compiled or tried."""
     return [(c, verdicts[replace(c, pipeline_schedule="1f1b")]) for c in [*compiled, *failed]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -273,6 +274,13 @@ def tie_sum_seconds(profile: dict, nbytes: float, members: int,
 
 
 # ---- the dry run's per-task costs ------------------------------------------------------------
+
+def bound_cost_model(profile: dict | None) -> Callable | None:
+    """Program.cost_model on `profile` (None without one): the passes that weigh time
+    (zb1's W order, where recovery runs) see the costs the simulator charges, whether
+    `ratrain compile` or the planner compiles."""
+    return partial(task_cost_model, profile=profile) if profile else None
+
 
 def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
     """Seconds per task of `program` on `profile` (for dry_run and the pictures): each

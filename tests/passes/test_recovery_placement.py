@@ -4,7 +4,11 @@ Under a tight budget a forward-side REC, which keeps a micro-batch's rebuilt lay
 alive through its B, can need more recompute than recovering in B; auto then leaves
 micro-batches to B and moves the last ones to the forward side where they fit.
 """
+from dataclasses import replace
 from functools import lru_cache
+
+from ratrain import models
+from ratrain.compiler import trace_for
 
 from ratrain.ir.tasks import Kind
 from ratrain.passes.layer_buffers import recovers_in_backward
@@ -83,3 +87,47 @@ def test_mixed_placement_computes_the_whole_model():
     program = mixed()[0]
     assert rec_micro_batches(program, 0), "some REC must run on the forward side"
     assert_matches_reference(program, 1, M)
+
+
+def test_where_recovery_runs_repeats_with_the_micro_batches():
+    """NOTE [where recovery runs]: its two searches end inside a micro-batch, so a tie
+    between them must not be broken by where they end, or a stage recovers in B at one
+    micro-batch count and on the forward side at the next, and instances of a periodic
+    step (NOTE [periodic steps]) stop repeating. Tiny, pp 3 on mt3000, under budgets from
+    full recompute's arena to no recompute's, in instances of 6 to 8 micro-batches."""
+    options = CompileOptions(pp=3, micro_batches=32, seq_len=128, hw="mt3000")
+    model = trace_for(models.get_config("tiny"), "tiny", replace(options, micro_batches=1))
+    instance = lambda opts, n: run_pipeline(Program(model, opts, built_micro_batches=n),
+                                            verify=False, record=False)[0]
+    low = instance(replace(options, recompute="full"), 6).memory.arena_bytes
+    high = instance(replace(options, recompute="none"), 6).memory.arena_bytes
+    for budget in range(low, high, (high - low) // 12):
+        auto = replace(options, recompute="auto", budget=budget)
+        in_b = [{s for s, _ in instance(auto, n).backward_recovery} for n in (6, 7, 8)]
+        assert in_b[0] == in_b[1] == in_b[2], f"budget {budget}: stages recovering in B {in_b}"
+
+
+def test_forward_side_recovery_pays_its_zero3_gathers():
+    """NOTE [where recovery runs]: under ZeRO-3 a REC apart from its B gathers its layer's
+    view once more. Tiny, pp 3 x dp 2 on mt3000, just above full recompute's arena:
+    recompute FLOPs alone send stage 1 to the forward side; with mt3000's cost model bound
+    (as `ratrain compile` binds it) the gathers keep it in B, and that step simulates
+    shorter."""
+    from functools import partial
+
+    from ratrain.hw import load_profile
+    from ratrain.sim import simulate
+    from ratrain.sim.costs import task_cost_model
+    mt3000 = load_profile("mt3000")
+    options = CompileOptions(pp=3, dp=2, zero=3, micro_batches=8, micro_batch_size=2,
+                             seq_len=128, hw="mt3000")
+    model = trace_for(models.get_config("tiny"), "tiny", replace(options, micro_batches=1))
+    run = lambda opts, costs=None: run_pipeline(Program(model, opts, cost_model=costs))[0]
+    low = run(replace(options, recompute="full")).memory.arena_bytes
+    high = run(replace(options, recompute="none")).memory.arena_bytes
+    auto = replace(options, recompute="auto", budget=low + (high - low) // 10)
+    by_flops = run(auto)
+    by_cost = run(auto, partial(task_cost_model, profile=mt3000))
+    assert not by_flops.backward_recovery
+    assert {s for s, _ in by_cost.backward_recovery} == {1}
+    assert simulate(by_cost, mt3000).step_time < simulate(by_flops, mt3000).step_time

@@ -153,9 +153,9 @@ def test_rows_rank_by_simulated_step_time():
     assert len(simulated) >= 2 and plan.rows[:len(simulated)] == tuple(simulated)
     assert [r.step_time_s for r in simulated] == sorted(r.step_time_s for r in simulated)
     assert plan.best == simulated[0]
-    for row in simulated:
+    for row in simulated:  # what `ratrain compile --hw cpu` builds
         options = row.candidate.options(search(30 * MB))
-        program = compile_graph(graph(row.micro_batch_size), options)[0]
+        program = compile_graph(graph(row.micro_batch_size), options, profile=CPU)[0]
         step = simulate(program, CPU)
         assert (row.step_time_s, row.tokens_per_s, row.peak_bytes) == \
             (step.step_time, step.tokens_per_s, program.memory.peak_bytes)
@@ -228,3 +228,29 @@ def test_a_simulated_pipeline_has_its_zb1_twin_beside_it():
     assert rows["zb1"].step_time_s != rows["1f1b"].step_time_s
     assert rows["zb1"].estimated_step_s is None and rows["zb1"].reason is None
     assert all(r.pipeline_schedule == "1f1b" for r in plan.rows if r.pp == 1)
+    # the twin is the program `ratrain compile --hw cpu` builds: its W's ordered by the
+    # profile's costs (sim.costs.bound_cost_model), not by unit costs
+    twin = rows["zb1"].candidate
+    program = compile_graph(graph(), twin.options(search(10**12)), profile=CPU)[0]
+    assert rows["zb1"].step_time_s == simulate(program, CPU).step_time
+
+
+def test_a_row_is_the_program_compile_builds_with_the_profiles_costs():
+    """The passes that weigh time (where recovery runs, zb1's W order) weigh it in the
+    profile's cost model when `ratrain compile --hw` builds a program, so the planner
+    compiles with it too. Tiny pp 3 x dp 2 ZeRO-3 on mt3000, just above full recompute's
+    arena: there the cost model, not the FLOPs, decides that stage 1 recovers in B
+    (tests/passes/test_recovery_placement.py)."""
+    from ratrain.planner.candidates import Candidate
+    mt3000 = load_profile("mt3000")
+    seed = Candidate(3, 2, 3, 2, 8, "auto", "ratrain")
+    tiny = trace_for(models.get_config("tiny"), "tiny",
+                     CompileOptions(micro_batch_size=2, seq_len=128))
+    at = lambda budget: Search(models.get_config("tiny"), "tiny", 32, 128, mt3000, budget)
+    arena = lambda recompute: compile_graph(tiny, replace(seed, recompute=recompute).options(
+        at(10**12)))[0].memory.arena_bytes
+    search = at(arena("full") + (arena("none") - arena("full")) // 10)
+    row, = [r for r in Planner(search).plan(6, seeds=(seed,)).rows if r.candidate == seed]
+    program = compile_graph(tiny, seed.options(search), profile=mt3000)[0]
+    assert {s for s, _ in program.backward_recovery} == {1}
+    assert row.simulated and row.step_time_s == simulate(program, mt3000).step_time
