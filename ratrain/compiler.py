@@ -54,7 +54,8 @@ def compile_graph(graph, options, expand: bool = False, profile: dict | None = N
     """Run the pass pipeline; (program, records). A long step compiles as a periodic
     program (NOTE [periodic programs]) unless `expand`; over-budget programs are user
     errors. `profile`: the hardware compiled for, whose cost model places zb1's W's
-    (NOTE [zb1 schedule]); None: unit costs."""
+    (NOTE [zb1 schedule]) and weighs where auto recompute runs (NOTE [where recovery
+    runs]); None: unit costs (FLOPs for recovery)."""
     from ratrain.passes.partition_stages import PartitionError
     from ratrain.passes.plan_memory import MemoryBudgetError
     try:

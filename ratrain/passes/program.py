@@ -29,9 +29,10 @@ class Program:
                                         # than options.micro_batches: an instance of the
                                         # step (NOTE [periodic steps], sim/periodic.py)
     cost_model: Callable | None = field(default=None, compare=False)  # program -> (task ->
-                                        # seconds) on the hardware compiled for (compiler.py
-                                        # binds sim.costs.task_cost_model to the profile);
-                                        # None: unit costs. zb1 places W's by it
+                                        # seconds) on the hardware compiled for
+                                        # (sim.costs.bound_cost_model); None: unit costs.
+                                        # zb1 places W's by it, auto recompute weighs
+                                        # where recovery runs by it
     periods: dict | None = None         # stage -> StagePeriod of a periodic program, whose
                                         # stages may come from different instances (NOTE
                                         # [periodic programs], passes/periodic_program.py)
