@@ -15,7 +15,7 @@ from ratrain.calibrate.rt_cases import runtime_cases
 from ratrain.ir.costs import coarse_bwd_flops, node_flops
 from ratrain.ir.graph import Node, Var
 from ratrain.models.rope import RopeSpec, inv_freq
-from ratrain.sim.kernels import node_bytes
+from ratrain.sim.kernels import kernel_shape, node_bytes
 
 # Rows (tokens of a micro-batch) and widths of the tiny presets and of a small model
 # twice as wide: the shapes `ratrain train` and the bench run on this machine.
@@ -29,8 +29,8 @@ ATTENTION = tuple((b, t, h, d) for t in (128, 256, 512) for b in (1, 2, 4) if b 
 # 1.4-1.6x at B 1-4, T 256, H 8 over 2, D 32 on the 2-core machine of bench/predict.py
 # (each K/V row serves 4 query heads, so the kernel's inner loop streams it 4 times): the
 # fit over the equal-head cases charged it 0.64-0.71x of its time, and tiny-gqa pp 2's
-# step was predicted 7% short. So those shapes are timed too (attention only; RoPE
-# takes the query's shape).
+# step was predicted 7% short. So those shapes are timed too, and RoPE of the keys'
+# fewer heads (NOTE [cases by shape], sim/kernels.py).
 GQA_HEADS = ((8, 2, 32),)                   # query heads, key/value heads, head dim
 VOCAB = (256, 1024)
 
@@ -54,11 +54,14 @@ def _node(op: str, inputs, outputs, **params) -> Node:
                 tuple(sorted(params.items())))
 
 
-def _pair(op: str, shape: str, fwd_io, bwd_io, run_fwd, run_bwd, precision: str = "fp32",
+def _pair(op: str, fwd_io, bwd_io, run_fwd, run_bwd, precision: str = "fp32",
           **params) -> list[Case]:
-    """The forward case of `op` and its `<op>_bwd` case (FLOPs of the forward node)."""
+    """The forward case of `op` and its `<op>_bwd` case (FLOPs of the forward node), both
+    named by the forward node's kernel_shape, which the simulator looks them up by (NOTE
+    [cases by shape], sim/kernels.py)."""
     fwd = _node(op, *fwd_io, **params)
     bwd = _node(f"{op}_bwd", *bwd_io)
+    shape = kernel_shape(fwd)
     return [Case(op, shape, node_flops(fwd), node_bytes(fwd), run_fwd, precision=precision),
             Case(f"{op}_bwd", shape, coarse_bwd_flops(fwd), node_bytes(bwd), run_bwd,
                  precision=precision)]
@@ -87,7 +90,7 @@ def matmul_cases(kernels, rng) -> list[Case]:
                     def bwd(t, x=x, w=w, dy=dy, dx=dx, dw=dw):
                         kernels.gemm(dy, w, out=dx, threads=t)
                         kernels.gemm(dy, x, trans_a=True, out=dw, threads=t)
-                    cases += _pair("matmul", f"M={m} N={n} K={k}", ((x, w), (y,)),
+                    cases += _pair("matmul", ((x, w), (y,)),
                                    ((x, w, dy), (dx, dw)), fwd, bwd, precision)
     return cases
 
@@ -110,8 +113,7 @@ def attention_cases(kernels, rng) -> list[Case]:
 
         def bwd(threads, q=q, k=k, v=v, o=o, lse=lse, do=do):
             kernels.attention_bwd(q, k, v, o, lse, do, threads=threads)
-        heads = f"H={h}" if kv == h else f"H={h}/{kv}"
-        cases += _pair("attention", f"B={b} T={t} {heads} D={d}", ((q, k, v), (o, lse)),
+        cases += _pair("attention", ((q, k, v), (o, lse)),
                        ((q, k, v, o, lse, do), tuple(grads)), fwd, bwd, causal=True,
                        alibi=False)
     return cases
@@ -134,16 +136,21 @@ def norm_cases(kernels, rng) -> list[Case]:
         def bwd(t, x=x, w=w, dy=dy, rstd=rstd, dw=dw):
             dw.fill(0)
             kernels.rmsnorm_bwd(dy, x, w, rstd, dw=dw, threads=t)
-        cases += _pair("rms_norm", f"N={n} C={c}", ((x, w), (y, rstd)),
+        cases += _pair("rms_norm", ((x, w), (y, rstd)),
                        ((x, w, rstd, dy), (y, dw)), fwd, bwd, eps=1e-5)
     return cases
 
 
 def rope_cases(kernels, rng) -> list[Case]:
+    """RoPE of every ATTENTION shape and, at each of its (B, T), of the GQA_HEADS' keys
+    (their key/value heads): its time is per position as well as per element (NOTE [cases
+    by shape], sim/kernels.py)."""
     cases = []
-    for b, t, h, d in ATTENTION:
+    keys = [(b, t, kv, d) for b, t in dict.fromkeys((b, t) for b, t, _, _ in ATTENTION)
+            for _, kv, d in GQA_HEADS]
+    for b, t, h, d in ATTENTION + tuple(keys):
         x, freqs = _random(rng, b, t, h, d), inv_freq(RopeSpec(10000.0), d)
-        cases += _pair("rope", f"B={b} T={t} H={h} D={d}", ((x,), (x,)), ((x,), (x,)),
+        cases += _pair("rope", ((x,), (x,)), ((x,), (x,)),
                        lambda th, x=x, f=freqs: kernels.rope_fwd(x, f, threads=th),
                        lambda th, x=x, f=freqs: kernels.rope_bwd(x, f, threads=th), theta=10000.0)
     return cases
@@ -154,7 +161,7 @@ def swiglu_cases(kernels, rng) -> list[Case]:
     for n in ROWS + (4096,):
         for _, inter in WIDTHS:
             gate, up, dy = (_random(rng, n, inter) for _ in range(3))
-            cases += _pair("swiglu", f"N={n} F={inter}", ((gate, up), (gate,)),
+            cases += _pair("swiglu", ((gate, up), (gate,)),
                            ((gate, up, dy), (gate, up)),
                            lambda t, g=gate, u=up: kernels.swiglu_fwd(g, u, threads=t),
                            lambda t, g=gate, u=up, d=dy: kernels.swiglu_bwd(d, g, u, threads=t))
@@ -172,7 +179,7 @@ def embedding_cases(kernels, rng) -> list[Case]:
                 def bwd(t, y=y, ids=ids, vocab=vocab, dtable=dtable):
                     dtable.fill(0)
                     kernels.embedding_bwd(y, ids, vocab, dtable=dtable, threads=t)
-                cases += _pair("embedding", f"N={n} V={vocab} C={c}", ((table, ids), (y,)),
+                cases += _pair("embedding", ((table, ids), (y,)),
                                ((ids, y), (dtable,)),
                                lambda t, ids=ids, table=table: kernels.embedding_fwd(
                                    ids, table, threads=t), bwd)
@@ -197,8 +204,7 @@ def cross_entropy_cases(kernels, rng) -> list[Case]:
                     def bwd(t, h=h, w=w, targets=targets, lse=lse, dlosses=dlosses, dw=dw):
                         dw.fill(0)
                         kernels.cross_entropy_bwd(h, w, targets, lse, dlosses, dw=dw, threads=t)
-                    cases += _pair("cross_entropy", f"N={n} V={vocab} C={c}",
-                                   ((h, w, targets), (loss, lse)),
+                    cases += _pair("cross_entropy", ((h, w, targets), (loss, lse)),
                                    ((h, w, targets, lse, loss), (h, dw)),
                                    lambda t, h=h, w=w, targets=targets: kernels.cross_entropy_fwd(
                                        h, w, targets, threads=t), bwd, precision)

@@ -9,9 +9,9 @@ own operands.
 
 A measured profile (`ratrain calibrate`) replaces the roofline of the ops it timed by
 their measured cost: its `op_costs[precision][op]` = {"seconds": s, "flop_rate": F,
-"byte_rate": B, "measured": [[FLOPs, bytes, seconds], ...]} charges a call the time
-measured for its very FLOPs and bytes (a shape the calibration ran), else the fit
-s + FLOPs / F + bytes / B (a missing rate charges nothing for that term).
+"byte_rate": B, "measured": [[FLOPs, bytes, seconds, shape], ...]} charges a call the
+time measured for its very shape (a case the calibration ran: NOTE [cases by shape]),
+else the fit s + FLOPs / F + bytes / B (a missing rate charges nothing for that term).
 """
 from __future__ import annotations
 
@@ -58,6 +58,41 @@ def kernel_min_dim(node: Node) -> int | None:
     if kernel == "attention":
         _, t, _, d = node.inputs[0].shape
         return min(t, d)
+    return None
+
+
+# NOTE [cases by shape]: a kernel's time is not a function of its FLOPs and bytes alone.
+# RoPE of B 1, T 512, H 4, D 64, of B 2, T 256 and of B 4, T 128 do the same FLOPs on the
+# same bytes, and took 0.248, 0.148 and 0.098 ms here (2 threads: its sines and cosines
+# are per position); a bf16 GEMM of M 256, N 688, K 256 and of N 256, K 688 took 0.29 and
+# 0.33 ms. Matched on FLOPs and bytes, every such call was charged the first case's time
+# (tiny's RoPE, B 2 T 256 H 4 D 64, two-thirds of it). So a calibrated case names its
+# shape as kernel_shape writes it from the case's forward node, the profile keeps it
+# beside the case's time, and a call is charged the case of its own shape.
+def kernel_shape(node: Node) -> str | None:
+    """What besides FLOPs and bytes sets a forward node's kernel time, as calibration cases
+    name their shapes (calibrate/cases.py; NOTE [cases by shape]): rows (every leading
+    dimension) and widths of the row-wise kernels, B, T, heads and D of RoPE and attention;
+    None for ops without a native kernel family."""
+    rule = lookup_rule(node.op)
+    kernel = rule.kernel if rule is not None else None
+    shapes = [v.shape for v in node.inputs if isinstance(v, Var)]
+    rows = lambda shape: math.prod(shape[:-1])
+    if kernel == "gemm":
+        x, w = shapes[:2]
+        return f"M={rows(x)} N={w[0]} K={w[1]}"
+    if kernel in ("attention", "rope"):
+        b, t, h, d = shapes[0]
+        kv = shapes[1][2] if kernel == "attention" else h
+        return f"B={b} T={t} H={h if kv == h else f'{h}/{kv}'} D={d}"
+    if kernel in ("rmsnorm", "swiglu"):
+        return f"N={rows(shapes[0])} {'C' if kernel == 'rmsnorm' else 'F'}={shapes[0][-1]}"
+    if kernel == "embedding":
+        table, ids = shapes[:2]
+        return f"N={math.prod(ids)} V={table[0]} C={table[1]}"
+    if kernel == "cross_entropy":
+        h, w = shapes[:2]
+        return f"N={rows(h)} V={w[0]} C={w[1]}"
     return None
 
 
@@ -117,14 +152,17 @@ def cold_profile(profile: dict, precision: str) -> dict | None:
                                    for p in {*warm, *cold}}}
 
 
-def fitted_seconds(costs: dict, flops: float, nbytes: float) -> float:
-    """What an op_costs entry charges a call of `flops` and `nbytes`: the time measured
-    for a case of exactly these FLOPs and bytes (its `measured` [[FLOPs, bytes, s], ...]),
-    else, for a call without FLOPs whose cases have none (the runtime's calls) from the
-    smallest case's bytes up, the measured times interpolated (NOTE [streaming calls past
-    the cases]), else the fit."""
-    for case_flops, case_bytes, seconds in costs.get("measured", ()):
-        if case_flops == flops and case_bytes == nbytes:
+def fitted_seconds(costs: dict, flops: float, nbytes: float, shape: str | None = None) -> float:
+    """What an op_costs entry charges a call of `flops` and `nbytes` (of a kernel of
+    `shape`, kernel_shape's): the time measured for a case of exactly these FLOPs, bytes
+    and shape (its `measured` [[FLOPs, bytes, s, shape], ...]; a row without a shape, from
+    an older profile, matches on FLOPs and bytes: NOTE [cases by shape]), else, for a call
+    without FLOPs whose cases have none (the runtime's calls) from the smallest case's
+    bytes up, the measured times interpolated (NOTE [streaming calls past the cases]),
+    else the fit."""
+    for case_flops, case_bytes, seconds, *case_shape in costs.get("measured", ()):
+        if case_flops == flops and case_bytes == nbytes and \
+                (not case_shape or shape is None or case_shape[0] == shape):
             return seconds
     streamed = _streamed_seconds(costs.get("measured", ()), nbytes) if flops == 0 else None
     if streamed is not None:
@@ -149,9 +187,9 @@ def fitted_seconds(costs: dict, flops: float, nbytes: float) -> float:
 def _streamed_seconds(measured, nbytes: float) -> float | None:
     """Seconds of a FLOP-free call of `nbytes` from FLOP-free cases (NOTE [streaming
     calls past the cases]); None below the smallest case, or with a case with FLOPs."""
-    if not measured or any(f for f, _, _ in measured):
+    if not measured or any(row[0] for row in measured):
         return None
-    points = sorted((b, s) for _, b, s in measured)
+    points = sorted((row[1], row[2]) for row in measured)
     if nbytes < points[0][0]:
         return None
     for (b0, s0), (b1, s1) in zip(points, points[1:]):
@@ -169,7 +207,8 @@ def node_seconds(node: Node, profile: dict, precision: str, forward: Node | None
     found = measured_at(profile, precision, node.op)
     if found is not None:
         measured_in, measured = found
-        return fitted_seconds(measured, flops, node_bytes(node, widened=measured_in != precision))
+        return fitted_seconds(measured, flops, node_bytes(node, widened=measured_in != precision),
+                              kernel_shape(shaped))
     compute = flops / (peak_flops(profile, precision) * efficiency(profile, shaped))
     return max(compute, node_bytes(node) / profile["ddr_bandwidth"])
 

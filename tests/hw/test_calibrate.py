@@ -81,6 +81,37 @@ def test_cases_cover_every_native_op_and_count_as_the_simulator(cases):
         {"matmul", "matmul_bwd", "cross_entropy", "cross_entropy_bwd"}
 
 
+def test_every_kernel_node_of_the_bench_programs_finds_its_case_by_shape(cases):
+    """NOTE [cases by shape]: the simulator looks a call up by kernel_shape of its node
+    (the forward partner's for a backward node); the cases are named the same way, so
+    every kernel node of tiny and tiny-gqa at bench/predict's shapes (T 256, micro-batches
+    of 1 and 2) that some case's FLOPs and bytes match names a case that ran, with the
+    node's own FLOPs and bytes (tiny-gqa's 64-wide K and V GEMMs match none: the fit)."""
+    from ratrain import models
+    from ratrain.compiler import trace_for
+    from ratrain.ir.costs import node_flops
+    from ratrain.passes.program import CompileOptions
+    from ratrain.sim.kernels import kernel_shape, node_bytes
+    named = {(c.op, c.shape): c for c in cases if c.precision == "fp32"}
+    sized = {(c.op, c.flops, c.nbytes) for c in named.values()}
+    found = set()
+    for model in ("tiny", "tiny-gqa"):
+        for batch in (1, 2):
+            options = CompileOptions(micro_batches=2, micro_batch_size=batch, seq_len=256)
+            graph = trace_for(models.get_config(model), model, options)
+            for kind in graph.kinds.values():
+                for node in kind.fwd.nodes:
+                    shape, size = kernel_shape(node), (node_flops(node), node_bytes(node))
+                    if shape is None or (node.op, *size) not in sized:
+                        continue
+                    case = named.get((node.op, shape))
+                    assert case is not None, (model, batch, node.op, shape)
+                    assert (case.flops, case.nbytes) == size
+                    found.add(node.op)
+    assert found == {"matmul", "rope", "attention", "rms_norm", "swiglu", "embedding",
+                     "cross_entropy"}
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_16_bit_gemm_cases_count_their_operands_in_their_format(cases, precision):
     """NOTE [16-bit GEMM cases]: x, w, y, dy and dx in the 16-bit format, dw in fp32 (the
@@ -133,6 +164,7 @@ def test_profile_loads_compiles_and_simulates(cases, tmp_path, capsys):
                                         "byte_rate": 1e10}, rel=1e-3)
         gemms = [c for c in cases if c.op == "matmul" and c.precision == "fp32"]
         assert [m[:2] for m in measured] == [[c.flops, c.nbytes] for c in gemms]
+        assert [m[3] for m in measured] == [c.shape for c in gemms]  # NOTE [cases by shape]
         assert measured[0][2] == pytest.approx(5e-6 + gemms[0].flops / (2e10 * threads)
                                                + gemms[0].nbytes / 1e10, rel=1e-3)
         per_thread = loaded["threads"][str(threads)]

@@ -15,7 +15,7 @@ from ratrain.sim import simulate
 from ratrain.sim.calls import ProfileCosts
 from ratrain.sim.costs import (UPDATE_BYTES_PER_PARAM, layer_view_gather, prefetch_seconds,
                               view_cast_bytes)
-from ratrain.sim.kernels import fitted_seconds, node_bytes, node_seconds
+from ratrain.sim.kernels import fitted_seconds, kernel_shape, node_bytes, node_seconds
 from ratrain.sim.simulate import rank_profile
 from ratrain.sim.steps import Compute
 
@@ -53,6 +53,39 @@ def test_a_call_without_flops_costs_its_cases_interpolated_and_past_them_the_lar
     assert fitted_seconds(STREAMED, 1e9, 12e6) == pytest.approx(12e6 / 3.7e9)
     with_flops = STREAMED | {"measured": [[1e9, 4e6, 0.004]]}
     assert fitted_seconds(with_flops, 0, 12e6) == pytest.approx(12e6 / 3.7e9)
+
+
+# RoPE cases of the same FLOPs and bytes (B x T x H x D = 2 x 256 x 4 x 64), timed apart:
+# its sines and cosines are per position (NOTE [cases by shape])
+ROPE = {"seconds": 0.0, "byte_rate": 1e10,
+        "measured": [[393216, 1048576, 0.098e-3, "B=4 T=128 H=4 D=64"],
+                     [393216, 1048576, 0.148e-3, "B=2 T=256 H=4 D=64"],
+                     [393216, 1048576, 0.248e-3, "B=1 T=512 H=4 D=64"]]}
+
+
+def test_a_kernel_costs_the_case_of_its_own_shape_not_the_first_of_its_flops_and_bytes():
+    for _, _, seconds, shape in ROPE["measured"]:
+        assert fitted_seconds(ROPE, 393216, 1048576, shape) == seconds
+    # a shape no case ran: the fit, not another shape's time
+    assert fitted_seconds(ROPE, 393216, 1048576, "B=8 T=64 H=4 D=64") == \
+        pytest.approx(1048576 / 1e10)
+    # rows of an older profile carry no shape: they match on FLOPs and bytes, as before
+    shapeless = ROPE | {"measured": [row[:3] for row in ROPE["measured"]]}
+    assert fitted_seconds(shapeless, 393216, 1048576, "B=2 T=256 H=4 D=64") == 0.098e-3
+    # a call without a kernel family (no shape) matches on FLOPs and bytes
+    assert fitted_seconds(ROPE, 393216, 1048576) == 0.098e-3
+
+
+def test_a_programs_rope_node_is_charged_its_shapes_case():
+    """The shape comes from the node as calibrate names its cases: B, T, H, D of RoPE;
+    GEMM rows from every leading dimension."""
+    options = CompileOptions(micro_batches=2, micro_batch_size=2, seq_len=256)
+    program = compile_graph(trace_for(models.get_config("tiny"), "tiny", options), options)[0]
+    rope, matmul = first_node(program, "rope"), first_node(program, "matmul")
+    assert kernel_shape(rope) == "B=2 T=256 H=4 D=64"
+    assert kernel_shape(matmul) == "M=512 N=256 K=256"
+    profile = load_profile("cpu") | {"op_costs": {"fp32": {"rope": ROPE}}}
+    assert node_seconds(rope, profile, "fp32") == 0.148e-3
 
 
 def test_op_costs_replace_the_roofline_of_their_ops_only():
