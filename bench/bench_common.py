@@ -56,14 +56,17 @@ def cpu_flags():
 # process of 2 threads, ran at 145-150 GFLOP/s for stretches of 10 s to minutes and at
 # 172-176 between them (2026-11-27: of 16 probes back to back after a minute's idle, 12
 # were slow; of the next 16, after another minute, none), while two processes of 1 thread
-# each ran it at 93-97 throughout: a 2-thread kernel waits for the slower of two cores (the host's placement of
-# the two vCPUs, which the guest cannot see). The tiny 1 rank x 2 threads program ran
-# 0.233-0.238 s a step in the slow state and 0.191-0.197 s in the fast one, minutes apart,
-# against 0.187-0.192 s predicted from calibrations whose case ran at 165-172.
-# So a run is only compared with a calibration made in the same state: probe() times
-# calibrate's own case in the run's layout, and the bench starts a run when that rate is
-# within STATE_TOLERANCE of what the round's calibration measured for the case, as it
-# waits for idle cores; the rates before and after each run are printed beside it.
+# each ran it at 93-97 throughout. A 2-thread kernel waits for the slower of its threads,
+# so presumably the host placed the two vCPUs apart at times (the guest cannot see it).
+# The tiny 1 rank x 2 threads program ran 0.233-0.238 s a step in the slow state and
+# 0.191-0.197 s in the fast one, minutes apart, against 0.187-0.192 s predicted from
+# calibrations whose case ran at 165-172. A calibration costs each case its least
+# disturbed pass (NOTE [least disturbed pass], calibrate/probe.py), so it measures the
+# fast state if either pass saw it. And a run is only compared with a calibration made in
+# the same state: probe() times calibrate's own case in the run's layout, and the
+# bench starts a run when that rate is within STATE_TOLERANCE of what the round's
+# calibration measured for the case, as it waits for idle cores; the rates before and
+# after each run are printed beside it.
 PROBE_SHAPE = "M=512 N=688 K=256"
 STATE_TOLERANCE = 0.05
 _PROBE = """

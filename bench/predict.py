@@ -9,7 +9,7 @@ mean absolute error at most 3%, none over 6%). Every line carries the CPU's SIMD
 Timings are only meaningful on idle cores: before calibrating and before each run the
 bench waits (polling every 30 s, up to --wait seconds) for the 1-minute load average to
 drop below --idle, and prints the load each figure was measured at. It also waits (up to
---wait seconds) for the GEMM rate of the run's layout (ranks x threads) to be within 5%
+--state-wait seconds) for the GEMM rate of the run's layout (ranks x threads) to be within 5%
 of what its round's calibration measured, since this VM gives a rank of 2 threads two
 speeds 15% apart for minutes at a time (NOTE [machine state], bench_common.py), runs the
 configuration again (up to --tries times) if the rate after the run is not, and prints
@@ -22,8 +22,9 @@ conditions (NOTE [same-round pairs]); the fastest prediction against the fastest
 may pair a calibration and a run from different rounds) and the median of the rounds' own
 errors are printed beside it.
 Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--rounds 3]
-[--seq-len 256] [--warmup 3] [--measure 9] [--only NAME,...] [--keep DIR]; about 2.4
-minutes per round on 2 idle cores."""
+[--seq-len 256] [--warmup 3] [--measure 9] [--only NAME,...] [--state-wait 120]
+[--tries 3] [--keep DIR]; about 3 minutes per round on 2 idle cores, more while the machine
+is not in its calibrated state."""
 import argparse
 import json
 import statistics
@@ -91,8 +92,9 @@ def main():
                     "running every configuration; each configuration's fastest run is compared "
                     "with its own round's prediction (default: 3)")
     ap.add_argument("--idle", type=float, default=0.5, help="1-minute load to wait for")
-    ap.add_argument("--wait", type=int, default=600, help="longest wait for it, and for "
-                    "the calibrated GEMM rate, seconds")
+    ap.add_argument("--wait", type=int, default=600, help="longest wait for it, seconds")
+    ap.add_argument("--state-wait", type=int, default=120, help="longest wait for the "
+                    "calibrated GEMM rate before a run, seconds (NOTE [machine state])")
     ap.add_argument("--tries", type=int, default=3, help="runs of a configuration in a "
                     "round while the GEMM rate after the run is not the calibrated one")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep programs, profiles "
@@ -141,7 +143,7 @@ def run_round(args, programs, work, r):
                 measured, state = measured_seconds(program, ranks, args, work / f"metrics-"
                                                    f"{program.name}-{r + 1}.jsonl"), "no probe"
                 break
-            before = wait_for_state(reference, ranks, threads, args.wait)
+            before = wait_for_state(reference, ranks, threads, args.state_wait)
             measured = measured_seconds(program, ranks, args,
                                         work / f"metrics-{program.name}-{r + 1}.jsonl")
             after = probe(ranks, threads)
