@@ -8,12 +8,7 @@ mean absolute error at most 3%, none over 6%). Every line carries the CPU's SIMD
 
 Timings are only meaningful on idle cores: before calibrating and before each run the
 bench waits (polling every 30 s, up to --wait seconds) for the 1-minute load average to
-drop below --idle, and prints the load each figure was measured at. It also waits (up to
---state-wait seconds) for the GEMM rate of the run's layout (ranks x threads) to be within 5%
-of what its round's calibration measured, since this VM gives a rank of 2 threads two
-speeds 15% apart for minutes at a time (NOTE [machine state], bench_common.py), runs the
-configuration again (up to --tries times) if the rate after the run is not, and prints
-both rates beside each figure.
+drop below --idle, and prints the load each figure was measured at.
 The machine's speed drifts by 10-20% over minutes (a shared VM), so each round calibrates
 right before it runs the configurations. Of a configuration's --rounds N runs the fastest is
 the least disturbed (other work only ever slows a run), and it is compared with the
@@ -22,9 +17,8 @@ conditions (NOTE [same-round pairs]); the fastest prediction against the fastest
 may pair a calibration and a run from different rounds) and the median of the rounds' own
 errors are printed beside it.
 Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--rounds 3]
-[--seq-len 256] [--warmup 3] [--measure 9] [--only NAME,...] [--state-wait 120]
-[--tries 3] [--keep DIR]; about 3 minutes per round on 2 idle cores, more while the machine
-is not in its calibrated state."""
+[--seq-len 256] [--warmup 3] [--measure 9] [--only NAME,...] [--keep DIR]; about 2.4
+minutes per round on 2 idle cores."""
 import argparse
 import json
 import statistics
@@ -33,8 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import (STATE_TOLERANCE, calibrated_rate, cpu_flags, load, probe,
-                          run_ratrain, wait_for_idle, wait_for_state)
+from bench_common import cpu_flags, load, run_ratrain, wait_for_idle
 
 TARGET, TARGET_MEAN = 0.06, 0.03
 # name -> (model, ranks, compile flags): a global batch of 4 sequences each; fp32 and no
@@ -93,10 +86,6 @@ def main():
                     "with its own round's prediction (default: 3)")
     ap.add_argument("--idle", type=float, default=0.5, help="1-minute load to wait for")
     ap.add_argument("--wait", type=int, default=600, help="longest wait for it, seconds")
-    ap.add_argument("--state-wait", type=int, default=120, help="longest wait for the "
-                    "calibrated GEMM rate before a run, seconds (NOTE [machine state])")
-    ap.add_argument("--tries", type=int, default=3, help="runs of a configuration in a "
-                    "round while the GEMM rate after the run is not the calibrated one")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep programs, profiles "
                     "and metrics here (default: a temporary directory)")
     args = ap.parse_args()
@@ -129,34 +118,16 @@ def compile_config(args, out, model, flags):
 
 
 def run_round(args, programs, work, r):
-    """{name: (predicted, measured)} of one round: calibrate (unless --hw), then run each
-    configuration in the calibration's machine state (NOTE [machine state])."""
+    """{name: (predicted, measured)} of one round: calibrate (unless --hw), then run."""
     hw = args.hw or calibrate(args, work / f"cpu-round{r + 1}.json")
-    cores = json.loads(Path(hw).read_text())["node_cores"]
     figures = {}
     for name, program in programs.items():
-        ranks = CONFIGS[name][1]
-        reference, threads = calibrated_rate(hw, cores // ranks), cores // ranks
-        for attempt in range(1, args.tries + 1):
-            at = wait_for_idle(args.idle, args.wait)
-            if reference is None:  # NOTE [machine state]: nothing to compare with
-                measured, state = measured_seconds(program, ranks, args, work / f"metrics-"
-                                                   f"{program.name}-{r + 1}.jsonl"), "no probe"
-                break
-            before = wait_for_state(reference, ranks, threads, args.state_wait)
-            measured = measured_seconds(program, ranks, args,
-                                        work / f"metrics-{program.name}-{r + 1}.jsonl")
-            after = probe(ranks, threads)
-            state = (f"GEMM {before:.1f} / {after:.1f} GFLOP/s per rank before / after, "
-                     f"calibrated {reference:.1f}")
-            if abs(after / reference - 1) <= STATE_TOLERANCE or attempt == args.tries:
-                break
-            print(f"# round {r + 1} {name}: measured {measured:.4f} s, but {state}: "
-                  f"again", flush=True)
+        at = wait_for_idle(args.idle, args.wait)
+        measured = measured_seconds(program, CONFIGS[name][1], args,
+                                    work / f"metrics-{program.name}-{r + 1}.jsonl")
         figures[name] = (predicted_seconds(program, hw), measured)
         print(f"# round {r + 1} {name}: predicted {figures[name][0]:.4f} s, measured "
-              f"{measured:.4f} s (load {at:.2f} before, {load():.2f} after; {state})",
-              flush=True)
+              f"{measured:.4f} s (load {at:.2f} before, {load():.2f} after)", flush=True)
     return figures
 
 

@@ -76,22 +76,14 @@ def time_case(world, case, threads: int, evict) -> list[float]:
     return times
 
 
-# NOTE [least disturbed pass]: a slow moment of the machine should spoil one pass of a
-# case, not its time. The median over every pass's calls did not ensure that: this VM
-# runs one rank of 2 threads at two speeds, for seconds to minutes at a time (calibrate's
-# GEMM case M=512 N=688 K=256 at 145-150 or 172-176 GFLOP/s, NOTE [machine state] in
-# bench/bench_common.py), a pass times a case within a fraction of a second, and with
-# one pass in each state the median of the two passes' calls fell between them (159 and
-# 155 GFLOP/s in two calibrations of 2026-11-27). Other work only ever slows a call, so a
-# case costs the median of its fastest pass.
 def measure_kernels(world, threads: int, ops: set | None, evict: Evictor) -> list[dict]:
-    """Seconds of every case: the median of its calls in each of PASSES passes through
-    the list after WARMUP_PASSES (NOTE [sustained speed]), the least of those (NOTE
-    [least disturbed pass]), mean over ranks; `seconds_cold` with the caches swept
+    """Median seconds of every case over PASSES passes through the list (a slow moment
+    of the machine then spoils one pass of a case, not its median) after WARMUP_PASSES
+    (NOTE [sustained speed]), mean over ranks; `seconds_cold` with the caches swept
     before each call, where the sweep is on (the same as `seconds` for swept cases)."""
     from ratrain.calibrate.cases import all_cases
     cases, started = all_cases(ops), time.perf_counter()
-    times = [[] for _ in cases]                 # per case, the calls of each pass
+    times = [[] for _ in cases]
     cold = [[] for _ in cases]
     for k in range(WARMUP_PASSES + PASSES):
         shown = set()
@@ -103,11 +95,10 @@ def measure_kernels(world, threads: int, ops: set | None, evict: Evictor) -> lis
                 print(f"  {time.perf_counter() - started:5.1f} s  {what} {group}", flush=True)
             measured = time_case(world, case, threads, evict.before(case))
             if k >= WARMUP_PASSES:
-                case_times.append(measured)
+                case_times += measured
                 if evict.also_cold(case):
-                    cold_times.append(time_case(world, case, threads, evict))
-    fastest = lambda passes: min(statistics.median(t) for t in passes)
-    mean = lambda passes: world.allreduce(fastest(passes)) / world.size
+                    cold_times += time_case(world, case, threads, evict)
+    mean = lambda t: world.allreduce(statistics.median(t)) / world.size
     rows = []
     for case, case_times, cold_times in zip(cases, times, cold):
         rows.append({"op": case.op, "precision": case.precision, "shape": case.shape,
