@@ -38,9 +38,8 @@ def _fits(kernels: list[dict], seconds: str = "seconds") -> tuple[dict, dict]:
         errors[op if precision == PRECISION else f"{op} {precision}"] = round(max(
             abs(fitted_seconds(fitted, r["flops"], r["bytes"]) / r[seconds] - 1)
             for r in rows), 3)
-        costs[precision][op] = fitted | {"measured": [
-            [r["flops"], r["bytes"], r[seconds], *([r["shape"]] if "shape" in r else [])]
-            for r in rows]}                 # NOTE [cases by shape], sim/kernels.py
+        costs[precision][op] = fitted | {"measured": [  # NOTE [cases by shape], sim/kernels.py
+            [r["flops"], r["bytes"], r[seconds], r["shape"]] for r in rows]}
     for per_op in costs.values():
         per_op.update({alias: per_op[op] for alias, op in ALIASES.items() if op in per_op})
     return dict(costs), errors

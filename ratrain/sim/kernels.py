@@ -83,10 +83,12 @@ def kernel_shape(node: Node) -> str | None:
         return f"M={rows(x)} N={w[0]} K={w[1]}"
     if kernel in ("attention", "rope"):
         b, t, h, d = shapes[0]
-        kv = shapes[1][2] if kernel == "attention" else h
+        kv = shapes[1][2] if kernel == "attention" else h   # RoPE: one tensor's heads
         return f"B={b} T={t} H={h if kv == h else f'{h}/{kv}'} D={d}"
-    if kernel in ("rmsnorm", "swiglu"):
-        return f"N={rows(shapes[0])} {'C' if kernel == 'rmsnorm' else 'F'}={shapes[0][-1]}"
+    if kernel == "rmsnorm":
+        return f"N={rows(shapes[0])} C={shapes[0][-1]}"
+    if kernel == "swiglu":
+        return f"N={rows(shapes[0])} F={shapes[0][-1]}"
     if kernel == "embedding":
         table, ids = shapes[:2]
         return f"N={math.prod(ids)} V={table[0]} C={table[1]}"
