@@ -44,7 +44,11 @@ cdef int embedding_bwd_bf16(float *dtable, const unsigned short *dout, const int
 cdef int crossentropy_fwd_f16(float *losses, float *lse, const unsigned short *h, const unsigned short *w, const int32_t *targets, int N, int V, int C, int chunk, int threads) noexcept nogil
 cdef int crossentropy_fwd_bf16(float *losses, float *lse, const unsigned short *h, const unsigned short *w, const int32_t *targets, int N, int V, int C, int chunk, int threads) noexcept nogil
 cdef int crossentropy_bwd_f16(unsigned short *dh, float *dw, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil
+cdef int crossentropy_bwd_input_f16(unsigned short *dh, float *g, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil
+cdef int crossentropy_bwd_weight_f16(float *dw, const float *g, const unsigned short *h, int N, int V, int C, int chunk, int threads) noexcept nogil
 cdef int crossentropy_bwd_bf16(unsigned short *dh, float *dw, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil
+cdef int crossentropy_bwd_input_bf16(unsigned short *dh, unsigned short *g, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil
+cdef int crossentropy_bwd_weight_bf16(float *dw, const unsigned short *g, const unsigned short *h, int N, int V, int C, int chunk, int threads) noexcept nogil
 cdef int finite_sumsq_f16(int *finite, double *sumsq, const unsigned short *x, size_t n, int threads) noexcept nogil
 cdef int finite_sumsq_bf16(int *finite, double *sumsq, const unsigned short *x, size_t n, int threads) noexcept nogil
 cdef int attention_fwd_f32(float *o, float *lse, const float *q, const float *k, const float *v, const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal, int threads) noexcept nogil
@@ -59,6 +63,8 @@ cdef int embedding_fwd_f32(float *out, const int32_t *ids, const float *table, i
 cdef int embedding_bwd_f32(float *dtable, const float *dout, const int32_t *ids, int N, int V, int C, int threads) noexcept nogil
 cdef int crossentropy_fwd_f32(float *losses, float *lse, const float *h, const float *w, const int32_t *targets, int N, int V, int C, int chunk, int threads) noexcept nogil
 cdef int crossentropy_bwd_f32(float *dh, float *dw, const float *h, const float *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil
+cdef int crossentropy_bwd_input_f32(float *dh, float *g, const float *h, const float *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil
+cdef int crossentropy_bwd_weight_f32(float *dw, const float *g, const float *h, int N, int V, int C, int chunk, int threads) noexcept nogil
 cdef int finite_sumsq_f32(int *finite, double *sumsq, const float *x, size_t n, int threads) noexcept nogil
 cdef int adamw_step_f32(float *master, float *m, float *v, unsigned short *param_f16, const float *grad, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step) noexcept nogil
 cdef int adamw_step_f32_bf16(float *master, float *m, float *v, unsigned short *param_bf16, const float *grad, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step) noexcept nogil

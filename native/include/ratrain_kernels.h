@@ -80,7 +80,7 @@ int attention_bwd_f32(float *dq, float *dk, float *dv, const float *q, const flo
 /* ---- layer kernels (layers.c, crossentropy.c via entry.c); X = f16 (rt_half), bf16
  * (rt_bf16) or f32; 16-bit inputs are widened to fp32, math is fp32, outputs are rounded
  * back (bf16: to nearest even); lse, rstd, losses and the dw/dtable accumulators are f32 ---- */
-#define RT_DECLARE_LAYERS(X, T)                                                              \
+#define RT_DECLARE_LAYERS(X, T, G)                                                           \
 /* out,x [N,C]; w [C]; rstd [N] f32 saved for backward */                                    \
 int rmsnorm_fwd_##X(T *out, float *rstd, const T *x, const T *w, int N, int C, float eps,    \
                     int threads);                                                            \
@@ -112,11 +112,20 @@ int crossentropy_fwd_##X(float *losses, float *lse, const T *h, const T *w,     
 int crossentropy_bwd_##X(T *dh, float *dw, const T *h, const T *w, const int32_t *targets,   \
                          const float *lse, const float *dlosses, int N, int V, int C,        \
                          int chunk, int threads);                                            \
+/* the backward's halves (zb1's B and W): _input overwrites dh and writes the logits gradient \
+ * g [N*V] (G: f32, bf16 in bf16) chunk by chunk, the chunk at v0 as its [N, vc] block at     \
+ * g + N*v0; _weight adds g's dw into dw [V,C] f32 (+=); with the same chunk and threads,    \
+ * _input then _weight compute crossentropy_bwd's bits */                                    \
+int crossentropy_bwd_input_##X(T *dh, G *g, const T *h, const T *w, const int32_t *targets,  \
+                               const float *lse, const float *dlosses, int N, int V, int C,  \
+                               int chunk, int threads);                                      \
+int crossentropy_bwd_weight_##X(float *dw, const G *g, const T *h, int N, int V, int C,      \
+                                int chunk, int threads);                                     \
 /* *finite = 1 iff every element is finite; *sumsq = sum x^2 in double */                   \
 int finite_sumsq_##X(int *finite, double *sumsq, const T *x, size_t n, int threads);
-RT_DECLARE_LAYERS(f16, rt_half)
-RT_DECLARE_LAYERS(bf16, rt_bf16)
-RT_DECLARE_LAYERS(f32, float)
+RT_DECLARE_LAYERS(f16, rt_half, float)
+RT_DECLARE_LAYERS(bf16, rt_bf16, rt_bf16)
+RT_DECLARE_LAYERS(f32, float, float)
 
 /* ---- optimizer and casts (optim.c) ---- */
 /* torch.optim.AdamW on f32 master/m/v [n] with f32 grad; writes the f16 view (may be NULL) */

@@ -37,7 +37,11 @@ cdef extern from "ratrain_kernels.h" nogil:
     int c_crossentropy_fwd_f16 "crossentropy_fwd_f16"(float *losses, float *lse, const unsigned short *h, const unsigned short *w, const int32_t *targets, int N, int V, int C, int chunk, int threads)
     int c_crossentropy_fwd_bf16 "crossentropy_fwd_bf16"(float *losses, float *lse, const unsigned short *h, const unsigned short *w, const int32_t *targets, int N, int V, int C, int chunk, int threads)
     int c_crossentropy_bwd_f16 "crossentropy_bwd_f16"(unsigned short *dh, float *dw, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads)
+    int c_crossentropy_bwd_input_f16 "crossentropy_bwd_input_f16"(unsigned short *dh, float *g, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads)
+    int c_crossentropy_bwd_weight_f16 "crossentropy_bwd_weight_f16"(float *dw, const float *g, const unsigned short *h, int N, int V, int C, int chunk, int threads)
     int c_crossentropy_bwd_bf16 "crossentropy_bwd_bf16"(unsigned short *dh, float *dw, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads)
+    int c_crossentropy_bwd_input_bf16 "crossentropy_bwd_input_bf16"(unsigned short *dh, unsigned short *g, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads)
+    int c_crossentropy_bwd_weight_bf16 "crossentropy_bwd_weight_bf16"(float *dw, const unsigned short *g, const unsigned short *h, int N, int V, int C, int chunk, int threads)
     int c_finite_sumsq_f16 "finite_sumsq_f16"(int *finite, double *sumsq, const unsigned short *x, size_t n, int threads)
     int c_finite_sumsq_bf16 "finite_sumsq_bf16"(int *finite, double *sumsq, const unsigned short *x, size_t n, int threads)
     int c_attention_fwd_f32 "attention_fwd_f32"(float *o, float *lse, const float *q, const float *k, const float *v, const float *alibi, int B, int T, int Hq, int Hkv, int D, int causal, int threads)
@@ -52,6 +56,8 @@ cdef extern from "ratrain_kernels.h" nogil:
     int c_embedding_bwd_f32 "embedding_bwd_f32"(float *dtable, const float *dout, const int32_t *ids, int N, int V, int C, int threads)
     int c_crossentropy_fwd_f32 "crossentropy_fwd_f32"(float *losses, float *lse, const float *h, const float *w, const int32_t *targets, int N, int V, int C, int chunk, int threads)
     int c_crossentropy_bwd_f32 "crossentropy_bwd_f32"(float *dh, float *dw, const float *h, const float *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads)
+    int c_crossentropy_bwd_input_f32 "crossentropy_bwd_input_f32"(float *dh, float *g, const float *h, const float *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads)
+    int c_crossentropy_bwd_weight_f32 "crossentropy_bwd_weight_f32"(float *dw, const float *g, const float *h, int N, int V, int C, int chunk, int threads)
     int c_finite_sumsq_f32 "finite_sumsq_f32"(int *finite, double *sumsq, const float *x, size_t n, int threads)
     int c_adamw_step_f32 "adamw_step_f32"(float *master, float *m, float *v, unsigned short *param_f16, const float *grad, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step)
     int c_adamw_step_f32_bf16 "adamw_step_f32_bf16"(float *master, float *m, float *v, unsigned short *param_bf16, const float *grad, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step)
@@ -128,8 +134,16 @@ cdef int crossentropy_fwd_bf16(float *losses, float *lse, const unsigned short *
     return c_crossentropy_fwd_bf16(losses, lse, h, w, targets, N, V, C, chunk, threads)
 cdef int crossentropy_bwd_f16(unsigned short *dh, float *dw, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil:
     return c_crossentropy_bwd_f16(dh, dw, h, w, targets, lse, dlosses, N, V, C, chunk, threads)
+cdef int crossentropy_bwd_input_f16(unsigned short *dh, float *g, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil:
+    return c_crossentropy_bwd_input_f16(dh, g, h, w, targets, lse, dlosses, N, V, C, chunk, threads)
+cdef int crossentropy_bwd_weight_f16(float *dw, const float *g, const unsigned short *h, int N, int V, int C, int chunk, int threads) noexcept nogil:
+    return c_crossentropy_bwd_weight_f16(dw, g, h, N, V, C, chunk, threads)
 cdef int crossentropy_bwd_bf16(unsigned short *dh, float *dw, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil:
     return c_crossentropy_bwd_bf16(dh, dw, h, w, targets, lse, dlosses, N, V, C, chunk, threads)
+cdef int crossentropy_bwd_input_bf16(unsigned short *dh, unsigned short *g, const unsigned short *h, const unsigned short *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil:
+    return c_crossentropy_bwd_input_bf16(dh, g, h, w, targets, lse, dlosses, N, V, C, chunk, threads)
+cdef int crossentropy_bwd_weight_bf16(float *dw, const unsigned short *g, const unsigned short *h, int N, int V, int C, int chunk, int threads) noexcept nogil:
+    return c_crossentropy_bwd_weight_bf16(dw, g, h, N, V, C, chunk, threads)
 cdef int finite_sumsq_f16(int *finite, double *sumsq, const unsigned short *x, size_t n, int threads) noexcept nogil:
     return c_finite_sumsq_f16(finite, sumsq, x, n, threads)
 cdef int finite_sumsq_bf16(int *finite, double *sumsq, const unsigned short *x, size_t n, int threads) noexcept nogil:
@@ -158,6 +172,10 @@ cdef int crossentropy_fwd_f32(float *losses, float *lse, const float *h, const f
     return c_crossentropy_fwd_f32(losses, lse, h, w, targets, N, V, C, chunk, threads)
 cdef int crossentropy_bwd_f32(float *dh, float *dw, const float *h, const float *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil:
     return c_crossentropy_bwd_f32(dh, dw, h, w, targets, lse, dlosses, N, V, C, chunk, threads)
+cdef int crossentropy_bwd_input_f32(float *dh, float *g, const float *h, const float *w, const int32_t *targets, const float *lse, const float *dlosses, int N, int V, int C, int chunk, int threads) noexcept nogil:
+    return c_crossentropy_bwd_input_f32(dh, g, h, w, targets, lse, dlosses, N, V, C, chunk, threads)
+cdef int crossentropy_bwd_weight_f32(float *dw, const float *g, const float *h, int N, int V, int C, int chunk, int threads) noexcept nogil:
+    return c_crossentropy_bwd_weight_f32(dw, g, h, N, V, C, chunk, threads)
 cdef int finite_sumsq_f32(int *finite, double *sumsq, const float *x, size_t n, int threads) noexcept nogil:
     return c_finite_sumsq_f32(finite, sumsq, x, n, threads)
 cdef int adamw_step_f32(float *master, float *m, float *v, unsigned short *param_f16, const float *grad, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step) noexcept nogil:

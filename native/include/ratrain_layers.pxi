@@ -182,6 +182,46 @@ def cross_entropy_bwd(h, w, targets, lse, dlosses, *, dw=None, chunk=4096, threa
     return dh, dw
 
 
+def cross_entropy_bwd_input(h, w, targets, lse, dlosses, *, chunk=4096, threads=1):
+    """zb1's B half of cross_entropy_bwd -> (dh like h, g): g [N*V] is the logits gradient
+    chunk by chunk (f32; bf16 bits for bf16 h), what cross_entropy_bwd_weight reads."""
+    cdef int dt = _ldt(h, "h")
+    h = _c(h, h.dtype); w = _c(w, h.dtype); targets = _c(targets, np.int32)
+    lse = _c(lse, np.float32); dlosses = _c(np.broadcast_to(dlosses, lse.shape), np.float32)
+    N, C = h.shape; V = w.shape[0]
+    g = np.empty(N * V, BF16 if dt == 2 else np.float32)
+    dh = np.empty_like(h)
+    cdef void *pdh = _p(dh), *pg = _p(g), *ph = _p(h), *pw = _p(w)
+    cdef float *plse = <float *>_p(lse), *pdl = <float *>_p(dlosses)
+    cdef int32_t *pt = <int32_t *>_p(targets)
+    cdef int n = N, v = V, c = C, ch = chunk, t = threads, st
+    with nogil:
+        if dt == 2: st = c_crossentropy_bwd_input_bf16(<half_t *>pdh, <half_t *>pg, <half_t *>ph, <half_t *>pw, pt, plse, pdl, n, v, c, ch, t)
+        elif dt: st = c_crossentropy_bwd_input_f16(<half_t *>pdh, <float *>pg, <half_t *>ph, <half_t *>pw, pt, plse, pdl, n, v, c, ch, t)
+        else: st = c_crossentropy_bwd_input_f32(<float *>pdh, <float *>pg, <float *>ph, <float *>pw, pt, plse, pdl, n, v, c, ch, t)
+    _check(st, "cross_entropy_bwd_input")
+    return dh, g
+
+
+def cross_entropy_bwd_weight(g, h, V, *, dw=None, chunk=4096, threads=1):
+    """zb1's W half: dw [V, C] f32 (accumulated when given) from cross_entropy_bwd_input's g."""
+    cdef int dt = _ldt(h, "h")
+    h = _c(h, h.dtype); g = _c(g, BF16 if dt == 2 else np.float32)
+    N, C = h.shape
+    if g.size != N * V:
+        raise ValueError(f"cross_entropy_bwd_weight: g has {g.size} elements, not N*V = {N * V}")
+    dw = np.zeros((V, C), np.float32) if dw is None else dw
+    cdef void *pg = _p(g), *ph = _p(h)
+    cdef float *pdw = <float *>_p(dw)
+    cdef int n = N, v = V, c = C, ch = chunk, t = threads, st
+    with nogil:
+        if dt == 2: st = c_crossentropy_bwd_weight_bf16(pdw, <half_t *>pg, <half_t *>ph, n, v, c, ch, t)
+        elif dt: st = c_crossentropy_bwd_weight_f16(pdw, <float *>pg, <half_t *>ph, n, v, c, ch, t)
+        else: st = c_crossentropy_bwd_weight_f32(pdw, <float *>pg, <float *>ph, n, v, c, ch, t)
+    _check(st, "cross_entropy_bwd_weight")
+    return dw
+
+
 def adamw_step(master, m, v, grad, *, param_f16=None, param_bf16=None, lr, beta1=0.9,
                beta2=0.999, eps=1e-8, weight_decay=0.0, step):
     """In-place torch.optim.AdamW step on float32 master/m/v; writes the 16-bit view given:

@@ -5,10 +5,12 @@
 /* threads stand for a cluster's cores; each needs its own AM buffer */
 #define BAD_THREADS(t) ((t) < 1 || (t) > RT_MAX_THREADS)
 
-/* every storage dtype; bf16 has the fp16 code path: load to f32, fp32 math, store RNE */
-#define BOTH(X) X(f16, rt_half, RT_F16) X(bf16, rt_bf16, RT_BF16) X(f32, float, RT_F32)
+/* every storage dtype; bf16 has the fp16 code path: load to f32, fp32 math, store RNE; G: the
+ * element of the cross-entropy's kept logits gradient (NOTE [split logits gradient]) */
+#define BOTH(X) X(f16, rt_half, RT_F16, float) X(bf16, rt_bf16, RT_BF16, rt_bf16)              \
+                X(f32, float, RT_F32, float)
 
-#define DEFINE(sfx, T, DT)                                                                    \
+#define DEFINE(sfx, T, DT, G)                                                                 \
 int rmsnorm_fwd_##sfx(T *out, float *rstd, const T *x, const T *w, int N, int C, float eps,   \
                       int threads) {\
     if (BAD_THREADS(threads)) return RT_EINVAL; \
@@ -51,6 +53,16 @@ int crossentropy_bwd_##sfx(T *dh, float *dw, const T *h, const T *w, const int32
     if (BAD_THREADS(threads)) return RT_EINVAL; \
     return rt_crossentropy_bwd(dh, dw, h, w, targets, lse, dlosses, N, V, C, chunk, DT,       \
                                threads); }                                                    \
+int crossentropy_bwd_input_##sfx(T *dh, G *g, const T *h, const T *w, const int32_t *targets, \
+                                 const float *lse, const float *dlosses, int N, int V, int C, \
+                                 int chunk, int threads) {\
+    if (BAD_THREADS(threads)) return RT_EINVAL; \
+    return rt_crossentropy_bwd_input(dh, g, h, w, targets, lse, dlosses, N, V, C, chunk, DT,  \
+                                     threads); }                                              \
+int crossentropy_bwd_weight_##sfx(float *dw, const G *g, const T *h, int N, int V, int C,     \
+                                  int chunk, int threads) {\
+    if (BAD_THREADS(threads)) return RT_EINVAL; \
+    return rt_crossentropy_bwd_weight(dw, g, h, N, V, C, chunk, DT, threads); }               \
 int finite_sumsq_##sfx(int *finite, double *sumsq, const T *x, size_t n, int threads) {       \
     if (BAD_THREADS(threads)) return RT_EINVAL;                                               \
     *finite = rt_finite_sumsq(sumsq, x, n, DT, threads);                                      \

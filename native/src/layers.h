@@ -23,5 +23,10 @@ int rt_crossentropy_fwd(float *losses, float *lse, const void *h, const void *w,
 int rt_crossentropy_bwd(void *dh, float *dw, const void *h, const void *w,
                         const int32_t *targets, const float *lse, const float *dlosses, int N,
                         int V, int C, int chunk, rt_dtype dt, int threads);
+int rt_crossentropy_bwd_input(void *dh, void *g, const void *h, const void *w,
+                              const int32_t *targets, const float *lse, const float *dlosses,
+                              int N, int V, int C, int chunk, rt_dtype dt, int threads);
+int rt_crossentropy_bwd_weight(float *dw, const void *g, const void *h, int N, int V, int C,
+                               int chunk, rt_dtype dt, int threads);
 int rt_finite_sumsq(double *sumsq, const void *x, size_t n, rt_dtype dt, int threads);
 #endif

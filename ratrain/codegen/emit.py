@@ -11,12 +11,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ratrain.ir.split_backward import CE_CHUNK
+
 C_TYPES = {"float32": "float", "float16": "unsigned short", "bfloat16": "unsigned short",
            "int32": "int32_t"}
 SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 RT_DTYPE = {"float32": "RT_F32", "float16": "RT_F16", "bfloat16": "RT_BF16"}
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
-CE_CHUNK = 4096         # vocabulary rows of logits the cross-entropy kernel holds at once
 
 
 @dataclass
@@ -257,6 +258,25 @@ def cross_entropy_bwd(call, arg: Arg) -> Emitted:
     return Emitted(lines + _cast_back(arg, dw, _size(dw), at=n), n + scratch)
 
 
+# zb1's halves of cross_entropy_bwd (NOTE [split logits gradient]): B keeps G in `g`
+def cross_entropy_bwd_input(call, arg: Arg) -> Emitted:
+    (h, w, targets, lse, dloss), (dh, g) = call.inputs, call.outputs
+    n = _size(targets)
+    return Emitted([f"st = rt_spread({arg(dloss)}, SCR, {n})",
+                    f"st = crossentropy_bwd_input_{_k(call)}({arg(dh)}, {arg(g)}, {arg(h)}, "
+                    f"{arg(w)}, {arg(targets)}, {arg(lse)}, SCR, {n}, {w.shape[0]}, "
+                    f"{w.shape[1]}, {CE_CHUNK}, threads)"], n)
+
+
+def cross_entropy_bwd_weight(call, arg: Arg) -> Emitted:
+    (h, g), (dw,) = call.inputs, call.outputs
+    lines: list[str] = []
+    target, scratch = _f32_target(arg, dw, _size(dw), lines, adds=_adds_into(call, 0))
+    lines.append(f"st = crossentropy_bwd_weight_{_k(call)}({target}, {arg(g)}, {arg(h)}, "
+                 f"{_rows(h.shape)}, {dw.shape[0]}, {dw.shape[1]}, {CE_CHUNK}, threads)")
+    return Emitted(lines + _cast_back(arg, dw, _size(dw)), scratch)
+
+
 def add(call, arg: Arg) -> Emitted:
     (a, b), (out,) = call.inputs, call.outputs
     if not (a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype):
@@ -290,7 +310,8 @@ EMITTERS: dict[str, Callable[[object, Arg], Emitted]] = {
     "rms_norm": rms_norm, "rms_norm_bwd": rms_norm_bwd, "rope": rope, "rope_bwd": rope_bwd,
     "swiglu": swiglu, "swiglu_bwd": swiglu_bwd, "embedding": embedding,
     "embedding_bwd": embedding_bwd, "cross_entropy": cross_entropy,
-    "cross_entropy_bwd": cross_entropy_bwd, "add": add, "reshape": reshape, "copy": copy,
+    "cross_entropy_bwd": cross_entropy_bwd, "cross_entropy_bwd_input": cross_entropy_bwd_input,
+    "cross_entropy_bwd_weight": cross_entropy_bwd_weight, "add": add, "reshape": reshape, "copy": copy,
     "accumulate_grad": accumulate_grad,
 }
 

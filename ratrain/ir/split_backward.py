@@ -4,11 +4,14 @@ weight-gradient part (W), the two halves a zb1 program runs as separate tasks.
 Made once per layer kind from the graph autodiff produced (LayerKind.split). A coarse
 GEMM backward (`matmul_bwd`, `matmul_bias_bwd`) becomes its two GEMMs: `matmul_bwd_input`
 (dx = dy w) in B and `matmul_bwd_weight` / `matmul_bias_bwd_weight` (dw = dy^T x, the
-bias's column sums) in W; every other node goes to B when an input cotangent needs it,
-else to W (NOTE [B/W split]).
+bias's column sums) in W; the LM head's `cross_entropy_bwd` becomes
+`cross_entropy_bwd_input` (the logits gradient G and dh = G w) in B and
+`cross_entropy_bwd_weight` (dw = G^T h) in W; every other node goes to B when an input
+cotangent needs it, else to W (NOTE [B/W split]).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +34,9 @@ def _weight_flops(in_shapes, out_shapes, **params) -> int:
     return _gemm(int(np.prod(x[:-1])), x[-1], dy[-1])
 
 
+CE_CHUNK = 4096   # vocabulary rows of logits the cross-entropy kernels hold at once
+
+
 def _input_grad(xp, w, dy):
     return dy @ w
 
@@ -43,28 +49,78 @@ def _weight_and_bias_grad(xp, x, dy):
     return _weight_grad(xp, x, dy), xp.sum(dy.reshape(-1, dy.shape[-1]), axis=0)
 
 
+def _chunks(vocab: int):
+    return [(v0, min(v0 + CE_CHUNK, vocab)) for v0 in range(0, vocab, CE_CHUNK)]
+
+
+def logits_gradient(xp, h, w, targets, lse, dloss):
+    """G [N, V] = (softmax(h w^T) - onehot(targets)) * dloss / N in at least fp32: what the
+    LM head's cross-entropy backward runs its dh and dw GEMMs on (ops/loss.py)."""
+    dtype = xp.promote_types(h.dtype, xp.float32)
+    logits = h.reshape(-1, h.shape[-1]).astype(dtype) @ w.T.astype(dtype)
+    n_tokens, vocab = logits.shape
+    onehot = targets.reshape(-1, 1) == xp.arange(vocab)[None, :]
+    p = xp.exp(logits - lse.reshape(-1, 1))
+    return (p - onehot.astype(p.dtype)) * (dloss / n_tokens)
+
+
+def _logits_grad_input(xp, h, w, targets, lse, dloss):
+    """(dh, g): g is G as the kernel keeps it, chunk by chunk (the chunk at v0 is its
+    [N, vc] block at N * v0: NOTE [split logits gradient])."""
+    g = logits_gradient(xp, h, w, targets, lse, dloss)
+    dh = (g @ w.astype(g.dtype)).reshape(h.shape).astype(h.dtype)
+    return dh, xp.concatenate([g[:, a:b].reshape(-1) for a, b in _chunks(g.shape[1])])
+
+
+def _logits_grad_weight(xp, h, g):
+    n, c = math.prod(h.shape[:-1]), h.shape[-1]
+    vocab = g.shape[0] // n
+    blocks = [g[n * a:n * b].reshape(n, b - a) for a, b in _chunks(vocab)]
+    dlogits = xp.concatenate(blocks, axis=1).astype(xp.promote_types(g.dtype, xp.float32))
+    return dlogits.T @ h.reshape(n, c).astype(dlogits.dtype)
+
+
+def _logits_input_flops(in_shapes, out_shapes, **params) -> int:
+    h, w = in_shapes[:2]
+    return 2 * _gemm(math.prod(h[:-1]), w[0], w[1])
+
+
+def _logits_weight_flops(in_shapes, out_shapes, **params) -> int:
+    (h, _), (dw,) = in_shapes, out_shapes
+    return _gemm(math.prod(h[:-1]), dw[0], dw[1])
+
+
 for _rule in (OpRule("matmul_bwd_input", _input_grad, None, flops=_input_flops),
               OpRule("matmul_bwd_weight", _weight_grad, None, flops=_weight_flops),
               OpRule("matmul_bias_bwd_weight", _weight_and_bias_grad, None,
-                     flops=_weight_flops)):
+                     flops=_weight_flops),
+              OpRule("cross_entropy_bwd_input", _logits_grad_input, None,
+                     flops=_logits_input_flops),
+              OpRule("cross_entropy_bwd_weight", _logits_grad_weight, None,
+                     flops=_logits_weight_flops)):
     register_rule(_rule)
 
 # fused backward op -> the op of its weight-gradient GEMM (its input GEMM: matmul_bwd_input)
 WEIGHT_PART = {"matmul_bwd": "matmul_bwd_weight", "matmul_bias_bwd": "matmul_bias_bwd_weight"}
 # the ops a split makes: the simulator costs each as its share of the op it comes from
 # (BackwardSplit.origin, sim/kernels.graph_seconds), so calibration times only that op
-SPLIT_OPS = frozenset({"matmul_bwd_input", *WEIGHT_PART.values()})
+SPLIT_OPS = frozenset({"matmul_bwd_input", *WEIGHT_PART.values(), "cross_entropy_bwd_input",
+                       "cross_entropy_bwd_weight"})
 
 
 # NOTE [B/W split]: B is what the input cotangent (`ct:*`, sent to the previous stage or
 # passed to the layer below) needs; W is the rest: the weight GEMMs, the bias column sums
-# and whatever only they read. Ops whose kernels make the input and the weight gradient in
-# one pass (rms_norm_bwd, cross_entropy_bwd: the norm weights, the LM head) stay whole in
-# B: their weight gradient costs a pass over the same operands, and splitting them would
-# change the kernels' accumulation order (so the bits zb1 shares with 1f1b). A split GEMM
-# runs the very two kernel calls the fused one runs, so B + W compute 1f1b's bits. W reads
-# `carried`: values B made or received (the output cotangent of each weight GEMM), kept
-# in the layer's `wop.L.mb` buffer until W; the residuals it reads in wact/rec.
+# and whatever only they read. A split GEMM runs the very two kernel calls the fused one
+# runs, so B + W compute 1f1b's bits. The LM head's cross_entropy_bwd splits the same
+# way: its kernel runs three GEMMs per vocabulary chunk (logits, dh = G w, dw = G^T h);
+# B runs the first two and keeps G, W the third on the kept G (NOTE [split logits
+# gradient], native/src/crossentropy.c), so W takes a third of the op, the part a
+# 32000-word head makes the longest of a small model's backward. G is N x V elements (f32;
+# bf16 in bf16, as the kernel rounds it): the price of a deferred head W. rms_norm_bwd
+# stays whole in B: its norm-weight gradient is a sum in the same pass over the same
+# operands, and a second pass would change its accumulation order. W reads `carried`:
+# values B made or received (the output cotangent of each weight GEMM, the head's G),
+# kept in the layer's `wop.L.mb` buffer until W; the residuals it reads in wact/rec.
 @dataclass(frozen=True, eq=False)  # identity: one per layer kind
 class BackwardSplit:
     input_part: LayerGraph              # B: the backward's inputs -> its ct:* outputs and
@@ -82,9 +138,23 @@ class BackwardSplit:
         return tuple(i for i, r in enumerate(kind.residuals) if r.id in ids)
 
 
+def _split_logits_grad(node: Node, i: int) -> list[tuple[Node, int, float]]:
+    """cross_entropy_bwd as its B and W kernels: two of its three GEMMs, then the third."""
+    (h, w, targets, lse, dloss), (dh, dw) = node.inputs, node.outputs
+    g = Var("bfloat16" if h.dtype == "bfloat16" else "float32",
+            (math.prod(h.shape[:-1]) * w.shape[0],))
+    return [(Node("cross_entropy_bwd_input", node.inputs, (dh, g), node.params, node.source),
+             i, 2 / 3),
+            (Node("cross_entropy_bwd_weight", (h, g), (dw,), node.params, node.source),
+             i, 1 / 3)]
+
+
 def _split_nodes(bwd: LayerGraph) -> list[tuple[Node, int, float]]:
     out = []
     for i, node in enumerate(bwd.nodes):
+        if node.op == "cross_entropy_bwd":
+            out += _split_logits_grad(node, i)
+            continue
         if node.op not in WEIGHT_PART:
             out.append((node, i, 1.0))
             continue

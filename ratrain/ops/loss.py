@@ -6,6 +6,7 @@ logits (the native kernel chunks them over the vocabulary; this reference holds 
 """
 from __future__ import annotations
 
+from ratrain.ir.split_backward import logits_gradient
 from ratrain.ops._common import compute_dtype, rows
 from ratrain.ops.define import define_op
 
@@ -28,13 +29,9 @@ def _cross_entropy_fwd(xp, h, w, targets):
 
 
 def _cross_entropy_bwd(xp, h, w, targets, lse, dloss):
-    logits = _logits(xp, h, w)
-    n_tokens, vocab = logits.shape
-    onehot = targets.reshape(-1, 1) == xp.arange(vocab)[None, :]
-    p = xp.exp(logits - lse.reshape(-1, 1))
-    dlogits = (p - onehot.astype(p.dtype)) * (dloss / n_tokens)
-    dh = (dlogits @ w.astype(p.dtype)).reshape(h.shape)
-    dw = dlogits.T @ h.reshape(-1, h.shape[-1]).astype(p.dtype)
+    dlogits = logits_gradient(xp, h, w, targets, lse, dloss)
+    dh = (dlogits @ w.astype(dlogits.dtype)).reshape(h.shape)
+    dw = dlogits.T @ h.reshape(-1, h.shape[-1]).astype(dlogits.dtype)
     return dh.astype(h.dtype), dw.astype(w.dtype)
 
 

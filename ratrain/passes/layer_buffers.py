@@ -130,7 +130,8 @@ def residual_ids(kind, mode: str, kept: bool) -> set[int]:
 # the fp32 gradient buffer (GEMM with RT_ACCUMULATE; the others accumulate in fp32 anyway).
 GRAD_OUTPUT = {"matmul_bwd": 1, "matmul_bias_bwd": 1, "rms_norm_bwd": 1,
                "embedding_bwd": 0, "cross_entropy_bwd": 1,
-               "matmul_bwd_weight": 0, "matmul_bias_bwd_weight": 0}  # zb1's W GEMMs
+               "matmul_bwd_weight": 0, "matmul_bias_bwd_weight": 0,   # zb1's W GEMMs
+               "cross_entropy_bwd_weight": 0}
 
 
 def fused_grad_ids(kind) -> frozenset:
@@ -218,7 +219,7 @@ def input_gradients(kind) -> tuple:
 def scatters_in_weight(kind) -> bool:
     """Does W[L] make any of the layer's parameter gradients, and so reduce-scatter them
     all under scatter accumulation (NOTE [weight operands])? Else B makes them all and
-    reduce-scatters them itself (the LM head: norm and cross-entropy stay whole in B)."""
+    reduce-scatters them itself (a layer whose weight part is empty)."""
     return any(n.startswith("grad:") for n in kind.split.weight_part.output_names)
 
 
@@ -325,8 +326,8 @@ def message_bytes(program, stage: int) -> int:
 # whole: they are not split. Where the layer's gradients are reduce-scattered per
 # micro-batch (NOTE [gradient accumulation]), the part that makes the last of them starts
 # that one reduce-scatter of them all: W[L] where it makes any, and then B hands it its
-# own (handed_gradients) in wop.L.mb too; else B (the LM head, whose vocabulary-sized
-# gradient would otherwise wait in wop.L.mb for an empty W).
+# own (handed_gradients: a decoder's norm weights, the head's final norm) in wop.L.mb
+# too; else B (a layer whose W makes no gradient).
 def weight_operand_layout(program, layer: int, micro_batch: int) -> tuple[dict, int]:
     """var id -> offset in wop.L.mb (NOTE [weight operands]), and its bytes."""
     kind = _kind(program, layer)

@@ -50,7 +50,12 @@ def test_decoder_weight_part_is_the_weight_gemms():
     assert ops(decoder.weight_part) == ["matmul_bwd_weight"] * 7
     assert "matmul_bwd" not in ops(decoder.input_part)
     assert ops(decoder.input_part).count("matmul_bwd_input") == 7
-    assert ops(head.weight_part) == []          # the LM head's kernel makes dh and dw at once
+    # the LM head: B runs the logits and dh GEMMs and keeps G (NOTE [split logits gradient])
+    assert ops(head.weight_part) == ["cross_entropy_bwd_weight"]
+    assert "cross_entropy_bwd_input" in ops(head.input_part)
+    (g,) = head.carried
+    n, vocab = 8, graph.kinds["head"].bwd.params[1].shape[0]    # lm_head.weight [V, C]
+    assert g.shape == (n * vocab,) and g.dtype == "float32"
     assert ops(embed.weight_part) == ["embedding_bwd"] and ops(embed.input_part) == []
     # W reads one output cotangent per weight GEMM, kept from B in wop.L.mb
     gemm_dys = {n.inputs[1].id for n in decoder.weight_part.nodes}

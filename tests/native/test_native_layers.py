@@ -175,6 +175,40 @@ def test_cross_entropy(dtype, chunk):
     assert_close(dw, rdw, 1e-5, "dw")            # fp32 accumulator in both dtypes
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, "bf16"])
+@pytest.mark.parametrize("chunk", [64, 4096])
+def test_cross_entropy_halves_compute_the_fused_bits(dtype, chunk):
+    """NOTE [split logits gradient]: zb1's B (_input) then W (_weight) give the fused
+    backward's dh and dw bit for bit, and B keeps G chunk by chunk as the kernel held it."""
+    rng = np.random.default_rng(6)
+    N, V, C = 45, 301, 70
+    h, w = randn(rng, (N, C), np.float32), 0.3 * randn(rng, (V, C), np.float32)
+    if dtype == "bf16":
+        h, w = kernels.cast(h, kernels.BF16), kernels.cast(w, kernels.BF16)
+    else:
+        h, w = h.astype(dtype), w.astype(dtype)
+    targets = rng.integers(-1, V, size=N).astype(np.int32)           # some ignored
+    _, lse = kernels.cross_entropy_fwd(h, w, targets, chunk=chunk, threads=2)
+    dl, dw0 = np.full(N, 1.0 / N, np.float32), randn(rng, (V, C), np.float32)
+    dh, dw = kernels.cross_entropy_bwd(h, w, targets, lse, dl, dw=dw0.copy(), chunk=chunk,
+                                       threads=2)
+    dh_b, g = kernels.cross_entropy_bwd_input(h, w, targets, lse, dl, chunk=chunk, threads=2)
+    dw_w = kernels.cross_entropy_bwd_weight(g, h, V, dw=dw0.copy(), chunk=chunk, threads=2)
+    assert np.array_equal(dh_b.view(np.uint8), dh.view(np.uint8))
+    assert np.array_equal(dw_w, dw)
+    assert g.dtype == (kernels.BF16 if dtype == "bf16" else np.float32)
+    # G's chunk at v0 is its [N, vc] block at N * v0: (softmax - onehot) / N, rows of
+    # ignored targets zero
+    widen = (lambda a: kernels.cast(a, np.float32)) if dtype == "bf16" else f32
+    dense = np.concatenate([widen(g[N * v0:N * min(v0 + chunk, V)]).reshape(N, -1)
+                            for v0 in range(0, V, chunk)], axis=1)
+    z = widen(h) @ widen(w).T
+    p = np.exp(z - lse[:, None])
+    p[np.arange(N), np.maximum(targets, 0)] -= (targets >= 0)
+    p[targets < 0] = 0
+    assert_close(dense, p / N, 1e-2 if dtype == "bf16" else 1e-4, "G")
+
+
 def test_cross_entropy_matches_jax_grad():
     rng = np.random.default_rng(5)
     N, V, C = 30, 257, 40

@@ -155,15 +155,14 @@ def test_zb1_peak_is_1f1b_plus_one_micro_batchs_weight_operands(pp, dp, m, zero,
                                                                 recompute, grad_accum):
     """NOTE [zb1 schedule], NOTE [weight operands]: act.L.mb dies with B and a B waits for
     older W's, so a stage but the last holds 1F1B's peak plus at most one micro-batch's W
-    operands; the last stage one micro-batch's more, and the program's peak (its largest
-    stage's, what a rank's budget must hold) stays within 1F1B's plus one."""
+    operands; the last stage, whose B's run as soon as they can, one micro-batch's more
+    (there the LM head's kept logits gradient is most of them)."""
     zb1 = compile_zb1(pp, dp, m, zero, schedule, "zb1", recompute, grad_accum=grad_accum)
     base = compile_zb1(pp, dp, m, zero, schedule, "1f1b", recompute, grad_accum=grad_accum)
     peaks = [[p.memory.stages[s].peak_bytes for s in range(pp)] for p in (zb1, base)]
     operands = [max(weight_operands(zb1, s, k) for k in range(m)) for s in range(pp)]
     for s in range(pp):
         assert peaks[0][s] <= peaks[1][s] + operands[s] * (2 if s == pp - 1 else 1)
-    assert max(peaks[0]) <= max(peaks[1]) + max(operands)
 
 
 def test_w_reads_no_residual_buffer_b_frees():
@@ -230,26 +229,27 @@ def test_a_sync_before_its_layers_last_w_is_rejected(program):
 
 
 def test_scattered_gradients_are_reduce_scattered_by_w_from_what_b_hands_it():
-    """NOTE [weight operands]: under scatter accumulation a decoder's B keeps its own
-    gradients (the norms') in wop.L.mb and W[L] starts the micro-batch's one reduce-scatter
-    of them all; the LM head's B makes all of its own and reduce-scatters them itself;
-    auto chooses scatter under zb1 as under 1f1b."""
+    """NOTE [weight operands]: under scatter accumulation B keeps the gradients it makes
+    (a decoder's norms', the LM head's final norm's) in wop.L.mb and W[L] starts the
+    micro-batch's one reduce-scatter of them all; auto chooses scatter under zb1 as under
+    1f1b."""
     program = compile_zb1(2, 2, 3, 2, grad_accum="scatter")
-    head = program.stages[-1][-1]
     scatters = {(lt.task.kind, c.layer) for s in program.lowered
                 for lt in program.lowered[s] for c in lt.calls if c.op == "grad_scatter"}
     assert {layer for _, layer in scatters} == set(program.scatter_grads)
-    assert scatters == {(Kind.B if layer == head else Kind.W, layer)
-                        for _, layer in scatters}
+    assert {kind for kind, _ in scatters} == {Kind.W}
     per_micro_batch = [c for lt in program.lowered[0] for c in lt.calls
                        if c.op == "grad_scatter"]
     assert len(per_micro_batch) == 3 * len(program.stages[0])
     kind = program.graph.kinds["decoder"]
     assert input_gradients(kind) and all(v.id in weight_operand_layout(program, 1, 0)[0]
                                          for v in input_gradients(kind))
-    assert input_gradients(program.graph.kinds["head"])
-    assert weight_operand_layout(program, head, 0) == \
-        weight_operand_layout(compile_zb1(2, 2, 3, 2), head, 0)  # the head hands nothing
+    head, head_kind = program.stages[-1][-1], program.graph.kinds["head"]
+    handed = weight_operand_layout(program, head, 0)
+    assert input_gradients(head_kind) and all(v.id in handed[0]
+                                              for v in input_gradients(head_kind))
+    unscattered = weight_operand_layout(compile_zb1(2, 2, 3, 2), head, 0)
+    assert handed[1] == unscattered[1] + sum(v.nbytes for v in input_gradients(head_kind))
     options = CompileOptions(pp=2, dp=2, micro_batches=2, micro_batch_size=B, seq_len=T,
                              zero=2, budget=1, pipeline_schedule="zb1")  # auto, nothing fits
     from ratrain.passes.choose_grad_accumulation import choose_grad_accumulation
