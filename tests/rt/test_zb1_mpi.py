@@ -1,8 +1,9 @@
 """zb1 under MPI (NOTE [zb1 schedule], passes/schedule_zb1.py): programs compiled with
 --pipeline-schedule zb1 and 1f1b train to bit-identical losses, norms, loss scales and
-weights (fp32; with clipping; fp16 steps that overflow and roll back), for pipelines of
-2 and 4 stages, DP with ZeRO 2 (also reduce-scattered per micro-batch) and 3, tied
-embeddings and the baseline lifecycle; the zb1 run's measured arena peak is its plan's."""
+weights (fp32; with clipping; fp16 steps that overflow and roll back; bf16), for
+pipelines of 2 and 4 stages, DP with ZeRO 2 (also reduce-scattered per micro-batch) and
+3, tied embeddings and the baseline lifecycle; the zb1 run's measured arena peak is its
+plan's."""
 import pytest
 
 from ratrain import models
@@ -27,6 +28,7 @@ CASES = {  # name -> (pp, dp, compile flags, run flags, tied)
     "fp16-clip-pp2-dp2": (2, 2, ("--precision", "fp16", "--zero", "1", "--clip", "0.05"),
                           ("--initial-loss-scale", HUGE_SCALE, "--loss-scale-window", "2"),
                           False),
+    "bf16-pp2": (2, 1, ("--precision", "bf16"), (), False),   # the head's G kept in bf16
 }
 QUICK = {"pp2", "pp4"}
 
