@@ -311,8 +311,8 @@ EMITTERS: dict[str, Callable[[object, Arg], Emitted]] = {
     "swiglu": swiglu, "swiglu_bwd": swiglu_bwd, "embedding": embedding,
     "embedding_bwd": embedding_bwd, "cross_entropy": cross_entropy,
     "cross_entropy_bwd": cross_entropy_bwd, "cross_entropy_bwd_input": cross_entropy_bwd_input,
-    "cross_entropy_bwd_weight": cross_entropy_bwd_weight, "add": add, "reshape": reshape, "copy": copy,
-    "accumulate_grad": accumulate_grad,
+    "cross_entropy_bwd_weight": cross_entropy_bwd_weight, "add": add, "reshape": reshape,
+    "copy": copy, "accumulate_grad": accumulate_grad,
 }
 
 
