@@ -71,6 +71,17 @@ def _cast_back(arg: Arg, slot, n: int, at: int = 0) -> list[str]:
     return [f"if st == 0: st = cast_f32_to_{SUFFIX[slot.dtype]}({arg(slot)}, SCR + {at}, {n})"]
 
 
+def _accumulating(call, arg: Arg, index: int, kernel: Callable[[str], str],
+                  before: tuple[str, ...] = (), at: int = 0) -> Emitted:
+    """A kernel that adds (+=) output `index` in fp32: `kernel(target)` is its line, after
+    `before` (which uses SCR[0:at]); the target is _f32_target's, cast back after."""
+    slot, lines = call.outputs[index], list(before)
+    target, scratch = _f32_target(arg, slot, _size(slot), lines, at=at,
+                                  adds=_adds_into(call, index))
+    lines.append(kernel(target))
+    return Emitted(lines + _cast_back(arg, slot, _size(slot), at=at), at + scratch)
+
+
 def matmul(call, arg: Arg) -> Emitted:
     (x, w), (out,) = call.inputs, call.outputs
     return Emitted([f"st = gemm_fwd_{_k(call)}({arg(out)}, {RT_DTYPE[out.dtype]}, {arg(x)}, "
@@ -175,12 +186,10 @@ def rms_norm(call, arg: Arg) -> Emitted:
 
 
 def rms_norm_bwd(call, arg: Arg) -> Emitted:
-    (x, w, rstd, dy), (dx, dw) = call.inputs, call.outputs
-    lines: list[str] = []
-    target, scratch = _f32_target(arg, dw, _size(dw), lines, adds=_adds_into(call, 1))
-    lines.append(f"st = rmsnorm_bwd_{_k(call)}({arg(dx)}, {target}, {arg(dy)}, {arg(x)}, "
-                 f"{arg(w)}, {arg(rstd)}, {_rows(x.shape)}, {x.shape[-1]}, threads)")
-    return Emitted(lines + _cast_back(arg, dw, _size(dw)), scratch)
+    (x, w, rstd, dy), (dx, _) = call.inputs, call.outputs
+    return _accumulating(call, arg, 1, lambda dw: (
+        f"st = rmsnorm_bwd_{_k(call)}({arg(dx)}, {dw}, {arg(dy)}, {arg(x)}, {arg(w)}, "
+        f"{arg(rstd)}, {_rows(x.shape)}, {x.shape[-1]}, threads)"))
 
 
 def _rope_args(call, head_dim: int) -> tuple[str, dict]:
@@ -230,11 +239,9 @@ def embedding(call, arg: Arg) -> Emitted:
 
 def embedding_bwd(call, arg: Arg) -> Emitted:
     (ids, dy), (dtable,) = call.inputs, call.outputs
-    lines: list[str] = []
-    target, scratch = _f32_target(arg, dtable, _size(dtable), lines, adds=_adds_into(call, 0))
-    lines.append(f"st = embedding_bwd_{_k(call)}({target}, {arg(dy)}, {arg(ids)}, "
-                 f"{_size(ids)}, {dtable.shape[0]}, {dtable.shape[1]}, threads)")
-    return Emitted(lines + _cast_back(arg, dtable, _size(dtable)), scratch)
+    return _accumulating(call, arg, 0, lambda target: (
+        f"st = embedding_bwd_{_k(call)}({target}, {arg(dy)}, {arg(ids)}, {_size(ids)}, "
+        f"{dtable.shape[0]}, {dtable.shape[1]}, threads)"))
 
 
 def cross_entropy(call, arg: Arg) -> Emitted:
@@ -248,14 +255,12 @@ def cross_entropy(call, arg: Arg) -> Emitted:
 
 def cross_entropy_bwd(call, arg: Arg) -> Emitted:
     """d loss / d loss[n] = dloss / N for every token (SCR[0:N]); dw staged after it."""
-    (h, w, targets, lse, dloss), (dh, dw) = call.inputs, call.outputs
+    (h, w, targets, lse, dloss), (dh, _) = call.inputs, call.outputs
     n = _size(targets)
-    lines = [f"st = rt_spread({arg(dloss)}, SCR, {n})"]
-    target, scratch = _f32_target(arg, dw, _size(dw), lines, at=n, adds=_adds_into(call, 1))
-    lines.append(f"st = crossentropy_bwd_{_k(call)}({arg(dh)}, {target}, {arg(h)}, {arg(w)}, "
-                 f"{arg(targets)}, {arg(lse)}, SCR, {n}, {w.shape[0]}, {w.shape[1]}, "
-                 f"{CE_CHUNK}, threads)")
-    return Emitted(lines + _cast_back(arg, dw, _size(dw), at=n), n + scratch)
+    return _accumulating(call, arg, 1, lambda dw: (
+        f"st = crossentropy_bwd_{_k(call)}({arg(dh)}, {dw}, {arg(h)}, {arg(w)}, "
+        f"{arg(targets)}, {arg(lse)}, SCR, {n}, {w.shape[0]}, {w.shape[1]}, "
+        f"{CE_CHUNK}, threads)"), before=(f"st = rt_spread({arg(dloss)}, SCR, {n})",), at=n)
 
 
 # zb1's halves of cross_entropy_bwd (NOTE [split logits gradient]): B keeps G in `g`
@@ -270,11 +275,9 @@ def cross_entropy_bwd_input(call, arg: Arg) -> Emitted:
 
 def cross_entropy_bwd_weight(call, arg: Arg) -> Emitted:
     (h, g), (dw,) = call.inputs, call.outputs
-    lines: list[str] = []
-    target, scratch = _f32_target(arg, dw, _size(dw), lines, adds=_adds_into(call, 0))
-    lines.append(f"st = crossentropy_bwd_weight_{_k(call)}({target}, {arg(g)}, {arg(h)}, "
-                 f"{_rows(h.shape)}, {dw.shape[0]}, {dw.shape[1]}, {CE_CHUNK}, threads)")
-    return Emitted(lines + _cast_back(arg, dw, _size(dw)), scratch)
+    return _accumulating(call, arg, 0, lambda target: (
+        f"st = crossentropy_bwd_weight_{_k(call)}({target}, {arg(g)}, {arg(h)}, "
+        f"{_rows(h.shape)}, {dw.shape[0]}, {dw.shape[1]}, {CE_CHUNK}, threads)"))
 
 
 def add(call, arg: Arg) -> Emitted:
