@@ -53,11 +53,16 @@ def _chunks(vocab: int):
     return [(v0, min(v0 + CE_CHUNK, vocab)) for v0 in range(0, vocab, CE_CHUNK)]
 
 
+def head_logits(xp, h, w):
+    """The LM head's logits [N, V] = h w^T in at least fp32 (h [..., C], w [V, C])."""
+    dtype = xp.promote_types(h.dtype, xp.float32)
+    return h.reshape(-1, h.shape[-1]).astype(dtype) @ w.T.astype(dtype)
+
+
 def logits_gradient(xp, h, w, targets, lse, dloss):
     """G [N, V] = (softmax(h w^T) - onehot(targets)) * dloss / N in at least fp32: what the
     LM head's cross-entropy backward runs its dh and dw GEMMs on (ops/loss.py)."""
-    dtype = xp.promote_types(h.dtype, xp.float32)
-    logits = h.reshape(-1, h.shape[-1]).astype(dtype) @ w.T.astype(dtype)
+    logits = head_logits(xp, h, w)
     n_tokens, vocab = logits.shape
     onehot = targets.reshape(-1, 1) == xp.arange(vocab)[None, :]
     p = xp.exp(logits - lse.reshape(-1, 1))

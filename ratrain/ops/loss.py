@@ -6,14 +6,9 @@ logits (the native kernel chunks them over the vocabulary; this reference holds 
 """
 from __future__ import annotations
 
-from ratrain.ir.split_backward import logits_gradient
-from ratrain.ops._common import compute_dtype, rows
+from ratrain.ir.split_backward import head_logits, logits_gradient
+from ratrain.ops._common import rows
 from ratrain.ops.define import define_op
-
-
-def _logits(xp, h, w):
-    dtype = compute_dtype(xp, h)
-    return h.reshape(-1, h.shape[-1]).astype(dtype) @ w.T.astype(dtype)   # [N, V]
 
 
 def _target_logit(xp, logits, targets):
@@ -21,7 +16,7 @@ def _target_logit(xp, logits, targets):
 
 
 def _cross_entropy_fwd(xp, h, w, targets):
-    logits = _logits(xp, h, w)
+    logits = head_logits(xp, h, w)
     m = xp.max(logits, axis=-1, keepdims=True)
     lse = m[:, 0] + xp.log(xp.sum(xp.exp(logits - m), axis=-1))
     loss = xp.mean(lse - _target_logit(xp, logits, targets))
