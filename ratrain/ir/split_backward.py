@@ -143,32 +143,34 @@ class BackwardSplit:
         return tuple(i for i, r in enumerate(kind.residuals) if r.id in ids)
 
 
-def _split_logits_grad(node: Node, i: int) -> list[tuple[Node, int, float]]:
+def _split_gemm(node: Node) -> list[tuple[Node, float]]:
+    """matmul_bwd / matmul_bias_bwd as its two GEMMs: dx = dy w (B), dw = dy^T x (W)."""
+    x, w, dy = node.inputs
+    return [(Node("matmul_bwd_input", (w, dy), node.outputs[:1], node.params, node.source),
+             0.5),
+            (Node(WEIGHT_PART[node.op], (x, dy), node.outputs[1:], node.params, node.source),
+             0.5)]
+
+
+def _split_logits_grad(node: Node) -> list[tuple[Node, float]]:
     """cross_entropy_bwd as its B and W kernels: two of its three GEMMs, then the third."""
     (h, w, targets, lse, dloss), (dh, dw) = node.inputs, node.outputs
     g = Var("bfloat16" if h.dtype == "bfloat16" else "float32",
             (math.prod(h.shape[:-1]) * w.shape[0],))
     return [(Node("cross_entropy_bwd_input", node.inputs, (dh, g), node.params, node.source),
-             i, 2 / 3),
+             2 / 3),
             (Node("cross_entropy_bwd_weight", (h, g), (dw,), node.params, node.source),
-             i, 1 / 3)]
+             1 / 3)]
+
+
+# fused backward op -> its parts, each with the share of the op's cost it runs
+SPLITS = {"matmul_bwd": _split_gemm, "matmul_bias_bwd": _split_gemm,
+          "cross_entropy_bwd": _split_logits_grad}
 
 
 def _split_nodes(bwd: LayerGraph) -> list[tuple[Node, int, float]]:
-    out = []
-    for i, node in enumerate(bwd.nodes):
-        if node.op == "cross_entropy_bwd":
-            out += _split_logits_grad(node, i)
-            continue
-        if node.op not in WEIGHT_PART:
-            out.append((node, i, 1.0))
-            continue
-        x, w, dy = node.inputs
-        out.append((Node("matmul_bwd_input", (w, dy), node.outputs[:1], node.params,
-                         node.source), i, 0.5))
-        out.append((Node(WEIGHT_PART[node.op], (x, dy), node.outputs[1:], node.params,
-                         node.source), i, 0.5))
-    return out
+    return [(part, i, share) for i, node in enumerate(bwd.nodes)
+            for part, share in (SPLITS[node.op](node) if node.op in SPLITS else [(node, 1.0)])]
 
 
 def _needed_by(nodes: list[Node], wanted: set[int]) -> set[int]:
