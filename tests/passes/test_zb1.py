@@ -151,8 +151,8 @@ def weight_operands(program, stage: int, micro_batch: int) -> int:
 
 
 @pytest.mark.parametrize("pp,dp,m,zero,schedule,recompute,grad_accum", CASES)
-def test_zb1_peak_is_1f1b_plus_one_micro_batchs_weight_operands(pp, dp, m, zero, schedule,
-                                                                recompute, grad_accum):
+def test_zb1_peak_is_1f1b_plus_one_micro_batchs_weight_operands_two_on_the_last_stage(
+        pp, dp, m, zero, schedule, recompute, grad_accum):
     """NOTE [zb1 schedule], NOTE [weight operands]: act.L.mb dies with B and a B waits for
     older W's, so a stage but the last holds 1F1B's peak plus at most one micro-batch's W
     operands; the last stage, whose B's run as soon as they can, one micro-batch's more
