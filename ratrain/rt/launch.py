@@ -110,10 +110,19 @@ def launch(program_dir: Path, ranks: int, args, resume_command: str, cluster=Non
 # with 70 processes), every START_POLL_SECONDS for the job's first START_SECONDS so that a
 # rank dying at start-up is named too, then every POLL_SECONDS while some rank is still
 # unseen (ranks that `--hosts` puts on other hosts never show up here), and not at all once
-# every rank is known: the loop then blocks in waitpid, and a stop signal still reaches
-# StopSignals' handler at once. It used to walk /proc every 0.5 s for the whole run, and
-# every 50 ms when some ranks ran on other hosts.
+# every rank is known. It used to walk /proc every 0.5 s for the whole run, and every 50 ms
+# when some ranks ran on other hosts. Once every rank is known the loop still waits for
+# mpiexec in slices of SIGNAL_SECONDS (Popen.wait polls waitpid every 50 ms or less
+# within one), never in one blocking waitpid: Python runs a signal's handler only on the
+# main thread, and the kernel may deliver a signal sent to this process to another of its
+# threads (the output relays', BLAS's), which leaves a blocked waitpid uninterrupted. The
+# handler then never ran: Ctrl-C and SIGTERM sent together to a `ratrain run` of 2 ranks
+# on 2 cores (the second one, arriving while the first is pending on the main thread, goes
+# to another thread) were ignored by 7 of 70 jobs, which trained on; by none of 70 since.
+# The relays also block the stop signals, leaving the kernel fewer threads to hand them
+# to (NOTE [forwarding stop signals]).
 POLL_SECONDS, START_POLL_SECONDS, START_SECONDS = 0.5, 0.05, 10.0
+SIGNAL_SECONDS = 0.5
 BANNER_PID = re.compile(r"PID (\d+) RUNNING AT (\S+)")
 BANNER_SIGNAL = re.compile(r"EXIT STRING: .*\(signal (\d+)\)")
 HYDRA_CTRL_C = re.compile(r"\[mpiexec@[^]]*\] (Sending Ctrl-C to processes as requested|"
@@ -131,6 +140,7 @@ class OutputRelay:
         self.thread.start()
 
     def _copy(self, stream, out) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # NOTE [looking for ranks]
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
             self.tail.append(line)
@@ -219,11 +229,11 @@ class RankWatch:
             except subprocess.TimeoutExpired:
                 continue
 
-    def next_look(self, elapsed: float) -> float | None:
-        """Seconds until the next look, None once every rank is known (NOTE [looking for
-        ranks])."""
+    def next_look(self, elapsed: float) -> float:
+        """Seconds until the next look, or, once every rank is known, of the next wait for
+        mpiexec (NOTE [looking for ranks])."""
         if len(self.ranks) >= self.world_size:
-            return None
+            return SIGNAL_SECONDS
         return START_POLL_SECONDS if elapsed < START_SECONDS else POLL_SECONDS
 
     def send(self, number: int, exclude=()) -> set[int]:

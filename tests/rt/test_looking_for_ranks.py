@@ -1,11 +1,13 @@
 """NOTE [looking for ranks] (rt/launch.py): `ratrain run` walks /proc for the job's ranks
-often at start-up, less while some rank is unseen, and not at all once it knows them all."""
+often at start-up, less while some rank is unseen, and not at all once it knows them all;
+its main thread never blocks for good, and the relays leave stop signals to it."""
 import subprocess
 
 import pytest
 
 from ratrain.rt import launch
-from ratrain.rt.launch import POLL_SECONDS, START_POLL_SECONDS, START_SECONDS, RankWatch
+from ratrain.rt.launch import (POLL_SECONDS, SIGNAL_SECONDS, START_POLL_SECONDS, START_SECONDS,
+                               RankWatch)
 
 
 class FakeJob:
@@ -52,11 +54,34 @@ def watch_job(monkeypatch, clock, world: int, seen: list[dict], looks: int):
 
 def test_no_walk_once_every_rank_is_known(monkeypatch, clock):
     """Rank 0 shows up at the first walk, rank 1 at the third: three walks 50 ms apart,
-    then mpiexec is waited for without a timeout."""
+    then mpiexec is waited for in slices of SIGNAL_SECONDS, never blocking for good (a
+    signal another thread takes would not wake a blocked waitpid), with no more walks."""
     walks, timeouts = watch_job(monkeypatch, clock, 2, [{10: (0, 1)}, {}, {11: (1, 2)}],
-                                looks=3)
+                                looks=6)
     assert walks == 3
-    assert timeouts == [START_POLL_SECONDS, START_POLL_SECONDS, None]
+    assert timeouts == [START_POLL_SECONDS, START_POLL_SECONDS] + [SIGNAL_SECONDS] * 4
+
+
+def test_relays_leave_stop_signals_to_the_main_thread():
+    """An output relay's thread blocks SIGINT, SIGTERM and SIGHUP."""
+    import os
+    import signal
+    read, write = os.pipe()
+    masks = []
+
+    class Out:
+        def write(self, line):
+            masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+        def flush(self):
+            pass
+    with os.fdopen(read, "rb") as stream:
+        relay = launch.OutputRelay(stream, Out())
+        with os.fdopen(write, "wb") as w:
+            w.write(b"a line\n")
+        relay.thread.join(timeout=10)
+    assert masks and set(launch.STOP_SIGNALS) <= masks[0]
+    assert not set(launch.STOP_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
 def test_ranks_on_other_hosts_slow_the_walks_after_start_up(monkeypatch, clock):
