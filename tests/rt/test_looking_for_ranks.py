@@ -1,6 +1,8 @@
 """NOTE [looking for ranks] (rt/launch.py): `ratrain run` walks /proc for the job's ranks
 often at start-up, less while some rank is unseen, and not at all once it knows them all;
 its main thread never blocks for good, and the relays leave stop signals to it."""
+import os
+import signal
 import subprocess
 
 import pytest
@@ -64,8 +66,6 @@ def test_no_walk_once_every_rank_is_known(monkeypatch, clock):
 
 def test_relays_leave_stop_signals_to_the_main_thread():
     """An output relay's thread blocks SIGINT, SIGTERM and SIGHUP."""
-    import os
-    import signal
     read, write = os.pipe()
     masks = []
 
@@ -79,7 +79,7 @@ def test_relays_leave_stop_signals_to_the_main_thread():
         relay = launch.OutputRelay(stream, Out())
         with os.fdopen(write, "wb") as w:
             w.write(b"a line\n")
-        relay.thread.join(timeout=10)
+        relay.join()
     assert masks and set(launch.STOP_SIGNALS) <= masks[0]
     assert not set(launch.STOP_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])
 

@@ -5,7 +5,6 @@ own output; resuming from that checkpoint is bit-identical to an uninterrupted r
 (fp32): after SIGTERM, `ratrain train --resume RUN` with no other option continues RUN in
 place, in one metrics.jsonl. A second signal ends the job at once; ranks under mpiexec directly stop the same
 way on SIGTERM."""
-import contextlib
 import json
 import os
 import re
@@ -17,7 +16,7 @@ import time
 
 import pytest
 
-from ratrain.rt.launch import descendants, process_start, rank_processes
+from ratrain.rt.launch import RankWatch, process_start, rank_processes
 from ratrain.rt.stop import (CHECKPOINT, Stopped, command_text, resume_text,
                              signals_interrupt, stopped_by)
 from rt_reference import read_metrics
@@ -55,9 +54,7 @@ def no_job_outlives_its_test():
     while _started:
         job = _started.pop()
         if job.poll() is None:
-            for pid in [*descendants(job.pid), job.pid]:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+            RankWatch(job.pid, 0).kill_job(job)    # the job, its mpiexec, proxies and ranks
             job.wait()
 
 
