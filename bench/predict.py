@@ -3,8 +3,10 @@ profile `ratrain calibrate` measured, against the runtime's step_seconds (--metr
 programs that cover what the planner chooses between: two model shapes (tiny, tiny-gqa),
 pp 2 and dp 2 (2 ranks x 1 thread) and 1 rank x 2 threads, ZeRO 0 to 3, both schedules,
 both pipeline schedules (1f1b, zb1), with and without recompute, fp32 and bf16. Measured =
-median of --measure steps after --warmup steps; error = predicted / measured - 1 (target:
-mean absolute error at most 3%, none over 6%). Every line carries the CPU's SIMD flags.
+median of the steps after --warmup steps (at least --measure of them, and enough for
+--measure-seconds at the predicted step time; NOTE [measured span]); error = predicted /
+measured - 1 (target: mean absolute error at most 3%, none over 6%). Every line carries the
+CPU's SIMD flags.
 
 Timings are only meaningful on idle cores: before calibrating and before each run the
 bench waits (polling every 30 s, up to --wait seconds) for the 1-minute load average to
@@ -17,10 +19,11 @@ conditions (NOTE [same-round pairs]); the fastest prediction against the fastest
 may pair a calibration and a run from different rounds) and the median of the rounds' own
 errors are printed beside it.
 Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--rounds 3]
-[--seq-len 256] [--warmup 3] [--measure 9] [--only NAME,...] [--keep DIR]; about 2.4
-minutes per round on 2 idle cores."""
+[--seq-len 256] [--warmup 3] [--measure 9] [--measure-seconds 6] [--only NAME,...]
+[--keep DIR]; about 4 minutes per round on 2 idle cores."""
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -62,13 +65,27 @@ def predicted_seconds(program, hw):
     return json.loads(ratrain("simulate", program, "--hw", hw, "--json"))["step_time_s"]
 
 
-def measured_seconds(program, ranks, args, metrics):
-    """Median step_seconds of --measure steps after --warmup (the runtime's --metrics)."""
+# NOTE [measured span]: a run's median step is taken over at least --measure-seconds of
+# steps (6 s), not a fixed 9 steps. On this VM a task of 18 ms took 35-46 ms now and then,
+# on either rank, while a pinned GEMM loop varied 3%, and the slow stretches last seconds:
+# 9 steps of an 80 ms program span 0.7 s, and the 9-step medians within one 80-step run of
+# tiny-gqa dp 2 ZeRO 2 bf16 ranged over 58.9-76.9 ms, where 80-step medians of three runs
+# back to back gave 63.1, 61.1 and 69.6 ms (2026-11-27). The predicted step only sizes the
+# run; the median is of what ran. Probing the machine's speed around each run (a pinned
+# GEMM, and 4 and 16 MiB streams, on every core at once) did not tell the slow runs apart:
+# eight 60-step runs of that program measured 64-102 ms between probes that agreed within
+# 10%, so the bench does not gate runs by such a probe.
+def measured_steps(args, predicted):
+    """How many steps to take the median of: --measure, or more to span --measure-seconds."""
+    return max(args.measure, math.ceil(args.measure_seconds / predicted))
+
+
+def measured_seconds(program, ranks, args, metrics, steps):
+    """Median step_seconds of `steps` steps after --warmup (the runtime's --metrics)."""
     metrics.unlink(missing_ok=True)
-    ratrain("run", program, "-n", ranks, "--steps", args.warmup + args.measure,
-            "--metrics", metrics)
-    steps = [json.loads(l)["step_seconds"] for l in metrics.read_text().splitlines() if l]
-    return statistics.median(steps[args.warmup:])
+    ratrain("run", program, "-n", ranks, "--steps", args.warmup + steps, "--metrics", metrics)
+    times = [json.loads(l)["step_seconds"] for l in metrics.read_text().splitlines() if l]
+    return statistics.median(times[args.warmup:])
 
 
 def main():
@@ -79,8 +96,10 @@ def main():
                     "configuration names to run (default: all)")
     ap.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     ap.add_argument("--warmup", type=int, default=3, help="steps left out (default: 3)")
-    ap.add_argument("--measure", type=int, default=9, help="steps whose median is the "
-                    "measured step time (default: 9)")
+    ap.add_argument("--measure", type=int, default=9, help="fewest steps whose median is "
+                    "the measured step time (default: 9)")
+    ap.add_argument("--measure-seconds", type=float, default=6.0, help="measure at least "
+                    "this many seconds of steps, at the predicted step time (default: 6)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of calibrating then "
                     "running every configuration; each configuration's fastest run is compared "
                     "with its own round's prediction (default: 3)")
@@ -122,12 +141,15 @@ def run_round(args, programs, work, r):
     hw = args.hw or calibrate(args, work / f"cpu-round{r + 1}.json")
     figures = {}
     for name, program in programs.items():
+        predicted = predicted_seconds(program, hw)
+        steps = measured_steps(args, predicted)
         at = wait_for_idle(args.idle, args.wait)
         measured = measured_seconds(program, CONFIGS[name][1], args,
-                                    work / f"metrics-{program.name}-{r + 1}.jsonl")
-        figures[name] = (predicted_seconds(program, hw), measured)
-        print(f"# round {r + 1} {name}: predicted {figures[name][0]:.4f} s, measured "
-              f"{measured:.4f} s (load {at:.2f} before, {load():.2f} after)", flush=True)
+                                    work / f"metrics-{program.name}-{r + 1}.jsonl", steps)
+        figures[name] = (predicted, measured)
+        print(f"# round {r + 1} {name}: predicted {predicted:.4f} s, measured {measured:.4f} "
+              f"s, median of {steps} steps (load {at:.2f} before, {load():.2f} after)",
+              flush=True)
     return figures
 
 
@@ -144,8 +166,8 @@ def run_round(args, programs, work, r):
 # own errors are still printed.
 def report(args, programs, rounds):
     flags = cpu_flags()
-    print(f"# global batch 4 x {args.seq_len} tokens, median step of {args.measure} after "
-          f"{args.warmup}; each configuration's fastest run over {len(rounds)} round(s) "
+    print(f"# global batch 4 x {args.seq_len} tokens, median step of at least "
+          f"{args.measure} and {args.measure_seconds:g} s of steps after {args.warmup}; each configuration's fastest run over {len(rounds)} round(s) "
           f"against its own round's prediction (NOTE [same-round pairs]), beside the "
           f"fastest prediction against the fastest run and the median of the rounds' own "
           f"errors; CPU flags: {flags}")
