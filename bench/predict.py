@@ -171,8 +171,10 @@ def report(args, programs, rounds):
           f"against its own round's prediction (NOTE [same-round pairs]), beside the "
           f"fastest prediction against the fastest run and the median of the rounds' own "
           f"errors; CPU flags: {flags}")
-    paired, fastest, medians = [], [], []
+    paired, fastest, medians, spreads = [], [], [], []
     for name in programs:
+        runs = [r[name][1] for r in rounds]
+        spreads.append(max(runs) / min(runs) - 1)
         predicted, measured = min((r[name] for r in rounds), key=lambda pm: pm[1])
         paired.append(predicted / measured - 1)
         fastest.append(min(r[name][0] for r in rounds) / measured - 1)
@@ -181,13 +183,19 @@ def report(args, programs, rounds):
         print(f"{name:<26} predicted {predicted:.4f} s  measured {measured:.4f} s  error "
               f"{100 * paired[-1]:+5.1f}%  (within {100 * TARGET:.0f}%: {mark})  fastest "
               f"against fastest {100 * fastest[-1]:+5.1f}%  median of rounds "
-              f"{100 * medians[-1]:+5.1f}%  [{flags}]", flush=True)
+              f"{100 * medians[-1]:+5.1f}%  rounds measured {1e3 * min(runs):.1f}-"
+              f"{1e3 * max(runs):.1f} ms  [{flags}]", flush=True)
     for what, values in (("fastest run against its round's prediction", paired),
                          ("fastest against fastest", fastest), ("median of rounds", medians)):
         mean = statistics.mean(map(abs, values))
         print(f"# {what}: mean absolute error {100 * mean:.2f}% (target at most "
               f"{100 * TARGET_MEAN:.0f}%: {'ok' if mean <= TARGET_MEAN else 'MISS'}); "
               f"largest {100 * max(map(abs, values)):.2f}%")
+    if len(rounds) > 1:
+        print(f"# repeatability: the slowest round of a configuration measured "
+              f"{100 * statistics.median(spreads):.1f}% above its fastest (median over the "
+              f"configurations; largest {100 * max(spreads):.1f}%): runs of one program "
+              f"minutes apart differ by that much with no change to the program")
 
 if __name__ == "__main__":
     main()
