@@ -134,6 +134,7 @@ GRAD_OUTPUT = {"matmul_bwd": 1, "matmul_bias_bwd": 1, "rms_norm_bwd": 1,
                "cross_entropy_bwd_weight": 0}
 
 
+@lru_cache(maxsize=256)
 def fused_grad_ids(kind) -> frozenset:
     """NOTE [fused gradient accumulation]: parameter gradients that a GRAD_OUTPUT op makes
     directly are written (first micro-batch) or added (later ones) by that op straight

@@ -206,25 +206,33 @@ class _Placed:
     """Placed buffers as arrays, so the clash test against all of them is vectorised."""
 
     def __init__(self, capacity: int):
-        self.lo, self.hi, self.first, self.last = (np.zeros(capacity, np.int64) for _ in range(4))
+        self.lo, self.top, self.first, self.last = (np.zeros(capacity, np.int64)
+                                                    for _ in range(4))
         self.n = 0
 
     def add(self, offset: int, span: Span) -> None:
         i = self.n
-        self.lo[i], self.hi[i] = offset, offset + span.buffer.nbytes
+        self.lo[i], self.top[i] = offset, align(offset + span.buffer.nbytes)
         self.first[i], self.last[i] = span.first, span.last
         self.n += 1
 
     def lowest_fit(self, span: Span) -> int:
+        """First fit among the clashes (placed buffers live with `span`) walked by where
+        they start: the offset before clash i is the highest aligned end of the clashes
+        before it (0 before the first); the answer is that offset at the first clash it
+        leaves room below, else the highest aligned end of all. Clashes sharing a start
+        give the same answer in either order."""
         n = self.n
         live = (self.first[:n] <= span.last) & (span.first <= self.last[:n])
-        clashes = sorted(zip(self.lo[:n][live].tolist(), self.hi[:n][live].tolist()))
-        offset = 0
-        for lo, hi in clashes:
-            if offset + span.buffer.nbytes <= lo:
-                break
-            offset = max(offset, align(hi))
-        return offset
+        if not live.any():
+            return 0
+        lo, top = self.lo[:n][live], self.top[:n][live]
+        order = np.argsort(lo, kind="stable")
+        lo, reach = lo[order], np.maximum.accumulate(top[order])
+        before = np.concatenate(((0,), reach[:-1]))
+        fits = before + span.buffer.nbytes <= lo
+        i = int(fits.argmax())
+        return int(before[i]) if fits[i] else int(reach[-1])
 
 
 # ---- the verifier's memory checks ---------------------------------------------------

@@ -7,12 +7,20 @@ stage's task list; the options' placement numbers the ranks (NOTE [placement]).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable
 
 from ratrain.ir.costs import LayerCost
 from ratrain.ir.tasks import Schedule
 from ratrain.ir.train_graph import TrainGraph
 from ratrain.program_format.options import CompileOptions  # noqa: F401  (re-exported)
+
+
+@lru_cache(maxsize=64)
+def _stage_by_layer(stages: tuple[tuple[int, ...], ...]) -> dict[int, int]:
+    """layer -> its stage; memory passes ask it per (layer, micro-batch)."""
+    return {layer: stage for stage, layers in enumerate(stages) for layer in layers}
+
 
 @dataclass(frozen=True)
 class Program:
@@ -45,10 +53,10 @@ class Program:
                              f"{o.micro_batch_size} x {o.seq_len}")
 
     def stage_of_layer(self, layer: int) -> int:
-        for stage, layers in enumerate(self.stages):
-            if layer in layers:
-                return stage
-        raise KeyError(f"layer {layer} is in no stage")
+        stage = _stage_by_layer(self.stages).get(layer)
+        if stage is None:
+            raise KeyError(f"layer {layer} is in no stage")
+        return stage
 
     def layer_cost(self, layer: int) -> LayerCost:
         return self.graph.kind_costs[self.graph.layers[layer].kind]

@@ -1,4 +1,5 @@
 """plan_memory: peaks against a brute-force recount, arena overlap, FREE placement, budgets."""
+import random
 from dataclasses import replace
 from functools import lru_cache
 from itertools import combinations
@@ -8,11 +9,12 @@ import pytest
 from ratrain import models
 from ratrain.ir.tasks import Kind, format_tasks, parse_task
 from ratrain.models.trace import trace_model
-from ratrain.passes.buffers import CATEGORIES, persistent_buffers, stage_peak, task_effects
+from ratrain.passes.buffers import (CATEGORIES, Buffer, persistent_buffers, stage_peak,
+                                    task_effects)
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
-from ratrain.passes.plan_memory import (ALIGNMENT, MemoryBudgetError, MemoryPlanError,
-                                        format_bytes, plan_memory, plan_stage,
-                                        stage_arena_bytes, verify_memory_plan)
+from ratrain.passes.plan_memory import (ALIGNMENT, MemoryBudgetError, MemoryPlanError, Span,
+                                        assign_offsets, format_bytes, plan_memory,
+                                        plan_stage, stage_arena_bytes, verify_memory_plan)
 from ratrain.passes.program import CompileOptions, Program
 from ratrain.program_format.lowered import arena_name
 
@@ -246,3 +248,33 @@ def test_the_arena_without_frees_is_plan_stages(layout):
     program = scheduled(**layout)
     for stage in range(program.options.pp):
         assert stage_arena_bytes(program, stage) == plan_stage(program, stage)[1].arena_bytes
+
+
+def _walked_fit(placed, span) -> int:
+    """First fit walked clash by clash, as assign_offsets placed buffers before the walk
+    was vectorised: below the first clash that leaves room, else above them all."""
+    offset = 0
+    for lo, hi in sorted((lo, hi) for lo, hi, first, last in placed
+                         if first <= span.last and span.first <= last):
+        if offset + span.buffer.nbytes <= lo:
+            break
+        offset = max(offset, -(-hi // ALIGNMENT) * ALIGNMENT)
+    return offset
+
+
+def test_assign_offsets_places_every_buffer_where_the_walked_first_fit_does():
+    rng = random.Random(0)
+    for trial in range(200):
+        spans = []
+        for i in range(rng.randint(1, 80)):
+            first = rng.randint(0, 40)
+            nbytes = rng.choice([0, 1, ALIGNMENT, 100, 4096, rng.randint(1, 10**6)])
+            spans.append(Span(Buffer(f"b{i}", "activations", nbytes), first,
+                              first + rng.randint(0, 12), rng.random() < 0.1))
+        offsets, placed = assign_offsets(spans), []
+        for s in sorted(spans, key=lambda s: (not s.persistent, -s.buffer.nbytes, s.first,
+                                              s.buffer.name)):
+            assert offsets[s.buffer.name][0] == _walked_fit(placed, s), (trial, s)
+            if s.buffer.nbytes:
+                o = offsets[s.buffer.name][0]
+                placed.append((o, o + s.buffer.nbytes, s.first, s.last))
