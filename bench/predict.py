@@ -167,7 +167,8 @@ def run_round(args, programs, work, r):
 def report(args, programs, rounds):
     flags = cpu_flags()
     print(f"# global batch 4 x {args.seq_len} tokens, median step of at least "
-          f"{args.measure} and {args.measure_seconds:g} s of steps after {args.warmup}; each configuration's fastest run over {len(rounds)} round(s) "
+          f"{args.measure} and {args.measure_seconds:g} s of steps after {args.warmup}; each "
+          f"configuration's fastest run over {len(rounds)} round(s) "
           f"against its own round's prediction (NOTE [same-round pairs]), beside the "
           f"fastest prediction against the fastest run and the median of the rounds' own "
           f"errors; CPU flags: {flags}")

@@ -13,7 +13,7 @@ from ratrain.passes.buffers import (CATEGORIES, Buffer, persistent_buffers, stag
                                     task_effects)
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
 from ratrain.passes.plan_memory import (ALIGNMENT, MemoryBudgetError, MemoryPlanError, Span,
-                                        assign_offsets, format_bytes, plan_memory,
+                                        align, assign_offsets, format_bytes, plan_memory,
                                         plan_stage, stage_arena_bytes, verify_memory_plan)
 from ratrain.passes.program import CompileOptions, Program
 from ratrain.program_format.lowered import arena_name
@@ -258,7 +258,7 @@ def _walked_fit(placed, span) -> int:
                          if first <= span.last and span.first <= last):
         if offset + span.buffer.nbytes <= lo:
             break
-        offset = max(offset, -(-hi // ALIGNMENT) * ALIGNMENT)
+        offset = max(offset, align(hi))
     return offset
 
 
