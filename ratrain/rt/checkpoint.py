@@ -96,9 +96,10 @@ def write_stage(program, state, comms, staging: Path) -> None:
 
 
 def finish_checkpoint(program, staging: Path, path: Path, config: dict, state: dict,
-                      tokenizer=()) -> Path:
+                      tokenizer: dict[str, bytes] | None = None) -> Path:
     """Rank 0, after every stage's files are in `staging`: the index (several stages),
-    config.json, tokenizer files and trainer_state.json, then the rename into place."""
+    config.json, the tokenizer files (name -> contents, read once by `tokenizer_contents`)
+    and trainer_state.json, then the rename into place."""
     stages = len(program.stages)
     if stages > 1:
         weight_map = {name: shard_file("model", s, stages)
@@ -107,9 +108,8 @@ def finish_checkpoint(program, staging: Path, path: Path, config: dict, state: d
                     for _, _, shape, _ in stage_tensors(program, s))
         (staging / INDEX_FILE).write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
-    for file in tokenizer:
-        name = file.name if file.name in TOKENIZER_FILES else "tokenizer.json"
-        shutil.copyfile(file, staging / name)
+    for name, contents in (tokenizer or {}).items():
+        (staging / name).write_bytes(contents)
     (staging / CONFIG_FILE).write_text(config_text(config))
     (staging / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
     os.chmod(staging, 0o755)
@@ -230,6 +230,21 @@ def tokenizer_files(*sources: str | None) -> list[Path]:
         if found:
             return found
     return []
+
+
+def tokenizer_contents(files) -> dict[str, bytes]:
+    """The tokenizer files a run's checkpoints carry, read once when the run starts: their
+    names in a checkpoint (a --tokenizer FILE of another name is tokenizer.json) -> bytes.
+    NOTE [checkpoints carry their own copy]."""
+    return {(f.name if f.name in TOKENIZER_FILES else "tokenizer.json"): f.read_bytes()
+            for f in files}
+
+
+# NOTE [checkpoints carry their own copy]: a resumed run's tokenizer comes from the
+# checkpoint it resumed from, and keep-last removes that checkpoint once newer ones exist.
+# A save that copied from there failed after the rotation and lost every later save (a
+# FileNotFoundError, then MPI_Abort). So the run reads the files into memory when it starts
+# and every save writes them from there: no checkpoint depends on another.
 
 
 # ---- the save directory ---------------------------------------------------------------------

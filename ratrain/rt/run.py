@@ -16,7 +16,8 @@ import numpy as np
 
 from ratrain.optim import LossScaler, starting_scaler
 from ratrain.rt.checkpoint import (check_save_dir, checkpoint_name, export_config,
-                                   find_resume_checkpoint, load_checkpoint, tokenizer_files)
+                                   find_resume_checkpoint, load_checkpoint, tokenizer_contents,
+                                   tokenizer_files)
 from ratrain.rt.data import (Batches, DataError, prepare_program_text_data, text_settings,
                              token_stream_identity, training_rows)
 from ratrain.rt.evaluate import due, evaluate, held_out
@@ -105,8 +106,8 @@ def checkpoint_contents(args, manifest: dict, config: dict, stream: dict) -> dic
     loads]) and the identity of the token stream (NOTE [token stream identity])."""
     hf_config = manifest.get("model", {}).get("hf_config") or config
     return {"config": export_config(hf_config),
-            "tokenizer": tokenizer_files(getattr(args, "tokenizer", None), args.resume,
-                                         args.init_from),
+            "tokenizer": tokenizer_contents(tokenizer_files(
+                getattr(args, "tokenizer", None), args.resume, args.init_from)),
             "token_stream": stream}
 
 

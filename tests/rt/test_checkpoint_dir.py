@@ -176,7 +176,7 @@ def test_a_tokenizer_file_given_by_another_name_is_saved_as_tokenizer_json(tmp_p
     bpe.write_text('{"model": {"type": "BPE"}}')
     path = tmp_path / "save" / ck.checkpoint_name(4)
     ck.finish_checkpoint(SimpleNamespace(stages=((0,),)), ck.staging_dir(path), path, {},
-                         {"step": 4}, ck.tokenizer_files(str(bpe)))
+                         {"step": 4}, ck.tokenizer_contents(ck.tokenizer_files(str(bpe))))
     assert (path / "tokenizer.json").read_text() == bpe.read_text()
     assert not (path / "my-bpe.json").exists()
 

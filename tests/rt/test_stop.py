@@ -259,14 +259,19 @@ def test_sigterm_then_train_resume_of_a_tied_bpe_model_on_text_is_exact(tmp_path
     """Issue 25's case: a tied LLaMA with its own BPE tokenizer.json, trained on text,
     SIGTERM mid-run, then `ratrain train --resume RUN` with no other option: the run
     continues in place, one metrics.jsonl, losses equal to an uninterrupted run's (fp32),
-    and its checkpoints carry the model's tokenizer (not byte tokens)."""
+    and its checkpoints carry the model's tokenizer (not byte tokens). With --save-every 5
+    --keep-last 3, the resumed run's saves rotate out the checkpoint it resumed from and go
+    on landing (issue 41, item 0: the next save failed copying that one's tokenizer), and
+    the last of them equals the uninterrupted run's last, byte for byte."""
     from run_dir_fixtures import text, write_model_dir
     model = write_model_dir(tmp_path / "model", weights=False)
     (tmp_path / "train.txt").write_text(text(400, 1))
     steps = 150  # a step takes milliseconds: enough of them that the signal lands mid-run
     train = ["--model", model, "--data", tmp_path / "train.txt", "--steps", steps,
-             "--seq-len", 32, "--global-batch", 4, "--precision", "fp32"]
-    whole = subprocess.run(cli("train", *train, "--out", tmp_path / "whole"),
+             "--seq-len", 32, "--global-batch", 4, "--precision", "fp32",
+             "--save-every", 5, "--keep-last", 3]
+    whole_dir = tmp_path / "whole"
+    whole = subprocess.run(cli("train", *train, "--out", whole_dir),
                            capture_output=True, text=True, timeout=600)
     assert whole.returncode == 0, whole.stderr
 
@@ -288,3 +293,11 @@ def test_sigterm_then_train_resume_of_a_tied_bpe_model_on_text_is_exact(tmp_path
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     assert losses(run_dir / "metrics.jsonl") == losses(tmp_path / "whole" / "metrics.jsonl")
+    assert last + 15 < steps, "too few saves after the resume to rotate its checkpoint out"
+    kept = [sorted(p.name for p in (d / "checkpoints").iterdir()) for d in (run_dir, whole_dir)]
+    assert kept[0] == kept[1] == [f"step-{s:06d}" for s in (steps - 10, steps - 5, steps)]
+    finals = [d / "checkpoints" / f"step-{steps:06d}" for d in (run_dir, whole_dir)]
+    names = sorted(p.name for p in finals[0].iterdir())
+    assert names == sorted(p.name for p in finals[1].iterdir()) and "tokenizer.json" in names
+    for name in names:
+        assert (finals[0] / name).read_bytes() == (finals[1] / name).read_bytes(), name
