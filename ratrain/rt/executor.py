@@ -20,6 +20,7 @@ from ratrain.program_format.table import FORWARD_KINDS, FORWARD_ROW, NativeStep,
 from ratrain.rt import comm
 from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds, skips
 from ratrain.rt.program import stage_code
+from ratrain.rt.trace import StepClock
 
 KERNEL_STATUS = {-1: "bad arguments", -2: "scratch too small", -3: "ISA unavailable"}
 
@@ -205,21 +206,31 @@ class RankExecutor:
     def _run_row(self, row: _Row) -> None:
         start = time.perf_counter()
         self._count_live(row)
-        self._run_steps(row)
-        if self.trace is not None:
-            self.trace.record(row.task, self.step, start, time.perf_counter())
+        if self.trace is None:
+            self._run_steps(row)
+            return
+        clock = StepClock()
+        self._run_steps(row, clock)
+        self.trace.record(row.task, self.step, start, time.perf_counter(), clock)
 
-    def _run_steps(self, row: _Row) -> None:
-        """The row's calls, letting MPI progress after each."""
-        for step in row.steps:
+    def _run_steps(self, row: _Row, clock=None) -> None:
+        """The row's calls, letting MPI progress after each; `clock` (a trace's StepClock)
+        times each step's wait for its operands and its run (NOTE [calls in the trace])."""
+        for i, step in enumerate(row.steps):
             if isinstance(step, _Native):
-                self._run_native(row.task, step)
+                self._run_native(row.task, step, clock and clock.at(i, len(step.calls)))
             elif skips(self.state, step):  # NOTE [commit rule]: no wait for its buffers
                 pass
             else:
+                if clock:
+                    clock.at(i, 1)
                 self.position = (row.task, step)
                 self._clear_hazards(step, self._ranges(step.inputs + step.outputs))
+                if clock:
+                    clock.waited()
                 run_call(self, self.state, step)
+                if clock:
+                    clock.ran()
             self.pending = comm.drive_progress(self.in_flight + self.sends)
 
     def settle(self) -> None:
@@ -234,10 +245,14 @@ class RankExecutor:
         if self.progress is not None:
             self.progress.stop()
 
-    def _run_native(self, task, step: _Native) -> None:
+    def _run_native(self, task, step: _Native, clock=None) -> None:
         self.position = (task, step.calls[0])
         self._clear_hazards(step.calls[0], step.ranges)
+        if clock:
+            clock.waited()
         failed, status = self._call_native(step)
+        if clock:
+            clock.ran()
         if failed >= 0:
             self.position = (task, step.calls[failed])
             raise KernelError(f"kernel status {status} "

@@ -9,17 +9,55 @@ import time
 from pathlib import Path
 
 
+# NOTE [calls in the trace]: a task's wall time mixes the kernels it runs with its waits
+# for messages and collectives, and one task runs several kernels of different shapes, so
+# a per-task time cannot say what one kernel took in the run. Each task event therefore
+# also carries its steps (args.calls): for each native function or runtime call the row
+# ran, [index of the step in the row, how many lowered calls it runs, microseconds spent
+# waiting for its operands (the hazard rule: in-flight receives and collectives), then
+# microseconds running]. A native step runs consecutive lowered calls of the task, a
+# runtime call one, so the steps partition the task's lowered calls in order: what
+# `ratrain calibrate --from` (calibrate/from_trace.py) sets beside the simulator's charge
+# for the same calls. Steps the commit rule skips are not listed.
+
+
+class StepClock:
+    """The step times of one traced row (NOTE [calls in the trace])."""
+
+    def __init__(self):
+        self.calls: list[list[float]] = []
+        self._step = self._calls = 0
+        self._start = self._ready = 0.0
+
+    def at(self, step: int, calls: int) -> "StepClock":
+        """Step `step` of the row, running `calls` lowered calls, begins now."""
+        self._step, self._calls, self._start = step, calls, time.perf_counter()
+        return self
+
+    def waited(self) -> None:
+        """Its operands are ready: the wait ends, the run begins."""
+        self._ready = time.perf_counter()
+
+    def ran(self) -> None:
+        end = time.perf_counter()
+        self.calls.append([self._step, self._calls, round((self._ready - self._start) * 1e6, 1),
+                           round((end - self._ready) * 1e6, 1)])
+
+
 class TaskTrace:
-    """Complete ("X") events of one rank: name = task text, args = step."""
+    """Complete ("X") events of one rank: name = task text, args = step and the steps'
+    times (NOTE [calls in the trace])."""
 
     def __init__(self, rank: int, stage: int):
         self.rank, self.stage, self.events = rank, stage, []
         self.origin = time.perf_counter()
 
-    def record(self, task, step: int, start: float, end: float) -> None:
+    def record(self, task, step: int, start: float, end: float,
+               clock: StepClock | None = None) -> None:
+        args = {"step": step} if clock is None else {"step": step, "calls": clock.calls}
         self.events.append({"name": str(task), "ph": "X", "pid": self.rank, "tid": 0,
                             "ts": (start - self.origin) * 1e6, "dur": (end - start) * 1e6,
-                            "args": {"step": step}})
+                            "args": args})
 
     def write(self, directory: str) -> Path:
         path = Path(directory) / f"trace-rank{self.rank}.json"
