@@ -39,6 +39,12 @@ def cmd_calibrate(args) -> None:
     out = Path(args.output)
     if out.suffix != ".json":
         raise UserError(f"-o {out}: a profile is a .json file")
+    if args.traces:
+        _calibrate_from(args, out)
+        return
+    if args.program or args.hw:
+        raise UserError("--program and --hw go with --from TRACE (calibrating from a traced "
+                        "run); leave them out to measure this machine")
     load = os.getloadavg()[0]
     print(f"calibrating this machine (1-minute load average {load:.2f}"
           + (": other processes make the times slower and noisier)" if load > BUSY_LOAD
@@ -51,6 +57,27 @@ def cmd_calibrate(args) -> None:
     write_profile(profile, out)
     load_profile(out)
     print(summary(profile, out, time.perf_counter() - started))
+
+
+def _calibrate_from(args, out: Path) -> None:
+    """NOTE [traced rows]: the base profile (--hw, else the one the first traced program
+    was compiled for) with what the traced runs measured."""
+    from ratrain.calibrate.from_trace import traced_profile, traced_runs
+    from ratrain.inputs import load_hw
+    from ratrain.programs import is_program_dir, read_manifest
+    runs = traced_runs(args.traces, args.program)
+    if args.hw:
+        base = load_hw(args.hw)
+    elif is_program_dir(runs[0].program):
+        base = read_manifest(runs[0].program)["hw"]
+    else:
+        raise UserError(f"{runs[0].program} is not a program directory; pass --program DIR")
+    profile = traced_profile(base, runs, args.skip_steps)
+    write_profile(profile, out)
+    rows = [entry.get("traced", {}).get("calls", {})
+            for entry in [profile, *profile.get("threads", {}).values()]]
+    print(f"wrote {out}: {sum(map(len, rows))} traced rows from {len(runs)} run"
+          f"{'s' * (len(runs) != 1)} over {base.get('name', 'the base profile')}'s costs")
 
 
 def summary(profile: dict, path: Path, seconds: float) -> str:
@@ -83,4 +110,17 @@ def add_calibrate_parser(sub) -> None:
                    "back and swept, and the simulator charges a call between the two by how "
                    "much of its operands the rank's cache share still holds; the optimizer "
                    "and other calls over the whole model's state are always swept)")
+    p.add_argument("--from", dest="traces", action="append", default=[], metavar="TRACE",
+                   help="calibrate from a traced run instead of measuring: the directory "
+                   "`ratrain run DIR --trace TRACE` wrote (repeatable); what each kernel "
+                   "shape and runtime call took there is written into the profile as "
+                   "traced rows, which the simulator charges before any microbenchmark "
+                   "case (docs/DESIGN.md 7)")
+    p.add_argument("--program", default=None, metavar="DIR", help="with --from: the "
+                   "program directory that was traced (default: the one the trace names)")
+    p.add_argument("--hw", default=None, metavar="PROFILE", help="with --from: the profile "
+                   "to add the traced rows to (default: the one the program was compiled "
+                   "for)")
+    p.add_argument("--skip-steps", type=int, default=2, metavar="N", help="with --from: "
+                   "leave each trace's first N steps out (default: 2)")
     p.set_defaults(func=cmd_calibrate)

@@ -206,7 +206,7 @@ def train(args, comms, job: dict) -> int:
     if program.options.precision == "fp16":  # overflow is expected: the scaler skips the step
         np.seterr(over="ignore", invalid="ignore")
     if args.trace:
-        executor.trace = TaskTrace(comms.rank, st.stage)
+        executor.trace = TaskTrace(comms.rank, st.stage, args.program)
     log = MetricsLog(args.metrics if comms.rank == 0 else None, args.steps,
                      job["throughput"])
     tokens_per_step = batches.global_batch * program.options.seq_len

@@ -21,6 +21,9 @@ from pathlib import Path
 # for the same calls. Steps the commit rule skips are not listed.
 
 
+PROGRAM_EVENT = "ratrain_program"       # metadata event naming the traced program's directory
+
+
 class StepClock:
     """The step times of one traced row (NOTE [calls in the trace])."""
 
@@ -48,8 +51,11 @@ class TaskTrace:
     """Complete ("X") events of one rank: name = task text, args = step and the steps'
     times (NOTE [calls in the trace])."""
 
-    def __init__(self, rank: int, stage: int):
+    def __init__(self, rank: int, stage: int, program: str | None = None):
+        """`program`: the directory of the program traced, recorded for `ratrain calibrate
+        --from` (PROGRAM_EVENT)."""
         self.rank, self.stage, self.events = rank, stage, []
+        self.program = str(Path(program).resolve()) if program else None
         self.origin = time.perf_counter()
 
     def record(self, task, step: int, start: float, end: float,
@@ -64,5 +70,7 @@ class TaskTrace:
         path.parent.mkdir(parents=True, exist_ok=True)
         label = {"name": "process_name", "ph": "M", "pid": self.rank,
                  "args": {"name": f"rank {self.rank} (stage {self.stage})"}}
-        path.write_text(json.dumps({"traceEvents": [label] + self.events}))
+        meta = [{"name": PROGRAM_EVENT, "ph": "M", "pid": self.rank,
+                 "args": {"program": self.program}}] if self.program else []
+        path.write_text(json.dumps({"traceEvents": [label] + meta + self.events}))
         return path

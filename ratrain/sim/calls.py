@@ -21,15 +21,34 @@ from ratrain.sim.collectives import collective_cost
 from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
                                gather_start_seconds, grad_scatter, link_host_seconds,
                                memory_seconds, message_path, norm_seconds, norm_share_bytes,
-                               scatter_bytes, slot_elements, sync_finish_seconds,
+                               scatter_bytes, slot_elements, straggle_seconds,
+                               sync_finish_seconds,
                                tie_local_bytes, tie_sum_seconds, undo_copy_bytes,
                                update_seconds, view_gather)
-from ratrain.sim.kernels import cold_profile, graph_seconds
+from ratrain.sim.kernels import cold_profile, graph_seconds, traced_seconds, whole_node_key
 from ratrain.sim.residency import cold_fractions
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
                                WorldSum, posted_receive, send_channel)
 
 ASYNC_CALLS = ("grad_sync", "grad_scatter", "prefetch_view", "gather_view")
+
+
+# runtime calls whose Compute steps are not what their traced run time holds: a posted
+# receive and a send's copy run beside transfers; a redo never runs in a committed step
+UNTRACED_RUNTIME_CALLS = ("post_recv", "redo_update")
+
+
+# where in the step a call runs, or a value it writes, not how much it computes
+PLACE_PARAMS = ("layers", "use", "micro_batch", "value")
+
+
+def runtime_key(call, precision: str) -> tuple:
+    """A runtime call's traced-row key (NOTE [traced rows]): precision, op, params and
+    the dtype and shape of every slot it reads and writes; its arena places left out, so
+    a call of the same shapes in another program is the same row."""
+    slots = ";".join(f"{s.dtype}{list(s.shape)}" for s in _slots(call.inputs) + list(call.outputs))
+    params = ",".join(f"{k}={v}" for k, v in call.params if k not in PLACE_PARAMS)
+    return precision, call.op, params, slots
 
 
 def _slots(values) -> list:
@@ -136,18 +155,32 @@ class ProfileCosts:
     def _call_steps(self, task, call, cursor) -> list[Step]:
         handler = _RUNTIME_CALLS.get(call.op)
         if handler is not None:
-            return handler(self, task, call)
+            steps = handler(self, task, call)
+            traced = self._traced_runtime(call, steps)
+            return steps if traced is None else [Compute(traced)]
         if lookup_rule(call.op) is not None:
             return [Compute(self._ir_seconds(task, call, cursor))]
-        return _memory_bound(self, task, call)
+        return self._traced_or(call, _memory_bound(self, task, call))
 
-    def _ir_seconds(self, task, call, cursor) -> float:
-        """The roofline of the graph node this call runs: the next node of the layer's
-        graph with the call's op (lower emits a layer's calls in node order)."""
+    def _traced_runtime(self, call, steps) -> float | None:
+        """A traced run's time of a runtime call that only computes (NOTE [traced rows])."""
+        if "traced" not in self.profile or not all(isinstance(s, Compute) for s in steps):
+            return None
+        return traced_seconds(self.profile, runtime_key(call, self.options.precision))
+
+    def _traced_or(self, call, steps):
+        traced = self._traced_runtime(call, steps)
+        return steps if traced is None else [Compute(traced)]
+
+    def _ir_node(self, task, call, cursor) -> tuple[str, str, int]:
+        """(layer kind, graph direction, node index) of the graph node this call runs: the
+        next node of the layer's graph with the call's op (lower emits a layer's calls in
+        node order)."""
         layer = call.layer
         kind = self.program.graph.layers[layer].kind
         backward = task.kind in GRAD_PRODUCERS and not call.note.endswith(RECOMPUTE_TAG)
-        ops, warm, cold = self._table(kind, self._direction(task) if backward else "fwd")
+        direction = self._direction(task) if backward else "fwd"
+        ops = self._table(kind, direction)[0]
         key = (layer, backward)
         i = cursor.get(key, 0)
         while i < len(ops) and ops[i] != call.op:
@@ -156,9 +189,40 @@ class ProfileCosts:
             raise ValueError(f"{task}: call {call.op} ({call.note}) matches no node of the "
                              f"{kind} graph in order")
         cursor[key] = i + 1
+        return kind, direction, i
+
+    def _ir_seconds(self, task, call, cursor) -> float:
+        """The cost of the graph node this call runs (sim/kernels.py), its cold part by
+        how much of its operands are still cached (NOTE [cache residency])."""
+        kind, direction, i = self._ir_node(task, call, cursor)
+        _, warm, cold = self._table(kind, direction)
         if cold is None:
             return warm[i]
         return warm[i] + self._cold.get((task, cursor["call"]), 0.0) * (cold[i] - warm[i])
+
+    def call_charges(self, task) -> list[tuple[float, tuple | None, float]]:
+        """For each lowered call of `task`, in order: (the compute seconds this model
+        charges it, the key of the traced row that would replace its cost, or None where
+        no row can (transfers, collectives, waits), and the share of the row's seconds the
+        call takes: a zb1 half of a backward GEMM takes its share). What `ratrain
+        calibrate --from` sets beside a traced run's times (NOTE [traced rows])."""
+        out, cursor = [], {}
+        for i, call in enumerate(self._calls[task.stage][task]):
+            cursor["call"] = i
+            if call.op not in _RUNTIME_CALLS and lookup_rule(call.op) is not None:
+                seconds = self._ir_seconds(task, call, dict(cursor))
+                kind, direction, n = self._ir_node(task, call, cursor)
+                key, share = whole_node_key(self.program.graph.kinds[kind], direction, n,
+                                            self.options.precision)
+                out.append((seconds / self.speeds[task.stage], key, share))
+                continue
+            steps = self._call_steps(task, call, cursor)
+            compute = all(isinstance(s, Compute) for s in steps) and \
+                call.op not in UNTRACED_RUNTIME_CALLS
+            out.append((sum(s.seconds for s in steps if isinstance(s, Compute))
+                        / self.speeds[task.stage],
+                        runtime_key(call, self.options.precision) if compute else None, 1.0))
+        return out
 
     def _direction(self, task) -> str:
         """Which graph a backward task's calls run: the whole backward, or zb1's input
@@ -196,7 +260,8 @@ class ProfileCosts:
         group = self._groups.setdefault(stage, dp_group(self.profile, self.options, stage))
         cost = collective_timed(self.profile, op, nbytes, group, self.algorithm)
         rate = cost.nbytes / cost.seconds if cost.seconds > 0 else 0.0
-        start = Start(tuple(buffers), cost.latency, cost.nbytes, finish, what, rate)
+        start = Start(tuple(buffers), cost.latency, cost.nbytes, finish, what, rate,
+                      straggle_seconds(self.profile, sum(group)))
         return [start] + self.host_steps(2 * cost.nbytes)
 
     def host_steps(self, nbytes: float) -> list[Step]:

@@ -7,6 +7,7 @@ compiled Programs, so it sits above passes; hw/ only loads the profiles it is gi
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -52,6 +53,35 @@ def collective_timed(profile: dict, op: str, nbytes: float, group: tuple[int, ..
     with `group[k]` members on node k (sim/collectives.node_collective)."""
     return node_collective(op, group, nbytes, node_of(profile),
                            algorithm or profile_algorithm(profile))
+
+
+# NOTE [stragglers]: a DP collective moves its bytes once the group's last member has
+# posted it, and replicas reach a collective at different moments (their ranks' kernels
+# and the node's memory run at different speeds from step to step: replicas of one stage
+# on a 16-core node reached their last all-reduces up to 0.4 s apart). The simulator
+# replays replica 0 as a typical replica, so a collective over D members starts, in
+# expectation, E[max of D arrivals] - E[one arrival] after it posts. With the arrivals
+# independent and normal with the standard deviation `arrival_spread` that traced runs
+# measured (calibrate/from_trace.py), that is arrival_spread x e(D), e(D) the expected
+# largest of D standard normal samples (0 for one member; 0.56, 1.03, 1.42, 1.77 for 2, 4,
+# 8, 16). The simulator charges it before the bytes move, on a `stragglers` lane that
+# `ratrain simulate` totals per stage. A profile without a traced spread charges none.
+@functools.lru_cache(maxsize=None)
+def expected_largest_normal(members: int) -> float:
+    """E[max of `members` independent standard normal samples], by quadrature."""
+    if members <= 1:
+        return 0.0
+    x = np.linspace(-10.0, 10.0, 20001)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    density = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return float(np.trapezoid(x * members * density * cdf ** (members - 1), x))
+
+
+def straggle_seconds(profile: dict, members: int) -> float:
+    """The expected wait of a collective over `members` replicas for the latest of them
+    (NOTE [stragglers])."""
+    spread = profile.get("traced", {}).get("arrival_spread")
+    return spread[0] * expected_largest_normal(members) if spread else 0.0
 
 
 def collective_seconds(profile: dict, op: str, members: int, nbytes: float,

@@ -201,9 +201,32 @@ def _streamed_seconds(measured, nbytes: float) -> float | None:
     return seconds * nbytes / largest
 
 
+def node_key(node: Node, precision: str, forward: Node | None = None) -> tuple:
+    """What a traced row of `node` is keyed by (NOTE [traced rows]): precision, op,
+    FLOPs, bytes and kernel_shape; `forward` is the partner of a `<op>_bwd` node."""
+    shaped = forward if forward is not None else node
+    flops = coarse_bwd_flops(forward) if forward is not None else node_flops(node)
+    return precision, node.op, flops, node_bytes(node), kernel_shape(shaped)
+
+
+def traced_seconds(profile: dict, key: tuple) -> float | None:
+    """What a traced run measured for a call of `key` (node_key's, or a runtime call's
+    runtime_key), None if no trace calibrated the profile had it (NOTE [traced rows])."""
+    return profile.get("traced", {}).get("calls", {}).get(key_text(key), (None,))[0]
+
+
+def key_text(key: tuple) -> str:
+    """A traced row's key as the profile's JSON holds it."""
+    return " ".join(str(part) for part in key)
+
+
 def node_seconds(node: Node, profile: dict, precision: str, forward: Node | None = None) -> float:
-    """Seconds of `node` (measured cost, else roofline); `forward` is the partner of a
-    `<op>_bwd` node."""
+    """Seconds of `node` (traced in a run, else measured cost, else roofline); `forward`
+    is the partner of a `<op>_bwd` node."""
+    if "traced" in profile:
+        traced = traced_seconds(profile, node_key(node, precision, forward))
+        if traced is not None:
+            return traced
     shaped = forward if forward is not None else node
     flops = coarse_bwd_flops(forward) if forward is not None else node_flops(node)
     found = measured_at(profile, precision, node.op)
@@ -260,3 +283,17 @@ def graph_seconds(kind, direction: str, profile: dict, precision: str) -> tuple[
     split, n_input = kind.split, len(kind.split.input_part.nodes)
     origin = split.origin[:n_input] if direction == "bwd_input" else split.origin[n_input:]
     return tuple(whole[i] * share for i, share in origin)
+
+
+def whole_node_key(kind, direction: str, i: int, precision: str) -> tuple[tuple, float]:
+    """(node_key of the whole node behind node `i` of a layer kind's `direction` graph, the
+    share of it that node is): graph_seconds' nodes, a zb1 half taking its share of the
+    backward node it comes from (NOTE [traced rows])."""
+    if direction == "fwd":
+        return node_key(kind.fwd.nodes[i], precision), 1.0
+    partners = backward_partners(kind.fwd, kind.bwd)
+    whole, share = i, 1.0
+    if direction != "bwd":
+        offset = 0 if direction == "bwd_input" else len(kind.split.input_part.nodes)
+        whole, share = kind.split.origin[offset + i]
+    return node_key(kind.bwd.nodes[whole], precision, partners[whole]), share

@@ -49,6 +49,11 @@ class Replay:
     def busy(self, rank: int) -> float:
         return sum(i.end - i.start for i in self.intervals[rank] if i.lane == "compute")
 
+    def straggle(self, rank: int) -> float:
+        """Seconds the rank's collectives waited for their latest replica (NOTE
+        [stragglers])."""
+        return sum(i.end - i.start for i in self.intervals[rank] if i.lane == STRAGGLE_LANE)
+
     @property
     def bubble_fraction(self) -> float:
         """Idle share of the compute streams over the step."""
@@ -64,6 +69,9 @@ class Replay:
         """From the end of the pipeline's last backward to the end of the step."""
         ends = [e for e in map(self.last_backward_end, self.ends) if e is not None]
         return max(0.0, self.step_time - max(ends)) if ends else 0.0
+
+
+STRAGGLE_LANE = "stragglers"            # intervals of a collective's wait for its latest replica
 
 
 @dataclass
@@ -221,8 +229,12 @@ class _Replayer:
             if buffer in state.in_flight:
                 yield from self._complete(rank, state.in_flight[buffer], str(task))
         op = _Op(step, task, Signal(self.engine))
-        self._transmit(rank, "dp", step.latency, step.nbytes, op.done, step.what or str(task),
-                       step.rate)
+        if step.straggle > 0:  # NOTE [stragglers]: the bytes move once the latest arrives
+            now = self.engine.now
+            state.intervals.append(Interval(STRAGGLE_LANE, now, now + step.straggle,
+                                            f"{step.what or task}: latest replica"))
+        self._transmit(rank, "dp", step.latency + step.straggle, step.nbytes, op.done,
+                       step.what or str(task), step.rate)
         state.ops.append(op)
         state.in_flight.update(dict.fromkeys(step.buffers, op))
         if not self.overlap:

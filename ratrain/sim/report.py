@@ -13,7 +13,8 @@ def stage_rows(sim) -> list[dict]:
     r, peaks = sim.replay, sim.memory_peaks()
     return [{"rank": rank, "stage": sim.stage_of(rank), "busy_s": r.busy(rank),
              "end_s": r.ends[rank], "last_backward_end_s": r.last_backward_end(rank),
-             "peak_bytes": peaks[rank]} for rank in sorted(r.ends)]
+             "straggle_s": r.straggle(rank), "peak_bytes": peaks[rank]}
+            for rank in sorted(r.ends)]
 
 
 def _record(sim, profile: dict) -> dict:
@@ -85,13 +86,17 @@ def format_summary(sim) -> str:
     budget = format_bytes(o.budget) if o.budget else "unlimited"
     lines = _headline(sim, sim.profile, sim.tokens_per_step)
     lines[-1] += _alone(sim)
+    rows = stage_rows(sim)
+    straggle = any(row["straggle_s"] for row in rows)  # NOTE [stragglers]
     lines += [
-        f"  {'stage':>5} {'busy s':>10} {'last B s':>10} {'end s':>10} {'peak':>10}  (budget {budget})"]
-    for row in stage_rows(sim):
+        f"  {'stage':>5} {'busy s':>10} {'last B s':>10} {'end s':>10} {'peak':>10}"
+        + (f" {'stragglers s':>12}" if straggle else "") + f"  (budget {budget})"]
+    for row in rows:
         last_b = row["last_backward_end_s"]
         lines.append(f"  {row['stage']:>5} {row['busy_s']:>10.4g} "
                      f"{'-' if last_b is None else f'{last_b:.4g}':>10} {row['end_s']:>10.4g} "
-                     f"{format_bytes(row['peak_bytes']):>10}")
+                     f"{format_bytes(row['peak_bytes']):>10}"
+                     + (f" {row['straggle_s']:>12.4g}" if straggle else ""))
     return "\n".join(lines)
 
 

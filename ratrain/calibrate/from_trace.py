@@ -1,0 +1,181 @@
+"""`ratrain calibrate --from TRACE`: what a traced run (`ratrain run DIR --trace TRACE`)
+really took for each kernel shape and runtime call, at the run's own concurrency, written
+into a profile as traced rows that the cost model prefers (NOTE [traced rows]).
+
+Reads every rank's trace (rt/trace.py: each task's steps with their wait and run times,
+NOTE [calls in the trace]), sets each step beside what the cost model charges the lowered
+calls it ran (sim/calls.ProfileCosts.call_charges) and keeps, per call key, the median
+over steps, tasks and ranks; the program is the one the trace names, or --program.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from ratrain.errors import UserError
+from ratrain.ir.tasks import Kind
+from ratrain.rt.trace import PROGRAM_EVENT
+from ratrain.sim.kernels import key_text
+
+SKIP_STEPS = 2                          # a run's first steps warm caches and allocators
+MIN_WAIT = 50e-6                        # a UPD whose every replica waited longer than this
+                                        # saw its all-reduce end at one moment for all
+
+# NOTE [arrival spread]: the replicas of a stage reach a collective at moments the trace
+# cannot set side by side (each rank's clock starts at its own first step), but they all
+# see it end at one moment, once the last has posted and the bytes have moved. So where
+# every replica waited at the UPD for its all-reduce, replica r arrived `wait_r` before
+# that moment, and the waits' standard deviation is the arrivals'. The median over the
+# run's UPDs and steps is the `arrival_spread` the cost model charges stragglers from
+# (NOTE [stragglers], sim/costs.py); a UPD some replica reached after the end (a wait of
+# about 0) says only that its arrival was late, and is left out.
+
+# NOTE [traced rows]: `ratrain calibrate` times each kernel alone, every rank sweeping its
+# cache at the same moment, a condition no run has (a 16-core node: the layers' F, B and
+# BL ran at 0.76-0.85x of what such a profile charged, the embedding's F in 1.4 ms where
+# 82.5 ms was charged). A traced run times the same kernels where they really run. So:
+# 1. Each step of a traced task (a native function of several lowered calls, or one
+#    runtime call) gives its run time, its wait for operands left out; the cost model
+#    charges its calls s_1..s_k, and the step's ratio r = run / (s_1 + ... + s_k)
+#    spreads the run over its calls in proportion to those charges.
+# 2. An IR call's row is its whole graph node (node_key: precision, op, FLOPs, bytes,
+#    kernel shape): a zb1 half of a backward GEMM, charged share x the whole, gives the
+#    whole r x s / share. A runtime call that only computes (AdamW, the copies) is keyed
+#    by its op, params and slot shapes (runtime_key); transfers, collectives and waits
+#    have no row: their time is the link's and the other ranks'.
+# 3. A row's seconds are the median of its samples over steps (after the first
+#    SKIP_STEPS), tasks and ranks. The profile keeps them under `traced` (in the `threads`
+#    entry of the run's threads per rank), with where they came from; the cost model
+#    (sim/kernels.node_seconds, ProfileCosts) charges a call its row where there is one,
+#    before any microbenchmark case, so a shape measured in one program serves every
+#    program that has it, and a program is never scored against its own trace by accident
+#    of a constant fitted to it: nothing is fitted, each row is a measured time.
+
+
+@dataclass(frozen=True)
+class TracedRun:
+    trace: Path                         # the directory of trace-rank<R>.json files
+    program: Path                       # the program directory that was traced
+
+
+def traced_runs(traces: list[str], program: str | None) -> list[TracedRun]:
+    """The runs `--from` names, each with its program: --program, else the one the trace
+    recorded (rt/trace.py PROGRAM_EVENT)."""
+    runs = []
+    for trace in map(Path, traces):
+        files = sorted(trace.glob("trace-rank*.json"))
+        if not files:
+            raise UserError(f"--from {trace}: no trace-rank<R>.json there; write them with "
+                            f"`ratrain run DIR --trace {trace}`")
+        recorded = next((e["args"]["program"] for e in _events(files[0], "M")
+                         if e.get("name") == PROGRAM_EVENT), None)
+        chosen = program or recorded
+        if chosen is None:
+            raise UserError(f"--from {trace} does not name its program (traced before "
+                            "ratrain recorded it): pass --program DIR")
+        runs.append(TracedRun(trace.resolve(), Path(chosen).resolve()))
+    return runs
+
+
+def _events(path: Path, phase: str = "X") -> list[dict]:
+    try:
+        return [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == phase]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is not a trace of `ratrain run --trace` ({e})") from None
+
+
+@dataclass
+class Samples:
+    """What one traced run measured (NOTE [traced rows], NOTE [stragglers])."""
+    calls: dict                         # row key -> seconds, a sample per call run
+    spreads: list                       # seconds: the replicas' arrival spread at a UPD
+    world: int                          # the program's ranks
+
+
+def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Samples:
+    """The samples of `run` after its first `skip` steps: one per call of every traced
+    step (NOTE [traced rows] 1-2) and one arrival spread per UPD all replicas waited in."""
+    from ratrain.compiler import recompile
+    from ratrain.programs import is_program_dir, read_manifest
+    from ratrain.sim.calls import ProfileCosts
+    from ratrain.sim.simulate import rank_profile
+    if not is_program_dir(run.program):
+        raise UserError(f"{run.program} (the program of --from {run.trace}) is not a program "
+                        "directory; pass --program DIR")
+    program = recompile(read_manifest(run.program))
+    costs = ProfileCosts(program, rank_profile(profile, program.options.world_size))
+    tasks = {stage: {str(t): t for t in stage_tasks}
+             for stage, stage_tasks in program.tasks.items()}
+    samples: dict[tuple, list[float]] = defaultdict(list)
+    charges: dict = {}
+    waits: dict[tuple, list[float]] = defaultdict(list)   # (stage, step, UPD) -> waits
+    for path in sorted(run.trace.glob("trace-rank*.json")):
+        for event in _events(path):
+            if event["args"].get("step", 0) <= skip or "calls" not in event["args"]:
+                continue
+            stage = program.coords(event["pid"])[0]
+            task = tasks[stage].get(event["name"])
+            if task is None:
+                raise UserError(f"{path} holds task {event['name']}, which stage {stage} of "
+                                f"{run.program} does not run: pass the traced program")
+            if task not in charges:
+                charges[task] = costs.call_charges(task)
+            _add_samples(samples, charges[task], event["args"]["calls"])
+            if task.kind == Kind.UPD:
+                waits[stage, event["args"]["step"], event["name"]].append(
+                    sum(step[2] for step in event["args"]["calls"]) * 1e-6)
+    dp = program.options.dp
+    spreads = [statistics.stdev(w) for w in waits.values() if dp > 1 and len(w) == dp
+               and min(w) > MIN_WAIT]
+    return Samples(samples, spreads, program.options.world_size)
+
+
+def _add_samples(samples: dict, charges: list, steps: list) -> None:
+    """Each traced step [index, calls, wait us, run us] of a task beside the charges of
+    the calls it ran (a step the trace does not list, skipped by the commit rule, ran one
+    runtime call)."""
+    position, previous = 0, -1
+    for index, count, _wait, run_us in steps:
+        position += index - previous - 1
+        group = charges[position:position + count]
+        position, previous = position + count, index
+        charged = sum(seconds for seconds, _, _ in group)
+        for seconds, key, share in group:
+            if key is None:
+                continue
+            if charged > 0:
+                samples[key].append(run_us * 1e-6 * seconds / charged / share)
+            elif count == 1:
+                samples[key].append(run_us * 1e-6)
+
+
+def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS) -> dict:
+    """`profile` with the traced rows of `runs` (NOTE [traced rows] 3): in the `threads`
+    entry the runs' ranks use, or at the top for a profile without one."""
+    from ratrain.sim.simulate import rank_profile
+    by_entry: dict = defaultdict(lambda: defaultdict(list))
+    spreads: dict = defaultdict(list)
+    for run in runs:
+        samples = call_samples(run, profile, skip)
+        entry = rank_profile(profile, samples.world).get("rank_threads")
+        for key, values in samples.calls.items():
+            by_entry[entry][key_text(key)].extend(values)
+        spreads[entry] += samples.spreads
+    out = json.loads(json.dumps(profile))
+    source = {"programs": [str(r.program) for r in runs], "traces": [str(r.trace) for r in runs],
+              "date": datetime.date.today().isoformat(), "machine": platform.node()}
+    for entry, rows in by_entry.items():
+        target = out if entry is None else out["threads"][str(entry)]
+        traced = target.setdefault("traced", {"calls": {}, "sources": []})
+        traced["calls"].update({key: [float(f"{statistics.median(values):.7g}"), len(values)]
+                                for key, values in sorted(rows.items())})
+        traced["sources"].append(source)
+        if spreads[entry]:  # NOTE [arrival spread]
+            traced["arrival_spread"] = [float(f"{statistics.median(spreads[entry]):.4g}"),
+                                        len(spreads[entry])]
+    return out

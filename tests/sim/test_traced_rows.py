@@ -1,0 +1,181 @@
+"""Traced rows (NOTE [traced rows], calibrate/from_trace.py): what a traced run took for
+each kernel shape and runtime call, written into a profile by `ratrain calibrate --from`
+and charged by the cost model in every program that has the shape. Checked on traces
+whose every call ran a known multiple of its charge, then on a real traced run."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from ratrain.calibrate.from_trace import TracedRun, _add_samples, traced_profile
+from ratrain.cli import main
+from ratrain.compiler import recompile
+from ratrain.hw import load_profile
+from ratrain.programs import read_manifest
+from ratrain.sim import simulate
+from ratrain.sim.calls import ProfileCosts
+from ratrain.sim.simulate import rank_profile
+
+SHAPE = ["tiny", "--seq-len", "32", "--micro-batch-size", "2", "--precision", "fp32"]
+
+
+def compiled(root, name, *flags):
+    out = root / name
+    assert main(["compile", *SHAPE, *flags, "-o", str(out)]) == 0
+    return out, recompile(read_manifest(out))
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("traced")
+    return {"pp2": compiled(root, "pp2", "--pp", "2", "--micro-batches", "4"),
+            "dp2": compiled(root, "dp2", "--pp", "1", "--dp", "2", "--micro-batches", "2"),
+            "zb1": compiled(root, "zb1", "--pp", "2", "--micro-batches", "4",
+                            "--pipeline-schedule", "zb1")}
+
+
+def charges(program, profile):
+    costs = ProfileCosts(program, rank_profile(profile, program.options.world_size))
+    return {task: costs.call_charges(task) for tasks in program.tasks.values()
+            for task in tasks}
+
+
+def write_traces(directory, path, program, factor, steps=4):
+    """Every rank's trace of `program` (directory `path`) as `ratrain run --trace` writes
+    it, each lowered call one step that ran `factor` x its charge on the cpu profile."""
+    directory.mkdir(parents=True, exist_ok=True)
+    charged = charges(program, load_profile("cpu"))
+    for stage, tasks in program.tasks.items():
+        for replica in range(program.options.dp):
+            rank, events = program.rank(stage, replica), []
+            for step in range(1, steps + 1):
+                for task in tasks:
+                    calls = [[i, 1, 5.0, seconds * factor * 1e6]
+                             for i, (seconds, _, _) in enumerate(charged[task])]
+                    events.append({"name": str(task), "ph": "X", "pid": rank, "tid": 0,
+                                   "ts": 0.0, "dur": 1.0, "args": {"step": step, "calls": calls}})
+            meta = {"name": "ratrain_program", "ph": "M", "pid": rank,
+                    "args": {"program": str(path)}}
+            (directory / f"trace-rank{rank}.json").write_text(
+                json.dumps({"traceEvents": [meta] + events}))
+
+
+def test_every_keyed_call_costs_what_the_trace_measured_in_every_program(programs, tmp_path):
+    """pp 2 ran every call at 1.5x its charge: the traced profile charges each call with
+    a row 1.5x its old charge, in pp 2 itself, in dp 2 (other micro-batches, one stage,
+    the same threads per rank) and in zb1 (whose B and W take their shares of the whole
+    backward node's row)."""
+    path, program = programs["pp2"]
+    write_traces(tmp_path / "t", path, program, 1.5)
+    base = load_profile("cpu")
+    traced = traced_profile(base, [TracedRun(tmp_path / "t", path)])
+    for name in ("pp2", "dp2", "zb1"):
+        before, after = charges(programs[name][1], base), charges(programs[name][1], traced)
+        keyed = 0
+        for task, calls in before.items():
+            for (old, key, _), (new, _, _) in zip(calls, after[task]):
+                if key is not None and old > 0 and rows_hold(traced, program, key):
+                    assert math.isclose(new, 1.5 * old, rel_tol=1e-5), (name, task, key)
+                    keyed += 1
+        assert keyed > 50, name
+    assert simulate(program, traced).step_time > 1.3 * simulate(program, base).step_time
+
+
+def rows_hold(profile, program, key) -> bool:
+    """Whether the traced rows `profile` holds for `program`'s threads per rank have `key`
+    (a runtime call of other shapes, a fill of another micro-batch count, has none)."""
+    rows = rank_profile(profile, program.options.world_size)["traced"]["calls"]
+    return " ".join(map(str, key)) in rows
+
+
+def test_a_step_of_several_calls_spreads_its_time_by_their_charges():
+    """Step 0 ran calls 0-1 (charged 1 and 3) in 8 s: 2 s and 6 s; step 1 was skipped (one
+    call, the commit rule's); step 2 ran call 3 alone in 5 s; a zb1 half (share 0.5) of
+    call 4 gives its whole node twice what it took."""
+    samples = {}
+    from collections import defaultdict
+    samples = defaultdict(list)
+    charged = [(1.0, "a", 1.0), (3.0, "b", 1.0), (9.0, "skipped", 1.0), (2.0, "c", 1.0),
+               (1.0, "d", 0.5), (0.0, None, 1.0)]
+    _add_samples(samples, charged, [[0, 2, 0.0, 8e6], [2, 1, 1.0, 5e6], [3, 2, 0.0, 4e6]])
+    assert dict(samples) == {"a": [2.0], "b": [6.0], "c": [5.0], "d": [8.0]}
+
+
+@pytest.mark.mpi
+def test_calibrate_from_a_traced_run(programs, tmp_path):
+    """`ratrain run --trace` names its program; `ratrain calibrate --from` finds it there,
+    writes a row for every kernel key the run had, and says where they came from."""
+    path, program = programs["pp2"]
+    run = subprocess.run([sys.executable, "-m", "ratrain.cli", "run", str(path), "--steps", "4",
+                          "--trace", str(tmp_path / "t")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert main(["calibrate", "--from", str(tmp_path / "t"), "-o", str(tmp_path / "p.json")]) == 0
+    profile = json.loads((tmp_path / "p.json").read_text())
+    entry = profile["threads"][str(rank_profile(profile, 2)["rank_threads"])] \
+        if "threads" in profile else profile
+    rows = entry["traced"]["calls"]
+    keys = {" ".join(map(str, key)) for calls in charges(program, load_profile("cpu")).values()
+            for _, key, _ in calls if key is not None}
+    assert keys - set(rows) <= {k for k in keys if " fill " in k or " copy " in k}
+    assert all(seconds > 0 and samples >= 2 for seconds, samples in rows.values())
+    assert entry["traced"]["sources"][0]["programs"] == [str(path.resolve())]
+
+
+def test_expected_latest_arrival_against_a_sampled_one():
+    """NOTE [stragglers]: e(D) by quadrature against the mean largest of D normal samples
+    (200,000 draws each: standard error under 0.002)."""
+    import numpy as np
+    from ratrain.sim.costs import expected_largest_normal
+    rng = np.random.default_rng(0)
+    assert expected_largest_normal(1) == 0.0
+    for members in (2, 4, 8, 16):
+        sampled = rng.standard_normal((200_000, members)).max(axis=1).mean()
+        assert abs(expected_largest_normal(members) - sampled) < 0.01, members
+
+
+def test_a_collective_waits_for_its_latest_replica(programs):
+    """A traced arrival spread of 200 ms: each all-reduce of dp 2 starts 200 ms x e(2)
+    late, on the stragglers lane the summary totals, and the step grows; none at dp 1."""
+    from ratrain.sim.costs import expected_largest_normal
+    from ratrain.sim.report import format_summary
+    base = load_profile("cpu")
+    spread = base | {"traced": {"calls": {}, "arrival_spread": [0.2, 7]}}
+    program = programs["dp2"][1]
+    before, after = simulate(program, base), simulate(program, spread)
+    each = 0.2 * expected_largest_normal(2)
+    waited = after.replay.straggle(program.rank(0, 0))
+    collectives = round(waited / each)
+    assert collectives >= 4 and math.isclose(waited, collectives * each, rel_tol=1e-9)
+    assert after.step_time > before.step_time and before.replay.straggle(0) == 0.0
+    assert "stragglers s" in format_summary(after) and "stragglers" not in format_summary(before)
+    pp2 = programs["pp2"][1]
+    assert simulate(pp2, spread).step_time == simulate(pp2, base).step_time
+
+
+def test_the_arrival_spread_is_the_replicas_waits_at_a_upd(programs, tmp_path):
+    """NOTE [arrival spread]: replicas waited 4 and 6 ms at every UPD (stdev 1.414 ms),
+    except one UPD a replica reached after its all-reduce ended (left out)."""
+    from ratrain.calibrate.from_trace import call_samples
+    from ratrain.ir.tasks import Kind
+    path, program = programs["dp2"]
+    write_traces(tmp_path / "t", path, program, 1.0)
+    for replica, wait in ((0, 4000.0), (1, 6000.0)):
+        file = tmp_path / "t" / f"trace-rank{program.rank(0, replica)}.json"
+        trace = json.loads(file.read_text())
+        for event in trace["traceEvents"][1:]:
+            late = replica == 1 and event["args"]["step"] == 4
+            if parse_kind(event["name"]) == Kind.UPD:
+                event["args"]["calls"][0][2] = 0.0 if late else wait
+        file.write_text(json.dumps(trace))
+    samples = call_samples(TracedRun(tmp_path / "t", path), load_profile("cpu"))
+    upds = sum(t.kind == Kind.UPD for t in program.tasks[0])
+    assert len(samples.spreads) == upds  # steps 3 and 4 (skip 2), step 4's all late
+    assert all(math.isclose(s, 1.4142136e-3, rel_tol=1e-6) for s in samples.spreads)
+
+
+def parse_kind(name):
+    from ratrain.ir.tasks import parse_task
+    return parse_task(name).kind
