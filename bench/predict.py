@@ -20,7 +20,10 @@ may pair a calibration and a run from different rounds) and the median of the ro
 errors are printed beside it.
 Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--rounds 3]
 [--seq-len 256] [--warmup 3] [--measure 9] [--measure-seconds 6] [--only NAME,...]
-[--keep DIR]; about 4 minutes per round on 2 idle cores."""
+[--keep DIR] [--calibrate-from NAME,NAME]; about 4 minutes per round on 2 idle cores.
+With --calibrate-from, those configurations are traced each round and the others are also
+predicted on the profile calibrated from their traces (NOTE [traced rounds]), printed
+after the microbenchmark profile's errors from the same runs."""
 import argparse
 import json
 import math
@@ -80,10 +83,12 @@ def measured_steps(args, predicted):
     return max(args.measure, math.ceil(args.measure_seconds / predicted))
 
 
-def measured_seconds(program, ranks, args, metrics, steps):
-    """Median step_seconds of `steps` steps after --warmup (the runtime's --metrics)."""
+def measured_seconds(program, ranks, args, metrics, steps, trace=None):
+    """Median step_seconds of `steps` steps after --warmup (the runtime's --metrics);
+    `trace`: a directory to trace the run into (NOTE [traced rows])."""
     metrics.unlink(missing_ok=True)
-    ratrain("run", program, "-n", ranks, "--steps", args.warmup + steps, "--metrics", metrics)
+    ratrain("run", program, "-n", ranks, "--steps", args.warmup + steps, "--metrics", metrics,
+            *(("--trace", trace) if trace else ()))
     times = [json.loads(l)["step_seconds"] for l in metrics.read_text().splitlines() if l]
     return statistics.median(times[args.warmup:])
 
@@ -107,17 +112,27 @@ def main():
     ap.add_argument("--wait", type=int, default=600, help="longest wait for it, seconds")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep programs, profiles "
                     "and metrics here (default: a temporary directory)")
+    ap.add_argument("--calibrate-from", default=None, metavar="NAMES", help="comma-"
+                    "separated configurations to trace each round and calibrate from "
+                    "(`ratrain calibrate --from`); the others are predicted on that profile "
+                    "too (NOTE [traced rounds])")
     args = ap.parse_args()
+    args.traced = args.calibrate_from.split(",") if args.calibrate_from else []
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(args.keep or scratch)
         work.mkdir(parents=True, exist_ok=True)
         chosen = args.only.split(",") if args.only else list(CONFIGS)
+        chosen += [n for n in args.traced if n not in chosen]
         if unknown := [n for n in chosen if n not in CONFIGS]:
             fail(f"--only: no configuration {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
         programs = {name: compile_config(args, work / f"config{i}", *CONFIGS[name][::2])
                     for i, name in enumerate(chosen)}
         rounds = [run_round(args, programs, work, r) for r in range(args.rounds)]
-        report(args, programs, rounds)
+        report(args, programs, [micro for micro, _ in rounds], "the microbenchmark profile")
+        if args.traced:
+            report(args, {n: p for n, p in programs.items() if n not in args.traced},
+                   [traced for _, traced in rounds], "the profile calibrated from the "
+                   f"traces of {', '.join(args.traced)} (NOTE [traced rounds])")
 
 
 def calibrate(args, out):
@@ -137,20 +152,36 @@ def compile_config(args, out, model, flags):
 
 
 def run_round(args, programs, work, r):
-    """{name: (predicted, measured)} of one round: calibrate (unless --hw), then run."""
+    """{name: (predicted, measured)} of one round: calibrate (unless --hw), then run; with
+    --calibrate-from, (traced prediction, measured) of the others too (NOTE [traced
+    rounds])."""
     hw = args.hw or calibrate(args, work / f"cpu-round{r + 1}.json")
-    figures = {}
-    for name, program in programs.items():
+    figures, traces = {}, []
+    for name, program in sorted(programs.items(), key=lambda kv: kv[0] not in args.traced):
         predicted = predicted_seconds(program, hw)
         steps = measured_steps(args, predicted)
         at = wait_for_idle(args.idle, args.wait)
+        trace = work / f"trace-{program.name}-{r + 1}" if name in args.traced else None
         measured = measured_seconds(program, CONFIGS[name][1], args,
-                                    work / f"metrics-{program.name}-{r + 1}.jsonl", steps)
+                                    work / f"metrics-{program.name}-{r + 1}.jsonl", steps, trace)
         figures[name] = (predicted, measured)
+        traces += [trace] if trace else []
         print(f"# round {r + 1} {name}: predicted {predicted:.4f} s, measured {measured:.4f} "
-              f"s, median of {steps} steps (load {at:.2f} before, {load():.2f} after)",
-              flush=True)
-    return figures
+              f"s, median of {steps} steps (load {at:.2f} before, {load():.2f} after)"
+              + (f", traced into {trace}" if trace else ""), flush=True)
+    if not traces:
+        return figures, {}
+    traced = work / f"traced-round{r + 1}.json"
+    ratrain("calibrate", *(f for t in traces for f in ("--from", t)), "--hw", hw, "-o", traced)
+    return figures, {name: (predicted_seconds(program, traced), figures[name][1])
+                     for name, program in programs.items() if name not in args.traced}
+
+
+# NOTE [traced rounds]: `--calibrate-from A,B` runs A and B traced in each round, first,
+# and calibrates from those traces over that round's microbenchmark profile (`ratrain
+# calibrate --from`, NOTE [traced rows]); every other configuration is then predicted on
+# both profiles and scored against the same measured run. A and B are never scored on
+# the traced profile: a program is never scored against its own trace.
 
 
 # NOTE [same-round pairs]: the headline error pairs each configuration's fastest run with
@@ -164,10 +195,11 @@ def run_round(args, programs, work, r):
 # calibration and its runs share the machine's state, as the acceptance asks ("calibrate
 # and measure under the same conditions"); the old pairing and the median of the rounds'
 # own errors are still printed.
-def report(args, programs, rounds):
+def report(args, programs, rounds, profile):
     flags = cpu_flags()
-    print(f"# global batch 4 x {args.seq_len} tokens, median step of at least "
-          f"{args.measure} and {args.measure_seconds:g} s of steps after {args.warmup}; each "
+    print(f"# predicted on {profile}: global batch 4 x {args.seq_len} tokens, median step "
+          f"of at least {args.measure} and {args.measure_seconds:g} s of steps after "
+          f"{args.warmup}; each "
           f"configuration's fastest run over {len(rounds)} round(s) "
           f"against its own round's prediction (NOTE [same-round pairs]), beside the "
           f"fastest prediction against the fastest run and the median of the rounds' own "

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ratrain.errors import UserError
-from ratrain.ir.tasks import Kind
+from ratrain.ir.tasks import Kind, parse_task
 from ratrain.rt.trace import PROGRAM_EVENT
 from ratrain.sim.kernels import key_text
 
@@ -26,14 +26,21 @@ SKIP_STEPS = 2                          # a run's first steps warm caches and al
 MIN_WAIT = 50e-6                        # a UPD whose every replica waited longer than this
                                         # saw its all-reduce end at one moment for all
 
-# NOTE [arrival spread]: the replicas of a stage reach a collective at moments the trace
+# NOTE [arrival drift]: the replicas of a stage reach a collective at moments the trace
 # cannot set side by side (each rank's clock starts at its own first step), but they all
 # see it end at one moment, once the last has posted and the bytes have moved. So where
 # every replica waited at the UPD for its all-reduce, replica r arrived `wait_r` before
-# that moment, and the waits' standard deviation is the arrivals'. The median over the
-# run's UPDs and steps is the `arrival_spread` the cost model charges stragglers from
-# (NOTE [stragglers], sim/costs.py); a UPD some replica reached after the end (a wait of
-# about 0) says only that its arrival was late, and is left out.
+# that moment, and the waits' standard deviation is the arrivals'. Each replica posted
+# that all-reduce (its SYNC) some time after the replicas last met (its last UPD of the
+# step before, on its own clock); the spread over the mean of that time is one sample of
+# the replicas' relative speed spread. Only a step's first UPD is such a sample: the
+# later ones wait behind it on the DP channel, after the replicas met at its end (on
+# the 16-core node, pp 4 x dp 4: 0.4-1.5 s apart at the first, 5-90 ms at the later
+# ones of the same step). The median over the run's stages and steps is
+# the `arrival_drift` the cost model charges stragglers from (NOTE [stragglers],
+# sim/costs.py). A UPD some replica reached after the end (a wait of about 0) says only
+# that it was late, and a UPD without a SYNC (ZeRO 2's reduce-scatters inside B) has no
+# post to time: both are left out.
 
 # NOTE [traced rows]: `ratrain calibrate` times each kernel alone, every rank sweeping its
 # cache at the same moment, a condition no run has (a 16-core node: the layers' F, B and
@@ -55,6 +62,10 @@ MIN_WAIT = 50e-6                        # a UPD whose every replica waited longe
 #    before any microbenchmark case, so a shape measured in one program serves every
 #    program that has it, and a program is never scored against its own trace by accident
 #    of a constant fitted to it: nothing is fitted, each row is a measured time.
+# 4. A task's wall time beyond its steps' (the runtime's loop between them, MPI progress
+#    after each) is spread over the lowered calls the traced steps ran: `call_overhead`,
+#    seconds per lowered call, which the simulator adds to every task by its calls (on
+#    2 vCPUs, tiny pp 2: 53 us a native step, 1.4% of the step).
 
 
 @dataclass(frozen=True)
@@ -93,13 +104,17 @@ def _events(path: Path, phase: str = "X") -> list[dict]:
 class Samples:
     """What one traced run measured (NOTE [traced rows], NOTE [stragglers])."""
     calls: dict                         # row key -> seconds, a sample per call run
-    spreads: list                       # seconds: the replicas' arrival spread at a UPD
+    drifts: list                        # _drift_samples' rows (NOTE [arrival drift])
     world: int                          # the program's ranks
+    dp: int = 1                         # its replicas
+    overhead: float = 0.0               # seconds inside tasks outside their steps
+    lowered_calls: int = 0              # lowered calls the traced steps ran
 
 
 def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Samples:
     """The samples of `run` after its first `skip` steps: one per call of every traced
-    step (NOTE [traced rows] 1-2) and one arrival spread per UPD all replicas waited in."""
+    step (NOTE [traced rows] 1-2), and each rank's waits at its UPDs (NOTE [arrival
+    drift])."""
     from ratrain.compiler import recompile
     from ratrain.programs import is_program_dir, read_manifest
     from ratrain.sim.calls import ProfileCosts
@@ -113,9 +128,11 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
              for stage, stage_tasks in program.tasks.items()}
     samples: dict[tuple, list[float]] = defaultdict(list)
     charges: dict = {}
-    waits: dict[tuple, list[float]] = defaultdict(list)   # (stage, step, UPD) -> waits
+    drifts: list = []
+    overhead, lowered = 0.0, 0
     for path in sorted(run.trace.glob("trace-rank*.json")):
-        for event in _events(path):
+        events = _events(path)
+        for event in events:
             if event["args"].get("step", 0) <= skip or "calls" not in event["args"]:
                 continue
             stage = program.coords(event["pid"])[0]
@@ -125,14 +142,60 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
                                 f"{run.program} does not run: pass the traced program")
             if task not in charges:
                 charges[task] = costs.call_charges(task)
-            _add_samples(samples, charges[task], event["args"]["calls"])
-            if task.kind == Kind.UPD:
-                waits[stage, event["args"]["step"], event["name"]].append(
-                    sum(step[2] for step in event["args"]["calls"]) * 1e-6)
-    dp = program.options.dp
-    spreads = [statistics.stdev(w) for w in waits.values() if dp > 1 and len(w) == dp
-               and min(w) > MIN_WAIT]
-    return Samples(samples, spreads, program.options.world_size)
+            steps = event["args"]["calls"]
+            _add_samples(samples, charges[task], steps)
+            overhead += (event["dur"] - sum(s[2] + s[3] for s in steps)) * 1e-6
+            lowered += sum(s[1] for s in steps)
+        drifts += _drift_samples(events, program, skip)
+    return Samples(samples, drifts, program.options.world_size, program.options.dp,
+                   overhead, lowered)
+
+
+def _drift_samples(events: list, program, skip: int) -> list:
+    """NOTE [arrival drift]: for each UPD of one rank's trace `events` after the first
+    `skip` steps, ((stage, step, layer), replica, its wait there, seconds from the rank's
+    last UPD of the step before to its SYNC)."""
+    ends: dict[int, float] = {}                     # step -> end of its last UPD
+    posts: dict[tuple, float] = {}                  # (step, layer) -> SYNC's start
+    upds = []
+    for event in events:
+        step, name = event["args"].get("step", 0), event["name"]
+        kind = _KINDS.setdefault(name, parse_task(name).kind)
+        if kind == Kind.UPD:
+            ends[step] = max(ends.get(step, 0.0), (event["ts"] + event["dur"]) * 1e-6)
+            upds.append(event)
+        elif kind == Kind.SYNC:
+            posts[step, parse_task(name).layer] = event["ts"] * 1e-6
+    out, seen = [], set()
+    for event in upds:  # in the order the rank ran them: the step's first UPD only
+        step, layer = event["args"]["step"], parse_task(event["name"]).layer
+        if step in seen:
+            continue
+        seen.add(step)
+        if step > skip and step - 1 in ends and (step, layer) in posts:
+            out.append(((program.coords(event["pid"])[0], step, layer), program.coords(
+                event["pid"])[1], sum(s[2] for s in event["args"]["calls"]) * 1e-6,
+                posts[step, layer] - ends[step - 1]))
+    return out
+
+
+_KINDS: dict = {}                               # task text -> its kind, parsed once
+
+
+def drift_samples(rows: list, dp: int) -> list[float]:
+    """One relative speed spread per UPD that every replica waited at (NOTE [arrival
+    drift]) from _drift_samples' rows of every rank."""
+    by_upd: dict = defaultdict(dict)
+    for key, replica, wait, elapsed in rows:
+        by_upd[key][replica] = (wait, elapsed)
+    out = []
+    for seen in by_upd.values():
+        if dp < 2 or len(seen) < dp or min(w for w, _ in seen.values()) <= MIN_WAIT:
+            continue
+        elapsed = statistics.mean(e for _, e in seen.values())
+        if elapsed > 0:
+            out.append(statistics.stdev(w for w, _ in seen.values()) / elapsed)
+    return out
 
 
 def _add_samples(samples: dict, charges: list, steps: list) -> None:
@@ -160,12 +223,15 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS)
     from ratrain.sim.simulate import rank_profile
     by_entry: dict = defaultdict(lambda: defaultdict(list))
     spreads: dict = defaultdict(list)
+    overheads: dict = defaultdict(lambda: [0.0, 0])
     for run in runs:
         samples = call_samples(run, profile, skip)
         entry = rank_profile(profile, samples.world).get("rank_threads")
         for key, values in samples.calls.items():
             by_entry[entry][key_text(key)].extend(values)
-        spreads[entry] += samples.spreads
+        spreads[entry] += drift_samples(samples.drifts, samples.dp)
+        overheads[entry][0] += samples.overhead
+        overheads[entry][1] += samples.lowered_calls
     out = json.loads(json.dumps(profile))
     source = {"programs": [str(r.program) for r in runs], "traces": [str(r.trace) for r in runs],
               "date": datetime.date.today().isoformat(), "machine": platform.node()}
@@ -175,7 +241,10 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS)
         traced["calls"].update({key: [float(f"{statistics.median(values):.7g}"), len(values)]
                                 for key, values in sorted(rows.items())})
         traced["sources"].append(source)
-        if spreads[entry]:  # NOTE [arrival spread]
-            traced["arrival_spread"] = [float(f"{statistics.median(spreads[entry]):.4g}"),
-                                        len(spreads[entry])]
+        seconds, calls = overheads[entry]
+        if calls:  # NOTE [traced rows] 4
+            traced["call_overhead"] = [float(f"{max(seconds, 0.0) / calls:.4g}"), calls]
+        if spreads[entry]:  # NOTE [arrival drift]
+            traced["arrival_drift"] = [float(f"{statistics.median(spreads[entry]):.4g}"),
+                                       len(spreads[entry])]
     return out

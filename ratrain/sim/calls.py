@@ -21,7 +21,7 @@ from ratrain.sim.collectives import collective_cost
 from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
                                gather_start_seconds, grad_scatter, link_host_seconds,
                                memory_seconds, message_path, norm_seconds, norm_share_bytes,
-                               scatter_bytes, slot_elements, straggle_seconds,
+                               scatter_bytes, slot_elements, straggle_rate,
                                sync_finish_seconds,
                                tie_local_bytes, tie_sum_seconds, undo_copy_bytes,
                                update_seconds, view_gather)
@@ -136,6 +136,10 @@ class ProfileCosts:
 
     def _task_steps(self, task):
         speed, cursor, touched = self.speeds[task.stage], {}, set()
+        overhead = self.profile.get("traced", {}).get("call_overhead")
+        if overhead:  # NOTE [traced rows] 4 (calibrate/from_trace.py)
+            runs = sum(not rollback_only(c) for c in self._calls[task.stage][task])
+            yield Compute(overhead[0] * runs / speed)
         for i, call in enumerate(self._calls[task.stage][task]):
             if rollback_only(call):  # the simulated step commits: NOTE [commit rule]
                 continue
@@ -261,7 +265,7 @@ class ProfileCosts:
         cost = collective_timed(self.profile, op, nbytes, group, self.algorithm)
         rate = cost.nbytes / cost.seconds if cost.seconds > 0 else 0.0
         start = Start(tuple(buffers), cost.latency, cost.nbytes, finish, what, rate,
-                      straggle_seconds(self.profile, sum(group)))
+                      straggle_rate(self.profile, sum(group)))
         return [start] + self.host_steps(2 * cost.nbytes)
 
     def host_steps(self, nbytes: float) -> list[Step]:

@@ -56,16 +56,19 @@ def collective_timed(profile: dict, op: str, nbytes: float, group: tuple[int, ..
 
 
 # NOTE [stragglers]: a DP collective moves its bytes once the group's last member has
-# posted it, and replicas reach a collective at different moments (their ranks' kernels
-# and the node's memory run at different speeds from step to step: replicas of one stage
-# on a 16-core node reached their last all-reduces up to 0.4 s apart). The simulator
-# replays replica 0 as a typical replica, so a collective over D members starts, in
-# expectation, E[max of D arrivals] - E[one arrival] after it posts. With the arrivals
-# independent and normal with the standard deviation `arrival_spread` that traced runs
-# measured (calibrate/from_trace.py), that is arrival_spread x e(D), e(D) the expected
-# largest of D standard normal samples (0 for one member; 0.56, 1.03, 1.42, 1.77 for 2, 4,
-# 8, 16). The simulator charges it before the bytes move, on a `stragglers` lane that
-# `ratrain simulate` totals per stage. A profile without a traced spread charges none.
+# posted it, and replicas run at different speeds (a 16-core node, pp 4 x dp 4: replica
+# 1's whole pipeline ran its F and B 20-25% slower, step after step, and the other
+# replicas waited 0.5-1.5 s for it at their first UPD of each step). Since the replicas
+# last met (their last collective's end), each has drifted from the typical replica by
+# its own relative speed times the time since: the simulator replays replica 0 as a
+# typical replica, so a collective over D members posted `t` seconds after the rank's
+# last collective ended starts, in expectation, t x arrival_drift x e(D) late, with
+# the replicas' relative speeds independent normal of standard deviation `arrival_drift`
+# (what traced runs measured, NOTE [arrival drift], calibrate/from_trace.py) and e(D)
+# the expected largest of D standard normal samples (0 for one member; 0.56, 1.03, 1.42,
+# 1.77 for 2, 4, 8, 16). The replay charges it before the bytes move, on a `stragglers`
+# lane that `ratrain simulate` totals per stage. A profile without a traced drift
+# charges none.
 @functools.lru_cache(maxsize=None)
 def expected_largest_normal(members: int) -> float:
     """E[max of `members` independent standard normal samples], by quadrature."""
@@ -77,11 +80,11 @@ def expected_largest_normal(members: int) -> float:
     return float(np.trapezoid(x * members * density * cdf ** (members - 1), x))
 
 
-def straggle_seconds(profile: dict, members: int) -> float:
-    """The expected wait of a collective over `members` replicas for the latest of them
-    (NOTE [stragglers])."""
-    spread = profile.get("traced", {}).get("arrival_spread")
-    return spread[0] * expected_largest_normal(members) if spread else 0.0
+def straggle_rate(profile: dict, members: int) -> float:
+    """Seconds a collective over `members` replicas waits, in expectation, for the latest
+    of them, per second since the rank's last collective ended (NOTE [stragglers])."""
+    drift = profile.get("traced", {}).get("arrival_drift")
+    return drift[0] * expected_largest_normal(members) if drift else 0.0
 
 
 def collective_seconds(profile: dict, op: str, members: int, nbytes: float,

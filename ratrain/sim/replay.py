@@ -91,6 +91,7 @@ class _RankState:
     ops: list = field(default_factory=list)         # _Ops in issue order
     sends: list = field(default_factory=list)       # arrival Signals of its messages
     world_sums: int = 0                              # WorldSums reached so far
+    met_at: float = 0.0                              # when its last collective ended
     tie_sums: int = 0                                # TieSums reached so far
 
 
@@ -229,11 +230,12 @@ class _Replayer:
             if buffer in state.in_flight:
                 yield from self._complete(rank, state.in_flight[buffer], str(task))
         op = _Op(step, task, Signal(self.engine))
+        now, late = self.engine.now, 0.0
         if step.straggle > 0:  # NOTE [stragglers]: the bytes move once the latest arrives
-            now = self.engine.now
-            state.intervals.append(Interval(STRAGGLE_LANE, now, now + step.straggle,
+            late = step.straggle * (now - state.met_at)
+            state.intervals.append(Interval(STRAGGLE_LANE, now, now + late,
                                             f"{step.what or task}: latest replica"))
-        self._transmit(rank, "dp", step.latency + step.straggle, step.nbytes, op.done,
+        self._transmit(rank, "dp", step.latency + late, step.nbytes, op.done,
                        step.what or str(task), step.rate)
         state.ops.append(op)
         state.in_flight.update(dict.fromkeys(step.buffers, op))
@@ -250,6 +252,7 @@ class _Replayer:
             if state.in_flight.get(buffer) is op:
                 del state.in_flight[buffer]
         yield from self._wait(rank, op.done, label)
+        state.met_at = max(state.met_at, self.engine.now)  # NOTE [stragglers]
         yield from self._compute(rank, f"{op.task} (finish)", op.step.finish)
 
     def _world_sum(self, rank: int, step: WorldSum, label: str):
@@ -261,6 +264,7 @@ class _Replayer:
         if entry[0] == len(self.schedule):
             entry[1].fire_after(step.seconds)
         yield from self._wait(rank, entry[1], label)
+        state.met_at = max(state.met_at, self.engine.now)  # NOTE [stragglers]
 
     def _tie_sum(self, rank: int, step: TieSum, label: str):
         """Blocking: ends `step.seconds` after the last tie stage has joined."""

@@ -34,8 +34,9 @@ class Start:
     what: str = ""                      # label in the trace ("reduce_scatter L3")
     rate: float = 0.0                   # B/s its bytes move at alone (NOTE [node
                                         # memory]); 0: the port's bandwidth
-    straggle: float = 0.0               # expected wait for the group's latest arrival
-                                        # (NOTE [stragglers])
+    straggle: float = 0.0               # expected wait for the group's latest member
+                                        # per second since the rank's last collective
+                                        # ended (NOTE [stragglers])
 
 
 @dataclass(frozen=True)

@@ -137,45 +137,49 @@ def test_expected_latest_arrival_against_a_sampled_one():
 
 
 def test_a_collective_waits_for_its_latest_replica(programs):
-    """A traced arrival spread of 200 ms: each all-reduce of dp 2 starts 200 ms x e(2)
-    late, on the stragglers lane the summary totals, and the step grows; none at dp 1."""
+    """A traced arrival drift of 100%: each all-reduce of dp 2 posted t seconds after the
+    rank's last collective ended starts e(2) x t late, on the stragglers lane the
+    summary totals, and the step grows; nothing changes at dp 1."""
     from ratrain.sim.costs import expected_largest_normal
+    from ratrain.sim.replay import STRAGGLE_LANE
     from ratrain.sim.report import format_summary
     base = load_profile("cpu")
-    spread = base | {"traced": {"calls": {}, "arrival_spread": [0.2, 7]}}
+    drift = base | {"traced": {"calls": {}, "arrival_drift": [1.0, 7]}}
     program = programs["dp2"][1]
-    before, after = simulate(program, base), simulate(program, spread)
-    each = 0.2 * expected_largest_normal(2)
-    waited = after.replay.straggle(program.rank(0, 0))
-    collectives = round(waited / each)
-    assert collectives >= 4 and math.isclose(waited, collectives * each, rel_tol=1e-9)
+    before, after = simulate(program, base), simulate(program, drift)
+    late = [i for i in after.replay.intervals[program.rank(0, 0)] if i.lane == STRAGGLE_LANE]
+    assert len(late) >= 4
+    assert all(i.end - i.start > 0 for i in late)
+    first = late[0]  # nothing met before it in the step: t is its post's time
+    assert math.isclose(first.end - first.start, expected_largest_normal(2) * first.start,
+                        rel_tol=1e-9)
     assert after.step_time > before.step_time and before.replay.straggle(0) == 0.0
     assert "stragglers s" in format_summary(after) and "stragglers" not in format_summary(before)
     pp2 = programs["pp2"][1]
-    assert simulate(pp2, spread).step_time == simulate(pp2, base).step_time
+    assert simulate(pp2, drift).step_time == simulate(pp2, base).step_time
 
 
-def test_the_arrival_spread_is_the_replicas_waits_at_a_upd(programs, tmp_path):
-    """NOTE [arrival spread]: replicas waited 4 and 6 ms at every UPD (stdev 1.414 ms),
-    except one UPD a replica reached after its all-reduce ended (left out)."""
-    from ratrain.calibrate.from_trace import call_samples
+def test_the_arrival_drift_is_the_replicas_waits_at_a_steps_first_upd(programs, tmp_path):
+    """NOTE [arrival drift]: at each step's first UPD the replicas waited 4 and 6 ms
+    (stdev 1.414 ms) after posting its SYNC 100 ms after their last UPD of the step
+    before: a drift of 1.414%, one sample per step from step 4 on (step 3 has no step
+    before it in the traced steps); later UPDs of a step are no samples."""
+    from ratrain.calibrate.from_trace import _drift_samples, drift_samples
     from ratrain.ir.tasks import Kind
     path, program = programs["dp2"]
-    write_traces(tmp_path / "t", path, program, 1.0)
+    rows = []
     for replica, wait in ((0, 4000.0), (1, 6000.0)):
-        file = tmp_path / "t" / f"trace-rank{program.rank(0, replica)}.json"
-        trace = json.loads(file.read_text())
-        for event in trace["traceEvents"][1:]:
-            late = replica == 1 and event["args"]["step"] == 4
-            if parse_kind(event["name"]) == Kind.UPD:
-                event["args"]["calls"][0][2] = 0.0 if late else wait
-        file.write_text(json.dumps(trace))
-    samples = call_samples(TracedRun(tmp_path / "t", path), load_profile("cpu"))
-    upds = sum(t.kind == Kind.UPD for t in program.tasks[0])
-    assert len(samples.spreads) == upds  # steps 3 and 4 (skip 2), step 4's all late
-    assert all(math.isclose(s, 1.4142136e-3, rel_tol=1e-6) for s in samples.spreads)
-
-
-def parse_kind(name):
-    from ratrain.ir.tasks import parse_task
-    return parse_task(name).kind
+        rank, now, events = program.rank(0, replica), 0.0, []
+        for step in range(1, 7):
+            for task in program.tasks[0]:
+                waited = wait if task.kind == Kind.UPD else 0.0
+                events.append({"name": str(task), "pid": rank, "ts": now, "dur": 1000.0,
+                               "args": {"step": step, "calls": [[0, 1, waited, 10.0]]}})
+                now += 100_000.0 if task.kind == Kind.SYNC else 1000.0
+        rows += _drift_samples(events, program, 2)
+    samples = drift_samples(rows, 2)
+    assert len(samples) == 4
+    elapsed = [e for _, r, _, e in rows if r == 0]
+    assert all(math.isclose(s, 1.4142136e-3 / e, rel_tol=1e-6)
+               for s, e in zip(samples, elapsed))
+    assert drift_samples([(k, r, 0.0 if r else w, e) for k, r, w, e in rows], 2) == []
