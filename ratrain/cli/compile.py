@@ -164,8 +164,9 @@ def write_pictures(program, profile: dict, args) -> None:
     if args.schedule_png:
         bars = schedule_png(program, args.schedule_png, cost=task_cost_model(program, profile),
                             unit="s")
-        print(f"wrote {args.schedule_png} ({bars} task bars, times from the {profile['name']} "
-              "profile in seconds)")
+        print(f"wrote {args.schedule_png} ({bars} task bars, a dry run's times from the "
+              f"{profile['name']} profile in seconds; `ratrain simulate DIR --schedule-png` "
+              "draws the simulated step)")
     if args.memory_png:
         stages = memory_png(program, args.memory_png)
         print(f"wrote {args.memory_png} ({stages} stages)")
