@@ -123,6 +123,19 @@ def simulate(program, profile: dict):
     return dry_run(schedule, lambda task: cost(base[task]))
 
 
+def simulated_step(graph, program, profile: dict):
+    """The simulated step of `program` on `profile`, the number `ratrain simulate DIR` and
+    the plan's row print: a periodic program's extended from replays of instances (NOTE
+    [periodic steps]), as the planner does, else the whole step replayed."""
+    from ratrain.sim import simulate as replay_step
+    from ratrain.sim.periodic import simulate_periodic
+    o = program.options
+    if not program.periods:
+        return replay_step(program, profile)
+    return simulate_periodic(lambda n: _compile_instance(graph, o, n, profile)[0],
+                             o.micro_batches, o.pp, profile)
+
+
 def other_schedule(schedule: str) -> str:
     return "baseline" if schedule == "ratrain" else "ratrain"
 

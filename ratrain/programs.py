@@ -43,16 +43,18 @@ def _stage_summary(program) -> list[dict]:
 
 
 def build_manifest(program, records, profile: dict, hashes: dict[str, str],
-                   hf_config: dict | None = None) -> dict:
+                   hf_config: dict | None = None, machine: dict | None = None) -> dict:
     """program.json; `hf_config` is the model's config as read (read_hf_config), kept
-    next to the filled-in one for the runtime's checkpoints."""
+    next to the filled-in one for the runtime's checkpoints; `machine` the machine it was
+    compiled for (NOTE [recorded machine], hw/machine.py), `profile` that machine's."""
     from ratrain.program_format.runtime import FORMAT
     o = program.options
     model = {"name": program.graph.name, "config": program.graph.config}
     return {
         "format": FORMAT, "ratrain_version": ratrain_version(),
         "model": model | ({"hf_config": hf_config} if hf_config is not None else {}),
-        "options": asdict(o), "hw": profile, "world_size": o.world_size,
+        "options": asdict(o), "hw": profile, "machine": machine or {},
+        "world_size": o.world_size,
         "ranks": {str(r): dict(zip(("stage", "replica"), program.coords(r)))
                   for r in range(o.world_size)},
         "stages": _stage_summary(program), "flops": step_flops(program, profile),

@@ -1,5 +1,6 @@
 """Byte sizes for people: one formatter for every report, error and picture, and one
-reader of the sizes users write (`--budget 20GB`)."""
+reader of the sizes users write (`--budget 20GB`); likewise the link bandwidths and
+latencies they write (`--inter-node-bandwidth 1.25GB/s`, `--link-latency 5us`)."""
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,48 @@ def parse_size(text: str) -> int:
     return nbytes
 
 
-def size_arg(text: str) -> int:
-    """parse_size as an argparse type: a bad size is a usage error naming the units."""
+def _arg(parse):
+    """`parse` as an argparse type: a bad value is a usage error saying what to give."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
+size_arg = _arg(parse_size)             # a bad size is a usage error naming the units
+
+
+RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(text: str) -> float:
+    """B/s from '61.7e6', '62MB/s', '500Mbit' or '0.5Gbit/s' (decimal prefixes)."""
+    match = re.fullmatch(r"([0-9.eE+-]+)\s*([kKmMgGtT]?)(B|bit|b)?(/s|ps)?", text.strip())
     try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        value = float(match.group(1)) if match else -1.0
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"bandwidth {text!r}: give bytes per second, e.g. 61.7e6, 62MB/s "
+                         "or 500Mbit")
+    scale = RATE_UNITS[match.group(2).lower()]
+    return value * scale / (8 if match.group(3) in ("bit", "b") else 1)
+
+
+def parse_latency(text: str) -> float:
+    """Seconds from '5e-6', '5us', '0.1ms' or '1s'."""
+    units = {"": 1, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+    match = re.fullmatch(r"([0-9.eE+-]+)\s*(s|ms|us|ns)?", text.strip())
+    try:
+        value = float(match.group(1)) if match else -1.0
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"latency {text!r}: give seconds, e.g. 5e-6, 5us or 0.1ms")
+    return value * units[match.group(2) or ""]
+
+
+bandwidth_arg = _arg(parse_bandwidth)
+latency_arg = _arg(parse_latency)

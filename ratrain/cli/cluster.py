@@ -8,18 +8,8 @@ what the links give and cost from two nodes, for `ratrain simulate --cluster NAM
 """
 from __future__ import annotations
 
-import argparse
-
+from ratrain.cli.options import add_options
 from ratrain.errors import UserError
-
-
-def link_type(parse):
-    def convert(text: str) -> float:
-        try:
-            return parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return convert
 
 
 def cmd_up(args) -> None:
@@ -94,7 +84,6 @@ def run_cluster_command(args) -> None:
 
 
 def add_cluster_parser(sub) -> None:
-    from ratrain.cluster.scaling import parse_bandwidth, parse_latency
     p = sub.add_parser("cluster", help="a bandwidth-constrained test cluster on this machine "
                        "(network namespaces on shaped links; needs root)",
                        description="One network namespace per node (shared by its MPI ranks), "
@@ -109,18 +98,16 @@ def add_cluster_parser(sub) -> None:
     size = up.add_mutually_exclusive_group(required=True)
     size.add_argument("-n", "--ranks", type=int, metavar="N",
                       help="MPI ranks in all: N / --ranks-per-node nodes")
-    size.add_argument("--nodes", type=int, metavar="N", help="node namespaces, each on "
-                      "its own shaped link")
-    up.add_argument("--ranks-per-node", type=int, default=1, metavar="R",
-                    help="MPI ranks each node runs, sharing its namespace and link "
-                    "(default: 1)")
-    up.add_argument("--link-bandwidth", type=link_type(parse_bandwidth), default=None,
-                    metavar="B", help="bytes/s of each link and direction, e.g. 62MB/s or "
-                    "500Mbit (default: the MT-3000's 3.7 GB/s scaled to this machine's "
-                    "rank compute rate)")
-    up.add_argument("--link-latency", type=link_type(parse_latency), default=None,
-                    metavar="S", help="one-way latency, e.g. 5us (default: the mt3000 "
-                    "profile's link_latency)")
+    add_options(size, "--nodes", nodes={"help": "node namespaces, each on its own shaped "
+                                          "link", "metavar": "N"})
+    add_options(up, "--ranks-per-node", "--link-bandwidth", "--link-latency",
+                ranks_per_node={"default": 1, "help": "MPI ranks each node runs, sharing its "
+                                "namespace and link (default: 1)"},
+                link_bandwidth={"help": "bytes/s of each link and direction, e.g. 62MB/s or "
+                                "500Mbit (default: the MT-3000's 3.7 GB/s scaled to this "
+                                "machine's rank compute rate)"},
+                link_latency={"help": "one-way latency, e.g. 5us (default: the mt3000 "
+                              "profile's link_latency)"})
     up.set_defaults(action=cmd_up)
     down = actions.add_parser("down", help="remove every namespace, link and qdisc of NAME")
     down.add_argument("name", metavar="NAME", help="the cluster's name, as given to up")

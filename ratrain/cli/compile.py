@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ratrain.cli.machine import describe_machine, planned_machine
 from ratrain.cli.options import DEFAULT_HW, HW_HELP, POLICY_FLAGS, add_options
 from ratrain.cli.plan import add_search_options, apply_plan
 from ratrain.cli.train_inputs import MAX_DEFAULT_MICRO_BATCHES
 from ratrain.compiler import (FLAGS, compile_graph, compile_other_schedule, other_schedule,
-                              recompile, resolve_options, simulate, trace_for)
+                              recompile, resolve_options, simulate, simulated_step,
+                              trace_for)
 from ratrain.errors import UserError
-from ratrain.inputs import load_hw, load_model, read_hf_config
+from ratrain.inputs import load_model, read_hf_config
 from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.plan_memory import format_bytes
 from ratrain.programs import (MANIFEST, build_manifest, check_output, pass_file,
@@ -48,21 +50,30 @@ def format_stage_memory(program) -> list[str]:
     return lines
 
 
+def format_simulated_step(sim, machine: str) -> list[str]:
+    """The simulated step: the number `ratrain simulate DIR` and the plan's row print."""
+    return [f"simulated step {sim.step_time:.4g} s on {machine}: {sim.tokens_per_s:,.0f} "
+            f"tokens/s, bubble {sim.bubble_fraction:.1%} (as `ratrain simulate DIR` prints "
+            "it; with --plan, the plan row's step)"]
+
+
 def format_dry_run(program, profile: dict, result) -> list[str]:
-    lines = [f"dry run on {profile['name']} ({'calibrated' if profile.get('calibrated') else 'uncalibrated'} "
-             f"profile): step {result.makespan:.4g} s, bubble {result.bubble_fraction:.1%}",
+    lines = [f"dry run (ordering check, not the step time) on {profile['name']} "
+             f"({'calibrated' if profile.get('calibrated') else 'uncalibrated'} profile): "
+             f"dry-run step {result.makespan:.4g} s, bubble {result.bubble_fraction:.1%}",
              f"  {'stage':>5} {'busy s':>10} {'exposed tail s':>15}"]
     lines += [f"  {s:>5} {result.busy[s]:>10.4g} {result.exposed_tail.get(s, 0.0):>15.4g}"
               for s in sorted(result.timeline)]
-    lines.append("  (dry run: each rank runs its tasks one after another, so a non-blocking "
-                 "SYNC does not overlap compute here; the simulator models that)")
+    lines.append("  (dry run: each rank runs its tasks one after another at the GEMM rate, "
+                 "so a non-blocking SYNC does not overlap compute here; the simulator models "
+                 "that, and the calls' own costs, for the simulated step above)")
     return lines
 
 
 def format_schedule_comparison(program, other, profile: dict, result) -> list[str]:
     """This program's peak and step time next to the other schedule's (or why it failed)."""
     mine = program.options.schedule
-    lines = ["ratrain vs baseline (same configuration):"]
+    lines = ["ratrain vs baseline (same configuration, dry run):"]
     runs = {mine: (program, result)}
     if isinstance(other, str):
         lines.append(f"  {other_schedule(mine)}: does not fit: {other}")
@@ -73,14 +84,17 @@ def format_schedule_comparison(program, other, profile: dict, result) -> list[st
             p, r = runs[schedule]
             lines.append(f"  {schedule:<9} peak {format_bytes(p.memory.peak_bytes)} (stage "
                          f"{p.memory.worst_stage}), arena {format_bytes(p.memory.arena_bytes)}, "
-                         f"step {r.makespan:.4g} s, bubble {r.bubble_fraction:.1%}")
+                         f"dry-run step {r.makespan:.4g} s, bubble {r.bubble_fraction:.1%}")
     return lines
 
 
-def format_report(program, records, profile: dict, graph) -> str:
+def format_report(program, records, profile: dict, graph, machine: str) -> str:
+    """--report: pass times, memory, the simulated step on the machine compiled for
+    (`machine` describes it), the dry run and ratrain vs baseline."""
     result = simulate(program, profile)
     other = compile_other_schedule(graph, program.options, profile)
     return "\n".join(format_pass_times(records) + format_stage_memory(program)
+                     + format_simulated_step(simulated_step(graph, program, profile), machine)
                      + format_dry_run(program, profile, result)
                      + format_schedule_comparison(program, other, profile, result))
 
@@ -91,9 +105,8 @@ def cmd_compile(args) -> None:
     config, name = load_model(args.model)
     out = Path(args.output)
     check_output(out, args.force)
-    apply_plan(args)  # with --plan, --hw may come from the --machine file
-    args.hw = args.hw or DEFAULT_HW
-    profile = load_hw(args.hw)
+    # with --plan, the machine planned for (--hw may come from the --machine file)
+    machine, base, profile = apply_plan(args) or planned_machine(args)
     if args.micro_batches is None:  # NOTE [default micro-batches]
         args.micro_batches = MAX_DEFAULT_MICRO_BATCHES
     options = resolve_options(config, profile, **{f: getattr(args, f) for f in FLAGS})
@@ -101,8 +114,9 @@ def cmd_compile(args) -> None:
     program, records = compile_graph(graph, options, expand=args.expand, profile=profile)
     files = program_files(program, records)
     hf_config = read_hf_config(args.model)
+    record = machine.record(base)  # NOTE [recorded machine]
     write_program_dir(out, files, lambda hashes: build_manifest(program, records, profile,
-                                                                hashes, hf_config),
+                                                                hashes, hf_config, record),
                       build=args.build)
     o = options
     print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}, "
@@ -110,7 +124,8 @@ def cmd_compile(args) -> None:
           f"{o.schedule} ({o.pipeline_schedule}), recompute {o.recompute}, zero {o.zero}, {o.precision} on {o.hw}: "
           f"peak {format_bytes(program.memory.peak_bytes)} per rank -> {out}")
     if args.report:
-        print(format_report(program, records, profile, graph))
+        machine_text = describe_machine(record, profile, o.world_size)
+        print(format_report(program, records, profile, graph, machine_text))
 
 
 def cmd_inspect_program(args) -> None:
@@ -149,8 +164,9 @@ def write_pictures(program, profile: dict, args) -> None:
     if args.schedule_png:
         bars = schedule_png(program, args.schedule_png, cost=task_cost_model(program, profile),
                             unit="s")
-        print(f"wrote {args.schedule_png} ({bars} task bars, times from the {profile['name']} "
-              "profile in seconds)")
+        print(f"wrote {args.schedule_png} ({bars} task bars, a dry run's times from the "
+              f"{profile['name']} profile in seconds; `ratrain simulate DIR --schedule-png` "
+              "draws the simulated step)")
     if args.memory_png:
         stages = memory_png(program, args.memory_png)
         print(f"wrote {args.memory_png} ({stages} stages)")

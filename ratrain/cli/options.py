@@ -16,7 +16,7 @@ from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISION_HELP, P
                                             PIPELINE_SCHEDULES, RECOMPUTE_POLICIES,
                                             SCHEDULES, UPDATE_RULES,
                                             CompileOptions)
-from ratrain.units import size_arg
+from ratrain.units import bandwidth_arg, latency_arg, size_arg
 
 DEFAULTS = CompileOptions()
 DEFAULT_SIMULATE = 3            # candidates the planner compiles and simulates at most
@@ -126,6 +126,29 @@ OPTIONS = {o.flag: o for o in (
            "step)", None, None, metavar="FILE"),
     Option("--clusters", "ranks (MT-3000 clusters) to plan for: pp x dp = N", positive_int,
            None, metavar="N"),
+    # the machine (hw/machine.py): plan and compile --plan plan for it, compile records
+    # it in program.json, simulate replays on the recorded one with these over it
+    Option("--machine", "a machine file: JSON with profile, nodes, ranks_per_node, "
+           "inter_node_bandwidth, inter_node_latency, node_memory_bandwidth, link_bandwidth, "
+           "link_latency, each optional (NOTE [machine file], docs/DESIGN.md 7.1); the "
+           "machine flags given override its fields", None, None, metavar="FILE"),
+    Option("--nodes", "nodes (hosts) of several ranks each: plan for K x ranks per node "
+           "ranks, the placement (which ranks share a node) searched with the rest; "
+           "simulate: DIR's ranks on K nodes", positive_int, None, metavar="K"),
+    Option("--ranks-per-node", "ranks sharing a node's memory and one network port "
+           "(default: the profile's ranks_per_node)", positive_int, None, metavar="R"),
+    Option("--inter-node-bandwidth", "bytes/s of a node's network port, shared by its "
+           "ranks, e.g. 1.25GB/s or 10Gbit (default: the profile's inter_node_bandwidth, "
+           "else its link_bandwidth)", bandwidth_arg, None, metavar="B"),
+    Option("--inter-node-latency", "seconds per message between nodes, e.g. 5us (default: "
+           "the profile's inter_node_latency, else its link_latency)", latency_arg, None,
+           metavar="S"),
+    Option("--link-bandwidth", "bytes/s between two ranks of a node (and between nodes, "
+           "where the profile gives no inter_node_bandwidth), replacing the profile's "
+           "link_bandwidth, e.g. 61.7MB/s (as `ratrain cluster up` takes it)", bandwidth_arg,
+           None, metavar="B"),
+    Option("--link-latency", "seconds per message between two ranks of a node, replacing "
+           "the profile's link_latency, e.g. 5us", latency_arg, None, metavar="S"),
     Option("--simulate", "compile and simulate at most the S best candidates by the "
            "analytic estimate, skipping those estimated over "
            f"{SIMULATION_MARGIN:.0%} slower than the best simulated (default: "
@@ -154,3 +177,8 @@ def add_options(parser, *flags: str, **changes) -> None:
 # runs on this machine's cpu profile)
 POLICY_FLAGS = ("--schedule", "--pipeline-schedule", "--recompute", "--zero", "--zero3-prefetch", "--budget",
                 "--precision", "--clip", "--update-rule")
+
+# the machine planned for and simulated on, each a field of hw/machine.Machine (with --hw,
+# its profile); plan, compile (with --plan) and simulate take them all
+MACHINE_FLAGS = ("--machine", "--nodes", "--ranks-per-node", "--inter-node-bandwidth",
+                 "--inter-node-latency", "--link-bandwidth", "--link-latency")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 
-from ratrain.cli.sim import add_bandwidth_latency, add_link_options
-from ratrain.cli.options import (DEFAULT_HW, DEFAULT_SIMULATE, HW_HELP, OPTIONS, add_options,
-                                 dest, positive_int)
+from ratrain.cli.machine import planned_machine
+from ratrain.cli.options import (DEFAULT_HW, DEFAULT_SIMULATE, HW_HELP, MACHINE_FLAGS,
+                                 OPTIONS, add_options, dest, positive_int)
 from ratrain.errors import UserError
-from ratrain.inputs import load_hw, load_model
+from ratrain.inputs import load_model
 from ratrain.models.config import default_seq_len
 from ratrain.planner.strategies import STRATEGIES
 from ratrain.program_format.options import SCHEDULES
@@ -32,44 +32,11 @@ SCHEDULE_PLAN_HELP = (
 
 # ---- running the planner ------------------------------------------------------------------
 
-def machine_for(args):
-    """The machine of --machine FILE with the node flags over it (hw/machine.py)."""
-    from ratrain.hw.machine import Machine, read_machine
-    from ratrain.hw.profiles import ProfileError
-    try:
-        machine = read_machine(args.machine) if args.machine else Machine()
-    except ProfileError as e:
-        raise UserError(str(e)) from None
-    return machine.updated(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
-                           inter_node_bandwidth=args.inter_node_bandwidth,
-                           inter_node_latency=args.inter_node_latency)
-
-
-def machine_profile(args) -> dict:
-    """The profile planned on: --hw (else the machine file's, else cpu) with --link-*
-    (plan only) and the machine's node fields over it; sets args.hw and, from --nodes,
-    args.clusters (which must then agree)."""
-    from ratrain.cluster.scaling import with_link
-    machine = machine_for(args)
-    if args.hw and machine.profile and args.hw != machine.profile:
-        raise UserError(f"--hw {args.hw} and --machine {args.machine}'s profile "
-                        f"{machine.profile} differ: give one of them")
-    args.hw = args.hw or machine.profile or DEFAULT_HW
-    profile = machine.over(with_link(load_hw(args.hw), getattr(args, "link_bandwidth", None),
-                                     getattr(args, "link_latency", None)))
-    ranks = machine.ranks(profile)
-    if ranks is not None and args.clusters not in (None, ranks):
-        raise UserError(f"--clusters {args.clusters} differs from the machine's {machine.nodes} "
-                        f"nodes x {ranks // machine.nodes} ranks: give one of them")
-    args.clusters = args.clusters or ranks
-    return profile
-
-
-def search_for(args, schedules: tuple[str, ...]):
-    """The planner's Search from the command's model, machine and batch flags."""
+def search_for(args, schedules: tuple[str, ...], profile: dict):
+    """The planner's Search from the command's model and batch flags on `profile`, the
+    machine's (cli/machine.planned_machine)."""
     from ratrain.planner import Search
     config, name = load_model(args.model)
-    profile = machine_profile(args)
     return Search(config, name, args.global_batch, args.seq_len or default_seq_len(config),
                   profile, args.budget or int(profile["usable_memory"]), schedules,
                   args.precision or profile.get("default_precision", "fp32"),
@@ -254,7 +221,7 @@ def cmd_plan(args) -> int:
     strategy = None if name in SCHEDULES + ("all",) else name
     schedules = SCHEDULES if name == "all" else \
         (STRATEGIES[strategy].schedule,) if strategy else (name,)
-    planner = Planner(search_for(args, schedules))
+    planner = Planner(search_for(args, schedules, planned_machine(args)[2]))
     if args.clusters is None and not args.min_clusters:
         raise UserError(f"--machine {args.machine} names no nodes: give --clusters N or "
                         "--nodes K")
@@ -281,9 +248,10 @@ PLANNED = ("--pp", "--dp", "--micro-batches", "--micro-batch-size", "--zero", "-
 UNPLANNED = ("--clip",)
 
 
-def apply_plan(args) -> None:
-    """compile --plan: set the parallel and policy options from the best row; without
-    --plan, refuse the planner's flags rather than ignore them."""
+def apply_plan(args):
+    """compile --plan: set the parallel and policy options from the best row and return
+    the machine planned for (cli/machine.planned_machine); without --plan, refuse the
+    planner's flags rather than ignore them, and return None."""
     if not args.plan:
         search_flags = [f for f in ("--clusters", "--global-batch", "--min-clusters",
                                     "--simulate", *MACHINE_FLAGS) if getattr(args, dest(f))]
@@ -292,14 +260,15 @@ def apply_plan(args) -> None:
             raise UserError(f"{', '.join(search_flags)} {verb} only the planner: add --plan "
                             f"to let it choose the layout, or drop {them} and give --pp, --dp "
                             "and --micro-batches yourself")
-        return
+        return None
     given = [flag for flag in PLANNED + UNPLANNED
              if getattr(args, dest(flag)) != OPTIONS[flag].default]
     if given:
         raise UserError(f"--plan chooses the configuration without {', '.join(given)}: "
                           "give either those or --plan")
     _check_search_flags(args)
-    search = search_for(args, (args.schedule,))
+    planned = planned_machine(args)
+    search = search_for(args, (args.schedule,), planned[2])
     plan = run_plan(search, args.clusters, args.min_clusters)
     if plan.best is None:
         raise UserError(f"no configuration of {plan.model} on {plan.clusters} rank(s) fits "
@@ -310,41 +279,20 @@ def apply_plan(args) -> None:
         setattr(args, dest(flag), OPTIONS[flag].default if value is None else value)
     args.seq_len = plan.seq_len
     print(f"planned for {plan.clusters} ranks: {best.candidate} ({_timing(best)})")
+    return planned
 
 
 # ---- argument parsers -------------------------------------------------------------------------
 
 def add_search_options(p, *, required: bool) -> None:
-    """--clusters, --min-clusters, --global-batch, --simulate: shared by plan and compile."""
+    """--clusters, --min-clusters, --global-batch, --simulate and the machine
+    (MACHINE_FLAGS): shared by plan and compile."""
     add_options(p, "--clusters")
     p.add_argument("--min-clusters", action="store_true", help="find the smallest cluster "
                    "count (up to --clusters, if given) at which a configuration fits, and "
                    "plan there")
     add_options(p, "--global-batch", "--simulate", global_batch={"required": required})
-    add_machine_options(p)
-
-
-MACHINE_FLAGS = ("--nodes", "--ranks-per-node", "--machine", "--inter-node-bandwidth",
-                 "--inter-node-latency")
-
-
-def add_machine_options(p) -> None:
-    """--nodes, --ranks-per-node, --inter-node-bandwidth/-latency, --machine: the machine
-    planned for (hw/machine.py), shared by plan and compile --plan."""
-    p.add_argument("--nodes", type=positive_int, default=None, metavar="K", help="nodes to plan "
-                   "for: --clusters K x ranks per node; the placement (which ranks share a "
-                   "node) is searched with the rest")
-    p.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="R",
-                   help="ranks sharing a node's memory and one network port (default: the "
-                   "profile's ranks_per_node)")
-    add_bandwidth_latency(p, "inter-node", "bytes/s of a node's network port, shared by its "
-                          "ranks, e.g. 1.25GB/s or 10Gbit (default: the profile's "
-                          "inter_node_bandwidth)", "seconds per message between nodes, e.g. "
-                          "5us (default: the profile's inter_node_latency)")
-    p.add_argument("--machine", default=None, metavar="FILE", help="a machine file: JSON with "
-                   "profile, nodes, ranks_per_node, inter_node_bandwidth, inter_node_latency, "
-                   "node_memory_bandwidth, each optional (docs/DESIGN.md 7.1); flags given "
-                   "override its fields")
+    add_options(p, *MACHINE_FLAGS)
 
 
 def add_plan_parser(sub, model_help: str) -> None:
@@ -365,7 +313,6 @@ def add_plan_parser(sub, model_help: str) -> None:
                 hw={"default": None, "help": f"{HW_HELP} (default: the --machine file's, "
                     f"else {DEFAULT_HW})"},
                 schedule={"choices": SCHEDULE_CHOICES, "help": SCHEDULE_PLAN_HELP})
-    add_link_options(p)
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="show the K best rows that fit (default: 10)")
     p.add_argument("--json", action="store_true", help="print the search and its rows as "

@@ -1,9 +1,10 @@
 """`ratrain simulate DIR`: one simulated training step of a compiled program directory.
 
 Rebuilds the Program from DIR's manifest (compiling is deterministic), replays one
-pipeline on a hardware profile (ratrain/sim) and prints step time, tokens/s, bubble,
-exposed tail and per-stage memory peaks; optionally a Chrome trace, the schedule picture
-and a JSON record.
+pipeline on the machine DIR was compiled for (NOTE [recorded machine]; the machine flags
+override it) with ratrain/sim and prints the simulated step time, tokens/s, bubble,
+exposed tail, per-stage memory peaks and the machine; optionally a Chrome trace, the
+schedule picture and a JSON record.
 """
 from __future__ import annotations
 
@@ -11,41 +12,38 @@ import json
 import sys
 from pathlib import Path
 
-from ratrain.cli.options import HW_HELP, add_options, non_negative_int
+from ratrain.cli.options import HW_HELP, MACHINE_FLAGS, add_options, non_negative_int
 from ratrain.errors import UserError
 from ratrain.hw.profiles import ALGORITHMS
-from ratrain.inputs import load_hw
 
 
-def _program_and_profile(args):
+def _program_and_machine(args):
+    """(manifest, the machine's record, the profile to simulate on): the machine DIR
+    records with the machine flags over it (NOTE [recorded machine]); --cluster's links
+    over that, and --link-* over those."""
+    from ratrain.cli.machine import program_machine
+    from ratrain.cluster.scaling import with_link
     from ratrain.programs import MANIFEST, is_program_dir, read_manifest
     directory = Path(args.program)
     if not is_program_dir(directory):
         raise UserError(f"{directory} is not a program directory (no {MANIFEST}); write "
                           "one with `ratrain compile MODEL -o DIR`")
     manifest = read_manifest(directory)
-    profile = load_hw(args.hw) if args.hw else manifest["hw"]
-    from ratrain.cluster.scaling import with_link
+    machine, profile = program_machine(manifest, args)
     if args.cluster:
-        profile = {**profile, **_cluster_link(args.cluster)}
-    return manifest, with_link(profile, args.link_bandwidth, args.link_latency)
+        profile = with_link({**profile, **_cluster_link(args.cluster)}, args.link_bandwidth,
+                            args.link_latency)
+    return manifest, machine, profile
 
 
-def add_link_options(p) -> None:
-    """--link-bandwidth and --link-latency (simulate and plan): with_link's overrides."""
-    add_bandwidth_latency(p, "link", "bytes/s of every link, replacing the profile's "
-                          "link_bandwidth, e.g. 61.7MB/s (as `ratrain cluster up` takes it)",
-                          "seconds per message, replacing the profile's link_latency, e.g. 5us")
-
-
-def add_bandwidth_latency(p, name: str, bandwidth_help: str, latency_help: str) -> None:
-    """--NAME-bandwidth and --NAME-latency, parsed as `ratrain cluster up` parses a link."""
-    from ratrain.cli.cluster import link_type
-    from ratrain.cluster.scaling import parse_bandwidth, parse_latency
-    p.add_argument(f"--{name}-bandwidth", type=link_type(parse_bandwidth), default=None,
-                   metavar="B", help=bandwidth_help)
-    p.add_argument(f"--{name}-latency", type=link_type(parse_latency), default=None,
-                   metavar="S", help=latency_help)
+def _machine_line(manifest: dict, machine: dict, profile: dict, args) -> str:
+    """Which machine the step was simulated on, and whether it is the one DIR records."""
+    from ratrain.cli.machine import describe_machine
+    from ratrain.cli.options import MACHINE_FLAGS, dest
+    changed = [f for f in ("--hw", *MACHINE_FLAGS, "--cluster") if getattr(args, dest(f))]
+    how = f"{', '.join(changed)} over the machine DIR records" if changed else \
+        "the machine DIR was compiled for"
+    return f"machine: {describe_machine(machine, profile, manifest['world_size'])} ({how})"
 
 
 def _cluster_link(name: str) -> dict:
@@ -60,18 +58,19 @@ def cmd_simulate(args) -> None:
     from ratrain.sim import simulate
     from ratrain.sim.report import format_summary, summary, write_schedule_png, write_trace
     from ratrain.compiler import recompile
-    manifest, profile = _program_and_profile(args)
+    manifest, machine, profile = _program_and_machine(args)
     how = dict(overlap=not args.serialize, algorithm=args.algorithm)
+    line = _machine_line(manifest, machine, profile, args)
     if manifest.get("periods") and not (args.trace or args.schedule_png or args.against):
-        _simulate_periodic(manifest, profile, how, args.json)
+        _simulate_periodic(manifest, profile, how, args.json, (machine, line))
         return
     sim = simulate(recompile(manifest), profile, **how)
-    record, compared = summary(sim), None
+    record, compared = summary(sim) | {"machine": machine}, None
     if args.against:  # before the summary: a trace that does not fit is the only line
         from ratrain.sim.against import against
         compared = against(sim, Path(args.against), args.skip_steps)
         record["against"] = compared.record()
-    print(json.dumps(record, indent=1) if args.json else format_summary(sim))
+    print(json.dumps(record, indent=1) if args.json else f"{format_summary(sim)}\n{line}")
     notes = [compared.text()] if compared and not args.json else []
     if args.trace:
         notes.append(f"wrote {args.trace} ({write_trace(sim, args.trace)} trace events; open "
@@ -83,18 +82,20 @@ def cmd_simulate(args) -> None:
         print(note, file=sys.stderr if args.json else sys.stdout)
 
 
-def _simulate_periodic(manifest: dict, profile: dict, how: dict, as_json: bool) -> None:
+def _simulate_periodic(manifest: dict, profile: dict, how: dict, as_json: bool,
+                       machine: tuple[dict, str]) -> None:
     """A periodic program's step (NOTE [periodic programs]) extended from replays of
     instances (NOTE [periodic steps]), so the cost does not grow with M; --trace and
-    --schedule-png replay the whole step instead."""
+    --schedule-png replay the whole step instead. `machine`: (its record, its line)."""
     from ratrain.compiler import recompile
     from ratrain.sim.periodic import simulate_periodic
     from ratrain.sim.report import format_periodic_summary, periodic_summary
     options = manifest["options"]
     sim = simulate_periodic(lambda n: recompile(manifest, n), options["micro_batches"],
                             options["pp"], profile, **how)
-    print(json.dumps(periodic_summary(sim), indent=1) if as_json
-          else format_periodic_summary(sim))
+    record, line = machine
+    print(json.dumps(periodic_summary(sim) | {"machine": record}, indent=1) if as_json
+          else f"{format_periodic_summary(sim)}\n{line}")
 
 
 def add_simulate_parser(sub) -> None:
@@ -103,18 +104,21 @@ def add_simulate_parser(sub) -> None:
                        description="Replay one pipeline of the program in DIR (the ranks of "
                        "DP replica 0) as discrete events: compute streams, ports shared by "
                        "pipeline messages and DP collectives (costed from the DP degree), "
-                       "non-blocking overlap as the runtime does it. Prints step time, "
-                       "tokens/s, bubble, exposed tail and per-stage memory peaks.")
+                       "non-blocking overlap as the runtime does it, on the machine DIR "
+                       "was compiled for (profile, nodes, links; the machine options "
+                       "override it). Prints the simulated step time (with --plan, the plan "
+                       "row's), tokens/s, bubble, exposed tail and per-stage memory peaks.")
     p.add_argument("program", metavar="DIR", help="program directory from `ratrain compile`")
     add_options(p, "--hw", hw={"default": None,
-                               "help": f"{HW_HELP} (default: the one DIR was compiled for)"})
+                               "help": f"{HW_HELP} (default: the one DIR was compiled for; "
+                               "the machine DIR records is laid over it)"})
+    add_options(p, *MACHINE_FLAGS)
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="write a Chrome trace (JSON) of the simulated step to FILE")
     add_options(p, "--schedule-png")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--algorithm", choices=ALGORITHMS, default=None, help="collective "
                    "algorithm (default: the profile's collective_algorithm, else ring)")
-    add_link_options(p)
     p.add_argument("--cluster", default=None, metavar="NAME", help="take the links of the "
                    "test cluster NAME that is up: as `ratrain cluster probe` measured them "
                    "(bandwidth, latency, host CPU per byte), else as shaped; --link-bandwidth "

@@ -118,13 +118,15 @@ def compile_program(config: dict, name: str, options):
     """Compile the model in memory: (files, manifest_of) of its program directory, so
     that a program that does not fit is reported before anything is written."""
     from ratrain.compiler import compile_graph, trace_for
+    from ratrain.hw.machine import Machine
     from ratrain.programs import build_manifest, program_files
     profile = load_hw("cpu")
     program, records = compile_graph(trace_for(config, name, options), options,
                                      profile=profile)
     hf_config = read_hf_config(name)
+    machine = Machine(profile="cpu").record(profile)  # NOTE [recorded machine]
     return program_files(program, records), \
-        lambda h: build_manifest(program, records, profile, h, hf_config)
+        lambda h: build_manifest(program, records, profile, h, hf_config, machine)
 
 
 def write_run(args, run_dir: Path, compiled, made: list[Path]) -> None:

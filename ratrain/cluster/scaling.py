@@ -1,5 +1,6 @@
 """The link of the test cluster, scaled from the MT-3000 to this machine, and link
-overrides of a hardware profile for `ratrain simulate` and `ratrain cluster up`.
+overrides of a hardware profile for `ratrain simulate` and `ratrain cluster up` (the
+bandwidths and latencies users write are read by ratrain/units.py).
 """
 from __future__ import annotations
 
@@ -40,35 +41,3 @@ def with_link(profile: dict, bandwidth: float | None = None, latency: float | No
     override = {"link_bandwidth": bandwidth, "link_latency": latency,
                 "link_host_cost": host_cost}
     return {**profile, **{k: float(v) for k, v in override.items() if v is not None}}
-
-
-RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-
-
-def parse_bandwidth(text: str) -> float:
-    """B/s from '61.7e6', '62MB/s', '500Mbit' or '0.5Gbit/s' (decimal prefixes)."""
-    import re
-    match = re.fullmatch(r"([0-9.eE+-]+)\s*([kKmMgGtT]?)(B|bit|b)?(/s|ps)?", text.strip())
-    try:
-        value = float(match.group(1)) if match else -1.0
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ValueError(f"bandwidth {text!r}: give bytes per second, e.g. 61.7e6, 62MB/s "
-                         "or 500Mbit")
-    scale = RATE_UNITS[match.group(2).lower()]
-    return value * scale / (8 if match.group(3) in ("bit", "b") else 1)
-
-
-def parse_latency(text: str) -> float:
-    """Seconds from '5e-6', '5us', '0.1ms' or '1s'."""
-    import re
-    units = {"": 1, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-    match = re.fullmatch(r"([0-9.eE+-]+)\s*(s|ms|us|ns)?", text.strip())
-    try:
-        value = float(match.group(1)) if match else -1.0
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ValueError(f"latency {text!r}: give seconds, e.g. 5e-6, 5us or 0.1ms")
-    return value * units[match.group(2) or ""]

@@ -53,7 +53,7 @@ def _headline(sim, profile: dict, tokens_per_step: int) -> list[str]:
         f"{o.pp} x dp {o.dp} = {o.world_size} ranks, {o.micro_batches} micro-batches of "
         f"{o.micro_batch_size} x {o.seq_len} tokens, schedule {o.schedule} ({o.pipeline_schedule}), zero {o.zero}, "
         f"{o.precision}",
-        f"step {sim.step_time:.4g} s, {sim.tokens_per_s:,.0f} tokens/s "
+        f"simulated step {sim.step_time:.4g} s, {sim.tokens_per_s:,.0f} tokens/s "
         f"({tokens_per_step:,} tokens per step), bubble {sim.bubble_fraction:.1%}, "
         f"exposed tail {sim.exposed_tail:.4g} s"]
 

@@ -189,8 +189,10 @@ def test_inspect_writes_pngs(program_dir, tmp_path, capsys):
     # pictures alone: only what was written, in seconds, not the lowered program
     bars = sum(t.kind != Kind.FREE for stage in (0, 1)
                for t in parse_tasks((program_dir / f"rank{stage}.txt").read_text()))
-    assert capsys.readouterr().out == (f"wrote {schedule} ({bars} task bars, times from the "
-                                       "cpu profile in seconds)\n")
+    assert capsys.readouterr().out == (f"wrote {schedule} ({bars} task bars, a dry run's "
+                                       "times from the cpu profile in seconds; `ratrain "
+                                       "simulate DIR --schedule-png` draws the simulated "
+                                       "step)\n")
 
 
 def test_overwrite_protection(tmp_path, capsys):

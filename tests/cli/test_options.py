@@ -9,7 +9,7 @@ import pytest
 
 import ratrain.cli
 from ratrain.cli import build_parser
-from ratrain.cli.options import OPTIONS
+from ratrain.cli.options import MACHINE_FLAGS, OPTIONS
 from ratrain.planner.margin import SIMULATION_MARGIN
 from ratrain.program_format.options import CompileOptions
 
@@ -17,7 +17,7 @@ CLI = Path(ratrain.cli.__file__).parent
 SHARED = ("--budget", "--precision", "--recompute", "--schedule", "--seq-len", "--hw",
           "--zero", "--clip", "--pp", "--dp", "--micro-batches", "--micro-batch-size",
           "--global-batch", "--update-rule", "--zero3-prefetch", "--grad-accum",
-          "--schedule-png", "--pipeline-schedule")
+          "--schedule-png", "--pipeline-schedule", *MACHINE_FLAGS)
 COMMANDS = ("info", "inspect", "compile", "train", "plan", "simulate")
 
 
@@ -57,6 +57,8 @@ def test_every_command_takes_the_one_definition():
     assert seen["--seq-len"] == ["info", "inspect", "compile", "train", "plan"]
     assert seen["--hw"] == ["compile", "plan", "simulate"]
     assert seen["--schedule-png"] == ["inspect", "simulate"]
+    # the machine: planned for (plan, compile --plan), replayed on (simulate)
+    assert all(seen[flag] == ["compile", "plan", "simulate"] for flag in MACHINE_FLAGS)
 
 
 def test_defaults_come_from_compile_options():

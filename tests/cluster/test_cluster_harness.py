@@ -14,8 +14,8 @@ from cluster_helpers import (REASON, compile_tiny, harness_leftovers, needs_root
                              unique_name)
 from ratrain.cluster import harness, netns
 from ratrain.hw.topology import node_of
-from ratrain.cluster.scaling import (parse_bandwidth, parse_latency, rank_compute_rate,
-                                     scaled_link, with_link)
+from ratrain.cluster.scaling import rank_compute_rate, scaled_link, with_link
+from ratrain.units import parse_bandwidth, parse_latency
 from ratrain.hw.profiles import load_profile
 
 
