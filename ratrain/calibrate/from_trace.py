@@ -20,6 +20,7 @@ from pathlib import Path
 from ratrain.errors import UserError
 from ratrain.ir.tasks import Kind, parse_task
 from ratrain.rt.trace import PROGRAM_EVENT
+from ratrain.sim.costs import expected_largest_normal
 from ratrain.sim.kernels import key_text
 
 SKIP_STEPS = 2                          # a run's first steps warm caches and allocators
@@ -30,7 +31,12 @@ MIN_WAIT = 50e-6                        # a UPD whose every replica waited longe
 # cannot set side by side (each rank's clock starts at its own first step), but they all
 # see it end at one moment, once the last has posted and the bytes have moved. So where
 # every replica waited at the UPD for its all-reduce, replica r arrived `wait_r` before
-# that moment, and the waits' standard deviation is the arrivals'. Each replica posted
+# that moment: the typical replica waited mean(wait) - min(wait) for the latest, which
+# is what the cost model charges as drift x e(D) x the time since the replicas last met
+# (NOTE [stragglers]), so that difference over e(D) is the estimate (of the arrivals'
+# standard deviation, were they normal; a replica that is slow step after step, as on
+# the 16-core node, is not, and the difference is still what the others waited). Each
+# replica posted
 # that all-reduce (its SYNC) some time after the replicas last met (its last UPD of the
 # step before, on its own clock); the spread over the mean of that time is one sample of
 # the replicas' relative speed spread. Only a step's first UPD is such a sample: the
@@ -193,8 +199,10 @@ def drift_samples(rows: list, dp: int) -> list[float]:
         if dp < 2 or len(seen) < dp or min(w for w, _ in seen.values()) <= MIN_WAIT:
             continue
         elapsed = statistics.mean(e for _, e in seen.values())
+        waits = [w for w, _ in seen.values()]
         if elapsed > 0:
-            out.append(statistics.stdev(w for w, _ in seen.values()) / elapsed)
+            out.append((statistics.mean(waits) - min(waits))
+                       / expected_largest_normal(dp) / elapsed)
     return out
 
 
