@@ -34,6 +34,7 @@ def refused(where: str, e: FieldError) -> FormatError:
 LARGEST = 2 ** 48
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 COMMENT_LIMIT = 400                      # characters of one comment line
+PRINTABLE = re.compile(r"[ -~]*")        # printable ASCII: no line break can hide in it
 
 
 def at(path: str, key) -> str:
@@ -59,6 +60,15 @@ def optional_integer(value, path: str, low: int = 0, high: int = LARGEST) -> int
     return None if value is None else integer(value, path, low, high)
 
 
+def integers(value, path: str, low: int = 0, high: int = LARGEST) -> tuple[int, ...]:
+    """A list of integers in [low, high] (checked at once; the bad one named if any)."""
+    values = listed(value, path)
+    if not all(type(v) is int and low <= v <= high for v in values):
+        for i, v in enumerate(values):
+            integer(v, at(path, i), low, high)
+    return tuple(values)
+
+
 def number(value, path: str) -> float | int:
     if type(value) not in (int, float) or not math.isfinite(value):
         raise FieldError(path, f"must be a finite number, got {_shown(value)}")
@@ -74,8 +84,7 @@ def listed(value, path: str, length: int | None = None) -> list:
 
 def text(value, path: str, limit: int = COMMENT_LIMIT) -> str:
     """A string the generated code may show in a comment: one line of printable ASCII."""
-    if not isinstance(value, str) or len(value) > limit or \
-            any(not " " <= c <= "~" for c in value):
+    if not isinstance(value, str) or len(value) > limit or not PRINTABLE.fullmatch(value):
         raise FieldError(path, f"must be one line of at most {limit} printable ASCII "
                          f"characters, got {_shown(value)}")
     return value
@@ -95,7 +104,7 @@ def one_of(value, path: str, choices) -> str:
 
 
 def shape(value, path: str) -> tuple[int, ...]:
-    dims = tuple(integer(d, at(path, i)) for i, d in enumerate(listed(value, path)))
+    dims = integers(value, path)
     if len(dims) > 8 or math.prod(dims) > LARGEST:
         raise FieldError(path, f"is not a tensor shape the format makes, got {list(dims)}")
     return dims

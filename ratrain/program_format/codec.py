@@ -120,8 +120,7 @@ def _read_label(value, path: str) -> CallLabel:
 
 
 def _integers(d, key: str, path: str) -> tuple[int, ...]:
-    return tuple(c.integer(v, at(at(path, key), i))
-                 for i, v in enumerate(c.listed(field(d, key, path), at(path, key))))
+    return c.integers(field(d, key, path), at(path, key))
 
 
 def _read_step(d, path: str):
