@@ -1,6 +1,7 @@
 """Program directories (NOTE [program format]): the files of a compiled program and its
-manifest, written atomically (a temporary sibling renamed into place, the generated modules
-built in first with --build), and read back: the manifest, a pass's output, a rank's lines.
+manifest, written atomically (a temporary sibling renamed into place; with --build the
+generated modules are built into the user cache first), and read back: the manifest, a
+pass's output, a rank's lines.
 """
 from __future__ import annotations
 
@@ -105,13 +106,13 @@ def check_output(out: Path, force: bool) -> None:
 def write_program_dir(out: Path, files: dict[str, str], manifest_of, build=False) -> dict:
     """Write `files` and the manifest (`manifest_of(hashes)`) into a temporary sibling of
     `out`, then rename it into place: readers see the old DIR or the whole new one. With
-    `build`, the generated modules are built in before."""
+    `build`, the generated modules are built into the user cache before."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         hashes = _write_files(staging, files)
         if build:
-            _build_code(staging, {k: v for k, v in files.items() if k.endswith(".pyx")})
+            _build_code({k: v for k, v in files.items() if k.endswith(".pyx")})
         manifest = manifest_of(hashes)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
         _swap_into_place(staging, out)
@@ -134,15 +135,18 @@ def _write_files(root: Path, files: dict[str, str | bytes]) -> dict[str, str]:
     return hashes
 
 
-def _build_code(root: Path, sources: dict[str, str]) -> None:
-    """Build every distinct generated module into root/build, two at a time."""
+def _build_code(sources: dict[str, str]) -> None:
+    """Build every distinct generated module into the user cache, two at a time: the
+    program directory holds no built code (NOTE [a program directory is data])."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ratrain.program_format.build import BuildError, build_module
+    from ratrain.program_format.build import BuildError, CacheError, build_module
     distinct = sorted(set(sources.values()))
     try:
         with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-            list(pool.map(lambda source: build_module(source, root), distinct))
+            list(pool.map(build_module, distinct))
+    except CacheError as e:
+        raise UserError(str(e)) from None
     except BuildError as e:
         raise UserError(f"the generated code did not build (a C compiler and the Python "
                           f"headers are needed): {str(e).splitlines()[-1]}") from None

@@ -4,7 +4,7 @@ compile traces the model, runs the pass PIPELINE (passes/pipeline.py, driven by
 ratrain/compiler.py) and writes DIR atomically (ratrain/programs.py): program.json
 (manifest with sha256 of every file), passes/NN_<pass>.txt, rank<R>.txt, memory.txt, and
 what the runtime runs (NOTE [program format], JSON and Cython, no pickle): runtime.json and
-code/stage<N>.pyx (generated Cython, built into build/ with --build) with its rows
+code/stage<N>.pyx (generated Cython; --build builds it into the user cache) with its rows
 code/stage<N>.tasks.json and code/stage<N>.legend.txt (what each generated function's
 offsets are). inspect reads those files; for pictures it recompiles from the manifest's
 config and options (compiling is deterministic and fast).
@@ -193,8 +193,9 @@ def add_compile_parser(sub, model_help: str) -> None:
     p.add_argument("--force", action="store_true",
                    help="replace DIR if it already holds a compiled program")
     p.add_argument("--build", action="store_true", help="also build the generated Cython "
-                   "modules now (default: the first run builds what is missing; builds are "
-                   "cached by content hash, so identical stages build once)")
+                   "modules now, into the user cache (RATRAIN_CACHE; default: the first run "
+                   "builds what is missing; builds are cached by content hash, so identical "
+                   "stages build once)")
     p.add_argument("--expand", action="store_true", help="compile every micro-batch of the "
                    "step into the program and its pass outputs; by default a long step (40 "
                    "micro-batches or more for 2 stages, 10 P + 8 from 4 stages) is written "

@@ -31,15 +31,12 @@ def cmd_run(args) -> int:
     """Check the program directory and the rank count here (no MPI job for a certain
     failure), then launch."""
     from ratrain.cli.resume import check_start
-    from ratrain.rt.load import SetupError, check_world_size, read_manifest
     program = Path(args.program)
     check_checkpoint_options(args)
-    try:
-        manifest = read_manifest(program)
-        ranks = args.ranks if args.ranks is not None else manifest["world_size"]
-        check_world_size(program, manifest, ranks)
-    except SetupError as e:
-        raise UserError(str(e)) from None
+    if args.trust_program_code:
+        from ratrain.rt.program import trusted_line
+        print(trusted_line(program), flush=True)
+    manifest, ranks = check_program(program, args.ranks, args.trust_program_code)
     hosts = resolve_hosts(args.hosts, args.hostfile, ranks)
     check_start(args, manifest["model"]["config"])
     check_save_dir_option(args)
@@ -54,6 +51,23 @@ def cmd_run(args) -> int:
             return launch(program, ranks, args, resume, cluster=cluster, hosts=hosts)
     except ClusterError as e:
         raise UserError(str(e)) from None
+
+
+def check_program(program: Path, ranks: int | None, trust: bool) -> tuple[dict, int]:
+    """(manifest, ranks) of a program directory checked as every rank will check it (its
+    fields, hashes, rows and rendered code: NOTE [a program directory is data]), so that
+    a bad one is refused here in one line without starting a job."""
+    from ratrain.rt.load import SetupError, check_format, check_manifest, open_program, \
+        read_manifest
+    try:
+        manifest = read_manifest(program)
+        check_format(program, manifest)
+        check_manifest(program, manifest)
+        ranks = ranks if ranks is not None else manifest["world_size"]
+        open_program(str(program), ranks, trust)
+    except SetupError as e:
+        raise UserError(str(e)) from None
+    return manifest, ranks
 
 
 def add_run_parser(sub) -> None:

@@ -30,6 +30,14 @@ class Emitted:
 Arg = Callable[[object], str]           # slot -> "<T *>(A + o[i])"
 
 
+def comment_of(call) -> str:
+    """The IR line of a call without its buffers (the same for every layer)."""
+    params = " ".join(f"{k}={v}" for k, v in call.params)
+    shapes = " ".join(f"{x.dtype}{list(x.shape)}" for x in (*call.outputs, *call.inputs)
+                      if hasattr(x, "shape"))
+    return f"{call.op}[{params}] {shapes}".replace("[] ", " ")
+
+
 def _rows(shape) -> int:
     return math.prod(shape[:-1])
 
@@ -153,10 +161,10 @@ def matmul_bias_bwd_weight(call, arg: Arg) -> Emitted:
 
 
 def _alibi(call, heads: int) -> tuple[str, dict]:
-    """The slopes argument: NULL, or a module table ALIBI_<heads> (ratrain.ops' slopes)."""
+    """The slopes argument: NULL, or a module table ALIBI_<heads> (models/alibi.py's)."""
     if not _params(call)["alibi"]:
         return "NULL", {}
-    from ratrain.ops.attention import alibi_slopes
+    from ratrain.models.alibi import alibi_slopes
     return f"ALIBI_{heads}", {f"ALIBI_{heads}": alibi_slopes(heads)}
 
 

@@ -1,10 +1,16 @@
-"""Render a stage's task table as one Cython module: a header naming the program, the
-kernel-side scratch, one function per distinct run of native calls (kernels and the glue
-between them, native/src/glue.c, all cimported from ratrain.kernels), and `run_function`,
-the one entry point the runtime calls per native step (the GIL is released for the whole
-run).
+"""Render a stage's generated functions (NativeFunction, data in code/stage<N>.tasks.json)
+as one Cython module: a header naming the program, the kernel-side scratch, one function
+per distinct run of native calls (kernels and the glue between them, native/src/glue.c,
+all cimported from ratrain.kernels), and `run_function`, the one entry point the runtime
+calls per native step (the GIL is released for the whole run).
+
+A pure renderer over the emit.py templates, imported by the ranks too: the compiler and
+the runtime render the same text from the same tables (NOTE [a program directory is
+data], rt/program.py). It trusts its input's types (program_format/checks.py checks them).
 """
 from __future__ import annotations
+
+from ratrain.codegen.emit import C_TYPES, EMITTERS, comment_of
 
 PRELUDE = '''\
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
@@ -54,13 +60,37 @@ def _tables(tables: dict) -> str:
     return "\n".join(out) + "\n" if out else ""
 
 
-def render_module(table, header: str) -> str:
-    """Cython source of one stage's generated program."""
-    functions = "".join(_function(i, body, comment, legend) for i, (body, comment, legend)
-                        in enumerate(zip(table.functions, table.comments, table.legends)))
-    count = len(table.functions)
+def _pointer(operand) -> str:
+    return f"<{C_TYPES[operand.dtype]} *>(A + o[{operand.index}])"
+
+
+def function_code(calls) -> tuple[str, int, dict]:
+    """(body, fp32 scratch floats, constant tables) of a function running NativeCalls:
+    each call's IR line as a comment, its template's lines, and a stop on its status."""
+    lines, scratch, tables = [], 0, {}
+    for position, call in enumerate(calls):
+        emitted = EMITTERS[call.op](call, _pointer)
+        lines += [f"# {comment_of(call)}", *emitted.lines,
+                  f"if st != 0: status[0] = st; return {position}"]
+        scratch = max(scratch, emitted.scratch_floats)
+        tables.update(emitted.tables)
+    return "\n".join(lines), scratch, tables
+
+
+def render_stage(functions, header: str) -> str:
+    """Cython source of one stage's generated program, from its NativeFunctions."""
+    bodies, scratch, tables = [], 0, {}
+    for function in functions:
+        body, floats, constants = function_code(function.calls)
+        bodies.append(_function(len(bodies), body, function.used_by, function.legend))
+        scratch, tables = max(scratch, floats), tables | constants
+    count = len(bodies)
     register = f"\n\ncdef function_t FUNCTIONS[{max(1, count)}]\n" + "".join(
         f"FUNCTIONS[{i}] = f{i}\n" for i in range(count))
-    comment = "".join(f"# {line}\n" for line in header.splitlines())
-    return (comment + PRELUDE.format(scratch=max(1, table.scratch_floats))
-            + _tables(table.tables) + functions + register + ENTRY.format(count=count))
+    return (f"# {header}\n" + PRELUDE.format(scratch=max(1, scratch)) + _tables(tables)
+            + "".join(bodies) + register + ENTRY.format(count=count))
+
+
+def render_module(table, header: str) -> str:
+    """Cython source of a (canonical) StageTable's module, as render_stage renders it."""
+    return render_stage(table.native_functions(), header)

@@ -4,8 +4,9 @@ rows with what the compiler knows of them (StageRows), and the legend of its fun
 """
 from __future__ import annotations
 
-from ratrain.codegen import generate
 from ratrain.codegen.legend import format_legend
+from ratrain.codegen.module import render_stage
+from ratrain.codegen.table import build_stage_table
 from ratrain.ir.tasks import Kind
 from ratrain.passes.insert_gathers import gather_plan, issuing_task
 from ratrain.passes.insert_tied_sum import tie_stages
@@ -51,18 +52,23 @@ def forward_rows(program, stage: int, rows) -> tuple:
     return tuple(sorted(out, key=lambda x: x[0]))
 
 
-def stage_rows(program, table) -> StageRows:
-    """What the runtime reads of a stage's table."""
+def stage_rows(program, table, header: str) -> StageRows:
+    """What the runtime reads of a stage's table, its generated functions as data."""
     return StageRows(table.stage, tuple(table.rows), table.period,
-                     forward_rows(program, table.stage, table.rows))
+                     forward_rows(program, table.stage, table.rows), header,
+                     table.native_functions())
 
 
 def code_files(program, header: str) -> dict[str, str]:
     """code/stage<N>.pyx, .tasks.json and .legend.txt (which slots each generated
-    function's offsets are, for its first user) of every stage, and runtime.json."""
+    function's offsets are, for its first user) of every stage, and runtime.json. The
+    .pyx is rendered from the rows as the runtime renders it (NOTE [a program directory
+    is data], rt/program.py)."""
     files = {"runtime.json": write_runtime(runtime_program(program))}
-    for stage, (table, source) in generate(program, header).items():
-        files[f"code/stage{stage}.pyx"] = source
-        files[f"code/stage{stage}.tasks.json"] = write_stage_rows(stage_rows(program, table))
+    for stage in range(program.options.pp):
+        table = build_stage_table(program, stage)
+        rows = stage_rows(program, table, header)
+        files[f"code/stage{stage}.pyx"] = render_stage(rows.functions, rows.header)
+        files[f"code/stage{stage}.tasks.json"] = write_stage_rows(rows)
         files[f"code/stage{stage}.legend.txt"] = format_legend(table)
     return files

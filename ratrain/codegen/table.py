@@ -12,9 +12,11 @@ from dataclasses import dataclass, field, replace
 
 from ratrain.codegen.emit import C_TYPES, ITEMSIZE, emit_call
 from ratrain.codegen.legend import slot_legend, slot_role
+from ratrain.codegen.module import function_code
 from ratrain.ir.tasks import BACKWARDS, Kind
 from ratrain.program_format.lowered import StagePeriod
-from ratrain.program_format.table import CallLabel, NativeStep, PythonStep
+from ratrain.program_format.table import (CallLabel, NativeCall, NativeFunction, NativeStep,
+                                          Pointer, PythonStep)
 
 
 
@@ -41,13 +43,15 @@ class StageTable:
     first_users: list = field(default_factory=list)      # per function: "0F0 (L1)"
     first_slots: list = field(default_factory=list)      # per function: its slots there
     layers: list = field(default_factory=list)           # per function: layers using it
+    calls: list = field(default_factory=list)            # per function: its NativeCalls
     period: StagePeriod | None = None   # rows of a periodic program (NOTE [periodic
                                         # programs]); None: the rows are the whole step
 
-    def function_of(self, body: str, task, use: FunctionUse) -> int:
+    def function_of(self, body: str, calls: tuple, task, use: FunctionUse) -> int:
         if body not in self._index:
             self._index[body] = len(self.functions)
             self.functions.append(body)
+            self.calls.append(calls)
             self.comments.append(set())
             self.legends.append([set() for _ in use.roles])
             self.first_users.append(use.task if use.layer is None
@@ -80,7 +84,12 @@ class StageTable:
                           [self.first_users[i] for i in order],
                           [self.first_slots[i] for i in order],
                           [tuple(sorted(self.layers[i], key=lambda l: -1 if l is None else l))
-                           for i in order], self.period)
+                           for i in order], [self.calls[i] for i in order], self.period)
+
+    def native_functions(self) -> tuple[NativeFunction, ...]:
+        """What codegen/module.py renders the stage's module from (a canonical table's)."""
+        return tuple(NativeFunction(comment, legend, calls) for comment, legend, calls
+                     in zip(self.comments, self.legends, self.calls))
 
     def __post_init__(self):
         self._index: dict[str, int] = {}
@@ -116,12 +125,12 @@ class _Pointers:
         return f"<{C_TYPES[slot.dtype]} *>(A + o[{self.index[key]}])"
 
 
-def _comment(call) -> str:
-    """The IR line of a call without its buffers (the same for every layer)."""
-    params = " ".join(f"{k}={v}" for k, v in call.params)
-    shapes = " ".join(f"{x.dtype}{list(x.shape)}" for x in (*call.outputs, *call.inputs)
-                      if hasattr(x, "shape"))
-    return f"{call.op}[{params}] {shapes}".replace("[] ", " ")
+def native_call(call, pointers: _Pointers) -> NativeCall:
+    """A lowered call with its slots as the pointers of the function it runs in."""
+    def pointer(slot):
+        return Pointer(pointers.index[(slot.buffer, slot.offset)], slot.dtype, slot.shape)
+    return NativeCall(call.op, tuple(map(pointer, call.outputs)),
+                      tuple(map(pointer, call.inputs)), call.params)
 
 
 def _use(program, task, run: list, pointers: _Pointers) -> FunctionUse:
@@ -138,14 +147,11 @@ def _flush(program, table: StageTable, task, run: list, pointers: _Pointers,
            steps: list) -> None:
     if not run:
         return
-    lines: list[str] = []
-    for position, (call, emitted) in enumerate(run):
-        lines.append(f"# {_comment(call)}")
-        lines += emitted.lines
-        lines.append(f"if st != 0: status[0] = st; return {position}")
-        table.scratch_floats = max(table.scratch_floats, emitted.scratch_floats)
-        table.tables.update(emitted.tables)
-    function = table.function_of("\n".join(lines), task, _use(program, task, run, pointers))
+    calls = tuple(native_call(call, pointers) for call, _ in run)
+    body, scratch, tables = function_code(calls)
+    table.scratch_floats = max(table.scratch_floats, scratch)
+    table.tables.update(tables)
+    function = table.function_of(body, calls, task, _use(program, task, run, pointers))
     steps.append(NativeStep(function, tuple(pointers.order), tuple(pointers.nbytes),
                             tuple(CallLabel(c.op, c.note, c.layer) for c, _ in run)))
 

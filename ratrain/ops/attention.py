@@ -8,20 +8,9 @@ from __future__ import annotations
 
 import math
 
+from ratrain.models.alibi import alibi_slopes
 from ratrain.ops._common import compute_dtype
 from ratrain.ops.define import define_op
-
-
-def alibi_slopes(n_heads: int) -> list[float]:
-    """ALiBi slopes: geometric for a power of two; otherwise the nearest lower power of
-    two's slopes followed by every other slope of the next power of two."""
-    def geometric(n):
-        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
-        return [start ** (i + 1) for i in range(n)]
-    if math.log2(n_heads).is_integer():
-        return geometric(n_heads)
-    lower = 2 ** math.floor(math.log2(n_heads))
-    return geometric(lower) + alibi_slopes(2 * lower)[0::2][: n_heads - lower]
 
 
 def _scores(xp, q, k, causal, alibi):

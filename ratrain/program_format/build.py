@@ -1,8 +1,9 @@
 """Build generated Cython into an extension module, cached by content hash: the key covers
 the source, ratrain/kernels.pxd, and the Cython and Python versions, so an unchanged
-program never rebuilds. Built modules live in the program directory (build/<key>/) and in
-a per-user cache (RATRAIN_CACHE, default ~/.cache/ratrain) that programs with the same
-generated code share.
+program never rebuilds. Built modules live only in the per-user cache (RATRAIN_CACHE,
+default ~/.cache/ratrain, its build/ made 0700), which programs with the same generated
+code share; a module is loaded only from a file there that this user owns and no one
+else may write (NOTE [a program directory is data], rt/program.py).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -23,6 +25,10 @@ import Cython
 
 class BuildError(RuntimeError):
     """The generated module did not compile; the message holds the compiler's output."""
+
+
+class CacheError(BuildError):
+    """The build cache is not this user's own; the message is one line saying what to do."""
 
 
 def _package_root() -> Path:
@@ -78,27 +84,39 @@ def _compile(source: str, name: str, into: Path) -> Path:
         into.mkdir(parents=True, exist_ok=True)
         partial = into / f"{built.name}.{os.getpid()}.tmp"
         shutil.copy2(built, partial)
+        os.chmod(partial, 0o755)  # whatever the umask: check_owned refuses group-writable
         os.replace(partial, into / built.name)
         return into / built.name
 
 
-def build_module(source: str, directory: Path) -> Path:
-    """Path of the compiled module for `source` under `directory`/build/<key>/, built (or
-    copied from the user cache) when missing."""
+def build_module(source: str) -> Path:
+    """Path of the compiled module for `source` in the user cache, built when missing (the
+    ranks of one job build it once)."""
     key = build_key(source)
-    name, here = module_name(key), directory / "build" / key[:20]
-    found = _built(here, name)
-    if found is not None:
-        return found
-    with _locked(user_cache() / f"{key[:20]}.lock"):  # ranks of one job build it once
-        cached = _built(user_cache() / key[:20], name)
-        if cached is None:
-            cached = _compile(source, name, user_cache() / key[:20])
-    here.mkdir(parents=True, exist_ok=True)
-    partial = here / f"{cached.name}.{os.getpid()}.tmp"
-    shutil.copy2(cached, partial)
-    os.replace(partial, here / cached.name)
-    return here / cached.name
+    name, root = module_name(key), private_dir(user_cache())
+    with _locked(root / f"{key[:20]}.lock"):
+        found = _built(root / key[:20], name)
+        if found is None:
+            found = _compile(source, name, private_dir(root / key[:20]))
+    return found
+
+
+def private_dir(path: Path) -> Path:
+    """`path`, made 0700 if missing; a CacheError unless it is a directory (not a link)
+    that this user owns and no one else may write."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_owned(path)
+    return path
+
+
+def check_owned(path: Path) -> None:
+    """A CacheError unless `path` is owned by this user, not a link, and not writable by
+    group or others: what the runtime imports must be what this user built."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise CacheError(f"the build cache {path} is not private to this user (owner uid "
+                         f"{info.st_uid}, mode {stat.filemode(info.st_mode)}): remove it, "
+                         "or set RATRAIN_CACHE to a directory of your own")
 
 
 @contextmanager
@@ -114,7 +132,10 @@ def _locked(path: Path):
 
 
 def load_module(path: Path):
-    """Import a built module from its file (its name carries the content key)."""
+    """Import a built module from its file in the user cache (its name carries the content
+    key); the file and its directories up to the cache must be this user's own."""
+    for part in (path, path.parent, path.parent.parent):
+        check_owned(part)
     import ratrain.kernels  # noqa: F401  (the C-API table generated code calls through)
     name = path.name.split(".")[0]
     if name in sys.modules:

@@ -10,7 +10,12 @@ notes), or a Python one, {"call": {"op", "outputs", "inputs", "params", "note"}}
 slots as {"buffer", "offset", "dtype", "shape"} and constants as {"literal", "dtype"}; a
 call's "layer" (and a native call label's third field) is the layer it works on, null if
 step-wide. Tasks are written in the task IR's text (ir/tasks.py), which parses back.
-Decoding builds the format's own types only: nothing in a file names code to run.
+Since format 10 the head also holds the generated module's "header" line and its
+"functions", one per line: {"used_by", "legend": [role of o[i], ...], "calls": [{"op",
+"params", "outputs": [[i, dtype, shape], ...], "inputs": [...]}]}, from which
+codegen/module.py renders code/stage<N>.pyx (NOTE [a program directory is data]).
+Decoding builds the format's own types only, and checks every field it reads
+(checks.py): a bad one is one FormatError line naming the file and the field.
 
 Older formats this runtime reads (runtime.READABLE) are converted as they are read:
 formats 6 and 7 wrote no placement in the options (their ranks are pipeline-major, the
@@ -25,18 +30,23 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from ratrain.ir.graph import Literal
+from ratrain.ir.buffers import parse_buffer
+from ratrain.ir.graph import DTYPE_SHORT, Literal
 from ratrain.ir.tasks import parse_task
+from ratrain.program_format import checks as c
+from ratrain.program_format.checks import FieldError, FormatError, at, field, refused
 from ratrain.program_format.lowered import Call, Slot, StagePeriod
 from ratrain.program_format.options import CompileOptions
 from ratrain.program_format.runtime import (FORMAT, LayerState, Memory, RuntimeGraph,
                                             RuntimeProgram, StagePlan)
-from ratrain.program_format.table import (FORWARD_ROW, CallLabel, NativeStep, PythonStep,
+from ratrain.program_format.table import (FORWARD_ROW, CallLabel, NativeCall,
+                                          NativeFunction, NativeStep, Pointer, PythonStep,
                                           StageRows)
 
-
-class FormatError(ValueError):
-    """A program file that does not hold what the format says; one line naming it."""
+__all__ = ["FormatError", "read_runtime", "read_stage_rows", "write_runtime",
+           "write_stage_rows"]
+HEADER = "ratrain generated program: "    # how a generated module's first comment starts
+NATIVE_DTYPES = ("float32", "float16", "bfloat16", "int32")   # codegen/emit.py's C_TYPES
 
 
 # ---- values -----------------------------------------------------------------------------
@@ -52,10 +62,21 @@ def _slot(x) -> dict:
     return {"literal": x.value, "dtype": x.dtype}
 
 
-def _read_slot(d: dict):
-    if "literal" in d:
-        return Literal(d["literal"], d["dtype"])
-    return Slot(d["buffer"], d["offset"], d["dtype"], tuple(d["shape"]))
+def _buffer(value, path: str) -> str:
+    """A buffer's name, checked against the grammar (ir/buffers.py NAME_FORMS)."""
+    try:
+        parse_buffer(c.text(value, path, 100))
+    except ValueError as e:
+        raise FieldError(path, f"is not a buffer name ({e})") from None
+    return value
+
+
+def _read_slot(d, path: str):
+    dtype = c.one_of(field(d, "dtype", path), at(path, "dtype"), DTYPE_SHORT)
+    if isinstance(d, dict) and "literal" in d:
+        return Literal(c.number(d["literal"], at(path, "literal")), dtype)
+    return Slot(_buffer(field(d, "buffer", path), at(path, "buffer")), c.integer(field(d, "offset", path), at(path, "offset")), dtype,
+                c.shape(field(d, "shape", path), at(path, "shape")))
 
 
 def _v6_layer(note: str) -> int | None:
@@ -70,56 +91,164 @@ def _call(call: Call) -> dict:
             "params": [[k, v] for k, v in call.params], "note": call.note, "layer": call.layer}
 
 
-def _read_call(d: dict) -> Call:
-    layer = d["layer"] if "layer" in d else _v6_layer(d["note"])
-    return Call(d["op"], tuple(map(_read_slot, d["outputs"])), tuple(map(_read_slot, d["inputs"])),
-                tuple((k, _tuples(v)) for k, v in d["params"]), d["note"], layer)
+def _read_call(d, path: str) -> Call:
+    def operands(key):
+        return tuple(_read_slot(x, at(at(path, key), i))
+                     for i, x in enumerate(c.listed(field(d, key, path), at(path, key))))
+    note = c.text(field(d, "note", path), at(path, "note"))
+    layer = d["layer"] if "layer" in d else _v6_layer(note)
+    return Call(c.name(field(d, "op", path), at(path, "op")), operands("outputs"),
+                operands("inputs"), c.params(field(d, "params", path), at(path, "params")),
+                note, c.optional_integer(layer, at(path, "layer"), 0, 1 << 20))
 
 
 def _step(step) -> dict:
     if isinstance(step, PythonStep):
         return {"call": _call(step.call)}
     return {"function": step.function, "offsets": list(step.offsets),
-            "nbytes": list(step.nbytes), "calls": [[c.op, c.note, c.layer] for c in step.calls]}
+            "nbytes": list(step.nbytes), "calls": [[x.op, x.note, x.layer] for x in step.calls]}
 
 
-def _label(op: str, note: str, *layer) -> CallLabel:
-    return CallLabel(op, note, layer[0] if layer else _v6_layer(note))
+def _read_label(value, path: str) -> CallLabel:
+    fields = c.listed(value, path)
+    if len(fields) not in (2, 3):
+        raise FieldError(path, "must be [op, note, layer]")
+    note = c.text(fields[1], at(path, 1))
+    layer = fields[2] if len(fields) == 3 else _v6_layer(note)
+    return CallLabel(c.name(fields[0], at(path, 0)), note,
+                     c.optional_integer(layer, at(path, 2), 0, 1 << 20))
 
 
-def _read_step(d: dict):
-    if "call" in d:
-        return PythonStep(_read_call(d["call"]))
-    return NativeStep(d["function"], tuple(d["offsets"]), tuple(d["nbytes"]),
-                      tuple(_label(*c) for c in d["calls"]))
+def _integers(d, key: str, path: str) -> tuple[int, ...]:
+    return c.integers(field(d, key, path), at(path, key))
+
+
+def _read_step(d, path: str):
+    if isinstance(d, dict) and "call" in d:
+        return PythonStep(_read_call(d["call"], at(path, "call")))
+    labels = c.listed(field(d, "calls", path), at(path, "calls"))
+    return NativeStep(c.integer(field(d, "function", path), at(path, "function")),
+                      _integers(d, "offsets", path), _integers(d, "nbytes", path),
+                      tuple(_read_label(x, at(at(path, "calls"), i))
+                            for i, x in enumerate(labels)))
+
+
+# ---- generated functions (format 10: NOTE [a program directory is data]) ---------------
+
+def _function(f: NativeFunction) -> dict:
+    def operands(xs):
+        return [[x.index, x.dtype, list(x.shape)] for x in xs]
+    return {"used_by": f.used_by, "legend": list(f.legend),
+            "calls": [{"op": x.op, "params": [[k, v] for k, v in x.params],
+                       "outputs": operands(x.outputs), "inputs": operands(x.inputs)}
+                      for x in f.calls]}
+
+
+def _read_pointer(value, path: str, pointers: int) -> Pointer:
+    index, dtype, dims = c.listed(value, path, 3)
+    return Pointer(c.integer(index, at(path, 0), 0, pointers - 1),
+                   c.one_of(dtype, at(path, 1), NATIVE_DTYPES), c.shape(dims, at(path, 2)))
+
+
+def _read_native_call(d, path: str, pointers: int, ops) -> NativeCall:
+    def operands(key):
+        return tuple(_read_pointer(x, at(at(path, key), i), pointers)
+                     for i, x in enumerate(c.listed(field(d, key, path), at(path, key))))
+    return NativeCall(c.one_of(field(d, "op", path), at(path, "op"), ops),
+                      operands("outputs"), operands("inputs"),
+                      c.params(field(d, "params", path), at(path, "params")))
+
+
+def _read_function(d, path: str, ops) -> NativeFunction:
+    legend = tuple(c.text(x, at(at(path, "legend"), i)) for i, x in
+                   enumerate(c.listed(field(d, "legend", path), at(path, "legend"))))
+    calls = c.listed(field(d, "calls", path), at(path, "calls"))
+    return NativeFunction(c.text(field(d, "used_by", path), at(path, "used_by")), legend,
+                          tuple(_read_native_call(x, at(at(path, "calls"), i), len(legend), ops)
+                                for i, x in enumerate(calls)))
+
+
+def _read_header(value, path: str) -> str:
+    header = c.text(value, path)
+    if not header.startswith(HEADER):
+        raise FieldError(path, f"must start with {HEADER!r}")
+    return header
 
 
 # ---- code/stage<N>.tasks.json -----------------------------------------------------------
 
 def write_stage_rows(rows: StageRows) -> str:
-    """The stage's rows as JSON text, one row per line."""
+    """The stage's rows as JSON text, one row (and one generated function) per line."""
     head = {"format": FORMAT, "stage": rows.stage,
             "period": None if rows.period is None else asdict(rows.period),
             "forward": [[r, what if what == FORWARD_ROW else _call(what)]
-                        for r, what in rows.forward]}
+                        for r, what in rows.forward], "header": rows.header}
+    functions = [json.dumps(_function(f), separators=(",", ":")) for f in rows.functions]
     lines = [json.dumps({"task": str(task), "buffers": sorted(touched),
                          "steps": [_step(s) for s in steps]}, separators=(",", ":"))
              for task, steps, touched in rows.rows]
-    return json.dumps(head)[:-1] + ', "rows": [\n' + ",\n".join(lines) + "\n]}\n"
+    return (json.dumps(head)[:-1] + ', "functions": [\n' + ",\n".join(functions)
+            + '\n], "rows": [\n' + ",\n".join(lines) + "\n]}\n")
 
 
-def read_stage_rows(text: str, where: str) -> StageRows:
+def read_stage_rows(text: str, where: str, native_ops=()) -> StageRows:
+    """A stage's rows from its JSON, every field checked (FormatError names the bad one).
+    `native_ops`: the ops a generated function may call (codegen/emit.py's templates);
+    a file without "functions" (format 9 and older) reads with functions None."""
     try:
         d = json.loads(text)
-        return StageRows(
-            d["stage"],
-            tuple((parse_task(r["task"]), tuple(map(_read_step, r["steps"])),
-                   frozenset(r["buffers"])) for r in d["rows"]),
-            None if d["period"] is None else StagePeriod(**d["period"]),
-            tuple((r, what if what == FORWARD_ROW else _read_call(what))
-                  for r, what in d["forward"]))
-    except (ValueError, KeyError, TypeError) as e:
-        raise FormatError(f"{where} is not a stage's rows ({type(e).__name__}: {e})") from None
+    except ValueError as e:
+        raise FormatError(f"{where} is not JSON ({e}); recompile the program") from None
+    try:
+        return _stage_rows(d, native_ops)
+    except FieldError as e:
+        raise refused(where, e) from None
+
+
+def _task(value, path: str):
+    try:
+        return parse_task(c.text(value, path, 100))
+    except ValueError as e:
+        raise FieldError(path, f"is not a task ({e})") from None
+
+
+def _row(r, path: str):
+    buffers = c.listed(field(r, "buffers", path), at(path, "buffers"))
+    steps = c.listed(field(r, "steps", path), at(path, "steps"))
+    return (_task(field(r, "task", path), at(path, "task")),
+            tuple(_read_step(s, at(at(path, "steps"), i)) for i, s in enumerate(steps)),
+            frozenset(_buffer(b, at(at(path, "buffers"), i)) for i, b in enumerate(buffers)))
+
+
+def _period(value, path: str) -> StagePeriod | None:
+    if value is None:
+        return None
+    keys = ("instance", "start", "length", "shift", "count")
+    return StagePeriod(**{k: c.integer(field(value, k, path), at(path, k), 1 if k in
+                                       ("length", "count") else 0, 1 << 20) for k in keys})
+
+
+def _forward(value, path: str) -> tuple:
+    out = []
+    for i, pair in enumerate(c.listed(value, path)):
+        row, what = c.listed(pair, at(path, i), 2)
+        out.append((c.integer(row, at(at(path, i), 0)), what if what == FORWARD_ROW
+                    else _read_call(what, at(at(path, i), 1))))
+    return tuple(out)
+
+
+def _stage_rows(d, native_ops) -> StageRows:
+    rows = c.listed(field(d, "rows", ""), "rows")
+    functions = None
+    if isinstance(d, dict) and "functions" in d:
+        functions = tuple(_read_function(f, at("functions", i), native_ops)
+                          for i, f in enumerate(c.listed(d["functions"], "functions")))
+    return StageRows(c.integer(field(d, "stage", ""), "stage", 0, 1 << 20),
+                     tuple(_row(r, at("rows", i)) for i, r in enumerate(rows)),
+                     _period(field(d, "period", ""), "period"),
+                     _forward(field(d, "forward", ""), "forward"),
+                     _read_header(d["header"], "header") if functions is not None else "",
+                     functions)
 
 
 # ---- runtime.json -----------------------------------------------------------------------
@@ -142,20 +271,113 @@ def write_runtime(program: RuntimeProgram) -> str:
 
 
 def read_runtime(text: str, where: str) -> RuntimeProgram:
+    """The RuntimeProgram of runtime.json, every field checked against the others: a
+    stage per pipeline stage, each layer on one stage, every buffer inside its stage's
+    arena and every state and view slot inside its buffer (FormatError names the bad one)."""
     try:
         d = json.loads(text)
-        memory = Memory({int(s): StagePlan(p["arena_bytes"], p["peak_bytes"],
-                                           {b: tuple(o) for b, o in p["offsets"].items()},
-                                           frozenset(p["persistent"]))
-                         for s, p in d["memory"].items()})
-        layers = {int(i): LayerState(tuple((n, tuple(shape)) for n, shape in s["params"]),
-                                     tuple(map(_read_slot, s["state"][:3])) + tuple(s["state"][3:]),
-                                     tuple(map(_read_slot, s["views"])))
-                  for i, s in d["layers"].items()}
-        return RuntimeProgram(RuntimeGraph(d["graph"]["name"], d["graph"]["config"]),
-                              CompileOptions.from_dict(d["options"]),
-                              tuple(tuple(s) for s in d["stages"]), memory, layers,
-                              tuple(d["tie_stages"]))
-    except (ValueError, KeyError, TypeError) as e:
-        raise FormatError(f"{where} is not a runtime program ({type(e).__name__}: {e})") \
-            from None
+    except ValueError as e:
+        raise FormatError(f"{where} is not JSON ({e}); recompile the program") from None
+    try:
+        return _runtime(d)
+    except FieldError as e:
+        raise refused(where, e) from None
+
+
+def _options(value, path: str) -> CompileOptions:
+    """CompileOptions of JSON, each field of its declared kind, then checked as on
+    construction (options.py)."""
+    if not isinstance(value, dict):
+        raise FieldError(path, f"must be a JSON object, got {type(value).__name__}")
+    fields, checked = CompileOptions.__dataclass_fields__, {}
+    for key, v in value.items():
+        if key not in fields:
+            raise FieldError(at(path, key), "is not a compile option")
+        checked[key] = _option_value(v, at(path, key), str(fields[key].type))
+    try:
+        return CompileOptions.from_dict(checked)
+    except (TypeError, ValueError) as e:
+        raise FieldError(path, f"are not options the compiler makes ({e})") from None
+
+
+def _option_value(v, path: str, kind: str):
+    if v is None and "None" in kind:
+        return None
+    if kind.startswith("int"):
+        return c.integer(v, path, 0, 1 << 40)
+    if kind.startswith("str"):
+        return c.text(v, path, 100)
+    if kind.startswith("float"):
+        return c.number(v, path)
+    return tuple(c.number(x, at(path, i)) for i, x in enumerate(c.listed(v, path)))
+
+
+def _plan(p, path: str) -> StagePlan:
+    arena = c.integer(field(p, "arena_bytes", path), at(path, "arena_bytes"))
+    peak = c.integer(field(p, "peak_bytes", path), at(path, "peak_bytes"), 0, arena)
+    given, offsets = field(p, "offsets", path), {}
+    if not isinstance(given, dict):
+        raise FieldError(at(path, "offsets"), "must be a JSON object of buffers")
+    for b, o in given.items():
+        where = at(at(path, "offsets"), b)
+        start, size = c.listed(o, where, 2)
+        start = c.integer(start, at(where, 0), 0, arena)
+        offsets[_buffer(b, where)] = (start, c.integer(size, at(where, 1), 0, arena - start))
+    persistent = frozenset(c.one_of(b, at(at(path, "persistent"), i), offsets) for i, b in
+                           enumerate(c.listed(field(p, "persistent", path),
+                                              at(path, "persistent"))))
+    return StagePlan(arena, peak, offsets, persistent)
+
+
+def _in_buffer(slot, plan: StagePlan, path: str):
+    """`slot` lies inside its buffer of `plan`."""
+    if slot.buffer not in plan.offsets:
+        raise FieldError(at(path, "buffer"), f"names no buffer of the stage's memory plan, "
+                         f"got {slot.buffer!r}")
+    if slot.offset + slot.nbytes > plan.offsets[slot.buffer][1]:
+        raise FieldError(path, f"runs past the end of buffer {slot.buffer} "
+                         f"({plan.offsets[slot.buffer][1]} bytes)")
+    return slot
+
+
+def _layer(s, path: str, plan: StagePlan) -> LayerState:
+    def slots(key, count=None):
+        return tuple(_in_buffer(_read_slot(x, at(at(path, key), i)), plan, at(at(path, key), i))
+                     for i, x in enumerate(c.listed(field(s, key, path), at(path, key))[:count]))
+    params = []
+    for i, pair in enumerate(c.listed(field(s, "params", path), at(path, "params"))):
+        name, dims = c.listed(pair, at(at(path, "params"), i), 2)
+        params.append((c.text(name, at(at(at(path, "params"), i), 0), 200),
+                       c.shape(dims, at(at(at(path, "params"), i), 1))))
+    state = c.listed(s["state"], at(path, "state"), 5)
+    sizes = tuple(c.integer(v, at(at(path, "state"), 3 + i)) for i, v in enumerate(state[3:]))
+    views = slots("views")
+    if len(views) != len(params):
+        raise FieldError(at(path, "views"), f"must hold one slot per parameter ({len(params)})")
+    return LayerState(tuple(params), slots("state", 3) + sizes, views)
+
+
+def _runtime(d) -> RuntimeProgram:
+    graph = field(d, "graph", "")
+    name = field(graph, "name", "graph")
+    if not isinstance(name, str) or not isinstance(field(graph, "config", "graph"), dict):
+        raise FieldError("graph", "must hold the model's name and config")
+    options = _options(field(d, "options", ""), "options")
+    stages = tuple(tuple(c.integer(l, at(at("stages", s), i), 0, 1 << 20)
+                         for i, l in enumerate(c.listed(layers, at("stages", s))))
+                   for s, layers in enumerate(c.listed(field(d, "stages", ""), "stages",
+                                                       options.pp)))
+    order = [l for layers in stages for l in layers]
+    if order != list(range(len(order))):
+        raise FieldError("stages", "must hold the layers 0..L-1, in order, each on one stage")
+    plans = field(d, "memory", "")
+    memory = {s: _plan(field(plans, str(s), "memory"), at("memory", str(s)))
+              for s in range(options.pp)}
+    stage_of = {l: s for s, layers in enumerate(stages) for l in layers}
+    layers = field(d, "layers", "")
+    state = {l: _layer(field(layers, str(l), "layers"), at("layers", str(l)),
+                       memory[stage_of[l]]) for l in range(len(order))}
+    ties = tuple(c.integer(s, at("tie_stages", i), 0, options.pp - 1)
+                 for i, s in enumerate(c.listed(field(d, "tie_stages", ""), "tie_stages")))
+    return RuntimeProgram(RuntimeGraph(name, graph["config"]), options, stages,
+                          Memory(memory), state, ties)

@@ -4,7 +4,8 @@ the format's name and compatibility rule.
 
 NOTE [program format]: a program directory is JSON and generated Cython, never pickle:
 program.json (the manifest, with the file hashes), runtime.json (RuntimeProgram),
-code/stage<N>.tasks.json (StageRows, one line per row) and code/stage<N>.pyx. Its
+code/stage<N>.tasks.json (StageRows, one line per row) and code/stage<N>.pyx (rendered
+from the rows; formats before 10 run it only with --trust-program-code). Its
 "format" names the version, "ratrain-program/N". A runtime reads every format listed in
 READABLE and refuses any other in one line: an older one it no longer reads (the pickled
 formats 1-5) asks for a recompile, an unknown (newer) one for a newer ratrain. A change a
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FORMAT = "ratrain-program/9"            # 9: options name the pipeline schedule (zb1 has
+FORMAT = "ratrain-program/10"          # 10: the rows hold the generated functions as
+                                        # data, the .pyx is rendered from them (NOTE [a
+                                        # program directory is data], rt/program.py);
+                                        # 9: options name the pipeline schedule (zb1 has
                                         # W tasks), the rows say where each SYNC starts (a
                                         # B's per-layer pieces, no table beside them: NOTE
                                         # [sync issue point]); 8: options name the
                                         # placement; 7: every call names its layer; 6: JSON
-READABLE = (FORMAT, "ratrain-program/8", "ratrain-program/7",
+READABLE = (FORMAT, "ratrain-program/9", "ratrain-program/8", "ratrain-program/7",
             "ratrain-program/6")         # (5 and older: pickles)
 PICKLED = tuple(f"ratrain-program/{n}" for n in range(1, 6))
 

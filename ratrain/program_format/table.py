@@ -1,8 +1,9 @@
 """What a rank walks: one stage's task rows. A row is a task and its steps, each a native
 step (a generated function with the arena offsets of its pointers) or a Python step (one
 lowered call that rt/calls.py runs). codegen/table.py builds the rows; the compiler adds
-what the runtime would otherwise re-derive (StageRows: the SYNCs started inside the last
-backward, the forward-only pass's gathers) and codec.py stores them as JSON.
+what the runtime would otherwise re-derive (StageRows: the forward-only pass's gathers,
+and each generated function as data, NativeFunction, from which codegen/module.py renders
+the stage's Cython) and codec.py stores them as JSON.
 """
 from __future__ import annotations
 
@@ -28,6 +29,32 @@ class NativeStep:
 
 
 @dataclass(frozen=True)
+class Pointer:
+    """An operand of a generated function's call: the tensor at `o[index]`."""
+    index: int                          # which of the function's pointers
+    dtype: str                          # numpy dtype name (codegen/emit.py C_TYPES)
+    shape: tuple[int, ...]              # tensor shape
+
+
+@dataclass(frozen=True)
+class NativeCall:
+    """A lowered call as a generated function runs it: its slots as the function's
+    pointers, so every task and layer using the function shares it."""
+    op: str                             # IR op with a template in codegen/emit.py
+    outputs: tuple[Pointer, ...]
+    inputs: tuple[Pointer, ...]
+    params: tuple = ()                  # sorted (name, value) pairs, the lowered call's
+
+
+@dataclass(frozen=True)
+class NativeFunction:
+    """What codegen/module.py renders one generated function from."""
+    used_by: str                        # "B, REC tasks of decoder layers" (a comment)
+    legend: tuple[str, ...]             # role of each pointer o[i] (codegen/legend.py)
+    calls: tuple[NativeCall, ...]       # in order
+
+
+@dataclass(frozen=True)
 class PythonStep:
     call: object                        # a lowered Call run by rt/calls.py
 
@@ -46,6 +73,9 @@ class StageRows:
     rows: tuple                         # (Task, steps, names of the buffers it touches)
     period: StagePeriod | None = None   # NOTE [periodic programs]; None: the whole step
     forward: tuple = ()                 # (row, FORWARD_ROW or a Call) of NOTE [held-out loss]
+    header: str = ""                    # first comment line of the generated module
+    functions: tuple | None = None      # NativeFunction of each native step's function;
+                                        # None: a format before 10, whose .pyx is all there is
 
 
 def walk(rows: int, period: StagePeriod | None):

@@ -24,6 +24,7 @@ from ratrain.rt.evaluate import due, evaluate, held_out
 from ratrain.rt.load import SetupError, open_program
 from ratrain.rt.loss_plot import write_loss_plot
 from ratrain.rt.metrics import MetricsLog, StepMetrics, Throughput, rss_bytes
+from ratrain.rt.program import CodeError, stage_code, trusted_line
 from ratrain.rt.start import checkpoints_problem, data_order, resume_problem
 from ratrain.rt.stop import (CHECKPOINT, command_text, exit_code, listen, received,
                              resume_text, signal_name)
@@ -66,8 +67,13 @@ def prepare(args, world_size: int, rank: int = 0) -> dict:
     """Everything a job starts from (program, initial state, batches), or a SetupError."""
     if (problem := check_run_length(args) or check_run_numbers(args)) is not None:
         raise SetupError(problem)
-    manifest, program = open_program(args.program, world_size)
+    manifest, program = open_program(args.program, world_size, args.trust_program_code)
     o, config = program.options, program.graph.config
+    stage = program.coords(rank)[0]
+    try:  # this rank's module, built (once per job) or found in the user cache
+        stage_code(program, stage, args.trust_program_code)
+    except CodeError as e:
+        raise SetupError(str(e)) from None
     if args.resume:
         try:
             args.resume = str(find_resume_checkpoint(args.resume))
@@ -75,7 +81,6 @@ def prepare(args, world_size: int, rank: int = 0) -> dict:
             raise SetupError(str(e)) from None
     if (problem := checkpoints_problem(args, config)) is not None:
         raise SetupError(problem)
-    stage = program.coords(rank)[0]
     params, moments, state = initial_state(args, config, {
         name for layer in program.stages[stage] for name, _ in program.layer_params(layer)})
     global_batch = o.dp * o.micro_batches * o.micro_batch_size
@@ -162,6 +167,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from ratrain.rt import comm
     comms = comm.Communicators()
+    if args.trust_program_code and comms.rank == 0 and args.resume_command is None:
+        print(trusted_line(args.program), flush=True)  # `ratrain run` said it already
     errors = comms.agree_on_errors(tokenize_on_rank0(args, comms))
     if errors:
         if comms.rank == 0:

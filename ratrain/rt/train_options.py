@@ -84,6 +84,10 @@ TRAINING_OPTIONS = (
      "bytes only inside MPI calls); 0 = only between kernels (default: 1000)"),
     ("--trace", str, None, "write every rank's measured task timeline to "
      "DIR/trace-rank<R>.json (Chrome trace format; open in Perfetto) (default: none)"),
+    ("--trust-program-code", None, False, "build and run the program directory's own "
+     "code/*.pyx as shipped, even where it differs from the code its tables make, or the "
+     "program predates format 10; only for a directory whose author you trust (default: "
+     "refuse such a program: NOTE [a program directory is data])"),
     ("--metrics", str, None, "append one JSON line per step (step, loss, tokens/s, grad "
      "norm, loss scale, skipped, arena bytes and RSS per rank) to this file (default: none)"),
 )

@@ -155,6 +155,6 @@ QUICK = {("llama-gqa", "fp32"), ("qwen2-bias", "fp16")}   # the rest: -m slow
 def test_native_steps_match_references(tmp_path, name, precision):
     prog = program(MODELS[name], pp=2, precision=precision, recompute="selective")
     code = generate(prog, "test")
-    modules = {s: load_module(build_module(source, tmp_path)) for s, (_, source) in code.items()}
+    modules = {s: load_module(build_module(source)) for s, (_, source) in code.items()}
     worst = _run_tables(prog, modules.__getitem__, check_against_reference=True)
     assert worst < TOLERANCE[precision], worst
