@@ -12,6 +12,7 @@ import re
 import time
 from pathlib import Path
 
+from ratrain.cli.options import add_options
 from ratrain.errors import UserError
 from ratrain.hw.profiles import PROFILE_DIR
 
@@ -118,9 +119,8 @@ def add_calibrate_parser(sub) -> None:
                    "case (docs/DESIGN.md 7)")
     p.add_argument("--program", default=None, metavar="DIR", help="with --from: the "
                    "program directory that was traced (default: the one the trace names)")
-    p.add_argument("--hw", default=None, metavar="PROFILE", help="with --from: the profile "
-                   "to add the traced rows to (default: the one the program was compiled "
-                   "for)")
-    p.add_argument("--skip-steps", type=int, default=2, metavar="N", help="with --from: "
-                   "leave each trace's first N steps out (default: 2)")
+    add_options(p, "--hw", hw={"default": None, "help": "with --from: the profile to add "
+                               "the traced rows to (default: the one the program was "
+                               "compiled for)"})
+    add_options(p, "--skip-steps")
     p.set_defaults(func=cmd_calibrate)

@@ -124,6 +124,8 @@ OPTIONS = {o.flag: o for o in (
     Option("--schedule-png", "draw the schedule to FILE, one row per stage, times in seconds "
            "(inspect DIR: the dry run on the program's profile; simulate: the simulated "
            "step)", None, None, metavar="FILE"),
+    Option("--skip-steps", "leave each trace's first N steps out, which warm caches and "
+           "allocators (default: 2)", non_negative_int, 2, metavar="N"),
     Option("--clusters", "ranks (MT-3000 clusters) to plan for: pp x dp = N", positive_int,
            None, metavar="N"),
     # the machine (hw/machine.py): plan and compile --plan plan for it, compile records

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ratrain.cli.options import HW_HELP, MACHINE_FLAGS, add_options, non_negative_int
+from ratrain.cli.options import HW_HELP, MACHINE_FLAGS, add_options
 from ratrain.errors import UserError
 from ratrain.hw.profiles import ALGORITHMS
 
@@ -130,6 +130,5 @@ def add_simulate_parser(sub) -> None:
                    "kind, the ms per step it measured (replica 0, and the range over "
                    "the stage's replicas) beside the simulated ones, then the measured "
                    "step against the simulated step")
-    p.add_argument("--skip-steps", type=non_negative_int, default=2, metavar="N",
-                   help="with --against, leave the first N traced steps out (default: 2)")
+    add_options(p, "--skip-steps")
     p.set_defaults(func=cmd_simulate)
