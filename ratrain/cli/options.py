@@ -57,6 +57,7 @@ class Option:
     choices: tuple | None = None        # the values it takes, if a fixed set
     metavar: str | None = None          # the value's name in --help
     required: bool = False              # the command cannot run without it
+    switch: bool = False                # a flag without a value (store_true; default False)
 
 
 HW_HELP = "hardware profile: mt3000, cpu or a path to a profile .json"
@@ -124,6 +125,10 @@ OPTIONS = {o.flag: o for o in (
     Option("--schedule-png", "draw the schedule to FILE, one row per stage, times in seconds "
            "(inspect DIR: the dry run on the program's profile; simulate: the simulated "
            "step)", None, None, metavar="FILE"),
+    Option("--from-scratch", "train: start from a seeded initialisation (--seed) even "
+           "when --model DIR holds weights (model.safetensors or a sharded index), which "
+           "the run otherwise starts from (default: DIR's weights where it has them)",
+           default=False, switch=True),
     Option("--clusters", "ranks (MT-3000 clusters) to plan for: pp x dp = N", positive_int,
            None, metavar="N"),
     Option("--simulate", "compile and simulate at most the S best candidates by the "
@@ -145,6 +150,9 @@ def add_options(parser, *flags: str, **changes) -> None:
     for flag in flags:
         option = OPTIONS[flag]
         option = replace(option, **changes.get(dest(flag), {}))
+        if option.switch:
+            parser.add_argument(option.flag, action="store_true", help=option.help)
+            continue
         extra = {"choices": option.choices} if option.choices else {"metavar": option.metavar}
         parser.add_argument(option.flag, type=option.type, default=option.default,
                             required=option.required, help=option.help, **extra)

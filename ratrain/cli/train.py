@@ -147,6 +147,8 @@ def cmd_train(args) -> int:
     --resume RUN (or a checkpoint of RUN) and no other --out, RUN continued in place; run
     it (the runtime prints the progress, the loss plot and the summary)."""
     from ratrain.cli.resume import refuse_old_run_dir, run_of
+    from ratrain.cli.train_inputs import check_from_scratch
+    check_from_scratch(args)
     run = run_of(args.resume) if args.resume else None
     if run is not None and args.out is not None and Path(args.out).resolve() != run.resolve():
         run = None  # a new run in --out, starting from RUN's checkpoint
@@ -160,11 +162,13 @@ def start_run(args) -> int:
     order: nothing is written before every check passed."""
     from ratrain.cli.resume import check_start
     from ratrain.cli.train_inputs import (check_layout_numbers, check_run_dir,
-                                          load_checked_model, model_tokenizer, resolve_layout)
+                                          load_checked_model, model_tokenizer, resolve_layout,
+                                          take_model_weights, weights_line)
     check_layout_numbers(args)
     config, name = load_checked_model(args.init_from or args.model)
     if args.tokenizer is None and args.init_from is None:
         args.tokenizer = model_tokenizer(args.model)
+    model_weights = take_model_weights(args, config)
     cores = os.cpu_count() or 1
     layout = resolve_layout(args.pp, args.dp, args.micro_batches, args.global_batch, cores,
                             config["num_hidden_layers"] + 2)
@@ -173,6 +177,11 @@ def start_run(args) -> int:
     check_start(args, config)
     run_dir = check_run_dir(args.out)
     check_save_dir_option(args)  # creates --save-dir: the last check
+    if args.init_from and not args.resume:
+        print(weights_line(args.init_from, config) +
+              ("; --from-scratch would start from a seeded initialisation" if model_weights
+               else ""),
+              flush=True)
     print(f"compiling {name} for {options.world_size} ranks (pp {options.pp} x dp "
           f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
           f"x {options.seq_len} tokens)"
@@ -266,12 +275,16 @@ def tokenize_data(args, config: dict, seq_len: int) -> list[Path]:
 
 
 def add_train_parser(sub, model_help: str) -> None:
+    from ratrain.cli.options import add_options
     p = sub.add_parser("train", help="compile a model and train it on MPI ranks in one "
                        "command", description="Compile MODEL (tiny by default) into a run "
                        "directory, start one MPI rank per core with mpiexec, print a progress "
                        "line per step and a summary. --resume RUN continues the run directory "
                        "RUN in place with the options it started with.")
-    p.add_argument("--model", default="tiny", help=f"the model: {model_help} (default: tiny)")
+    p.add_argument("--model", default="tiny", help=f"the model: {model_help}; a directory "
+                   "holding weights (model.safetensors or a sharded index) is started from "
+                   "them, unless --from-scratch (default: tiny)")
+    add_options(p, "--from-scratch")
     p.add_argument("--out", default=None, metavar="DIR", help="run directory for the program "
                    "and the metrics (default: runs/<timestamp>)")
     _add_layout_options(p)

@@ -97,14 +97,26 @@ def tensor_shapes(path) -> dict[str, list[int]]:
     return shapes
 
 
+def has_weights(path) -> bool:
+    """Whether directory `path` holds weights (model.safetensors or a sharded index)."""
+    path = Path(path)
+    return path.is_dir() and ((path / INDEX_FILE).is_file() or (path / SINGLE_FILE).is_file())
+
+
+def weights_files(path) -> list[str]:
+    """The names of a checkpoint directory's weights files, model.safetensors or the
+    index's shards (a directory tensor_shapes has read)."""
+    return sorted(set(_weight_map(Path(path)).values()))
+
+
 def safetensors_shapes(file: Path) -> dict[str, list[int]]:
     """name -> shape of the tensors of one .safetensors file, from its header checked
     against the file's length (NOTE [checking a weights file]); no tensor is read."""
     return {name: entry["shape"] for name, entry in read_header(file).items()}
 
 
-# NOTE [checking a weights file]: a run checks every weights file it starts from
-# (--init-from's, --resume's model and optimizer files) before it compiles or
+# NOTE [checking a weights file]: a run checks every weights file it starts from (--model
+# DIR's, --init-from's, --resume's model and optimizer files) before it compiles or
 # writes anything, from the header and the file's length alone, so a checkpoint of many
 # GB checks in milliseconds: (1) the header parses, (2) each tensor's byte range holds its
 # dtype x shape, (3) the last range ends inside the file. A model.safetensors cut short (a

@@ -145,7 +145,7 @@ ARCHITECTURE_KEYS = ("model_type", "num_attention_heads", "num_key_value_heads",
 
 def checkpoint_problem(path, config: dict, flag: str) -> str | None:
     """What keeps checkpoint directory `path` from starting a run of the model `config`,
-    as one line naming `flag` (--resume or --init-from); None if it fits. Reads
+    as one line naming `flag` (--resume, --init-from or --model); None if it fits. Reads
     only config.json, trainer_state.json and the safetensors headers, checked against the
     files' lengths (NOTE [checking a weights file] in models/checkpoint.py), never a
     tensor, so a run can check it before it compiles or writes anything. --resume also

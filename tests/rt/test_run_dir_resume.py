@@ -1,12 +1,13 @@
 """A run directory is the unit of work (NOTE [a run directory is the unit of work] in
-cli/resume.py): a tied LLaMA with its own BPE tokenizer.json, trained on text by `ratrain
-train --model DIR` (DIR's tokenizer, not bytes), stopped after its step-3 checkpoint,
-continues in place with `ratrain train --resume RUN` and no other option, bit-exactly
-against an uninterrupted run and in one metrics.jsonl; `ratrain run RUN/program --resume
-CKPT --data train.txt` without the tokenizer gives the same losses, and other tokens are
-refused in one line."""
+cli/resume.py): a tied LLaMA with its weights and its own BPE tokenizer.json, trained on
+text by `ratrain train --model DIR` (from DIR's weights, as --init-from DIR starts; DIR's
+tokenizer, not bytes), stopped after its step-3 checkpoint, continues in place with
+`ratrain train --resume RUN` and no other option, bit-exactly against an uninterrupted run
+and in one metrics.jsonl; `ratrain run RUN/program --resume CKPT --data train.txt` without
+the tokenizer gives the same losses, and other tokens are refused in one line."""
 import hashlib
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -31,17 +32,40 @@ def ratrain(cwd, *args):
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("rundir")
-    write_model_dir(root / "model", weights=False)   # a config and its tokenizer, no weights
+    write_model_dir(root / "model", weights=True)    # config, weights and tokenizer
     (root / "train.txt").write_text(text(400, 1))
     return root
 
 
 @pytest.fixture(scope="module")
-def reference(workdir):
+def reference_run(workdir):
     """The uninterrupted run."""
     result = ratrain(workdir, "train", *TRAIN, "--out", "ref")
     assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run, workdir):
     return workdir / "ref"
+
+
+def test_model_dir_weights_start_the_run_as_init_from_does(workdir, reference_run):
+    """NOTE [a model directory's weights]: --model DIR starts from DIR's model.safetensors
+    and says so; its first loss is --init-from DIR's, and not a seeded start's."""
+    from ratrain import models
+    from run_dir_fixtures import CONFIG
+    count = sum(math.prod(s) for s in models.param_shapes(models.fill_defaults(CONFIG)).values())
+    assert reference_run.stdout.splitlines()[0] == (
+        f"initialized from model (model.safetensors, {count / 1e3:.1f}K parameters); "
+        "--from-scratch would start from a seeded initialisation")
+    one_step = ["--data", "train.txt", "--steps", 1, *TRAIN[TRAIN.index("--seq-len"):]]
+    init = ratrain(workdir, "train", "--init-from", "model", *one_step, "--out", "init")
+    assert init.returncode == 0, init.stderr
+    assert init.stdout.splitlines()[0] == \
+        f"initialized from model (model.safetensors, {count / 1e3:.1f}K parameters)"
+    first = read_metrics(workdir / "ref" / "metrics.jsonl")[0]["loss"]
+    assert read_metrics(workdir / "init" / "metrics.jsonl")[0]["loss"] == first
 
 
 def test_model_dir_tokenizer_is_used_and_carried(workdir, reference):

@@ -1,6 +1,6 @@
 """A failed start leaves nothing behind: `ratrain train` and `ratrain run` check the
 checkpoint they start from (its files, config and shapes, read from the safetensors
-headers, and every weights file's length: a file cut short under --init-from or
+headers, and every weights file's length: a file cut short under --model, --init-from or
 --resume) and the data before they compile, tokenize or write; each failure is one
 `ratrain: error:` line, and afterwards neither the run directory nor a token cache exists.
 No MPI job starts."""
@@ -111,6 +111,7 @@ def test_failed_start_writes_nothing(workdir, tmp_path, case):
 # a weights file cut in half, under each flag that names one (--steps 1: a start that
 # let it through would train for a step, or fail in the ranks, not run for long)
 CUT_CASES = {
+    "train --model": (["train", "--model", "cut-weights"], "--model", "cut-weights"),
     "train --init-from": (["train", "--init-from", "cut-weights"], "--init-from",
                           "cut-weights"),
     "train --resume": (["train", "--model", "model", "--resume", "cut-ckpt"], "--resume",
