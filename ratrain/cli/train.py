@@ -197,12 +197,17 @@ def start_run(args) -> int:
           f"starting {options.world_size} ranks with mpiexec", flush=True)
     code = launch(run_dir / "program", options.world_size, args,
                   command_text(["ratrain", "train", "--resume", run_dir]))
-    if code == SETUP_FAILED and not _has_trained(args):
+    if code != 0 and not _has_trained(args):
         _undo_start(run_dir, existed, made)
     return code
 
 
-SETUP_FAILED = 2    # the ranks' exit status when they agree a job cannot start (rt/run.py)
+# NOTE [a failed start is undone]: a new run whose job ends before it trained a step or
+# saved a checkpoint (the ranks refused it at set-up, exit 2; a rank failed at set-up and
+# aborted the job, exit 1; a rank died; a stop signal came first) has nothing to resume:
+# the stop and lost-rank lines name no checkpoint then. What the start wrote is removed
+# (_undo_start), so the same command runs again, where a left-behind RUN/program made it
+# refuse with "already holds a run".
 
 
 def _has_trained(args) -> bool:
@@ -212,8 +217,8 @@ def _has_trained(args) -> bool:
 
 
 def _undo_start(run_dir: Path, existed: bool, made: list[Path]) -> None:
-    """Remove what a start the ranks refused wrote (the program, the record, empty metrics
-    and checkpoint folders, the token caches it made), so the same command can run again."""
+    """Remove what a failed start wrote (NOTE [a failed start is undone]): the program, the
+    record, empty metrics and checkpoint folders, the token caches it made."""
     from ratrain.rt.train_options import RUN_RECORD
     shutil.rmtree(run_dir / "program", ignore_errors=True)
     for file in (run_dir / RUN_RECORD, run_dir / "metrics.jsonl", *made):

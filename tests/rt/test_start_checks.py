@@ -3,7 +3,7 @@ checkpoint they start from (its files, config and shapes, read from the safetens
 headers, and every weights file's length: a file cut short under --model, --init-from or
 --resume) and the data before they compile, tokenize or write; each failure is one
 `ratrain: error:` line, and afterwards neither the run directory nor a token cache exists.
-No MPI job starts."""
+No MPI job starts; a job that ends before its first step is undone."""
 import json
 import math
 import os
@@ -145,6 +145,28 @@ def assert_refused_writing_nothing(workdir, tmp_path, args, message, whole=False
     assert "Traceback" not in result.stderr and "mpiexec" not in result.stdout
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
     assert sorted(p.name for p in workdir.iterdir()) == before   # no token cache by the data
+
+
+def test_a_start_whose_job_ends_before_a_step_is_undone(workdir, tmp_path, monkeypatch):
+    """NOTE [a failed start is undone]: a job that ends before it trains a step, here as a
+    rank failing at set-up ends it (MPI_Abort: exit 1), leaves no run directory and no
+    token cache behind, so the same command runs again (the job stands in for mpiexec)."""
+    import ratrain.cli.train as train_command
+    from ratrain.cli import main
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
+    exits = iter([1, 0])
+    monkeypatch.setattr(train_command, "launch", lambda *args, **kwargs: next(exits))
+    argv = ["train", "--model", "model", "--data", "short-run.txt", "--seq-len", "16",
+            "--steps", "1", "--out", str(tmp_path / "run")]
+    (workdir / "short-run.txt").write_text(text(50, 4))
+    before = sorted(p.name for p in workdir.iterdir())
+    assert main(argv) == 1
+    assert not (tmp_path / "run").exists()
+    assert sorted(p.name for p in workdir.iterdir()) == before   # its token cache removed
+    assert main(argv) == 0
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == \
+        ["program", "train_options.json"]
 
 
 @pytest.mark.mpi
