@@ -1,6 +1,6 @@
-"""Byte sizes for people: one formatter for every report, error and picture, and one
-reader of the sizes users write (`--budget 20GB`); likewise the link bandwidths and
-latencies they write (`--inter-node-bandwidth 1.25GB/s`, `--link-latency 5us`)."""
+"""Byte sizes and counts for people: one formatter for every report, error and picture,
+and one reader of the sizes users write (`--budget 20GB`); likewise the link bandwidths
+and latencies they write (`--inter-node-bandwidth 1.25GB/s`, `--link-latency 5us`)."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +17,15 @@ def format_bytes(nbytes: int | float | None) -> str:
         if abs(nbytes) >= scale:
             return f"{nbytes / scale:.2f} {unit}"
     return f"{int(nbytes)} B"
+
+
+def format_count(count: int) -> str:
+    """A count in decimal units to one decimal, as parameter counts are said: 1.2M,
+    21.5K, 7.0B; a count that rounds below 1.0K as itself."""
+    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if round(count / scale, 1) >= 1:
+            return f"{count / scale:.1f}{unit}"
+    return str(count)
 
 
 SIZE_UNITS = {"": 1, "b": 1} | {f"{p}{s}": 1000 ** (i + 1) for i, p in enumerate("kmgt")

@@ -57,6 +57,7 @@ class Option:
     choices: tuple | None = None        # the values it takes, if a fixed set
     metavar: str | None = None          # the value's name in --help
     required: bool = False              # the command cannot run without it
+    switch: bool = False                # a flag without a value (store_true; default False)
 
 
 HW_HELP = "hardware profile: mt3000, cpu or a path to a profile .json"
@@ -126,6 +127,10 @@ OPTIONS = {o.flag: o for o in (
            "step)", None, None, metavar="FILE"),
     Option("--skip-steps", "leave each trace's first N steps out, which warm caches and "
            "allocators (default: 2)", non_negative_int, 2, metavar="N"),
+    Option("--from-scratch", "train: start from a seeded initialisation (--seed) even "
+           "when --model DIR holds weights (model.safetensors or a sharded index), which "
+           "the run otherwise starts from (default: DIR's weights where it has them)",
+           default=False, switch=True),
     Option("--clusters", "ranks (MT-3000 clusters) to plan for: pp x dp = N", positive_int,
            None, metavar="N"),
     # the machine (hw/machine.py): plan and compile --plan plan for it, compile records
@@ -170,6 +175,9 @@ def add_options(parser, *flags: str, **changes) -> None:
     for flag in flags:
         option = OPTIONS[flag]
         option = replace(option, **changes.get(dest(flag), {}))
+        if option.switch:
+            parser.add_argument(option.flag, action="store_true", help=option.help)
+            continue
         extra = {"choices": option.choices} if option.choices else {"metavar": option.metavar}
         parser.add_argument(option.flag, type=option.type, default=option.default,
                             required=option.required, help=option.help, **extra)

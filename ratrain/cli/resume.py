@@ -12,16 +12,28 @@ from ratrain.errors import UserError
 from ratrain.rt.train_options import RUN_RECORD, TRAINING_OPTIONS, option_dest
 
 # NOTE [a run directory is the unit of work]: `ratrain train` records the training options
-# it was given (paths made absolute) in RUN/train_options.json next to RUN/program. `ratrain
-# train --resume RUN` reads them back, takes from the command line only the options given
-# again, reuses RUN/program (the layout and model flags cannot change: they are compiled
-# in), continues from the newest checkpoint under the recorded --save-dir, drops the
-# metrics records of steps after that checkpoint (they are trained again) and appends to
-# the same metrics file. Without a checkpoint yet, the run starts again from its start.
-# The checkpoint's trainer state names its token stream and row order; a resume that
-# would change them is refused (NOTE [token stream identity] in rt/data.py) unless
-# --allow-data-change is given. The record is rewritten with the merged options, so a
-# later resume without flags continues the same way (a larger --steps stays larger).
+# it was given in RUN/train_options.json next to RUN/program (NOTE [a run directory is
+# self-contained] for its paths). `ratrain train --resume RUN` reads them back, takes
+# from the command line only the options given again, reuses RUN/program (the layout and
+# model flags cannot change: they are compiled in), continues from the newest checkpoint
+# under the recorded --save-dir, drops the metrics records of steps after that checkpoint
+# (they are trained again) and appends to the same metrics file. Without a checkpoint
+# yet, the run starts again from its start. The checkpoint's trainer state names its
+# token stream and row order; a resume that would change them is refused (NOTE [token
+# stream identity] in rt/data.py) unless --allow-data-change is given. The record is
+# rewritten with the merged options, so a later resume without flags continues the same
+# way (a larger --steps stays larger).
+
+# NOTE [a run directory is self-contained]: a path the record holds that lies inside RUN
+# (RUN/checkpoints, RUN/metrics.jsonl, a --trace under RUN) is written relative to RUN and
+# read back against wherever RUN is now; any other path (the user's --data, --init-from,
+# --tokenizer) is written absolute, so a resume from another working directory finds it.
+# So `cp -r RUN COPY; ratrain train --resume COPY` continues COPY from its own newest
+# checkpoint and writes only into COPY, and a moved RUN resumes from its own checkpoint.
+# Records written before this rule hold every path absolute. Where such a record's
+# --save-dir and --metrics are OLD/checkpoints and OLD/metrics.jsonl (what `ratrain train`
+# gives every run), OLD is where the run was written, and its paths under OLD are read
+# under RUN (_written_in); other absolute paths are read as they are.
 
 PATH_OPTIONS = ("data", "eval_data", "tokenizer", "init_from", "resume", "save_dir",
                 "metrics", "trace")
@@ -82,20 +94,52 @@ def _order_problem(args, state: dict) -> str | None:
 # ---- the run record -------------------------------------------------------------------------
 
 def write_run_record(run_dir: Path, args, start: dict | None = None) -> None:
-    """RUN/train_options.json: every training option of `args` (paths absolute), the
-    model, and the --resume/--init-from the run started from (`start`, else args')."""
+    """RUN/train_options.json: every training option of `args` (paths inside RUN relative
+    to it, others absolute: NOTE [a run directory is self-contained]), the model, and the
+    --resume/--init-from the run started from (`start`, else args')."""
     options = {option_dest(flag): getattr(args, option_dest(flag))
                for flag, _, _, _ in TRAINING_OPTIONS}
-    options = {k: _absolute(k, v) for k, v in options.items() if k not in ONCE_OPTIONS}
-    options |= start or {}
-    record = {"model": getattr(args, "model", None), "options": options}
+    options = {k: v for k, v in options.items() if k not in ONCE_OPTIONS} | (start or {})
+    options = {k: _recorded_path(v, run_dir) if k in PATH_OPTIONS and v else v
+               for k, v in options.items()}
+    model = getattr(args, "model", None)
+    if model is not None and Path(model).exists():  # a preset's name stays its name
+        model = _recorded_path(model, run_dir)
+    record = {"model": model, "options": options}
     temp = run_dir / f".{RUN_RECORD}.{os.getpid()}.tmp"
     temp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(temp, run_dir / RUN_RECORD)
 
 
-def _absolute(dest: str, value):
-    return str(Path(value).absolute()) if dest in PATH_OPTIONS and value else value
+def _recorded_path(path: str, run_dir: Path) -> str:
+    """`path` as the record holds it: relative to run_dir inside it, else absolute."""
+    full, run = os.path.abspath(path), os.path.abspath(run_dir)
+    return os.path.relpath(full, run) if os.path.commonpath([full, run]) == run else full
+
+
+def _read_path(value, run_dir: Path, written_in: str | None = None):
+    """A recorded path as this run uses it (NOTE [a run directory is self-contained]): a
+    relative one is inside run_dir, where run_dir is now; an absolute one under the old
+    record's `written_in` is moved under run_dir; any other as it is."""
+    run = os.path.abspath(run_dir)
+    if not value or not os.path.isabs(value):
+        return os.path.join(run, value) if value else value
+    if written_in is not None and os.path.commonpath([value, written_in]) == written_in:
+        return os.path.join(run, os.path.relpath(value, written_in))
+    return value
+
+
+def _written_in(options: dict) -> str | None:
+    """Where a record of absolute paths was written: OLD when its --save-dir and --metrics
+    are OLD/checkpoints and OLD/metrics.jsonl, `ratrain train`'s own for OLD; else None."""
+    save_dir, metrics = options.get("save_dir"), options.get("metrics")
+    if not (isinstance(save_dir, str) and isinstance(metrics, str) and
+            os.path.isabs(save_dir)):
+        return None
+    old = os.path.dirname(save_dir)
+    same = os.path.basename(save_dir) == "checkpoints" and \
+        metrics == os.path.join(old, "metrics.jsonl")
+    return old if same else None
 
 
 def run_of(path: str) -> Path | None:
@@ -134,7 +178,10 @@ def resumed_args(args, run: Path) -> dict:
                         "start a new run with --out")
     try:
         record = json.loads((run / RUN_RECORD).read_text())["options"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        written_in = _written_in(record)
+        record = {k: _read_path(v, run, written_in) if k in PATH_OPTIONS else v
+                  for k, v in record.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UserError(f"cannot read {run / RUN_RECORD} ({e}); start a new run") from None
     named = Path(args.resume)
     for flag, _, default, _ in TRAINING_OPTIONS:

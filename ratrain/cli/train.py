@@ -163,6 +163,8 @@ def cmd_train(args) -> int:
     --resume RUN (or a checkpoint of RUN) and no other --out, RUN continued in place; run
     it (the runtime prints the progress, the loss plot and the summary)."""
     from ratrain.cli.resume import refuse_old_run_dir, run_of
+    from ratrain.cli.train_inputs import check_from_scratch
+    check_from_scratch(args)
     run = run_of(args.resume) if args.resume else None
     if run is not None and args.out is not None and Path(args.out).resolve() != run.resolve():
         run = None  # a new run in --out, starting from RUN's checkpoint
@@ -176,11 +178,13 @@ def start_run(args) -> int:
     order: nothing is written before every check passed."""
     from ratrain.cli.resume import check_start
     from ratrain.cli.train_inputs import (check_layout_numbers, check_run_dir,
-                                          load_checked_model, model_tokenizer, resolve_layout)
+                                          load_checked_model, model_tokenizer, resolve_layout,
+                                          take_model_weights, weights_line)
     check_layout_numbers(args)
     config, name = load_checked_model(args.init_from or args.model)
     if args.tokenizer is None and args.init_from is None:
         args.tokenizer = model_tokenizer(args.model)
+    model_weights = take_model_weights(args, config)
     cores = os.cpu_count() or 1
     layout = resolve_layout(args.pp, args.dp, args.micro_batches, args.global_batch, cores,
                             config["num_hidden_layers"] + 2)
@@ -189,6 +193,11 @@ def start_run(args) -> int:
     check_start(args, config)
     run_dir = check_run_dir(args.out)
     check_save_dir_option(args)  # creates --save-dir: the last check
+    if args.init_from and not args.resume:
+        print(weights_line(args.init_from, config) +
+              ("; --from-scratch would start from a seeded initialisation" if model_weights
+               else ""),
+              flush=True)
     print(f"compiling {name} for {options.world_size} ranks (pp {options.pp} x dp "
           f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
           f"x {options.seq_len} tokens)"
@@ -204,12 +213,17 @@ def start_run(args) -> int:
           f"starting {options.world_size} ranks with mpiexec", flush=True)
     code = launch(run_dir / "program", options.world_size, args,
                   command_text(["ratrain", "train", "--resume", run_dir]))
-    if code == SETUP_FAILED and not _has_trained(args):
+    if code != 0 and not _has_trained(args):
         _undo_start(run_dir, existed, made)
     return code
 
 
-SETUP_FAILED = 2    # the ranks' exit status when they agree a job cannot start (rt/run.py)
+# NOTE [a failed start is undone]: a new run whose job ends before it trained a step or
+# saved a checkpoint (the ranks refused it at set-up, exit 2; a rank failed at set-up and
+# aborted the job, exit 1; a rank died; a stop signal came first) has nothing to resume:
+# the stop and lost-rank lines name no checkpoint then. What the start wrote is removed
+# (_undo_start), so the same command runs again, where a left-behind RUN/program made it
+# refuse with "already holds a run".
 
 
 def _has_trained(args) -> bool:
@@ -219,8 +233,8 @@ def _has_trained(args) -> bool:
 
 
 def _undo_start(run_dir: Path, existed: bool, made: list[Path]) -> None:
-    """Remove what a start the ranks refused wrote (the program, the record, empty metrics
-    and checkpoint folders, the token caches it made), so the same command can run again."""
+    """Remove what a failed start wrote (NOTE [a failed start is undone]): the program, the
+    record, empty metrics and checkpoint folders, the token caches it made."""
     from ratrain.rt.train_options import RUN_RECORD
     shutil.rmtree(run_dir / "program", ignore_errors=True)
     for file in (run_dir / RUN_RECORD, run_dir / "metrics.jsonl", *made):
@@ -282,12 +296,16 @@ def tokenize_data(args, config: dict, seq_len: int) -> list[Path]:
 
 
 def add_train_parser(sub, model_help: str) -> None:
+    from ratrain.cli.options import add_options
     p = sub.add_parser("train", help="compile a model and train it on MPI ranks in one "
                        "command", description="Compile MODEL (tiny by default) into a run "
                        "directory, start one MPI rank per core with mpiexec, print a progress "
                        "line per step and a summary. --resume RUN continues the run directory "
                        "RUN in place with the options it started with.")
-    p.add_argument("--model", default="tiny", help=f"the model: {model_help} (default: tiny)")
+    p.add_argument("--model", default="tiny", help=f"the model: {model_help}; a directory "
+                   "holding weights (model.safetensors or a sharded index) is started from "
+                   "them, unless --from-scratch (default: tiny)")
+    add_options(p, "--from-scratch")
     p.add_argument("--out", default=None, metavar="DIR", help="run directory for the program "
                    "and the metrics (default: runs/<timestamp>)")
     _add_layout_options(p)

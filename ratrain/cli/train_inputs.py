@@ -4,6 +4,7 @@ core count. Every problem is a UserError naming the flags the user passed.
 """
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,6 +49,49 @@ def model_tokenizer(model: str) -> str | None:
     path = Path(model)
     folder = path if path.is_dir() else path.parent if path.is_file() else None
     return str(folder) if folder is not None and (folder / TOKENIZER_FILE).is_file() else None
+
+
+# NOTE [a model directory's weights]: `ratrain train --model DIR` where DIR holds weights
+# (model.safetensors, or model.safetensors.index.json and its shards: a directory saved
+# by transformers, or a ratrain checkpoint) starts from them, as --init-from DIR does. A
+# run that read DIR's config.json and tokenizer but silently started from a seeded
+# initialisation beside its weights trained another model than the user named (its
+# first loss ln(vocab) where the weights gave 2.2). The run says where it starts in one
+# line; --from-scratch takes the seeded initialisation instead. A preset, a
+# config.json path and a directory without weights name a config only; --init-from and
+# --resume name their own weights, and win.
+
+def check_from_scratch(args) -> None:
+    """--from-scratch is a start of its own: not with --init-from or --resume."""
+    if args.from_scratch and (args.init_from or args.resume):
+        flag = "--init-from" if args.init_from else "--resume"
+        raise UserError(f"--from-scratch and {flag} name different starts: leave one out")
+
+
+def take_model_weights(args, config: dict) -> bool:
+    """Start from --model DIR's weights when it holds them (NOTE [a model directory's
+    weights]), checked first (NOTE [checking a weights file]): args.init_from becomes
+    DIR. Whether it did."""
+    from ratrain.models.checkpoint import has_weights
+    from ratrain.rt.checkpoint import checkpoint_problem
+    if args.resume or args.from_scratch or args.init_from or not has_weights(args.model):
+        return False
+    if (problem := checkpoint_problem(args.model, config, "--model")) is not None:
+        raise UserError(problem)
+    args.init_from = args.model
+    return True
+
+
+def weights_line(checkpoint: str, config: dict) -> str:
+    """`initialized from DIR (model.safetensors, 1.2M parameters)`, of a checkpoint
+    checkpoint_problem has checked."""
+    from ratrain import models
+    from ratrain.models.checkpoint import weights_files
+    from ratrain.units import format_count
+    files = weights_files(checkpoint)
+    count = sum(math.prod(shape) for shape in models.param_shapes(config).values())
+    where = files[0] if len(files) == 1 else f"{len(files)} shards"
+    return f"initialized from {checkpoint} ({where}, {format_count(count)} parameters)"
 
 
 # ---- the run directory ------------------------------------------------------------------------

@@ -145,15 +145,26 @@ ARCHITECTURE_KEYS = ("model_type", "num_attention_heads", "num_key_value_heads",
 
 def checkpoint_problem(path, config: dict, flag: str) -> str | None:
     """What keeps checkpoint directory `path` from starting a run of the model `config`,
-    as one line naming `flag` (--resume or --init-from); None if it fits. Reads only
-    config.json, trainer_state.json and the safetensors headers, never a tensor, so a
-    run can check it before it compiles or writes anything. --resume also needs the
-    AdamW moments of every parameter and the trainer state."""
+    as one line naming `flag` (--resume, --init-from or --model); None if it fits. Reads
+    only config.json, trainer_state.json and the safetensors headers, checked against the
+    files' lengths (NOTE [checking a weights file] in models/checkpoint.py), never a
+    tensor, so a run can check it before it compiles or writes anything. --resume also
+    needs the AdamW moments of every parameter and the trainer state."""
+    from ratrain.models.checkpoint import DamagedWeights
+    try:
+        return _fit_problem(path, config, flag)
+    except DamagedWeights as e:
+        return f"{flag} {path}: {e}; copy or save it again, or pass another checkpoint"
+
+
+def _fit_problem(path, config: dict, flag: str) -> str | None:
     from ratrain.models import param_shapes
-    from ratrain.models.checkpoint import tensor_shapes
+    from ratrain.models.checkpoint import DamagedWeights, tensor_shapes
     try:
         shapes = tensor_shapes(path)
         saved = json.loads((Path(path) / CONFIG_FILE).read_text())
+    except DamagedWeights:
+        raise
     except (OSError, ValueError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else e
         return (f"{flag} {path} is not a checkpoint directory ({why}); pass a directory "
@@ -189,12 +200,14 @@ def _architecture_problem(saved: dict, config: dict) -> str | None:
 
 def _state_problem(path: Path, needed: dict) -> str | None:
     """The AdamW moments (in the optimizer files' headers) and trainer_state.json."""
-    from ratrain.models.checkpoint import safetensors_shapes
+    from ratrain.models.checkpoint import DamagedWeights, safetensors_shapes
     moments = {}
     try:
         for file in sorted(path.glob("optimizer*.safetensors")):
             moments |= safetensors_shapes(file)
         state = json.loads((path / STATE_FILE).read_text())
+    except DamagedWeights:
+        raise
     except (OSError, ValueError) as e:
         return f"its optimizer state cannot be read ({getattr(e, 'strerror', None) or e})"
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):

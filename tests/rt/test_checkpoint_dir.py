@@ -1,6 +1,7 @@
 """The save directory: --keep-last pruning, what --resume finds, the probe before a run,
 an interrupted save leaving nothing --resume would pick, and the exported config.json."""
 import json
+import os
 
 import pytest
 
@@ -143,8 +144,47 @@ def test_checkpoint_problem_reads_headers_and_names_what_differs(tmp_path):
         "it as [256, 256]")
     (path / "model.safetensors").write_bytes(b"not safetensors")
     assert ck.checkpoint_problem(path, tiny, "--resume") == (
-        f"--resume {path} is not a checkpoint directory ({path}/model.safetensors is not a "
-        "safetensors file); pass a directory holding config.json and model.safetensors")
+        f"--resume {path}: {path}/model.safetensors is not a safetensors file (its first 8 "
+        "bytes are no header length); copy or save it again, or pass another checkpoint")
+
+
+def test_weights_files_are_checked_against_their_length(tmp_path):
+    """NOTE [checking a weights file]: each tensor's byte range holds its dtype x shape and
+    lies inside the file; an index names only tensors its shards hold. Headers only."""
+    from ratrain import models
+    tiny = models.get_config("tiny")
+    path = run_checkpoint(tmp_path / "ckpt", tiny)
+    fix = "; copy or save it again, or pass another checkpoint"
+    moments = path / "optimizer.safetensors"
+    needed = 2 * 4 * sum(v.size for v in models.init_params(tiny, 0).values())
+    held = moments.stat().st_size - 8 - int.from_bytes(moments.read_bytes()[:8], "little")
+    assert held == needed
+    os.truncate(moments, moments.stat().st_size - 1)
+    assert ck.checkpoint_problem(path, tiny, "--init-from") is None   # moments not read
+    assert ck.checkpoint_problem(path, tiny, "--resume") == (
+        f"--resume {path}: {moments} is cut short: its tensors need {needed:,} bytes after "
+        f"the header, the file holds {needed - 1:,}{fix}")
+    weights = path / "model.safetensors"
+    raw = weights.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + size])
+
+    def compact(header: dict) -> bytes:   # the same header length, as the writer pads it
+        return json.dumps(header, separators=(",", ":")).encode().ljust(size)
+
+    header["model.norm.weight"]["shape"] = [255]
+    weights.write_bytes(raw[:8] + compact(header) + raw[8 + size:])
+    assert ck.checkpoint_problem(path, tiny, "--init-from") == (
+        f"--init-from {path}: {weights} is damaged: its header gives model.norm.weight 1,024 "
+        f"bytes for F32 [255] (1,020){fix}")
+    header["model.norm.weight"]["shape"] = [256]
+    weights.write_bytes(raw[:8] + compact(header) + raw[8 + size:])
+    weight_map = dict.fromkeys([*header, "lm_head.bias"], "model.safetensors")
+    weight_map.pop("__metadata__", None)
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert ck.checkpoint_problem(path, tiny, "--init-from") == (
+        f"--init-from {path}: {path}/model.safetensors.index.json puts lm_head.bias in "
+        f"model.safetensors, which does not hold it{fix}")
 
 
 def test_stream_change_names_the_first_difference():

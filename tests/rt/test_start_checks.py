@@ -1,16 +1,22 @@
 """A failed start leaves nothing behind: `ratrain train` and `ratrain run` check the
 checkpoint they start from (its files, config and shapes, read from the safetensors
-headers) and the data before they compile, tokenize or write; each failure is one
+headers, and every weights file's length: a file cut short under --model, --init-from or
+--resume) and the data before they compile, tokenize or write; each failure is one
 `ratrain: error:` line, and afterwards neither the run directory nor a token cache exists.
-No MPI job starts."""
+No MPI job starts; a job that ends before its first step is undone."""
 import json
+import math
+import os
+import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ratrain import models
-from run_dir_fixtures import text, write_model_dir
+from ratrain.models.safetensors_writer import SafetensorsWriter
+from run_dir_fixtures import CONFIG, text, write_model_dir
 
 
 def ratrain(cwd, *args, cache=None):
@@ -28,10 +34,46 @@ def workdir(tmp_path_factory):
     tiny = models.get_config("tiny")                     # another model's checkpoint
     models.save_pretrained(root / "tiny-ckpt", tiny, models.init_params(tiny, 0))
     (root / "tiny-ckpt" / "trainer_state.json").write_text(json.dumps({"step": 2}))
+    write_cut_checkpoints(root)
     compiled = ratrain(root, "compile", "model/config.json", "--seq-len", 16, "--pp", 2,
                        "-o", "program", cache=root / "cache")
     assert compiled.returncode == 0, compiled.stderr
     return root
+
+
+def write_cut_checkpoints(root):
+    """cut-weights: the model's directory with its model.safetensors cut in half (a copy
+    interrupted); cut-ckpt: a checkpoint of the model to --resume (moments, trainer state),
+    its model.safetensors cut in half too."""
+    shutil.copytree(root / "model", root / "cut-weights")
+    filled = models.fill_defaults(CONFIG)
+    params = models.init_params(filled, 3)
+    models.save_pretrained(root / "cut-ckpt", filled, params)
+    models.save_pretrained(root / "cut-weights", filled, params)
+    (root / "cut-weights" / "config.json").write_text(json.dumps(CONFIG))
+    moments = SafetensorsWriter(root / "cut-ckpt" / "optimizer.safetensors", [
+        (f"{name}.{key}", "float32", value.shape) for name, value in params.items()
+        for key in ("exp_avg", "exp_avg_sq")], {"format": "pt"})
+    for name, value in params.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            moments.write(f"{name}.{key}", np.zeros_like(value))
+    moments.close()
+    (root / "cut-ckpt" / "trainer_state.json").write_text(json.dumps({"step": 2}))
+    for folder in ("cut-weights", "cut-ckpt"):
+        file = root / folder / "model.safetensors"
+        os.truncate(file, file.stat().st_size // 2)
+
+
+def cut_short(workdir, folder: str) -> str:
+    """What is wrong with FOLDER/model.safetensors, as the error line says it: the float32
+    weights of every parameter, and what the half file holds after its header."""
+    file = workdir / folder / "model.safetensors"
+    header = int.from_bytes(file.read_bytes()[:8], "little")
+    shapes = models.param_shapes(models.fill_defaults(CONFIG)).values()
+    needed, held = 4 * sum(map(math.prod, shapes)), file.stat().st_size - 8 - header
+    return (f"{folder}/model.safetensors is cut short: its tensors need {needed:,} bytes "
+            f"after the header, the file holds {held:,}; copy or save it again, or pass "
+            "another checkpoint")
 
 
 TINY_SHAPES = ("model.embed_tokens.weight is [256, 256] in the checkpoint, the model needs "
@@ -63,6 +105,34 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_failed_start_writes_nothing(workdir, tmp_path, case):
     args, message = CASES[case]
+    assert_refused_writing_nothing(workdir, tmp_path, args, message)
+
+
+# a weights file cut in half, under each flag that names one (--steps 1: a start that
+# let it through would train for a step, or fail in the ranks, not run for long)
+CUT_CASES = {
+    "train --model": (["train", "--model", "cut-weights"], "--model", "cut-weights"),
+    "train --init-from": (["train", "--init-from", "cut-weights"], "--init-from",
+                          "cut-weights"),
+    "train --resume": (["train", "--model", "model", "--resume", "cut-ckpt"], "--resume",
+                       "cut-ckpt"),
+    "run --init-from": (["run", "program", "--init-from", "cut-weights"], "--init-from",
+                        "cut-weights"),
+    "run --resume": (["run", "program", "--resume", "cut-ckpt"], "--resume", "cut-ckpt"),
+}
+
+
+@pytest.mark.parametrize("case", CUT_CASES)
+def test_weights_cut_short_are_refused_before_anything_is_written(workdir, tmp_path, case):
+    args, flag, folder = CUT_CASES[case]
+    assert_refused_writing_nothing(
+        workdir, tmp_path, [*args, "--data", "train.txt", "--steps", 3],
+        f"{flag} {folder}: {cut_short(workdir, folder)}", whole=True)
+
+
+def assert_refused_writing_nothing(workdir, tmp_path, args, message, whole=False):
+    """One `ratrain: error:` line starting with `message` (being it, if `whole`), exit 2,
+    no MPI job, and neither the run directory nor a token cache."""
     before = sorted(p.name for p in workdir.iterdir())
     out = ["--out", tmp_path / "run"] if args[0] == "train" else \
         ["--save-dir", tmp_path / "run", "--metrics", tmp_path / "run" / "m.jsonl"]
@@ -70,9 +140,33 @@ def test_failed_start_writes_nothing(workdir, tmp_path, case):
     errors = [l for l in result.stderr.splitlines() if l.startswith("ratrain:")]
     assert result.returncode == 2 and len(errors) == 1, result.stderr
     assert errors[0].startswith(f"ratrain: error: {message}"), errors[0]
+    if whole:
+        assert result.stderr.splitlines() == [f"ratrain: error: {message}"]
     assert "Traceback" not in result.stderr and "mpiexec" not in result.stdout
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
     assert sorted(p.name for p in workdir.iterdir()) == before   # no token cache by the data
+
+
+def test_a_start_whose_job_ends_before_a_step_is_undone(workdir, tmp_path, monkeypatch):
+    """NOTE [a failed start is undone]: a job that ends before it trains a step, here as a
+    rank failing at set-up ends it (MPI_Abort: exit 1), leaves no run directory and no
+    token cache behind, so the same command runs again (the job stands in for mpiexec)."""
+    import ratrain.cli.train as train_command
+    from ratrain.cli import main
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("RATRAIN_CACHE", str(tmp_path / "cache"))
+    exits = iter([1, 0])
+    monkeypatch.setattr(train_command, "launch", lambda *args, **kwargs: next(exits))
+    argv = ["train", "--model", "model", "--data", "short-run.txt", "--seq-len", "16",
+            "--steps", "1", "--out", str(tmp_path / "run")]
+    (workdir / "short-run.txt").write_text(text(50, 4))
+    before = sorted(p.name for p in workdir.iterdir())
+    assert main(argv) == 1
+    assert not (tmp_path / "run").exists()
+    assert sorted(p.name for p in workdir.iterdir()) == before   # its token cache removed
+    assert main(argv) == 0
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == \
+        ["program", "train_options.json"]
 
 
 @pytest.mark.mpi
