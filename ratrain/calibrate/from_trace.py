@@ -225,14 +225,17 @@ def _add_samples(samples: dict, charges: list, steps: list) -> None:
                 samples[key].append(run_us * 1e-6)
 
 
-def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS) -> dict:
+def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
+                   progress=lambda line: None) -> dict:
     """`profile` with the traced rows of `runs` (NOTE [traced rows] 3): in the `threads`
-    entry the runs' ranks use, or at the top for a profile without one."""
+    entry the runs' ranks use, or at the top for a profile without one; `progress` gets
+    a line as each run is read."""
     from ratrain.sim.simulate import rank_profile
     by_entry: dict = defaultdict(lambda: defaultdict(list))
     spreads: dict = defaultdict(list)
     overheads: dict = defaultdict(lambda: [0.0, 0])
     for run in runs:
+        progress(f"reading {run.trace} (the traces of {run.program})")
         samples = call_samples(run, profile, skip)
         entry = rank_profile(profile, samples.world).get("rank_threads")
         for key, values in samples.calls.items():

@@ -73,12 +73,26 @@ def _calibrate_from(args, out: Path) -> None:
         base = read_manifest(runs[0].program)["hw"]
     else:
         raise UserError(f"{runs[0].program} is not a program directory; pass --program DIR")
-    profile = traced_profile(base, runs, args.skip_steps)
+    profile = traced_profile(base, runs, args.skip_steps,
+                             lambda line: print(line, flush=True))
     write_profile(profile, out)
-    rows = [entry.get("traced", {}).get("calls", {})
-            for entry in [profile, *profile.get("threads", {}).values()]]
-    print(f"wrote {out}: {sum(map(len, rows))} traced rows from {len(runs)} run"
-          f"{'s' * (len(runs) != 1)} over {base.get('name', 'the base profile')}'s costs")
+    print(f"wrote {out}: {base.get('name', 'the base profile')}'s profile with what "
+          f"{len(runs)} traced run{'s' * (len(runs) != 1)} measured")
+    for threads, entry in [(None, profile), *profile.get("threads", {}).items()]:
+        if "traced" in entry:
+            print("  " + traced_summary(entry["traced"], threads))
+
+
+def traced_summary(traced: dict, threads: str | None) -> str:
+    """One line of what a profile entry's traced rows hold (NOTE [traced rows])."""
+    kernels = sum(key.split()[2].isdigit() for key in traced["calls"])
+    overhead, drift = traced.get("call_overhead"), traced.get("arrival_drift")
+    return (f"{threads + ' thread' + 's' * (threads != '1') + ' per rank: ' if threads else ''}"
+            f"{kernels} kernel shapes, {len(traced['calls']) - kernels} runtime calls"
+            + (f", {overhead[0] * 1e6:.1f} us per call outside them" if overhead else "")
+            + (f", replicas' arrival drift {drift[0]:.1%} ({drift[1]} steps' first UPDs)"
+               if drift else ", no arrival drift (one replica, or no UPD all replicas "
+               "waited at)"))
 
 
 def summary(profile: dict, path: Path, seconds: float) -> str:
