@@ -41,7 +41,7 @@ from ratrain.planner.search import Row
 #    stopped is removed whole, so DIR holds only complete rows.
 WARMUP_STEPS = SKIP_STEPS
 MEASURE_SECONDS = 3.0
-MIN_MEASURED, MAX_MEASURED = 3, 40
+MIN_MEASURED, MAX_MEASURED = 3, 20
 RECORD = "measured.json"
 
 
