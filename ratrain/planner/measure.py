@@ -109,8 +109,9 @@ def measure_rows(rows: list[Row], runner: RowRunner, directory: Path,
     `directory`, with a progress line as each starts and ends."""
     done: list[Measurement] = []
     for index, row in enumerate(rows, 1):
-        steps = measured_steps(predicted_step(row), speed_so_far(done))
-        progress(start_line(index, len(rows), row, steps))
+        speed = speed_so_far(done)
+        steps = measured_steps(predicted_step(row), speed)
+        progress(start_line(index, len(rows), row, steps, speed))
         done.append(measure_row(index, row, runner, directory / f"row{index}", steps))
         progress(end_line(done[-1], len(rows)))
     return done
@@ -165,9 +166,11 @@ def timed(row: Row) -> str:
     return "simulated" if row.simulated else "estimated"
 
 
-def start_line(index: int, count: int, row: Row, steps: int) -> str:
+def start_line(index: int, count: int, row: Row, steps: int, speed: float) -> str:
+    """What the row's run will be: its steps, and their seconds at `speed` (NOTE
+    [choosing by measuring] 2)."""
     predicted = predicted_step(row)
-    span = f", about {steps * predicted:.0f} s" if predicted else ""
+    span = f", about {steps * predicted * speed:.0f} s" if predicted else ""
     return (f"row {index} of {count}: {row.candidate}: compiling, then {WARMUP_STEPS} "
             f"warm-up + {steps} measured steps{span}")
 

@@ -83,8 +83,10 @@ def test_runs_are_sized_by_the_prediction_and_the_speed_so_far(tmp_path):
     assert measured_steps(1e-6, 1.0) == MAX_MEASURED
     assert measured_steps(100.0, 1.0) == MIN_MEASURED == measured_steps(None, 1.0)
     runner = FakeRunner({2: 0.30, 3: 0.22, 1: 0.25})
-    measure_rows(ROWS, runner, tmp_path, lambda line: None)
+    lines = []
+    measure_rows(ROWS, runner, tmp_path, lines.append)
     # row 1 is predicted 0.1 s and runs at 3x that; row 2 is then sized at 3 x 0.11 s
     assert [steps for _, steps in runner.runs] == [
         WARMUP_STEPS + measured_steps(0.10, 1.0), WARMUP_STEPS + measured_steps(0.11, 3.0),
         WARMUP_STEPS + measured_steps(0.12, 2.5)]
+    assert lines[2].endswith(f"+ {measured_steps(0.11, 3.0)} measured steps, about 3 s")
