@@ -32,7 +32,11 @@ from ratrain.planner.search import Row
 # 2. n spans about MEASURE_SECONDS at the row's predicted step, scaled by how the rows
 #    measured so far ran against their prediction (a profile of another CPU, or a busy
 #    machine, is off for every row alike), and lies in [MIN_MEASURED, MAX_MEASURED], so
-#    a row's time is its compile and start-up plus a bounded run.
+#    a row's time is its compile and start-up plus a bounded run. The first row has no
+#    rows before it: its run is bounded by MAX_MEASURED steps only (on 2 vCPUs under a
+#    load of 13, tiny's row 1 ran 19 steps of 1.0 s where 0.165 s was simulated, 29 s
+#    with start-up; rows 2 and 3, sized from it, 16-17 s). The runtime runs a fixed
+#    --steps, so a clock cannot end a run early.
 # 3. The fastest measured row is chosen; a row that failed (compile or run) is reported
 #    with its reason and left out of the choice.
 # 4. Each row's program, trace, metrics and run log go to DIR/row<I> (I its number in
