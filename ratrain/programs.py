@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from ratrain.compiler import compile_graph
 from ratrain.errors import UserError
 from ratrain.rt.load import MANIFEST, SetupError
 from ratrain.rt.load import read_manifest as _read_manifest
@@ -82,6 +83,19 @@ def ratrain_version() -> str:
         return version("ratrain")
     except PackageNotFoundError:
         return "unknown"
+
+
+def compile_program_dir(out: Path, graph, options, profile: dict, hf_config: dict | None,
+                        machine: dict, build: bool = False, expand: bool = False):
+    """Compile `graph` with `options` for `profile` and write the program directory `out`
+    (write_program_dir: atomically); (program, records). `machine` is the record of the
+    machine compiled for (NOTE [recorded machine]). `ratrain compile` and `ratrain plan
+    --measure` compile through here, so a measured row is the program `compile` writes."""
+    program, records = compile_graph(graph, options, expand=expand, profile=profile)
+    write_program_dir(out, program_files(program, records),
+                      lambda hashes: build_manifest(program, records, profile, hashes,
+                                                    hf_config, machine), build=build)
+    return program, records
 
 
 def is_program_dir(path: Path) -> bool:

@@ -17,16 +17,14 @@ from ratrain.cli.machine import describe_machine, planned_machine
 from ratrain.cli.options import DEFAULT_HW, HW_HELP, POLICY_FLAGS, add_options
 from ratrain.cli.plan import add_search_options, apply_plan
 from ratrain.cli.train_inputs import MAX_DEFAULT_MICRO_BATCHES
-from ratrain.compiler import (FLAGS, compile_graph, compile_other_schedule, other_schedule,
-                              recompile, resolve_options, simulate, simulated_step,
-                              trace_for)
+from ratrain.compiler import (FLAGS, compile_other_schedule, other_schedule, recompile,
+                              resolve_options, simulate, simulated_step, trace_for)
 from ratrain.errors import UserError
 from ratrain.inputs import load_model, read_hf_config
 from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.plan_memory import format_bytes
-from ratrain.programs import (MANIFEST, build_manifest, check_output, pass_file,
-                              program_files, rank_line, rank_lowered, read_manifest,
-                              write_program_dir)
+from ratrain.programs import (MANIFEST, check_output, compile_program_dir, pass_file,
+                              rank_line, rank_lowered, read_manifest)
 from ratrain.units import SIZE_HELP, format_budget
 
 
@@ -111,13 +109,10 @@ def cmd_compile(args) -> None:
         args.micro_batches = MAX_DEFAULT_MICRO_BATCHES
     options = resolve_options(config, profile, **{f: getattr(args, f) for f in FLAGS})
     graph = trace_for(config, name, options)
-    program, records = compile_graph(graph, options, expand=args.expand, profile=profile)
-    files = program_files(program, records)
-    hf_config = read_hf_config(args.model)
     record = machine.record(base)  # NOTE [recorded machine]
-    write_program_dir(out, files, lambda hashes: build_manifest(program, records, profile,
-                                                                hashes, hf_config, record),
-                      build=args.build)
+    program, records = compile_program_dir(out, graph, options, profile,
+                                           read_hf_config(args.model), record,
+                                           build=args.build, expand=args.expand)
     o = options
     print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}, "
           f"{o.rank_placement} placement), schedule "

@@ -156,6 +156,16 @@ OPTIONS = {o.flag: o for o in (
            None, metavar="B"),
     Option("--link-latency", "seconds per message between two ranks of a node, replacing "
            "the profile's link_latency, e.g. 5us", latency_arg, None, metavar="S"),
+    Option("--measure", "plan on this machine, then compile the K best rows, run each "
+           "a few traced steps under mpiexec (about 3 s of steps after 2 warm-up steps), "
+           "print the measured step beside the simulated one and pick the fastest measured "
+           "(NOTE [choosing by measuring]); not with the machine flags, another machine's "
+           "profile or more ranks than cores (default: no measuring)", positive_int, None,
+           metavar="K"),
+    Option("--measure-dir", "with --measure: keep each row's program, trace, metrics and "
+           "run log in DIR/row<I> (a new or empty directory), for `ratrain calibrate "
+           "--from` (default: a temporary directory, removed after)", None, None,
+           metavar="DIR"),
     Option("--simulate", "compile and simulate at most the S best candidates by the "
            "analytic estimate, skipping those estimated over "
            f"{SIMULATION_MARGIN:.0%} slower than the best simulated (default: "
@@ -192,3 +202,16 @@ POLICY_FLAGS = ("--schedule", "--pipeline-schedule", "--recompute", "--zero", "-
 # its profile); plan, compile (with --plan) and simulate take them all
 MACHINE_FLAGS = ("--machine", "--nodes", "--ranks-per-node", "--inter-node-bandwidth",
                  "--inter-node-latency", "--link-bandwidth", "--link-latency")
+
+
+# the options a plan row chooses (compile --plan, plan --measure), at their defaults unless
+# given (a row's None keeps the default: NOTE [update rule fallback])
+PLANNED = ("--pp", "--dp", "--micro-batches", "--micro-batch-size", "--zero", "--recompute",
+           "--update-rule", "--zero3-prefetch", "--grad-accum", "--placement",
+           "--pipeline-schedule")
+
+
+def planned_values(row) -> dict[str, Any]:
+    """flag -> value of each PLANNED option for a plan row (planner/search.Row)."""
+    return {flag: OPTIONS[flag].default if getattr(row, dest(flag)) is None
+            else getattr(row, dest(flag)) for flag in PLANNED}

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 
 from ratrain.cli.machine import planned_machine
+from ratrain.cli.measure import check_measure_dir, measure_plan, measure_refusal
 from ratrain.cli.options import (DEFAULT_HW, DEFAULT_SIMULATE, HW_HELP, MACHINE_FLAGS,
-                                 OPTIONS, add_options, dest, positive_int)
+                                 OPTIONS, PLANNED, add_options, dest, planned_values,
+                                 positive_int)
 from ratrain.errors import UserError
 from ratrain.inputs import load_model
 from ratrain.models.config import default_seq_len
@@ -119,6 +121,14 @@ def _schedule_text(row) -> str:
     return row.schedule + ("/zb1" if row.pipeline_schedule == "zb1" else "")
 
 
+def shown_rows(plan) -> list:
+    """The rows that fit, as the table numbers them: those of the simulated recompute
+    policy and those compiled (the others are never faster: --json lists them)."""
+    policy = STRATEGIES[plan.strategy].simulated_policy if plan.strategy else "auto"
+    return [r for r in plan.rows if r.feasible and (r.recompute == policy or
+                                                    r.candidate in plan.notes)]
+
+
 def format_plan(plan, top: int, smallest: bool) -> str:
     feasible = [r for r in plan.rows if r.feasible]
     infeasible = [r for r in plan.rows if not r.feasible]
@@ -135,8 +145,7 @@ def format_plan(plan, top: int, smallest: bool) -> str:
              + (", the others estimated" if len(feasible) > simulated + checked else "")]
     if smallest:
         lines.insert(0, f"smallest cluster count that fits: {plan.clusters}")
-    policy = STRATEGIES[plan.strategy].simulated_policy if plan.strategy else "auto"
-    shown = [r for r in feasible if r.recompute == policy or r.candidate in plan.notes]
+    shown = shown_rows(plan)
     if feasible:
         lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'placement':<9} {'zero':>4} {'grads':<7} "
                      f"{'mbs':>4} {'M':>5} {'recompute':<9} {'schedule':<11} {'peak':>10} "
@@ -214,6 +223,21 @@ def plan_everything(planner, args):
     return merged_plan(bests), bests
 
 
+def _check_measure_flags(args, profile: dict) -> None:
+    """--measure only where the plan is for this machine (NOTE [choosing by measuring]),
+    checked before anything is planned or run."""
+    if args.measure_dir and not args.measure:
+        raise UserError("--measure-dir keeps what --measure K runs: give --measure K too")
+    if not args.measure:
+        return
+    if args.json:
+        raise UserError("--measure prints its runs and pick as text: drop --json")
+    check_measure_dir(args.measure_dir)
+    refusal = measure_refusal(args, profile, args.clusters)
+    if refusal is not None:
+        raise UserError(refusal)
+
+
 def cmd_plan(args) -> int:
     from ratrain.planner import Planner
     _check_search_flags(args)
@@ -221,7 +245,9 @@ def cmd_plan(args) -> int:
     strategy = None if name in SCHEDULES + ("all",) else name
     schedules = SCHEDULES if name == "all" else \
         (STRATEGIES[strategy].schedule,) if strategy else (name,)
-    planner = Planner(search_for(args, schedules, planned_machine(args)[2]))
+    planned = planned_machine(args)
+    _check_measure_flags(args, planned[2])
+    planner = Planner(search_for(args, schedules, planned[2]))
     if args.clusters is None and not args.min_clusters:
         raise UserError(f"--machine {args.machine} names no nodes: give --clusters N or "
                         "--nodes K")
@@ -234,17 +260,23 @@ def cmd_plan(args) -> int:
         print(json.dumps(plan_json(plan, args.top, args.min_clusters, bests), indent=1))
     else:
         print(format_plan(plan, args.top, args.min_clusters)
-              + ("\n" + "\n".join(strategy_lines(bests)) if bests else ""))
-    return 0 if plan.best is not None else NOTHING_FITS
+              + ("\n" + "\n".join(strategy_lines(bests)) if bests else ""), flush=True)
+    if plan.best is None:
+        return NOTHING_FITS
+    return _measure(plan, args, planned) if args.measure else 0
+
+
+def _measure(plan, args, planned) -> int:
+    """--measure K: the table's K best rows measured here (cli/measure.py)."""
+    refusal = measure_refusal(args, planned[2], plan.clusters)  # --min-clusters chose it
+    if refusal is not None:
+        raise UserError(refusal)
+    return measure_plan(plan, shown_rows(plan)[:args.measure], args, planned)
 
 
 # ---- compile --plan --------------------------------------------------------------------------
 
-# the options --plan chooses, at their defaults unless given (a row's None keeps the
-# default: NOTE [update rule fallback]); and those the planner assumes at their defaults
-PLANNED = ("--pp", "--dp", "--micro-batches", "--micro-batch-size", "--zero", "--recompute",
-           "--update-rule", "--zero3-prefetch", "--grad-accum", "--placement",
-           "--pipeline-schedule")
+# the options the planner assumes at their defaults (those it chooses: options.PLANNED)
 UNPLANNED = ("--clip",)
 
 
@@ -274,9 +306,8 @@ def apply_plan(args):
         raise UserError(f"no configuration of {plan.model} on {plan.clusters} rank(s) fits "
                           f"--budget {format_bytes(plan.budget)}; see `ratrain plan`")
     best = plan.best
-    for flag in PLANNED:
-        value = getattr(best, dest(flag))
-        setattr(args, dest(flag), OPTIONS[flag].default if value is None else value)
+    for flag, value in planned_values(best).items():
+        setattr(args, dest(flag), value)
     args.seq_len = plan.seq_len
     print(f"planned for {plan.clusters} ranks: {best.candidate} ({_timing(best)})")
     return planned
@@ -313,6 +344,7 @@ def add_plan_parser(sub, model_help: str) -> None:
                 hw={"default": None, "help": f"{HW_HELP} (default: the --machine file's, "
                     f"else {DEFAULT_HW})"},
                 schedule={"choices": SCHEDULE_CHOICES, "help": SCHEDULE_PLAN_HELP})
+    add_options(p, "--measure", "--measure-dir")
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="show the K best rows that fit (default: 10)")
     p.add_argument("--json", action="store_true", help="print the search and its rows as "

@@ -296,11 +296,11 @@ def test_task_costs_follow_the_profile():
 
 
 def test_failed_write_leaves_no_directory(tmp_path, monkeypatch):
-    import ratrain.cli.compile as cli_compile
+    import ratrain.programs as programs
 
     def broken_manifest(*args):
         raise OSError("disk full")
-    monkeypatch.setattr(cli_compile, "build_manifest", broken_manifest)
+    monkeypatch.setattr(programs, "build_manifest", broken_manifest)
     with pytest.raises(OSError, match="disk full"):
         compile_to(tmp_path / "prog")
     assert list(tmp_path.iterdir()) == []
