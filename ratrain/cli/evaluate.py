@@ -172,7 +172,8 @@ def cmd_generate(args) -> int:
     params = models.load_pretrained(checkpoint)[1]
     sampling = Sampling(args.max_new_tokens, args.greedy, args.temperature, args.top_k,
                         args.seed)
-    eos = None if choice.path is None else choice.eos_id  # bytes have no EOS (NOTE [byte documents])
+    # byte tokens have no end-of-text id (NOTE [byte documents]): run to the length
+    eos = None if choice.path is None else choice.eos_id
     print(args.prompt + _decode(choice, generate_ids(config, params, prompt, sampling, eos)),
           flush=True)
     return 0
