@@ -12,6 +12,7 @@ import sys
 from ratrain.cli.calibrate import add_calibrate_parser
 from ratrain.cli.cluster import add_cluster_parser
 from ratrain.cli.compile import add_compile_parser, add_program_inspect_options
+from ratrain.cli.evaluate import add_eval_parsers
 from ratrain.cli.options import OneLineErrors, add_options
 from ratrain.cli.plan import add_plan_parser
 from ratrain.cli.sim import add_simulate_parser
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inspect)
     add_run_parser(sub)
     add_train_parser(sub, MODEL_HELP)
+    add_eval_parsers(sub)
     add_simulate_parser(sub)
     add_calibrate_parser(sub)
     add_plan_parser(sub, MODEL_HELP)

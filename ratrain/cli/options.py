@@ -39,6 +39,17 @@ positive_int = _int_at_least(1, "a positive integer")
 non_negative_int = _int_at_least(0, "0 or a positive integer")
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0, else a usage error naming what was given."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 class OneLineErrors(argparse.ArgumentParser):
     """A parser (and its subcommands' parsers) whose usage errors are one `ratrain: error:`
     line naming the input and where the options are listed, like every other error."""
@@ -131,6 +142,18 @@ OPTIONS = {o.flag: o for o in (
            "when --model DIR holds weights (model.safetensors or a sharded index), which "
            "the run otherwise starts from (default: DIR's weights where it has them)",
            default=False, switch=True),
+    # eval and generate (cli/evaluate.py)
+    Option("--prompt", "generate: the text to continue, tokenized with the checkpoint's "
+           "tokenizer (its special tokens added, as transformers' tokenizer(TEXT) does)",
+           metavar="TEXT", required=True),
+    Option("--max-new-tokens", "generate: tokens to add after the prompt at most; the end "
+           "of text token stops it sooner (default: 64)", positive_int, 64, metavar="N"),
+    Option("--greedy", "generate: take the most likely token every time, as transformers' "
+           "generate(do_sample=False) does (default: draw it at --temperature)", switch=True),
+    Option("--temperature", "generate: divide the logits by T before drawing; below 1 is "
+           "surer, above 1 more varied (default: 1.0)", positive_float, 1.0, metavar="T"),
+    Option("--top-k", "generate: draw among the K most likely tokens only; 0 = all "
+           "(default: 50, transformers' default)", non_negative_int, 50, metavar="K"),
     Option("--clusters", "ranks (MT-3000 clusters) to plan for: pp x dp = N", positive_int,
            None, metavar="N"),
     # the machine (hw/machine.py): plan and compile --plan plan for it, compile records

@@ -6,7 +6,7 @@ from ratrain.models.config import (ModelDims, check_sequence_length, fill_defaul
                                    model_dims, preset_names, validate_config)
 from ratrain.models.params import count_params, init_params, param_shapes
 
-_JAX_NAMES = ("LayerSpec", "layer_fn", "layer_specs", "loss_fn")
+_JAX_NAMES = ("LayerSpec", "layer_fn", "layer_specs", "logits_fn", "loss_fn")
 
 
 def __getattr__(name):
@@ -19,5 +19,5 @@ def __getattr__(name):
 
 __all__ = ["LayerSpec", "ModelDims", "check_sequence_length", "count_params",
            "fill_defaults", "get_config", "init_params", "layer_fn", "layer_specs",
-           "load_pretrained", "loss_fn", "model_dims", "param_shapes", "preset_names",
+           "load_pretrained", "logits_fn", "loss_fn", "model_dims", "param_shapes", "preset_names",
            "save_pretrained", "validate_config"]

@@ -100,6 +100,14 @@ def _head(d: ModelDims, w, h, targets):
     return ops.cross_entropy(ops.rms_norm(h, w["norm.weight"], eps=d.eps), lm_head, targets)
 
 
+def _head_logits(d: ModelDims, w, h):
+    """The head without its loss: next-token logits [B, T, V] in at least fp32."""
+    from ratrain.ir.split_backward import head_logits
+    lm_head = normalize_rows(w["lm_head.weight"]) if d.norm_head else w["lm_head.weight"]
+    logits = head_logits(jnp, ops.rms_norm(h, w["norm.weight"], eps=d.eps), lm_head)
+    return logits.reshape(*h.shape[:-1], lm_head.shape[0])
+
+
 def layer_fn(config: dict, kind: str):
     """embed: fn(w, ids) -> h; decoder: fn(w, h) -> h; head: fn(w, h, targets) -> loss.
     `w` maps local names (LayerSpec.local_names) to arrays."""
@@ -130,3 +138,22 @@ def loss_fn(config: dict):
             else:
                 return fns["head"](w, h, targets)
     return loss
+
+
+def logits_fn(config: dict):
+    """f(params, ids[B, T] int32) -> next-token logits [B, T, V]: the layers of loss_fn,
+    with the head's logits in place of its loss (what `ratrain generate` samples from)."""
+    specs, d = layer_specs(config), model_dims(config)
+    embed, decoder = layer_fn(config, "embed"), layer_fn(config, "decoder")
+
+    def logits(params, ids):
+        h = None
+        for spec in specs:
+            w = {l: params[p] for l, p in zip(spec.local_names, spec.param_names)}
+            if spec.kind == "embed":
+                h = embed(w, ids)
+            elif spec.kind == "decoder":
+                h = decoder(w, h)
+            else:
+                return _head_logits(d, w, h)
+    return logits

@@ -35,8 +35,15 @@ def held_out(args, row_len: int, global_batch: int, text) -> HeldOut | None:
     if args.eval_data is None:
         return None
     rows = data_rows(args.eval_data, "--eval-data", row_len, text)
-    count = min(args.eval_batches, -(-len(rows) // global_batch))
-    return HeldOut(Batches(rows, global_batch, shuffle=False, seed=0), count, args.eval_every)
+    return held_out_rows(rows, global_batch, args.eval_batches, args.eval_every)
+
+
+def held_out_rows(rows: np.ndarray, global_batch: int, batches: int, every: int = 0) -> HeldOut:
+    """The held-out set of `rows` in file order: its first `batches` global batches, fewer
+    if it has fewer rows (the last one wrapping to the first rows, as Batches.step does).
+    A run's --eval-data and `ratrain eval` both take their rows here."""
+    count = min(batches, -(-len(rows) // global_batch))
+    return HeldOut(Batches(rows, global_batch, shuffle=False, seed=0), count, every)
 
 
 def due(held: HeldOut | None, step: int, last_step: int) -> bool:

@@ -106,10 +106,14 @@ METAVARS = {"--steps": "N", "--data": "FILE", "--tokenizer": "DIR", "--eval-data
             "--progress-us": "N", "--trace": "DIR"}
 
 
-def add_training_options(parser, skip: tuple = ()) -> None:
+def add_training_options(parser, skip: tuple = (), only: tuple | None = None,
+                         helps: dict | None = None) -> None:
+    """The TRAINING_OPTIONS but `skip`, or only those in `only`: `ratrain eval` and
+    `ratrain generate` take a few, with `helps` (flag -> help) saying what they mean there."""
     for flag, kind, default, text in TRAINING_OPTIONS:
-        if flag in skip:
+        if flag in skip or only is not None and flag not in only:
             continue
+        text = (helps or {}).get(flag, text)
         if kind is None:
             parser.add_argument(flag, action="store_true", help=text)
         else:
