@@ -131,6 +131,9 @@ OPTIONS = {o.flag: o for o in (
            "when --model DIR holds weights (model.safetensors or a sharded index), which "
            "the run otherwise starts from (default: DIR's weights where it has them)",
            default=False, switch=True),
+    Option("--allow-beyond-context", "train: take a --seq-len longer than the model's "
+           "context (max_position_embeddings), training positions it has not seen "
+           "(default: refuse such a --seq-len)", default=False, switch=True),
     Option("--clusters", "ranks (MT-3000 clusters) to plan for: pp x dp = N", positive_int,
            None, metavar="N"),
     # the machine (hw/machine.py): plan and compile --plan plan for it, compile records

@@ -177,11 +177,12 @@ def start_run(args) -> int:
     """Check every input, then compile, tokenize and write the run directory, in that
     order: nothing is written before every check passed."""
     from ratrain.cli.resume import check_start
-    from ratrain.cli.train_inputs import (check_layout_numbers, check_run_dir,
-                                          load_checked_model, model_tokenizer, resolve_layout,
+    from ratrain.cli.train_inputs import (check_context, check_layout_numbers, check_run_dir,
+                                          load_checked_model, model_source, model_tokenizer,
+                                          resolve_layout,
                                           take_model_weights, weights_line)
     check_layout_numbers(args)
-    config, name = load_checked_model(args.init_from or args.model)
+    config, name = load_checked_model(*model_source(args))
     if args.tokenizer is None and args.init_from is None:
         args.tokenizer = model_tokenizer(args.model)
     model_weights = take_model_weights(args, config)
@@ -189,6 +190,7 @@ def start_run(args) -> int:
     layout = resolve_layout(args.pp, args.dp, args.micro_batches, args.global_batch, cores,
                             config["num_hidden_layers"] + 2)
     options = compile_options(args, config, layout)
+    check_context(config, options.seq_len, args.allow_beyond_context)
     check_checkpoint_options(args, save_dir_given=False)
     check_start(args, config)
     run_dir = check_run_dir(args.out)
@@ -305,7 +307,7 @@ def add_train_parser(sub, model_help: str) -> None:
     p.add_argument("--model", default="tiny", help=f"the model: {model_help}; a directory "
                    "holding weights (model.safetensors or a sharded index) is started from "
                    "them, unless --from-scratch (default: tiny)")
-    add_options(p, "--from-scratch")
+    add_options(p, "--from-scratch", "--allow-beyond-context")
     p.add_argument("--out", default=None, metavar="DIR", help="run directory for the program "
                    "and the metrics (default: runs/<timestamp>)")
     _add_layout_options(p)

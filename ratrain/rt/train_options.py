@@ -174,11 +174,39 @@ def warmup_steps(args) -> int:
 
 
 def check_lr_schedule(args) -> str | None:
-    """What is wrong with --lr-schedule, --warmup or --min-lr, if anything (one line)."""
+    """What is wrong with --lr-schedule, --warmup, --min-lr or the AdamW numbers, if
+    anything (one line)."""
     if args.warmup is not None and args.warmup < 0:
         return f"--warmup must be 0 or a positive number of steps, got {args.warmup}"
+    if args.warmup is not None and args.warmup > args.steps:
+        return (f"--warmup {args.warmup} is longer than --steps {args.steps}: the learning "
+                f"rate would never reach --lr; pass --warmup {args.steps} or less")
     if args.min_lr is not None and args.lr_schedule == "constant":
         return "--min-lr ends a cosine decay: drop it, or --lr-schedule constant"
+    return check_optimizer_numbers(args)
+
+
+# flag, whether a value is in range, what the range is (the defaults are the help's)
+OPTIMIZER_RANGES = (
+    ("--lr", lambda v: v > 0, "a positive learning rate, e.g. 1e-3 (the default)"),
+    ("--min-lr", lambda v: v >= 0, "0 or a positive learning rate below --lr"),
+    ("--beta1", lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.9 (the default)"),
+    ("--beta2", lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.95 (the default)"),
+    ("--eps", lambda v: v > 0, "a positive number, e.g. 1e-8 (the default)"),
+    ("--weight-decay", lambda v: v >= 0, "0 or a positive number, e.g. 0.1 (the default)"),
+)
+
+
+def check_optimizer_numbers(args) -> str | None:
+    """The first of --lr, --min-lr, --beta1, --beta2, --eps, --weight-decay out of its
+    range (OPTIMIZER_RANGES; NaN and infinity never are in it), or --min-lr above --lr."""
+    for flag, in_range, what in OPTIMIZER_RANGES:
+        value = getattr(args, option_dest(flag))
+        if value is not None and not (math.isfinite(value) and in_range(value)):
+            return f"{flag} must be {what}; got {value:g}"
+    if args.min_lr is not None and args.min_lr > args.lr:
+        return (f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}: the cosine decays from "
+                f"--lr down to --min-lr; pass a --min-lr of at most {args.lr:g}")
     return None
 
 
