@@ -249,9 +249,11 @@ def _undo_start(run_dir: Path, existed: bool, made: list[Path]) -> None:
 def resume_run(args, run: Path) -> int:
     """RUN continued in place (NOTE [a run directory is the unit of work] in
     cli/resume.py): its program, recorded options and newest checkpoint."""
-    from ratrain.cli.resume import (check_start, keep_metrics_until, resumed_args,
-                                    write_run_record)
+    from ratrain.cli.resume import (check_start, keep_metrics_until, recorded_steps,
+                                    resumed_args, write_run_record)
+    from ratrain.rt.train_options import schedule_change
     from ratrain.rt.load import SetupError, read_manifest
+    old_steps = recorded_steps(run)
     start = resumed_args(args, run)
     try:
         manifest = read_manifest(run / "program")
@@ -273,6 +275,8 @@ def resume_run(args, run: Path) -> int:
     print(f"resuming {run} from {where}: steps {step + 1}..{args.steps}"
           + (f"; {dropped} metrics records after step {step} dropped" if dropped else ""),
           flush=True)
+    if old_steps is not None and (change := schedule_change(args, old_steps, step)):
+        print(change, flush=True)
     return launch(run / "program", manifest["world_size"], args,
                   command_text(["ratrain", "train", "--resume", run]))
 

@@ -100,6 +100,7 @@ def prepare(args, world_size: int, rank: int = 0) -> dict:
             "step": state.get("step", 0), "data_order": {"shuffle": shuffle, "seed": seed},
             "scaler": loss_scaler(args, o.precision, state),
             "skipped_steps": state.get("skipped_steps", 0),
+            "elapsed": float(state.get("elapsed_s", 0.0)),  # NOTE [elapsed across resumes]
             "checkpoint": checkpoint_contents(args, manifest, config, stream),
             "throughput": Throughput.of_manifest(manifest)}
 
@@ -215,7 +216,7 @@ def train(args, comms, job: dict) -> int:
     if args.trace:
         executor.trace = TaskTrace(comms.rank, st.stage, args.program)
     log = MetricsLog(args.metrics if comms.rank == 0 else None, args.steps,
-                     job["throughput"])
+                     job["throughput"], job["elapsed"])
     tokens_per_step = batches.global_batch * program.options.seq_len
     if comms.rank == 0 and not args.quiet and job["step"] < args.steps:
         print(f"first step: {job['step'] + 1}/{args.steps} (it also warms up)", flush=True)
@@ -238,9 +239,9 @@ def train(args, comms, job: dict) -> int:
                 comm.abort_job(f"ratrain: rank 0 failed writing metrics: {e}")
         if args.save_dir and (k + 1 == args.steps or args.save_every and
                               (k + 1) % args.save_every == 0):
-            saved = _save(args, comms, executor, job)
+            saved = _save(args, comms, executor, job, log.elapsed())
     if stop and args.save_dir and executor.step > job["step"] and saved != executor.step:
-        saved = _save(args, comms, executor, job)
+        saved = _save(args, comms, executor, job, log.elapsed())
     executor.finish()
     if executor.trace is not None:
         executor.trace.write(args.trace)
@@ -290,7 +291,7 @@ def _run_step(executor, tokens, optimizer) -> list[float]:
                        f"{where}): {type(e).__name__}: {e}")
 
 
-def _save(args, comms, executor, job: dict) -> int:
+def _save(args, comms, executor, job: dict, elapsed: float) -> int:
     """Write a checkpoint, every stage its own files (NOTE [checkpoints without
     gathering]); then remove the ones --keep-last no longer keeps. The step saved."""
     from ratrain.rt import comm
@@ -318,7 +319,7 @@ def _save(args, comms, executor, job: dict) -> int:
             raise RuntimeError("; ".join(errors))
         finish_checkpoint(executor.program, Path(staging), path, contents["config"],
                           {"step": executor.step, **job["data_order"], "data": args.data,
-                           "token_stream": contents["token_stream"],
+                           "token_stream": contents["token_stream"], "elapsed_s": elapsed,
                            **_scaler_state(executor)}, contents["tokenizer"])
         removed = prune_checkpoints(args.save_dir, args.keep_last, path)
     except Exception as e:

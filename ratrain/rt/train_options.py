@@ -238,6 +238,24 @@ def learning_rate(args, step: int) -> float:
     return min_lr + 0.5 * (args.lr - min_lr) * (1 + math.cos(math.pi * progress))
 
 
+def schedule_change(args, old_steps: int, step: int) -> str | None:
+    """The line a run resumed after `step` prints when its --steps is no longer the
+    `old_steps` its schedule ran to: how the learning rate moves (NOTE [default
+    learning-rate schedule]: warm-up and cosine are functions of --steps); None when it
+    does not move."""
+    old = argparse.Namespace(**{**vars(args), "steps": old_steps})
+    before, now = learning_rate(old, max(step, 1)), learning_rate(args, step + 1)
+    would = learning_rate(old, step + 1) if step < old_steps else None
+    if old_steps == args.steps or now == (before if would is None else would):
+        return None
+    line = (f"--steps {args.steps} moves the learning-rate schedule, which ran to step "
+            f"{old_steps}: step {step + 1} trains at lr {now:.3g}")
+    line += f" (step {step} trained at {before:.3g}" + (
+        f"; with --steps {old_steps} it would train at {would:.3g})" if would is not None
+        else ")")
+    return line + f", then {args.lr_schedule} to step {args.steps}"
+
+
 def optimizer_at(args, step: int) -> AdamW:
     return AdamW(lr=learning_rate(args, step), beta1=args.beta1, beta2=args.beta2,
                  eps=args.eps, weight_decay=args.weight_decay)
