@@ -11,6 +11,7 @@ import resource
 import time
 from dataclasses import asdict, dataclass
 
+from ratrain.rt.loggers import logged_scalars
 from ratrain.units import format_bytes
 
 # NOTE [model FLOPs and MFU]: as in PaLM, Megatron and torchtitan, MFU is the model FLOPs
@@ -124,9 +125,9 @@ class MetricsLog:
     and times the job from its construction (made just before the first step)."""
 
     def __init__(self, path: str | None, steps: int, throughput: Throughput | None = None,
-                 before: float = 0.0):
+                 before: float = 0.0, loggers=()):
         self.path, self.total, self.throughput, self.steps = path, steps, throughput, []
-        self.started, self.before = time.perf_counter(), before
+        self.started, self.before, self.loggers = time.perf_counter(), before, list(loggers)
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
@@ -155,9 +156,16 @@ class MetricsLog:
 
     def write(self, metrics: StepMetrics) -> None:
         self.steps.append(metrics)
+        record = _record(metrics)
         if self.path:
             with open(self.path, "a") as f:
-                f.write(json.dumps(_record(metrics)) + "\n")
+                f.write(json.dumps(record) + "\n")
+        for logger in self.loggers:  # --log-to (rt/loggers.py)
+            logger.write(metrics.step, logged_scalars(record))
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()
 
     def summary(self) -> str:
         if not self.steps:

@@ -9,6 +9,7 @@ import argparse
 import math
 
 from ratrain.optim import INITIAL_LOSS_SCALE, LOSS_SCALE_WINDOW, AdamW
+from ratrain.rt.loggers import logger_list
 from ratrain.rt.stop import CHECKPOINT
 
 LR_SCHEDULES = ("cosine", "constant")
@@ -90,6 +91,14 @@ TRAINING_OPTIONS = (
      "refuse such a program: NOTE [a program directory is data])"),
     ("--metrics", str, None, "append one JSON line per step (step, loss, tokens/s, grad "
      "norm, loss scale, skipped, arena bytes and RSS per rank) to this file (default: none)"),
+    ("--log-every", int, 1, "print the progress line every N steps (and at the job's "
+     "first step, the last, and each evaluation); --metrics still gets every step "
+     "(default: 1)"),
+    ("--log-to", logger_list, None, "also log each step's loss, eval loss, lr, tokens/s, "
+     "grad norm and MFU to: tensorboard (event files in a tensorboard/ folder beside "
+     "--metrics; needs tensorboardX or torch), wandb (a W&B run in wandb/ beside it, "
+     "offline unless WANDB_MODE says otherwise; needs wandb), or both, comma-separated "
+     "(default: none)"),
 )
 
 # The options `ratrain train` was given, recorded in its run directory when the run starts:
@@ -103,7 +112,8 @@ METAVARS = {"--steps": "N", "--data": "FILE", "--tokenizer": "DIR", "--eval-data
             "--weight-decay": "W", "--beta1": "B1", "--beta2": "B2", "--eps": "EPS",
             "--metrics": "FILE", "--initial-loss-scale": "S", "--loss-scale-window": "N",
             "--save-dir": "DIR", "--save-every": "N", "--keep-last": "K", "--resume": "DIR",
-            "--progress-us": "N", "--trace": "DIR"}
+            "--progress-us": "N", "--trace": "DIR", "--log-every": "N",
+            "--log-to": "LOGGERS"}
 
 
 def add_training_options(parser, skip: tuple = ()) -> None:
@@ -222,6 +232,8 @@ def check_run_numbers(args) -> str | None:
                 f"{args.initial_loss_scale:g}")
     if args.loss_scale_window < 1:
         return f"--loss-scale-window must be at least 1, got {args.loss_scale_window}"
+    if args.log_every < 1:
+        return f"--log-every must be a positive number of steps, got {args.log_every}"
     return None
 
 

@@ -137,7 +137,7 @@ def assert_resumes_bit_exactly(workdir, name: str, reference) -> None:
     elapsed = [r["elapsed_s"] for r in records]  # NOTE [elapsed across resumes]
     assert elapsed == sorted(elapsed) and elapsed[3] > elapsed[2] > 0, elapsed
     assert sorted(p.name for p in run.iterdir()) == \
-        ["checkpoints", "loss.png", "metrics.jsonl", "program", "train_options.json"]
+        ["checkpoints", "loss.png", "metrics.jsonl", "program", "train.log", "train_options.json"]
     finals = [d / "checkpoints" / "step-000006" for d in (reference, run)]
     names = sorted(p.name for p in finals[0].iterdir())
     assert sorted(p.name for p in finals[1].iterdir()) == names
