@@ -51,7 +51,13 @@ setup(
     extras_require={
         # torch and transformers: the tests check ratrain's math and checkpoints against
         # the real models (CPU build of torch; 2.13.0 is the one this project tests with)
-        "test": ["pytest>=8", "threadpoolctl>=3", "torch==2.13.0", "transformers>=5,<6"],
+        # tensorboard: writes the --log-to tensorboard events through torch's writer and
+        # reads them back
+        "test": ["pytest>=8", "threadpoolctl>=3", "torch==2.13.0", "transformers>=5,<6",
+                 "tensorboard>=2.14"],
+        # --log-to (rt/loggers.py, NOTE [optional loggers])
+        "tensorboard": ["tensorboardX>=2.6"],
+        "wandb": ["wandb>=0.16"],
     },
     entry_points={"console_scripts": ["ratrain=ratrain.cli:main"]},
     zip_safe=False,

@@ -6,6 +6,7 @@ that need them, so a command that only parses its flags starts quickly.
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import replace
 
@@ -31,8 +32,9 @@ def resolve_options(config: dict, profile: dict, **flags):
                 "precision": profile.get("default_precision", "fp32"),
                 "zero": profile.get("default_zero", 0) if flags.get("dp", 1) > 1 else 0,
                 "budget": int(profile["usable_memory"])}
-    if "clip" in flags and not flags["clip"] > 0:
-        raise UserError(f"--clip must be a positive gradient norm (got {flags['clip']})")
+    if "clip" in flags and not (math.isfinite(flags["clip"]) and flags["clip"] > 0):
+        raise UserError(f"--clip must be a positive gradient norm, e.g. 1.0; got "
+                        f"{flags['clip']:g} (leave it out for no clipping)")
     try:
         options = CompileOptions(**(defaults | flags), hw=profile["name"])
         check_sequence_length(config, options.seq_len)  # a sliding window is refused here

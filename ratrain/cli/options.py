@@ -154,6 +154,9 @@ OPTIONS = {o.flag: o for o in (
            "surer, above 1 more varied (default: 1.0)", positive_float, 1.0, metavar="T"),
     Option("--top-k", "generate: draw among the K most likely tokens only; 0 = all "
            "(default: 50, transformers' default)", non_negative_int, 50, metavar="K"),
+    Option("--allow-beyond-context", "train: take a --seq-len longer than the model's "
+           "context (max_position_embeddings), training positions it has not seen "
+           "(default: refuse such a --seq-len)", default=False, switch=True),
     Option("--clusters", "ranks (MT-3000 clusters) to plan for: pp x dp = N", positive_int,
            None, metavar="N"),
     # the machine (hw/machine.py): plan and compile --plan plan for it, compile records

@@ -196,6 +196,15 @@ def resumed_args(args, run: Path) -> dict:
     return {"resume": record.get("resume"), "init_from": record.get("init_from")}
 
 
+def recorded_steps(run: Path) -> int | None:
+    """The --steps RUN's record holds (the end its schedule ran to); None if unreadable
+    (resumed_args says why)."""
+    try:
+        return int(json.loads((run / RUN_RECORD).read_text())["options"]["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _checkpoint_named(find, path: Path) -> Path:
     try:
         return find(str(path))

@@ -16,6 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
+from ratrain.cli.train_log import TRAIN_LOG, TerminalLog
 from ratrain.errors import UserError
 from ratrain.inputs import load_hw, read_hf_config
 from ratrain.rt.checkpoint import latest_checkpoint
@@ -95,8 +96,11 @@ def check_checkpoint_options(args, save_dir_given: bool = True) -> None:
     before anything is compiled or started (the runtime checks them again for `python -m
     ratrain.rt`); --resume becomes the checkpoint directory it names."""
     from ratrain.rt.checkpoint import find_resume_checkpoint
+    from ratrain.rt.loggers import loggers_problem
     from ratrain.rt.train_options import check_run_length, check_run_numbers
-    problem = check_run_length(args, save_dir_given) or check_run_numbers(args)
+    metrics = args.metrics if save_dir_given else "RUN/metrics.jsonl"  # train's default
+    problem = check_run_length(args, save_dir_given) or check_run_numbers(args) or \
+        loggers_problem(args.log_to, args.metrics or metrics)
     if problem is None and args.resume:
         try:
             args.resume = str(find_resume_checkpoint(args.resume))
@@ -170,18 +174,20 @@ def cmd_train(args) -> int:
         run = None  # a new run in --out, starting from RUN's checkpoint
     elif args.resume and run is None:
         refuse_old_run_dir(args.resume)
-    return resume_run(args, run) if run is not None else start_run(args)
+    with TerminalLog() as log:  # RUN/train.log (NOTE [the run's log])
+        return resume_run(args, run, log) if run is not None else start_run(args, log)
 
 
-def start_run(args) -> int:
+def start_run(args, log: TerminalLog) -> int:
     """Check every input, then compile, tokenize and write the run directory, in that
     order: nothing is written before every check passed."""
     from ratrain.cli.resume import check_start
-    from ratrain.cli.train_inputs import (check_layout_numbers, check_run_dir,
-                                          load_checked_model, model_tokenizer, resolve_layout,
+    from ratrain.cli.train_inputs import (check_context, check_layout_numbers, check_run_dir,
+                                          load_checked_model, model_source, model_tokenizer,
+                                          resolve_layout,
                                           take_model_weights, weights_line)
     check_layout_numbers(args)
-    config, name = load_checked_model(args.init_from or args.model)
+    config, name = load_checked_model(*model_source(args))
     if args.tokenizer is None and args.init_from is None:
         args.tokenizer = model_tokenizer(args.model)
     model_weights = take_model_weights(args, config)
@@ -189,6 +195,7 @@ def start_run(args) -> int:
     layout = resolve_layout(args.pp, args.dp, args.micro_batches, args.global_batch, cores,
                             config["num_hidden_layers"] + 2)
     options = compile_options(args, config, layout)
+    check_context(config, options.seq_len, args.allow_beyond_context)
     check_checkpoint_options(args, save_dir_given=False)
     check_start(args, config)
     run_dir = check_run_dir(args.out)
@@ -209,11 +216,13 @@ def start_run(args) -> int:
     args.save_dir = args.save_dir or str(run_dir / "checkpoints")
     existed = run_dir.exists()
     write_run(args, run_dir, compiled, made)
+    log.open(run_dir / TRAIN_LOG)
     print(f"compiled into {run_dir}/program in {time.perf_counter() - started:.1f} s; "
           f"starting {options.world_size} ranks with mpiexec", flush=True)
     code = launch(run_dir / "program", options.world_size, args,
                   command_text(["ratrain", "train", "--resume", run_dir]))
     if code != 0 and not _has_trained(args):
+        log.close()
         _undo_start(run_dir, existed, made)
     return code
 
@@ -237,19 +246,22 @@ def _undo_start(run_dir: Path, existed: bool, made: list[Path]) -> None:
     record, empty metrics and checkpoint folders, the token caches it made."""
     from ratrain.rt.train_options import RUN_RECORD
     shutil.rmtree(run_dir / "program", ignore_errors=True)
-    for file in (run_dir / RUN_RECORD, run_dir / "metrics.jsonl", *made):
+    for file in (run_dir / RUN_RECORD, run_dir / "metrics.jsonl", run_dir / TRAIN_LOG,
+                 *made):
         file.unlink(missing_ok=True)
     for folder in (run_dir / "checkpoints", *(() if existed else (run_dir,))):
         with contextlib.suppress(OSError):
             folder.rmdir()  # only when empty
 
 
-def resume_run(args, run: Path) -> int:
+def resume_run(args, run: Path, log: TerminalLog) -> int:
     """RUN continued in place (NOTE [a run directory is the unit of work] in
     cli/resume.py): its program, recorded options and newest checkpoint."""
-    from ratrain.cli.resume import (check_start, keep_metrics_until, resumed_args,
-                                    write_run_record)
+    from ratrain.cli.resume import (check_start, keep_metrics_until, recorded_steps,
+                                    resumed_args, write_run_record)
+    from ratrain.rt.train_options import schedule_change
     from ratrain.rt.load import SetupError, read_manifest
+    old_steps = recorded_steps(run)
     start = resumed_args(args, run)
     try:
         manifest = read_manifest(run / "program")
@@ -266,11 +278,14 @@ def resume_run(args, run: Path) -> int:
     tokenize_data(args, config, seq_len)
     dropped = keep_metrics_until(Path(args.metrics), step)
     write_run_record(run, args, start)
+    log.open(run / TRAIN_LOG)
     where = "its start (no checkpoint yet)" if args.resume == start["resume"] else \
         f"its checkpoint {args.resume}"
     print(f"resuming {run} from {where}: steps {step + 1}..{args.steps}"
           + (f"; {dropped} metrics records after step {step} dropped" if dropped else ""),
           flush=True)
+    if old_steps is not None and (change := schedule_change(args, old_steps, step)):
+        print(change, flush=True)
     return launch(run / "program", manifest["world_size"], args,
                   command_text(["ratrain", "train", "--resume", run]))
 
@@ -305,7 +320,7 @@ def add_train_parser(sub, model_help: str) -> None:
     p.add_argument("--model", default="tiny", help=f"the model: {model_help}; a directory "
                    "holding weights (model.safetensors or a sharded index) is started from "
                    "them, unless --from-scratch (default: tiny)")
-    add_options(p, "--from-scratch")
+    add_options(p, "--from-scratch", "--allow-beyond-context")
     p.add_argument("--out", default=None, metavar="DIR", help="run directory for the program "
                    "and the metrics (default: runs/<timestamp>)")
     _add_layout_options(p)

@@ -28,10 +28,21 @@ def check_layout_numbers(args) -> None:
         raise UserError(str(e)) from None
 
 
-def load_checked_model(model: str) -> tuple[dict, str]:
+def model_source(args) -> tuple[str, str]:
+    """(what, flag) the run's model is read from: --init-from's checkpoint, else --model."""
+    return (args.init_from, "--init-from") if args.init_from else (args.model, "--model")
+
+
+def load_checked_model(model: str, flag: str = "--model") -> tuple[dict, str]:
     """(config, name) of a model whose parameter shapes can be computed: a config.json
-    that is wrong is reported as one line here, not as a traceback while tracing."""
+    that is wrong is reported as one line here, not as a traceback while tracing; a
+    --init-from that is no checkpoint directory is named with its flag."""
     from ratrain import models
+    if flag == "--init-from" and not (Path(model) / "config.json").is_file():
+        reason = "is a file, not a checkpoint directory" if Path(model).is_file() else \
+            "does not exist" if not Path(model).exists() else "has no config.json"
+        raise UserError(f"--init-from {model} {reason}: pass a checkpoint directory holding "
+                        "config.json and the weights (model.safetensors)")
     try:
         config, name = load_model(model)
         models.param_shapes(config)
@@ -40,6 +51,17 @@ def load_checked_model(model: str) -> tuple[dict, str]:
     except (ValueError, TypeError) as e:
         raise UserError(f"cannot read model {model}: {e}") from None
     return config, name
+
+
+def check_context(config: dict, seq_len: int, allowed: bool) -> None:
+    """A --seq-len longer than the model's context (max_position_embeddings) trains
+    positions it never saw (and a RoPE scaled for that context): refused unless
+    --allow-beyond-context says the user means it."""
+    context = int(config["max_position_embeddings"])
+    if seq_len > context and not allowed:
+        raise UserError(f"--seq-len {seq_len} is longer than the model's context "
+                        f"(max_position_embeddings {context}): pass --seq-len {context} or "
+                        "less, or --allow-beyond-context to train past it")
 
 
 def model_tokenizer(model: str) -> str | None:

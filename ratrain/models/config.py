@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,8 +42,33 @@ def _config_file(name_or_path) -> Path:
         return path
     if str(name_or_path) in preset_names():
         return PRESET_DIR / f"{name_or_path}.json"
-    raise ValueError(f"unknown model {str(name_or_path)!r}: not a preset, a config.json "
+    text = str(name_or_path)
+    reason = missing_model(text)
+    if reason is not None:
+        raise ValueError(f"model {text!r} {reason}")
+    raise ValueError(f"unknown model {text!r}: not a preset, a config.json "
                      f"or a directory holding one; presets: {', '.join(preset_names())}")
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")   # organisation/name, as the Hub spells ids
+
+
+def missing_model(text: str) -> str | None:
+    """Why `text`, naming no preset nor config, names no model, when it says more than
+    "unknown" (a directory without config.json, a Hugging Face hub id, a path that does
+    not exist); the words after the name, with the fix. None for a plain unknown name."""
+    path = Path(text)
+    if path.is_dir():
+        return ("is a directory without config.json: point at the directory holding the "
+                "model's config.json (a saved Hugging Face model or a ratrain checkpoint)")
+    if HUB_ID.fullmatch(text) and not path.parent.exists():
+        return ("is not a local path, and ratrain does not download models: if it is a "
+                f"Hugging Face hub id, fetch it first (`hf download {text} "
+                "--local-dir DIR`) and pass DIR")
+    if os.sep in text or text.endswith(".json"):
+        return ("does not exist: pass a preset name, a config.json or a directory holding "
+                "one")
+    return None
 
 
 def get_config(name_or_path) -> dict:

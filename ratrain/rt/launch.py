@@ -64,8 +64,14 @@ def launch(program_dir: Path, ranks: int, args, resume_command: str, cluster=Non
         watch = RankWatch(job.pid, ranks)
         stop.act = lambda: stop.forward(job, watch, relays)
         code = watch.until_exit(job, stop.act)
+    if code < 0 and not stop.ended_job:  # NOTE [a killed mpiexec]
+        end_orphans(job, watch)
     for relay in relays:
         relay.join()
+    if code < 0 and not stop.ended_job:
+        print(f"ratrain: error: mpiexec (pid {job.pid}) was killed by {signal_text(-code)}; "
+              f"{stopped(args, resume_command)}", file=sys.stderr, flush=True)
+        return 128 - code
     if stop.ended_job:
         print(f"ratrain: stopped at once by a second signal ({signal_name(stop.received[1])}):"
               f" the step in flight is lost; {stopped(args, resume_command)}", file=sys.stderr,
@@ -78,7 +84,26 @@ def launch(program_dir: Path, ranks: int, args, resume_command: str, cluster=Non
         who = f"rank {watch.ranks[pid][0]}" if local and pid in watch.ranks else "a rank"
         print(f"ratrain: error: {who} (pid {pid}) {how}; {stopped(args, resume_command)}",
               file=sys.stderr, flush=True)
+    elif relays[0].banner:  # a banner that names no process: shown as hydra wrote it
+        sys.stdout.write("".join(relays[0].banner))
+        sys.stdout.flush()
     return code
+
+
+# NOTE [a killed mpiexec]: when mpiexec itself is killed (SIGKILL, or a signal it does not
+# forward), its proxies and ranks lose their launcher and the job cannot go on; `ratrain`
+# used to return the negative status, which the shell saw as 247, with no line. Now it
+# kills what is left of the job (mpiexec's session is its own process group, so its
+# proxies and ranks go with one killpg, and the ranks it knows by pid besides), then
+# prints one `ratrain:` line naming mpiexec, the signal and the last checkpoint, and exits
+# 128 + the signal, as a job a signal ended does (NOTE [stop exit code]).
+
+
+def end_orphans(job: subprocess.Popen, watch: RankWatch) -> None:
+    """SIGKILL the proxies and ranks of a job whose mpiexec was killed."""
+    with contextlib.suppress(OSError):
+        os.killpg(job.pid, signal.SIGKILL)
+    watch.stop_leftovers()
 
 
 # NOTE [forwarding stop signals]: mpiexec runs in a session of its own, so a terminal's
@@ -102,9 +127,11 @@ def launch(program_dir: Path, ranks: int, args, resume_command: str, cluster=Non
 # memory), hydra (mpich's mpiexec) stops the others and prints a banner with the dead
 # process's PID and signal on stdout, but no MPI rank. So while mpiexec runs, `launch`
 # polls its descendants in /proc and records each rank's PID from PMI_RANK in its
-# environment, relays mpiexec's stdout keeping the banner, and ends with one line that
-# maps the PID to the rank. A rank that fails inside Python aborts the job with its own
-# `ratrain:` line and hydra prints no banner, so nothing is added then.
+# environment, relays mpiexec's stdout holding the banner back (OutputRelay: its ten
+# lines came before `ratrain`'s own and said less), and ends with one line that maps the
+# PID to the rank; a banner that names no PID is printed after all. A rank that fails
+# inside Python aborts the job with its own `ratrain:` line and hydra prints no banner,
+# so nothing is added then.
 
 # NOTE [looking for ranks]: `launch` finds the rank processes by walking /proc (about 3 ms
 # with 70 processes), every START_POLL_SECONDS for the job's first START_SECONDS so that a
@@ -127,15 +154,21 @@ BANNER_PID = re.compile(r"PID (\d+) RUNNING AT (\S+)")
 BANNER_SIGNAL = re.compile(r"EXIT STRING: .*\(signal (\d+)\)")
 HYDRA_CTRL_C = re.compile(r"\[mpiexec@[^]]*\] (Sending Ctrl-C to processes as requested|"
                           r"Press Ctrl-C again to force abort)$")
+# hydra's banner about a dead process: a blank line, a rule of '=', the report between
+# rules, then three lines of its own ending with BANNER_END (NOTE [naming the lost rank])
+BANNER_RULE = re.compile(r"={20,}$")
+BANNER_END = "Please see the FAQ page for debugging suggestions"
 
 
 class OutputRelay:
     """Copies one of mpiexec's output streams to `out` line by line on a thread, keeping
-    the last lines to find hydra's banner in; hydra's Ctrl-C lines are dropped, and
-    nothing is copied once muted."""
+    the last lines to find hydra's banner in; hydra's Ctrl-C lines are dropped, its banner
+    about a dead process is held back in `banner` (the line `launch` prints names the
+    rank instead, so the banner never comes before it), and nothing is copied once muted."""
 
     def __init__(self, stream, out):
         self.tail, self.muted = deque(maxlen=64), False
+        self.banner, self.blank, self.in_banner = [], [], False
         self.thread = threading.Thread(target=self._copy, args=(stream, out), daemon=True)
         self.thread.start()
 
@@ -146,11 +179,22 @@ class OutputRelay:
             self.tail.append(line)
             if self.muted or HYDRA_CTRL_C.match(line.rstrip("\n")):
                 continue
-            try:
-                out.write(line)
-                out.flush()
-            except (OSError, ValueError):  # our output is closed: keep draining mpiexec's
-                out = open(os.devnull, "w")
+            out = _write(out, "".join(self._shown(line)))
+        _write(out, "".join(self.blank))
+
+    def _shown(self, line: str) -> list[str]:
+        """The lines to copy now that `line` came: blank lines wait for the next one, to
+        learn whether they open hydra's banner, which is held back whole."""
+        text = line.rstrip("\n")
+        if self.in_banner or BANNER_RULE.match(text):
+            self.banner += [*self.blank, line]
+            self.blank, self.in_banner = [], text != BANNER_END
+            return []
+        if not text:
+            self.blank.append(line)
+            return []
+        shown, self.blank = [*self.blank, line], []
+        return shown
 
     def join(self) -> None:
         self.thread.join(timeout=5)
@@ -201,6 +245,19 @@ class StopSignals:
             self.ended_job = True
         elif self.received and not self.ended_job:
             self.signalled |= watch.send(self.received[0], exclude=self.signalled)
+
+
+def _write(out, text: str):
+    """Write and flush `text` to `out`; the stream to write to next (a closed output is
+    replaced by /dev/null, so mpiexec's output keeps being drained)."""
+    if not text:
+        return out
+    try:
+        out.write(text)
+        out.flush()
+    except (OSError, ValueError):
+        out = open(os.devnull, "w")
+    return out
 
 
 def signal_text(number: int) -> str:

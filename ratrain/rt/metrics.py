@@ -11,6 +11,7 @@ import resource
 import time
 from dataclasses import asdict, dataclass
 
+from ratrain.rt.loggers import logged_scalars
 from ratrain.units import format_bytes
 
 # NOTE [model FLOPs and MFU]: as in PaLM, Megatron and torchtitan, MFU is the model FLOPs
@@ -28,6 +29,15 @@ from ratrain.units import format_bytes
 # (the profile's for the program's precision, per rank as the simulator takes it, times
 # the world size) in program.json under "flops" (programs.step_flops): the runtime reads
 # two numbers and traces nothing.
+
+
+# NOTE [elapsed across resumes]: elapsed_s counts the run's training time, not the job's:
+# a checkpoint records the elapsed seconds at its step in trainer_state.json, and a job
+# resumed from it counts on from there, so a run stopped and resumed three times reads
+# as one clock in metrics.jsonl, the progress line and loss.png (steps after the
+# checkpoint are trained again and dropped from the metrics, so their time is not
+# counted twice). The ETA is this job's own mean step; the summary says both times.
+# Checkpoints written before they recorded it resume at 0.
 
 
 def rss_bytes() -> int:
@@ -56,7 +66,8 @@ class StepMetrics:
     arena_peak_bytes: list = ()         # per rank: most bytes of live buffers, measured
     planned_peak_bytes: list = ()       # per rank: plan_memory's peak
     eval_loss: float | None = None      # held-out loss after this step; None: not evaluated
-    elapsed_s: float = 0.0              # wall seconds since this job's first step began
+    elapsed_s: float = 0.0              # wall seconds the run has trained (NOTE [elapsed
+                                        # across resumes])
     eta_s: float = 0.0                  # the steps left at the mean step time (clock())
     model_flops: int | None = None      # of one step (NOTE [model FLOPs and MFU]); None:
                                         # a program compiled before they were recorded
@@ -113,19 +124,25 @@ class MetricsLog:
     """Appends StepMetrics as JSON lines (flushed every step); keeps them for the summary
     and times the job from its construction (made just before the first step)."""
 
-    def __init__(self, path: str | None, steps: int, throughput: Throughput | None = None):
+    def __init__(self, path: str | None, steps: int, throughput: Throughput | None = None,
+                 before: float = 0.0, loggers=()):
         self.path, self.total, self.throughput, self.steps = path, steps, throughput, []
-        self.started = time.perf_counter()
+        self.started, self.before, self.loggers = time.perf_counter(), before, list(loggers)
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def elapsed(self) -> float:
+        """Seconds the run has trained: this job's so far and, resumed, the `before` its
+        checkpoint recorded (NOTE [elapsed across resumes])."""
+        return self.before + time.perf_counter() - self.started
 
     def clock(self, step: int) -> tuple[float, float]:
         """(elapsed, ETA) seconds at the end of `step`, the next to be written. The ETA
         takes the mean wall time of this job's steps after its first (which also builds
         and warms up), evaluations and checkpoints included."""
-        elapsed = time.perf_counter() - self.started
+        elapsed = self.elapsed()
         if not self.steps:
-            return elapsed, elapsed * (self.total - step)
+            return elapsed, (elapsed - self.before) * (self.total - step)
         first = self.steps[0]
         per_step = (elapsed - first.elapsed_s) / (step - first.step)
         return elapsed, per_step * (self.total - step)
@@ -139,9 +156,16 @@ class MetricsLog:
 
     def write(self, metrics: StepMetrics) -> None:
         self.steps.append(metrics)
+        record = _record(metrics)
         if self.path:
             with open(self.path, "a") as f:
-                f.write(json.dumps(_record(metrics)) + "\n")
+                f.write(json.dumps(record) + "\n")
+        for logger in self.loggers:  # --log-to (rt/loggers.py)
+            logger.write(metrics.step, logged_scalars(record))
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()
 
     def summary(self) -> str:
         if not self.steps:
@@ -149,10 +173,13 @@ class MetricsLog:
         timed = self.steps[1:] or self.steps  # the first step pays for warm-up
         seconds = sum(s.step_seconds for s in timed) / len(timed)
         last = self.steps[-1]
-        line = (f"done: {len(self.steps)} steps in {clock(last.elapsed_s)}, final loss "
-                f"{last.loss:.4f} (first {self.steps[0].loss:.4f})")
-        evaluated = [s.eval_loss for s in self.steps if s.eval_loss is not None]
-        line += f", eval loss {evaluated[-1]:.4f}" if evaluated else ""
+        line = f"done: {len(self.steps)} steps in {clock(last.elapsed_s - self.before)}"
+        if self.before:
+            line += f" ({clock(last.elapsed_s)} since the run began)"
+        line += f", final loss {last.loss:.4f} (first {self.steps[0].loss:.4f})"
+        evaluated = [s for s in self.steps if s.eval_loss is not None]
+        line += (f", eval loss {evaluated[-1].eval_loss:.4f} at step {evaluated[-1].step}"
+                 if evaluated else "")
         line += f", {sum(s.tokens_per_s for s in timed) / len(timed):,.0f} tokens/s"
         if self.throughput is not None:
             line += (f", {flop_rate(self.throughput.model_flops / seconds)} (MFU "

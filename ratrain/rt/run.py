@@ -22,6 +22,7 @@ from ratrain.rt.data import (Batches, DataError, prepare_program_text_data, text
                              token_stream_identity, training_rows)
 from ratrain.rt.evaluate import due, evaluate, held_out
 from ratrain.rt.load import SetupError, open_program
+from ratrain.rt.loggers import loggers_problem, open_loggers
 from ratrain.rt.loss_plot import write_loss_plot
 from ratrain.rt.metrics import MetricsLog, StepMetrics, Throughput, rss_bytes
 from ratrain.rt.program import CodeError, stage_code, trusted_line
@@ -65,7 +66,8 @@ def initial_state(args, config: dict, names=None):
 
 def prepare(args, world_size: int, rank: int = 0) -> dict:
     """Everything a job starts from (program, initial state, batches), or a SetupError."""
-    if (problem := check_run_length(args) or check_run_numbers(args)) is not None:
+    if (problem := check_run_length(args) or check_run_numbers(args) or
+            loggers_problem(args.log_to, args.metrics)) is not None:
         raise SetupError(problem)
     manifest, program = open_program(args.program, world_size, args.trust_program_code)
     o, config = program.options, program.graph.config
@@ -100,6 +102,7 @@ def prepare(args, world_size: int, rank: int = 0) -> dict:
             "step": state.get("step", 0), "data_order": {"shuffle": shuffle, "seed": seed},
             "scaler": loss_scaler(args, o.precision, state),
             "skipped_steps": state.get("skipped_steps", 0),
+            "elapsed": float(state.get("elapsed_s", 0.0)),  # NOTE [elapsed across resumes]
             "checkpoint": checkpoint_contents(args, manifest, config, stream),
             "throughput": Throughput.of_manifest(manifest)}
 
@@ -215,7 +218,8 @@ def train(args, comms, job: dict) -> int:
     if args.trace:
         executor.trace = TaskTrace(comms.rank, st.stage, args.program)
     log = MetricsLog(args.metrics if comms.rank == 0 else None, args.steps,
-                     job["throughput"])
+                     job["throughput"], job["elapsed"],
+                     _loggers(args) if comms.rank == 0 else ())
     tokens_per_step = batches.global_batch * program.options.seq_len
     if comms.rank == 0 and not args.quiet and job["step"] < args.steps:
         print(f"first step: {job['step'] + 1}/{args.steps} (it also warms up)", flush=True)
@@ -238,9 +242,9 @@ def train(args, comms, job: dict) -> int:
                 comm.abort_job(f"ratrain: rank 0 failed writing metrics: {e}")
         if args.save_dir and (k + 1 == args.steps or args.save_every and
                               (k + 1) % args.save_every == 0):
-            saved = _save(args, comms, executor, job)
+            saved = _save(args, comms, executor, job, log.elapsed())
     if stop and args.save_dir and executor.step > job["step"] and saved != executor.step:
-        saved = _save(args, comms, executor, job)
+        saved = _save(args, comms, executor, job, log.elapsed())
     executor.finish()
     if executor.trace is not None:
         executor.trace.write(args.trace)
@@ -290,7 +294,7 @@ def _run_step(executor, tokens, optimizer) -> list[float]:
                        f"{where}): {type(e).__name__}: {e}")
 
 
-def _save(args, comms, executor, job: dict) -> int:
+def _save(args, comms, executor, job: dict, elapsed: float) -> int:
     """Write a checkpoint, every stage its own files (NOTE [checkpoints without
     gathering]); then remove the ones --keep-last no longer keeps. The step saved."""
     from ratrain.rt import comm
@@ -318,7 +322,7 @@ def _save(args, comms, executor, job: dict) -> int:
             raise RuntimeError("; ".join(errors))
         finish_checkpoint(executor.program, Path(staging), path, contents["config"],
                           {"step": executor.step, **job["data_order"], "data": args.data,
-                           "token_stream": contents["token_stream"],
+                           "token_stream": contents["token_stream"], "elapsed_s": elapsed,
                            **_scaler_state(executor)}, contents["tokenizer"])
         removed = prune_checkpoints(args.save_dir, args.keep_last, path)
     except Exception as e:
@@ -360,12 +364,31 @@ def _log_step(args, log: MetricsLog, step: int, gathered, tokens: int, seconds: 
                           elapsed_s=elapsed, eta_s=eta, **log.rate_fields(seconds),
                           **gradients)
     log.write(metrics)
-    if not args.quiet:
+    if not args.quiet and _is_shown(args, step, log.steps[0].step, eval_loss is not None):
         print(metrics.progress_line(args.steps), flush=True)
 
 
+def _loggers(args) -> list:
+    """Rank 0's --log-to loggers (rt/loggers.py); one that fails to open is said and left
+    out: metrics.jsonl still has every step."""
+    try:
+        return open_loggers(args.log_to, args.metrics, vars(args))
+    except Exception as e:  # a library's own failure (a W&B setting, a full disk)
+        print(f"ratrain: warning: --log-to {args.log_to} failed: {type(e).__name__}: {e}; "
+              f"the steps are in {args.metrics} only", file=sys.stderr, flush=True)
+        return []
+
+
+def _is_shown(args, step: int, first: int, evaluated: bool) -> bool:
+    """Whether `step` gets a progress line: every --log-every steps, the job's first
+    and the last, and every evaluation."""
+    return step % args.log_every == 0 or step in (first, args.steps) or evaluated
+
+
 def _finish_log(args, log: MetricsLog) -> None:
-    """Rank 0 after the last step: the loss plot beside --metrics, then the summary."""
+    """Rank 0 after the last step: the loggers closed, the loss plot beside --metrics,
+    then the summary."""
+    log.close()
     if args.metrics and log.steps:
         try:
             plot = write_loss_plot(args.metrics)

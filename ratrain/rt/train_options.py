@@ -9,6 +9,7 @@ import argparse
 import math
 
 from ratrain.optim import INITIAL_LOSS_SCALE, LOSS_SCALE_WINDOW, AdamW
+from ratrain.rt.loggers import logger_list
 from ratrain.rt.stop import CHECKPOINT
 
 LR_SCHEDULES = ("cosine", "constant")
@@ -90,6 +91,14 @@ TRAINING_OPTIONS = (
      "refuse such a program: NOTE [a program directory is data])"),
     ("--metrics", str, None, "append one JSON line per step (step, loss, tokens/s, grad "
      "norm, loss scale, skipped, arena bytes and RSS per rank) to this file (default: none)"),
+    ("--log-every", int, 1, "print the progress line every N steps (and at the job's "
+     "first step, the last, and each evaluation); --metrics still gets every step "
+     "(default: 1)"),
+    ("--log-to", logger_list, None, "also log each step's loss, eval loss, lr, tokens/s, "
+     "grad norm and MFU to: tensorboard (event files in a tensorboard/ folder beside "
+     "--metrics; needs tensorboardX or torch), wandb (a W&B run in wandb/ beside it, "
+     "offline unless WANDB_MODE says otherwise; needs wandb), or both, comma-separated "
+     "(default: none)"),
 )
 
 # The options `ratrain train` was given, recorded in its run directory when the run starts:
@@ -103,7 +112,8 @@ METAVARS = {"--steps": "N", "--data": "FILE", "--tokenizer": "DIR", "--eval-data
             "--weight-decay": "W", "--beta1": "B1", "--beta2": "B2", "--eps": "EPS",
             "--metrics": "FILE", "--initial-loss-scale": "S", "--loss-scale-window": "N",
             "--save-dir": "DIR", "--save-every": "N", "--keep-last": "K", "--resume": "DIR",
-            "--progress-us": "N", "--trace": "DIR"}
+            "--progress-us": "N", "--trace": "DIR", "--log-every": "N",
+            "--log-to": "LOGGERS"}
 
 
 def add_training_options(parser, skip: tuple = (), only: tuple | None = None,
@@ -178,11 +188,39 @@ def warmup_steps(args) -> int:
 
 
 def check_lr_schedule(args) -> str | None:
-    """What is wrong with --lr-schedule, --warmup or --min-lr, if anything (one line)."""
+    """What is wrong with --lr-schedule, --warmup, --min-lr or the AdamW numbers, if
+    anything (one line)."""
     if args.warmup is not None and args.warmup < 0:
         return f"--warmup must be 0 or a positive number of steps, got {args.warmup}"
+    if args.warmup is not None and args.warmup > args.steps:
+        return (f"--warmup {args.warmup} is longer than --steps {args.steps}: the learning "
+                f"rate would never reach --lr; pass --warmup {args.steps} or less")
     if args.min_lr is not None and args.lr_schedule == "constant":
         return "--min-lr ends a cosine decay: drop it, or --lr-schedule constant"
+    return check_optimizer_numbers(args)
+
+
+# flag, whether a value is in range, what the range is (the defaults are the help's)
+OPTIMIZER_RANGES = (
+    ("--lr", lambda v: v > 0, "a positive learning rate, e.g. 1e-3 (the default)"),
+    ("--min-lr", lambda v: v >= 0, "0 or a positive learning rate below --lr"),
+    ("--beta1", lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.9 (the default)"),
+    ("--beta2", lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.95 (the default)"),
+    ("--eps", lambda v: v > 0, "a positive number, e.g. 1e-8 (the default)"),
+    ("--weight-decay", lambda v: v >= 0, "0 or a positive number, e.g. 0.1 (the default)"),
+)
+
+
+def check_optimizer_numbers(args) -> str | None:
+    """The first of --lr, --min-lr, --beta1, --beta2, --eps, --weight-decay out of its
+    range (OPTIMIZER_RANGES; NaN and infinity never are in it), or --min-lr above --lr."""
+    for flag, in_range, what in OPTIMIZER_RANGES:
+        value = getattr(args, option_dest(flag))
+        if value is not None and not (math.isfinite(value) and in_range(value)):
+            return f"{flag} must be {what}; got {value:g}"
+    if args.min_lr is not None and args.min_lr > args.lr:
+        return (f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}: the cosine decays from "
+                f"--lr down to --min-lr; pass a --min-lr of at most {args.lr:g}")
     return None
 
 
@@ -198,6 +236,8 @@ def check_run_numbers(args) -> str | None:
                 f"{args.initial_loss_scale:g}")
     if args.loss_scale_window < 1:
         return f"--loss-scale-window must be at least 1, got {args.loss_scale_window}"
+    if args.log_every < 1:
+        return f"--log-every must be a positive number of steps, got {args.log_every}"
     return None
 
 
@@ -212,6 +252,24 @@ def learning_rate(args, step: int) -> float:
     min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
     progress = (step - warmup) / max(1, args.steps - warmup)
     return min_lr + 0.5 * (args.lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def schedule_change(args, old_steps: int, step: int) -> str | None:
+    """The line a run resumed after `step` prints when its --steps is no longer the
+    `old_steps` its schedule ran to: how the learning rate moves (NOTE [default
+    learning-rate schedule]: warm-up and cosine are functions of --steps); None when it
+    does not move."""
+    old = argparse.Namespace(**{**vars(args), "steps": old_steps})
+    before, now = learning_rate(old, max(step, 1)), learning_rate(args, step + 1)
+    would = learning_rate(old, step + 1) if step < old_steps else None
+    if old_steps == args.steps or now == (before if would is None else would):
+        return None
+    line = (f"--steps {args.steps} moves the learning-rate schedule, which ran to step "
+            f"{old_steps}: step {step + 1} trains at lr {now:.3g}")
+    line += f" (step {step} trained at {before:.3g}" + (
+        f"; with --steps {old_steps} it would train at {would:.3g})" if would is not None
+        else ")")
+    return line + f", then {args.lr_schedule} to step {args.steps}"
 
 
 def optimizer_at(args, step: int) -> AdamW:

@@ -1,6 +1,7 @@
 """`ratrain train` and `ratrain run`: compile + mpiexec in one command, a line per phase,
 progress with MFU, one summary and a loss plot at the end; run forwards the training
 options and returns the runtime's exit code."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from ratrain.hw.profiles import load_profile
 from ratrain.ir.costs import node_flops
 from ratrain.ir.tasks import parse_task
 from ratrain.models.trace import trace_model
+from ratrain.rt.loggers import loggers_problem
 
 pytestmark = pytest.mark.mpi
 
@@ -23,12 +25,19 @@ def ratrain(*args, timeout=150):
                           capture_output=True, text=True, timeout=timeout)
 
 
+# --log-to tensorboard where the extra is installed (and tensorboard, which reads it back)
+TENSORBOARD = loggers_problem("tensorboard", "metrics.jsonl") or \
+    (None if importlib.util.find_spec("tensorboard") else "no tensorboard package to read "
+     "the event files: pip install tensorboard")
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("train") / "run"
     return run_dir, ratrain("train", "--steps", 3, "--seq-len", 32, "--global-batch", 4,
                             "--out", run_dir, "--trace", run_dir / "trace",
-                            "--save-every", 1, "--keep-last", 2)
+                            "--save-every", 1, "--keep-last", 2, "--log-every", 5,
+                            *([] if TENSORBOARD else ["--log-to", "tensorboard"]))
 
 
 def test_train_on_defaults_prints_progress_and_summary(trained):
@@ -40,7 +49,8 @@ def test_train_on_defaults_prints_progress_and_summary(trained):
     assert lines[1].endswith("; starting 2 ranks with mpiexec")
     assert lines[2].startswith("2 ranks up: building the stage code")
     assert lines[3] == "first step: 1/3 (it also warms up)"
-    assert [l.split()[1] for l in lines if l.startswith("step ")] == ["1/3", "2/3", "3/3"]
+    # --log-every 5: the first step and the last (metrics.jsonl has every step)
+    assert [l.split()[1] for l in lines if l.startswith("step ")] == ["1/3", "3/3"]
     assert [l for l in lines if l.startswith("removed ")] == ["removed step-000001 (keep-last 2)"]
     assert lines[-2] == f"plotted the loss in {run_dir}/loss.png"
     assert lines[-1].startswith("done: 3 steps in ") and "final loss" in lines[-1]
@@ -51,6 +61,25 @@ def test_train_on_defaults_prints_progress_and_summary(trained):
     assert steps[-1]["loss"] < steps[0]["loss"]  # bytes of Python source are learnable
     _, params = models.load_pretrained(run_dir / "checkpoints" / "step-000003")  # 2 shards
     assert set(params) == set(models.param_shapes(models.get_config("tiny")))
+
+
+def test_train_log_holds_what_the_terminal_showed(trained):
+    """NOTE [the run's log]: RUN/train.log is the command's output, first line included."""
+    run_dir, result = trained
+    assert result.stderr == ""
+    assert (run_dir / "train.log").read_text() == result.stdout
+
+
+@pytest.mark.skipif(TENSORBOARD is not None, reason=f"--log-to tensorboard: {TENSORBOARD}")
+def test_tensorboard_events_hold_the_loss_of_every_step(trained):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run_dir, _ = trained
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    steps = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == \
+        [(s["step"], pytest.approx(s["loss"], rel=1e-6)) for s in steps]
+    assert [e.step for e in events.Scalars("train/lr")] == [1, 2, 3]
 
 
 def test_mfu_is_model_flops_over_step_seconds_over_peak(trained):

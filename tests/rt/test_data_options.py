@@ -87,3 +87,17 @@ def test_unknown_schedule_is_refused_by_argparse(capsys):
 def test_forward_argv_round_trips():
     args = parse("--steps", "4", "--no-shuffle", "--min-lr", "1e-05", "--data", "x.npy")
     assert parse(*forward_argv(args)) == args
+
+
+def test_a_longer_schedule_says_how_the_learning_rate_moves():
+    """issue 41: --resume RUN --steps 40 on a finished 30-step cosine run moved the rate
+    from 1e-4 back up to 2.32e-4 without a note."""
+    from ratrain.rt.train_options import schedule_change
+    longer = parse("--lr", "1e-3", "--steps", "40")
+    assert schedule_change(longer, 30, 30) == (
+        "--steps 40 moves the learning-rate schedule, which ran to step 30: step 31 trains "
+        "at lr 0.000232 (step 30 trained at 0.0001), then cosine to step 40")
+    assert "; with --steps 30 it would train at 0.000325)" in schedule_change(longer, 30, 20)
+    assert schedule_change(longer, 40, 20) is None
+    constant = parse("--lr", "1e-3", "--steps", "40", "--lr-schedule", "constant")
+    assert schedule_change(constant, 30, 30) is None

@@ -88,7 +88,7 @@ def test_one_summary_names_time_loss_rate_mfu_memory_and_file():
                  step(3, seconds=0.5, elapsed=3.0, eval_loss=3.5)]
     log.path = "run/metrics.jsonl"
     assert log.summary() == (
-        "done: 3 steps in 3.0s, final loss 3.7000 (first 3.9000), eval loss 3.5000, "
+        "done: 3 steps in 3.0s, final loss 3.7000 (first 3.9000), eval loss 3.5000 at step 3, "
         "2,000 tokens/s, 200.00 GFLOP/s (MFU 20.0%); per rank (max) 300.00 MiB resident, "
         "arena 2.00 MiB; metrics run/metrics.jsonl")
 
@@ -111,3 +111,17 @@ def test_loss_plot_is_a_png_beside_the_metrics(tmp_path):
     assert write_loss_plot(str(metrics)) == tmp_path / "loss.png"
     assert png_size(tmp_path / "loss.png") == (800, 500)
     assert plot_path(str(tmp_path / "fp16.jsonl")) == tmp_path / "fp16-loss.png"
+
+
+def test_elapsed_counts_on_from_the_checkpoint_and_the_summary_says_both(monkeypatch):
+    """NOTE [elapsed across resumes]: a job resumed from a checkpoint at 100 s of training."""
+    now = iter([0.0, 10.0, 12.0])  # construction, then the end of steps 31 and 32
+    monkeypatch.setattr("ratrain.rt.metrics.time.perf_counter", lambda: next(now))
+    log = MetricsLog(None, steps=40, before=100.0)
+    assert log.clock(31) == (110.0, 90.0)   # the ETA is this job's: 10 s for its first step
+    log.write(step(31, elapsed=110.0))
+    assert log.clock(32) == (112.0, 16.0)
+    log.write(step(32, elapsed=112.0, eval_loss=3.25))
+    assert log.summary().startswith("done: 2 steps in 12.0s (1:52 since the run began), "
+                                    "final loss 0.8000 (first 0.9000), eval loss 3.2500 at "
+                                    "step 32")

@@ -134,15 +134,18 @@ def assert_resumes_bit_exactly(workdir, name: str, reference) -> None:
         run / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert [(r["loss"], r["lr"]) for r in records] == [(r["loss"], r["lr"]) for r in whole]
+    elapsed = [r["elapsed_s"] for r in records]  # NOTE [elapsed across resumes]
+    assert elapsed == sorted(elapsed) and elapsed[3] > elapsed[2] > 0, elapsed
     assert sorted(p.name for p in run.iterdir()) == \
-        ["checkpoints", "loss.png", "metrics.jsonl", "program", "train_options.json"]
+        ["checkpoints", "loss.png", "metrics.jsonl", "program", "train.log", "train_options.json"]
     finals = [d / "checkpoints" / "step-000006" for d in (reference, run)]
     names = sorted(p.name for p in finals[0].iterdir())
     assert sorted(p.name for p in finals[1].iterdir()) == names
     for name in names:
         a, b = ((d / name).read_bytes() for d in finals)
-        if name == "trainer_state.json":  # "data" is the --data as typed: now absolute
-            a, b = ({k: v for k, v in json.loads(x).items() if k != "data"} for x in (a, b))
+        if name == "trainer_state.json":  # "data" is the --data as typed: now absolute;
+            a, b = ({k: v for k, v in json.loads(x).items()  # elapsed_s: a wall time
+                     if k not in ("data", "elapsed_s")} for x in (a, b))
         assert a == b, name
 
 

@@ -166,7 +166,7 @@ def test_a_start_whose_job_ends_before_a_step_is_undone(workdir, tmp_path, monke
     assert sorted(p.name for p in workdir.iterdir()) == before   # its token cache removed
     assert main(argv) == 0
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == \
-        ["program", "train_options.json"]
+        ["program", "train.log", "train_options.json"]   # train.log: NOTE [the run's log]
 
 
 @pytest.mark.mpi
