@@ -14,6 +14,7 @@ from ratrain.cli.machine import planned_machine
 from ratrain.cli.options import (DEFAULT_HW, DEFAULT_SIMULATE, HW_HELP, MACHINE_FLAGS,
                                  OPTIONS, add_options, dest, positive_int)
 from ratrain.errors import UserError
+from ratrain.hw.identity import profile_label
 from ratrain.inputs import load_model
 from ratrain.models.config import default_seq_len
 from ratrain.planner.strategies import STRATEGIES
@@ -221,7 +222,9 @@ def cmd_plan(args) -> int:
     strategy = None if name in SCHEDULES + ("all",) else name
     schedules = SCHEDULES if name == "all" else \
         (STRATEGIES[strategy].schedule,) if strategy else (name,)
-    planner = Planner(search_for(args, schedules, planned_machine(args)[2]))
+    machine, base, profile = planned_machine(args)
+    planner = Planner(search_for(args, schedules, profile))
+    label = profile_label(base, machine.profile)
     if args.clusters is None and not args.min_clusters:
         raise UserError(f"--machine {args.machine} names no nodes: give --clusters N or "
                         "--nodes K")
@@ -231,10 +234,12 @@ def cmd_plan(args) -> int:
         plan, bests = run_plan(planner.search, args.clusters, args.min_clusters, strategy,
                                planner), None
     if args.json:
-        print(json.dumps(plan_json(plan, args.top, args.min_clusters, bests), indent=1))
+        record = plan_json(plan, args.top, args.min_clusters, bests) | {"profile": label}
+        print(json.dumps(record, indent=1))
     else:
         print(format_plan(plan, args.top, args.min_clusters)
-              + ("\n" + "\n".join(strategy_lines(bests)) if bests else ""))
+              + ("\n" + "\n".join(strategy_lines(bests)) if bests else "")
+              + f"\nprofile: {label}")
     return 0 if plan.best is not None else NOTHING_FITS
 
 
