@@ -24,6 +24,7 @@ from ratrain.sim.kernels import fitted_seconds
 PRECISION = "fp32"                      # what every case runs in (the cpu profile's default);
                                         # the GEMMs also in bf16 and fp16 (NOTE [16-bit GEMM
                                         # cases], cases.py)
+BUSY_LOAD = 0.5                         # 1-minute load average above which times are noisy
 ALIASES = {"matmul_bias": "matmul", "matmul_bias_bwd": "matmul_bwd"}  # same GEMMs + a bias
 
 

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from ratrain.calibrate.profile import write_profile
+from ratrain.calibrate.profile import BUSY_LOAD, write_profile
 from ratrain.calibrate.quick import calibrate_quick
 from ratrain.hw.identity import SHIPPED, SHIPPED_LABEL, cached_profile_path, this_cpu
 from ratrain.hw.profiles import ProfileError, load_profile
@@ -73,4 +73,7 @@ def write_quick_profile(path, progress) -> None:
     profile = calibrate_quick(load_profile(SHIPPED), progress)
     write_profile(profile, path)
     load_profile(path)
-    progress(f"wrote {path} in {time.perf_counter() - started:.1f} s")
+    busy = os.getloadavg()[0] > BUSY_LOAD
+    progress(f"wrote {path} in {time.perf_counter() - started:.1f} s"
+             + ("; other processes were running, so the peaks may read low and MFU high: "
+                "`ratrain calibrate` on an idle machine measures it again" if busy else ""))

@@ -15,12 +15,9 @@ from pathlib import Path
 from ratrain.errors import UserError
 from ratrain.hw.identity import cached_profile_path, this_cpu
 
-BUSY_LOAD = 0.5                         # 1-minute load average above which times are noisy
-
-
 def cmd_calibrate(args) -> None:
     from ratrain.calibrate import calibrate
-    from ratrain.calibrate.profile import write_profile
+    from ratrain.calibrate.profile import BUSY_LOAD, write_profile
     from ratrain.hw import load_profile
     if args.traces and not args.output:
         raise UserError("--from writes a profile of the traced runs: give -o FILE (this "
