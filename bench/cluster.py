@@ -247,9 +247,11 @@ def main():
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep programs and traces")
     args = ap.parse_args()
     from ratrain.cluster import harness
-    from ratrain.cluster.scaling import scaled_link
+    from ratrain.cluster.scaling import link_source, scaled_link
     from ratrain.units import parse_bandwidth, parse_latency
     bandwidth, latency = scaled_link()
+    if not args.link_bandwidth:
+        print(f"# link {link_source()}", flush=True)
     bandwidth = parse_bandwidth(args.link_bandwidth) if args.link_bandwidth else bandwidth
     latency = parse_latency(args.link_latency) if args.link_latency else latency
     with tempfile.TemporaryDirectory() as scratch:

@@ -59,22 +59,24 @@ def build_manifest(program, records, profile: dict, hashes: dict[str, str],
         "world_size": o.world_size,
         "ranks": {str(r): dict(zip(("stage", "replica"), program.coords(r)))
                   for r in range(o.world_size)},
-        "stages": _stage_summary(program), "flops": step_flops(program, profile),
+        "stages": _stage_summary(program), "flops": step_flops(program, profile, (machine or {}).get("profile")),
         "periods": {str(s): asdict(p) for s, p in sorted((program.periods or {}).items())},
         "passes": [{"name": r.name} for r in records],
         "files": hashes}
 
 
-def step_flops(program, profile: dict) -> dict:
+def step_flops(program, profile: dict, identity: str | None = None) -> dict:
     """MFU's two terms (NOTE [model FLOPs and MFU] in rt/metrics.py): the model FLOPs of one
     step (every micro-batch of every replica) and the peak FLOP/s of all ranks for the
-    program's precision (a rank's, as the simulator takes it, times the world size)."""
+    program's precision (a rank's, as the simulator takes it, times the world size), and
+    which profile that peak is of (`identity`: the --hw name or path it was read by)."""
+    from ratrain.hw.identity import profile_label
     from ratrain.sim.kernels import peak_flops
     from ratrain.sim.simulate import rank_profile
     o = program.options
     rank_peak = peak_flops(rank_profile(profile, o.world_size), o.precision)
     return {"model_per_step": program.graph.micro_batch_flops() * o.micro_batches * o.dp,
-            "peak": rank_peak * o.world_size}
+            "peak": rank_peak * o.world_size, "peak_of": profile_label(profile, identity)}
 
 
 def ratrain_version() -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 import ratrain
 
 # lower numbers sit lower; a module may import its own layer and those below it
-LAYERS = {"units": 0, "atomic": 0, "errors": 0, "kernels": 0, "optim": 0,
+LAYERS = {"units": 0, "settings": 0, "atomic": 0, "errors": 0, "kernels": 0, "optim": 0,
           "ir": 1, "program_format": 2, "ops": 3, "models": 3, "data": 3, "hw": 3, "inputs": 3,
           "passes": 4, "codegen": 5, "rt": 6, "compiler": 7, "programs": 7,
           "sim": 7, "planner": 8, "calibrate": 8, "cluster": 8, "cli": 9}

@@ -74,25 +74,25 @@ def _random(rng, *shape):
 def matmul_cases(kernels, rng) -> list[Case]:
     """y = x w^T (NT); backward dx = dy w (NN) and dw = dy^T x (TN), as codegen emits; in
     every GEMM_FORMATS (NOTE [16-bit GEMM cases])."""
-    cases = []
-    for precision in GEMM_FORMATS:
-        for m in ROWS:
-            for hidden, inter in WIDTHS:
-                for n, k in ((hidden, hidden), (inter, hidden), (hidden, inter)):
-                    x, w, dy = (kernels.cast(_random(rng, *s), GEMM_FORMATS[precision])
-                                for s in ((m, k), (n, k), (m, n)))
-                    y, dx = np.empty((m, n), x.dtype), np.empty_like(x)
-                    dw = np.empty((n, k), np.float32)
+    return [case for precision in GEMM_FORMATS for m in ROWS for hidden, inter in WIDTHS
+            for n, k in ((hidden, hidden), (inter, hidden), (hidden, inter))
+            for case in _gemm_pair(kernels, rng, precision, m, n, k)]
 
-                    def fwd(t, x=x, w=w, y=y):
-                        kernels.gemm(x, w, trans_b=True, out=y, threads=t)
 
-                    def bwd(t, x=x, w=w, dy=dy, dx=dx, dw=dw):
-                        kernels.gemm(dy, w, out=dx, threads=t)
-                        kernels.gemm(dy, x, trans_a=True, out=dw, threads=t)
-                    cases += _pair("matmul", ((x, w), (y,)),
-                                   ((x, w, dy), (dx, dw)), fwd, bwd, precision)
-    return cases
+def _gemm_pair(kernels, rng, precision: str, m: int, n: int, k: int) -> list[Case]:
+    """The matmul case of x[m, k] w[n, k]^T in `precision`, and its backward."""
+    x, w, dy = (kernels.cast(_random(rng, *s), GEMM_FORMATS[precision])
+                for s in ((m, k), (n, k), (m, n)))
+    y, dx = np.empty((m, n), x.dtype), np.empty_like(x)
+    dw = np.empty((n, k), np.float32)
+
+    def fwd(t):
+        kernels.gemm(x, w, trans_b=True, out=y, threads=t)
+
+    def bwd(t):
+        kernels.gemm(dy, w, out=dx, threads=t)
+        kernels.gemm(dy, x, trans_a=True, out=dw, threads=t)
+    return _pair("matmul", ((x, w), (y,)), ((x, w, dy), (dx, dw)), fwd, bwd, precision)
 
 
 def attention_cases(kernels, rng) -> list[Case]:
@@ -229,6 +229,18 @@ def _groups() -> dict:
             ("swiglu", "swiglu_bwd"): swiglu_cases, ("embedding", "embedding_bwd"): embedding_cases,
             ("cross_entropy", "cross_entropy_bwd"): cross_entropy_cases, ("add",): memory_cases,
             ("adamw", "prefetch_view", "grad_sync", "gather_view"): runtime_cases}
+
+
+def quick_cases(seed: int = 0) -> list[Case]:
+    """The quick calibration's cases (NOTE [this machine's profile], calibrate/quick.py):
+    the largest forward GEMM in each of GEMM_FORMATS, for the peaks, and the two largest
+    streaming adds, for the DDR bandwidth."""
+    from ratrain import kernels
+    import ratrain.ops  # noqa: F401  (registers the op rules the FLOP counts come from)
+    rng = np.random.default_rng(seed)
+    hidden, inter = WIDTHS[-1]
+    gemms = [_gemm_pair(kernels, rng, p, max(ROWS), inter, hidden)[0] for p in GEMM_FORMATS]
+    return gemms + memory_cases(kernels, rng)[-2:]
 
 
 def all_cases(ops=None, seed: int = 0) -> list[Case]:

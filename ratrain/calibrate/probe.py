@@ -76,20 +76,21 @@ def time_case(world, case, threads: int, evict) -> list[float]:
     return times
 
 
-def measure_kernels(world, threads: int, ops: set | None, evict: Evictor) -> list[dict]:
+def measure_kernels(world, threads: int, cases: list, evict: Evictor,
+                    quiet: bool = False) -> list[dict]:
     """Median seconds of every case over PASSES passes through the list (a slow moment
     of the machine then spoils one pass of a case, not its median) after WARMUP_PASSES
     (NOTE [sustained speed]), mean over ranks; `seconds_cold` with the caches swept
-    before each call, where the sweep is on (the same as `seconds` for swept cases)."""
-    from ratrain.calibrate.cases import all_cases
-    cases, started = all_cases(ops), time.perf_counter()
+    before each call, where the sweep is on (the same as `seconds` for swept cases).
+    Rank 0 prints a line per op and pass unless `quiet`."""
+    started = time.perf_counter()
     times = [[] for _ in cases]
     cold = [[] for _ in cases]
     for k in range(WARMUP_PASSES + PASSES):
         shown = set()
         for case, case_times, cold_times in zip(cases, times, cold):
             group = case.op.removesuffix("_bwd")
-            if group not in shown and world.rank == 0:
+            if group not in shown and world.rank == 0 and not quiet:
                 shown.add(group)
                 what = "warm-up" if k < WARMUP_PASSES else f"pass {k + 1 - WARMUP_PASSES}/{PASSES}"
                 print(f"  {time.perf_counter() - started:5.1f} s  {what} {group}", flush=True)
@@ -173,18 +174,22 @@ def main(argv=None) -> int:
                    "them (calibrate/node_probe.py)")
     p.add_argument("--evict-kernels", action="store_true",
                    help="also before each kernel call (default: kernels back to back)")
+    p.add_argument("--quick", action="store_true", help="time only the quick "
+                   "calibration's cases (cases.quick_cases), quietly, and no ping-pong")
     args = p.parse_args(argv)
     world = MPI.COMM_WORLD
-    ops = set(args.ops.split(",")) if args.ops else None
+    from ratrain.calibrate.cases import all_cases, quick_cases
+    cases = quick_cases() if args.quick else \
+        all_cases(set(args.ops.split(",")) if args.ops else None)
     result = {"ranks": world.size, "threads": args.threads,
-              "kernels": measure_kernels(world, args.threads, ops,
+              "kernels": measure_kernels(world, args.threads, cases,
                                          Evictor(args.evict, args.threads,
-                                                 args.evict_kernels))}
+                                                 args.evict_kernels), quiet=args.quick)}
     if args.evict:
         result["cache_bytes"] = cache_share(world)
-    if world.rank == 0 and world.size > 1:
+    if world.rank == 0 and world.size > 1 and not args.quick:
         print("  ping-pong between ranks 0 and 1", flush=True)
-    result["ping_pong"] = ping_pong(world)
+    result["ping_pong"] = [] if args.quick else ping_pong(world)
     if args.node and world.size > 1:
         from ratrain.calibrate.node_probe import beside_kernel, node_collectives
         if world.rank == 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -16,12 +17,14 @@ from typing import Callable
 
 from ratrain.calibrate.fit import fit_link, fit_op
 from ratrain.calibrate.node_fit import node_fields
+from ratrain.hw.identity import this_cpu
 from ratrain.rt.launch import find_mpiexec, rank_python
 from ratrain.sim.kernels import fitted_seconds
 
 PRECISION = "fp32"                      # what every case runs in (the cpu profile's default);
                                         # the GEMMs also in bf16 and fp16 (NOTE [16-bit GEMM
                                         # cases], cases.py)
+BUSY_LOAD = 0.5                         # 1-minute load average above which times are noisy
 ALIASES = {"matmul_bias": "matmul", "matmul_bias_bwd": "matmul_bwd"}  # same GEMMs + a bias
 
 
@@ -45,14 +48,14 @@ def _fits(kernels: list[dict], seconds: str = "seconds") -> tuple[dict, dict]:
     return dict(costs), errors
 
 
-def _gemm_rate(kernels: list[dict], precision: str = PRECISION) -> float | None:
+def gemm_rate(kernels: list[dict], precision: str = PRECISION) -> float | None:
     """The best FLOP rate of any forward GEMM measured in `precision` (None: none was)."""
     return max((r["flops"] / r["seconds"] for r in kernels
                 if r["op"] == "matmul" and r.get("precision", PRECISION) == precision),
                default=None)
 
 
-def _ddr_bandwidth(kernels: list[dict]) -> float:
+def ddr_bandwidth_of(kernels: list[dict]) -> float:
     """Bytes per second of the streaming adds, a fixed call time aside."""
     adds = [r for r in kernels if r["op"] == "add"]
     fitted = fit_op([0] * len(adds), [r["bytes"] for r in adds], [r["seconds"] for r in adds])
@@ -61,24 +64,24 @@ def _ddr_bandwidth(kernels: list[dict]) -> float:
 
 def _per_threads(run: dict) -> tuple[dict, dict]:
     costs, errors = _fits(run["kernels"])
-    fields = {"fp32_flops": _gemm_rate(run["kernels"]),
-              "ddr_bandwidth": _ddr_bandwidth(run["kernels"]), "op_costs": costs}
+    fields = {"fp32_flops": gemm_rate(run["kernels"]),
+              "ddr_bandwidth": ddr_bandwidth_of(run["kernels"]), "op_costs": costs}
     fields |= {f"{p}_flops": rate for p in ("bf16", "fp16")
-               if (rate := _gemm_rate(run["kernels"], p)) is not None}
+               if (rate := gemm_rate(run["kernels"], p)) is not None}
     if all("seconds_cold" in r for r in run["kernels"]) and run.get("cache_bytes"):
         fields["op_costs_cold"] = _fits(run["kernels"], "seconds_cold")[0]
         fields["cache_bytes"] = run["cache_bytes"]
     return fields, errors
 
 
-def _rounded(value):
+def rounded(value):
     """Floats to 4 significant digits (the times do not carry more), through containers."""
     if isinstance(value, float):
         return float(f"{value:.4g}")
     if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
+        return {k: rounded(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_rounded(v) for v in value]
+        return [rounded(v) for v in value]
     return value
 
 
@@ -96,10 +99,12 @@ def build_profile(runs: list[dict], machine: dict, evict: bool = False) -> dict:
     cores = machine["node_cores"]
     whole = threads[str(max(map(int, threads)))]
     node = next((node_fields(r["node"], r["ranks"]) for r in runs if r.get("node")), {})
-    return _rounded({
+    return rounded({
         "name": "cpu", "description": f"this machine: {cores} cores, one MPI rank per core "
         "or one rank on all of them, measured by `ratrain calibrate`",
-        "calibrated": True, "fp16_flops": whole.get("fp16_flops", whole["fp32_flops"] / 2),
+        "calibrated": True, "calibration": "full",
+        **({"cpu_model": machine["cpu_model"]} if "cpu_model" in machine else {}),
+        "fp16_flops": whole.get("fp16_flops", whole["fp32_flops"] / 2),
         **({"bf16_flops": whole["bf16_flops"]} if "bf16_flops" in whole else {}),
         "fp32_flops": whole["fp32_flops"], "gemm_efficiency": 1.0,
         "ddr_bandwidth": whole["ddr_bandwidth"], "link_bandwidth": bandwidth,
@@ -172,6 +177,21 @@ def _sources(runs: list[dict], pings, errors: dict, evict: bool) -> dict:
     }
 
 
+def profile_text(profile: dict) -> str:
+    """Indented JSON with every list of numbers on one line (a measured case per line)."""
+    text = json.dumps(profile, indent=1)
+    return re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: f"[{' '.join(m.group(1).split())}]",
+                  text) + "\n"
+
+
+def write_profile(profile: dict, path: Path) -> None:
+    """Atomically, so a `--hw` reader never sees half a profile."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(profile_text(profile))
+    os.replace(partial, path)
+
+
 # ---- measuring -------------------------------------------------------------------------
 
 def cache_bytes(level: int, kind: str = "Data") -> int | None:
@@ -192,14 +212,15 @@ def _size(text: str) -> int:
 
 
 def machine_facts() -> dict:
-    return {"node_cores": os.cpu_count() or 1,
+    cpu = this_cpu()
+    return {"node_cores": cpu.cores, "cpu_model": cpu.model,
             "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
             "last_level_cache": cache_bytes(3) or cache_bytes(2) or 1 << 20,
             "l1_data_cache": cache_bytes(1) or 32 << 10}
 
 
 def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0,
-              evict_kernels: bool = False, node: bool = False) -> dict:
+              evict_kernels: bool = False, node: bool = False, quick: bool = False) -> dict:
     """`mpiexec -n ranks python -m ratrain.calibrate.probe` with `threads` per rank."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS="1",
                MKL_NUM_THREADS="1")
@@ -209,7 +230,7 @@ def run_probe(ranks: int, threads: int, ops: str | None = None, evict: int = 0,
                    str(out), "--threads", str(threads),
                    "--evict", str(evict)]
         command += (["--ops", ops] if ops else []) + ["--evict-kernels"] * evict_kernels \
-            + ["--node"] * node
+            + ["--node"] * node + ["--quick"] * quick
         done = subprocess.run(command, env=env)
         if done.returncode or not out.is_file():
             raise RuntimeError(f"the calibration probe ({ranks} ranks x {threads} threads) "

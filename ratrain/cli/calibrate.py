@@ -2,42 +2,28 @@
 
 Times the native kernels, DDR bandwidth and MPI messages at the thread counts the runtime
 uses (ratrain/calibrate) and writes a profile that `ratrain compile --hw FILE` and
-`ratrain simulate --hw FILE` read; by default the built-in `cpu` profile.
+`ratrain simulate --hw FILE` read; by default this machine's cached profile, which every
+command uses where no --hw is given (NOTE [this machine's profile]), never the shipped
+cpu.json.
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 import time
 from pathlib import Path
 
 from ratrain.cli.options import add_options
 from ratrain.errors import UserError
-from ratrain.hw.profiles import PROFILE_DIR
-
-BUSY_LOAD = 0.5                         # 1-minute load average above which times are noisy
-
-
-def profile_text(profile: dict) -> str:
-    """Indented JSON with every list of numbers on one line (a measured case per line)."""
-    text = json.dumps(profile, indent=1)
-    return re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: f"[{' '.join(m.group(1).split())}]",
-                  text) + "\n"
-
-
-def write_profile(profile: dict, path: Path) -> None:
-    """Atomically, so a `--hw` reader never sees half a profile."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(profile_text(profile))
-    os.replace(partial, path)
-
+from ratrain.hw.identity import cached_profile_path, this_cpu
 
 def cmd_calibrate(args) -> None:
     from ratrain.calibrate import calibrate
+    from ratrain.calibrate.profile import BUSY_LOAD, write_profile
     from ratrain.hw import load_profile
-    out = Path(args.output)
+    if args.traces and not args.output:
+        raise UserError("--from writes a profile of the traced runs: give -o FILE (this "
+                        "machine's cached profile is what `ratrain calibrate` measures)")
+    out = Path(args.output) if args.output else cached_profile_path(this_cpu())
     if out.suffix != ".json":
         raise UserError(f"-o {out}: a profile is a .json file")
     if args.traces:
@@ -64,6 +50,7 @@ def _calibrate_from(args, out: Path) -> None:
     """NOTE [traced rows]: the base profile (--hw, else the one the first traced program
     was compiled for) with what the traced runs measured."""
     from ratrain.calibrate.from_trace import traced_profile, traced_runs
+    from ratrain.calibrate.profile import write_profile
     from ratrain.inputs import load_hw
     from ratrain.programs import is_program_dir, read_manifest
     runs = traced_runs(args.traces, args.program)
@@ -116,9 +103,10 @@ def add_calibrate_parser(sub) -> None:
                        "ranks, at the threads per rank the runtime uses, and write a profile "
                        "for `--hw`. Takes about 1.5 minutes on 2 cores and 2.5 on 16; run it "
                        "on an idle machine.")
-    p.add_argument("-o", "--output", default=str(PROFILE_DIR / "cpu.json"), metavar="FILE",
-                   help="profile to write (default: the built-in `cpu` profile, "
-                   f"{PROFILE_DIR / 'cpu.json'})")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="profile to write (default: this machine's cached profile, "
+                   "$RATRAIN_CACHE/profiles/<cpu model>-<N>-cores.json, which every command "
+                   "uses where no --hw is given; the shipped `cpu` profile stays as it is)")
     p.add_argument("--evict", action="store_true", help="time every kernel call after a "
                    "sweep of the last-level cache only, so the simulator charges every call "
                    "as if its operands came from DDR (default: each kernel timed back to "

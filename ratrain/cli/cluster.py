@@ -14,13 +14,14 @@ from ratrain.errors import UserError
 
 def cmd_up(args) -> None:
     from ratrain.cluster.harness import bring_up, describe
-    from ratrain.cluster.scaling import scaled_link
+    from ratrain.cluster.scaling import link_source, scaled_link
     bandwidth, latency = scaled_link()
     nodes = node_count(args.ranks, args.nodes, args.ranks_per_node)
     cluster = bring_up(args.name, nodes, args.link_bandwidth or bandwidth,
                        latency if args.link_latency is None else args.link_latency,
                        args.ranks_per_node)
-    print(f"cluster {cluster.name} up: {describe(cluster)}; `ratrain run DIR -n "
+    scaled = f" (link {link_source()})" if args.link_bandwidth is None else ""
+    print(f"cluster {cluster.name} up: {describe(cluster)}{scaled}; `ratrain run DIR -n "
           f"{cluster.ranks} --cluster {cluster.name}` runs on it")
 
 

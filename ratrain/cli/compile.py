@@ -20,6 +20,7 @@ from ratrain.cli.train_inputs import MAX_DEFAULT_MICRO_BATCHES
 from ratrain.compiler import (FLAGS, compile_other_schedule, other_schedule, recompile,
                               resolve_options, simulate, simulated_step, trace_for)
 from ratrain.errors import UserError
+from ratrain.hw.identity import profile_label
 from ratrain.inputs import load_model, read_hf_config
 from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.plan_memory import format_bytes
@@ -116,8 +117,9 @@ def cmd_compile(args) -> None:
     o = options
     print(f"compiled {name} for {o.world_size} ranks (pp {o.pp} x dp {o.dp}, "
           f"{o.rank_placement} placement), schedule "
-          f"{o.schedule} ({o.pipeline_schedule}), recompute {o.recompute}, zero {o.zero}, {o.precision} on {o.hw}: "
-          f"peak {format_bytes(program.memory.peak_bytes)} per rank -> {out}")
+          f"{o.schedule} ({o.pipeline_schedule}), recompute {o.recompute}, zero {o.zero}, {o.precision} on "
+          f"{profile_label(base, machine.profile)}: peak "
+          f"{format_bytes(program.memory.peak_bytes)} per rank -> {out}")
     if args.report:
         machine_text = describe_machine(record, profile, o.world_size)
         print(format_report(program, records, profile, graph, machine_text))

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ratrain.cli.options import DEFAULT_HW, MACHINE_FLAGS, dest
+from ratrain.calibrate.this_machine import default_hw
+from ratrain.cli.options import MACHINE_FLAGS, dest
 from ratrain.errors import UserError
 from ratrain.hw.machine import Machine, profile_identity, profile_sha256, read_machine
 from ratrain.hw.profiles import ProfileError
@@ -36,10 +37,11 @@ def _profile_named(args, machine: Machine) -> str | None:
 
 def planned_machine(args) -> tuple[Machine, dict, dict]:
     """(machine, its base profile as read, the profile planned on: the machine over the
-    base) of plan and compile: --hw, else the machine file's profile, else cpu. Sets
-    args.hw and, from --nodes, args.clusters (which must then agree)."""
+    base) of plan and compile: --hw, else the machine file's profile, else this
+    machine's (NOTE [this machine's profile]). Sets args.hw and, from --nodes,
+    args.clusters (which must then agree)."""
     machine = given_machine(args)
-    args.hw = _profile_named(args, machine) or DEFAULT_HW
+    args.hw = _profile_named(args, machine) or default_hw()
     base = load_hw(args.hw)
     machine = replace(machine, profile=profile_identity(args.hw))
     profile = machine.over(base)

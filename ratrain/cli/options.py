@@ -71,8 +71,11 @@ class Option:
     switch: bool = False                # a flag without a value (store_true; default False)
 
 
-HW_HELP = "hardware profile: mt3000, cpu or a path to a profile .json"
-DEFAULT_HW = DEFAULTS.hw
+HW_HELP = "hardware profile: mt3000, cpu (the shipped one, measured on another machine) or a " \
+    "path to a profile .json"
+# where no --hw is given: calibrate/this_machine.default_hw (NOTE [this machine's profile])
+DEFAULT_HW = "this machine's profile ($RATRAIN_DEFAULT_HW, else its cached calibration, made " \
+    "by a quick pass of seconds on first use)"
 
 OPTIONS = {o.flag: o for o in (
     Option("--pp", "pipeline stages (default: compile 1; train 2 when there are cores for "
@@ -113,8 +116,7 @@ OPTIONS = {o.flag: o for o in (
     Option("--budget", "usable memory per rank, e.g. 20GB (= 20 * 10^9 bytes) or 18GiB "
            "(= 18 * 2^30) (default: the profile's usable_memory)", size_arg, None,
            metavar="SIZE"),
-    Option("--hw", f"{HW_HELP} (default: {DEFAULTS.hw})", None, DEFAULTS.hw,
-           metavar="PROFILE"),
+    Option("--hw", f"{HW_HELP} (default: {DEFAULT_HW})", None, None, metavar="PROFILE"),
     Option("--precision", PRECISION_HELP, None, None, PRECISIONS),
     Option("--grad-accum", "ZeRO-2 gradient accumulation: local (full gradient until the "
            "step's sync), scatter (reduce-scatter every micro-batch, only a shard kept) or "

@@ -16,6 +16,7 @@ from ratrain.cli.options import (DEFAULT_HW, DEFAULT_SIMULATE, HW_HELP, MACHINE_
                                  OPTIONS, PLANNED, add_options, dest, planned_values,
                                  positive_int)
 from ratrain.errors import UserError
+from ratrain.hw.identity import profile_label
 from ratrain.inputs import load_model
 from ratrain.models.config import default_seq_len
 from ratrain.planner.strategies import STRATEGIES
@@ -246,8 +247,10 @@ def cmd_plan(args) -> int:
     schedules = SCHEDULES if name == "all" else \
         (STRATEGIES[strategy].schedule,) if strategy else (name,)
     planned = planned_machine(args)
-    _check_measure_flags(args, planned[2])
-    planner = Planner(search_for(args, schedules, planned[2]))
+    machine, base, profile = planned
+    _check_measure_flags(args, profile)
+    planner = Planner(search_for(args, schedules, profile))
+    label = profile_label(base, machine.profile)
     if args.clusters is None and not args.min_clusters:
         raise UserError(f"--machine {args.machine} names no nodes: give --clusters N or "
                         "--nodes K")
@@ -257,10 +260,12 @@ def cmd_plan(args) -> int:
         plan, bests = run_plan(planner.search, args.clusters, args.min_clusters, strategy,
                                planner), None
     if args.json:
-        print(json.dumps(plan_json(plan, args.top, args.min_clusters, bests), indent=1))
+        record = plan_json(plan, args.top, args.min_clusters, bests) | {"profile": label}
+        print(json.dumps(record, indent=1))
     else:
         print(format_plan(plan, args.top, args.min_clusters)
-              + ("\n" + "\n".join(strategy_lines(bests)) if bests else ""), flush=True)
+              + ("\n" + "\n".join(strategy_lines(bests)) if bests else "")
+              + f"\nprofile: {label}", flush=True)
     if plan.best is None:
         return NOTHING_FITS
     return _measure(plan, args, planned) if args.measure else 0

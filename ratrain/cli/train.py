@@ -16,8 +16,10 @@ import shutil
 import time
 from pathlib import Path
 
+from ratrain.calibrate.this_machine import default_hw
 from ratrain.cli.train_log import TRAIN_LOG, TerminalLog
 from ratrain.errors import UserError
+from ratrain.hw.identity import profile_label
 from ratrain.inputs import load_hw, read_hf_config
 from ratrain.rt.checkpoint import latest_checkpoint
 from ratrain.rt.hosts import resolve_hosts
@@ -120,11 +122,12 @@ def check_save_dir_option(args) -> None:
 # ---- ratrain train -----------------------------------------------------------------------------
 # The checks of its inputs, the layout rules and the run directory: cli/train_inputs.py.
 
-def compile_options(args, config: dict, layout):
-    """CompileOptions of a train run (the compile command's rules for unset flags)."""
+def compile_options(args, config: dict, layout, profile: dict):
+    """CompileOptions of a train run on `profile` (the compile command's rules for unset
+    flags)."""
     from ratrain.compiler import resolve_options
     return resolve_options(
-        config, load_hw("cpu"), pp=layout.pp, dp=layout.dp,
+        config, profile, pp=layout.pp, dp=layout.dp,
         micro_batches=layout.micro_batches, micro_batch_size=layout.micro_batch_size,
         seq_len=args.seq_len, schedule=args.schedule, recompute=args.recompute,
         zero=args.zero, budget=args.budget, precision=args.precision, clip=args.clip,
@@ -132,17 +135,18 @@ def compile_options(args, config: dict, layout):
         pipeline_schedule=args.pipeline_schedule)
 
 
-def compile_program(config: dict, name: str, options):
-    """Compile the model in memory: (files, manifest_of) of its program directory, so
-    that a program that does not fit is reported before anything is written."""
+def compile_program(config: dict, name: str, options, hw: str, profile: dict):
+    """Compile the model in memory on `profile` (read from `hw`, a name or path): (files,
+    manifest_of) of its program directory, so that a program that does not fit is
+    reported before anything is written."""
     from ratrain.compiler import compile_graph, trace_for
-    from ratrain.hw.machine import Machine
+    from ratrain.hw.machine import Machine, profile_identity
     from ratrain.programs import build_manifest, program_files
-    profile = load_hw("cpu")
     program, records = compile_graph(trace_for(config, name, options), options,
                                      profile=profile)
     hf_config = read_hf_config(name)
-    machine = Machine(profile="cpu").record(profile)  # NOTE [recorded machine]
+    # NOTE [recorded machine]
+    machine = Machine(profile=profile_identity(hw)).record(profile)
     return program_files(program, records), \
         lambda h: build_manifest(program, records, profile, h, hf_config, machine)
 
@@ -194,7 +198,9 @@ def start_run(args, log: TerminalLog) -> int:
     cores = os.cpu_count() or 1
     layout = resolve_layout(args.pp, args.dp, args.micro_batches, args.global_batch, cores,
                             config["num_hidden_layers"] + 2)
-    options = compile_options(args, config, layout)
+    hw = default_hw()  # NOTE [this machine's profile]
+    profile = load_hw(hw)
+    options = compile_options(args, config, layout, profile)
     check_context(config, options.seq_len, args.allow_beyond_context)
     check_checkpoint_options(args, save_dir_given=False)
     check_start(args, config)
@@ -209,8 +215,9 @@ def start_run(args, log: TerminalLog) -> int:
           f"{options.dp}, {options.micro_batches} micro-batches of {options.micro_batch_size} "
           f"x {options.seq_len} tokens)"
           f"{layout.cores_note(cores, layout.rank_threads(cores, os.environ))}", flush=True)
+    print(peak_line(profile, hw, options), flush=True)
     started = time.perf_counter()
-    compiled = compile_program(config, name, options)
+    compiled = compile_program(config, name, options, hw, profile)
     made = tokenize_data(args, config, options.seq_len)
     args.metrics = args.metrics or str(run_dir / "metrics.jsonl")
     args.save_dir = args.save_dir or str(run_dir / "checkpoints")
@@ -225,6 +232,16 @@ def start_run(args, log: TerminalLog) -> int:
         log.close()
         _undo_start(run_dir, existed, made)
     return code
+
+
+def peak_line(profile: dict, hw: str, options) -> str:
+    """`MFU against this machine's profile (...): 2 ranks x 94.5 GFLOP/s fp32 peak`."""
+    from ratrain.sim.kernels import peak_flops
+    from ratrain.sim.simulate import rank_profile
+    rank = rank_profile(profile, options.world_size)
+    return (f"MFU against {profile_label(profile, hw)}: {options.world_size} rank"
+            f"{'s' * (options.world_size > 1)} x "
+            f"{peak_flops(rank, options.precision) / 1e9:.1f} GFLOP/s {options.precision} peak")
 
 
 # NOTE [a failed start is undone]: a new run whose job ends before it trained a step or

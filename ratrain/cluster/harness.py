@@ -274,8 +274,9 @@ def cluster_for_run(name: str, ranks: int, hosts: tuple[str, ...] | None = None,
         cluster.hosts_for(ranks, hosts)
         yield cluster
         return
-    from ratrain.cluster.scaling import scaled_link
+    from ratrain.cluster.scaling import link_source, scaled_link
     default_bandwidth, default_latency = scaled_link()
+    scaled = f"; link {link_source()}" if bandwidth is None else ""
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         nodes = len(hosts) if hosts else ranks
@@ -286,7 +287,7 @@ def cluster_for_run(name: str, ranks: int, hosts: tuple[str, ...] | None = None,
         signal.signal(signal.SIGTERM, previous)
         raise
     try:
-        print(f"ratrain: cluster {name} up for this run ({describe(cluster)})",
+        print(f"ratrain: cluster {name} up for this run ({describe(cluster)}{scaled})",
               file=sys.stderr, flush=True)
         yield cluster
     finally:

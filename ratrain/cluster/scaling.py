@@ -4,6 +4,8 @@ bandwidths and latencies users write are read by ratrain/units.py).
 """
 from __future__ import annotations
 
+from ratrain.calibrate.this_machine import default_hw
+
 MT3000_LINK_BANDWIDTH = 3.7e9           # B/s of a node's port (DESIGN section 7)
 MT3000_SUSTAINED_FLOPS = 0.70 * 8.1e12  # hand-written FP16 GEMM: ~70% of the peak
 RANK_THREADS = 1                        # one rank per core on the cluster
@@ -12,9 +14,12 @@ RANK_THREADS = 1                        # one rank per core on the cluster
 # long its link needs for the same step's bytes. Keeping bytes/FLOP of the link equal to
 # the MT-3000's, link = 3.7e9 B/s x (sustained FLOP/s of one rank here) / (0.70 x 8.1e12
 # FLOP/s), makes every communication/compute ratio of a program match the MT-3000's. The
-# rank's sustained rate is the `cpu` profile's measured rate at one thread per rank, in the
-# profile's default precision; latency is the mt3000 profile's between nodes (5 us per
-# message): each rank of the cluster is a node of its own.
+# rank's sustained rate is this machine's profile's measured rate at one thread per rank
+# (NOTE [this machine's profile]: the shipped cpu profile's rate is another CPU's, and
+# scaled links from it left ratrain 1.18x over the baseline on an AMD Zen 5 where the
+# matching machine gave 1.3x), in the profile's default precision; latency is the mt3000
+# profile's between nodes (5 us per message): each rank of the cluster is a node of its
+# own.
 
 
 def rank_compute_rate(profile: dict, threads: int = RANK_THREADS) -> float:
@@ -25,13 +30,22 @@ def rank_compute_rate(profile: dict, threads: int = RANK_THREADS) -> float:
     return compute_rate(narrowed, profile.get("default_precision", "fp32"))
 
 
-def scaled_link(cpu: str = "cpu", reference: str = "mt3000") -> tuple[float, float]:
-    """(bandwidth B/s, latency s) of the cluster's links (NOTE [link scaling])."""
+def scaled_link(cpu: str | None = None, reference: str = "mt3000") -> tuple[float, float]:
+    """(bandwidth B/s, latency s) of the cluster's links (NOTE [link scaling]), scaled
+    from the profile `cpu` names, else this machine's (link_source says which)."""
     from ratrain.hw.profiles import load_profile
     from ratrain.hw.topology import node_of
-    rate = rank_compute_rate(load_profile(cpu))
+    rate = rank_compute_rate(load_profile(cpu or default_hw()))
     return (MT3000_LINK_BANDWIDTH * rate / MT3000_SUSTAINED_FLOPS,
             node_of(load_profile(reference)).port_latency)
+
+
+def link_source(cpu: str | None = None) -> str:
+    """Which profile scaled_link(cpu) scales from, for the outputs that print the link."""
+    from ratrain.hw.identity import profile_label
+    from ratrain.hw.profiles import load_profile
+    hw = cpu or default_hw()
+    return f"scaled from {profile_label(load_profile(hw), hw)}"
 
 
 def with_link(profile: dict, bandwidth: float | None = None, latency: float | None = None,

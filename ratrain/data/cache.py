@@ -17,6 +17,7 @@ import numpy as np
 
 from ratrain.data.sources import DataError, documents, find_sources
 from ratrain.data.tokenizer import TokenizerChoice
+from ratrain.settings import cache_root
 
 FORMAT = "ratrain-tokens/2"              # 2: pieces cut only where ids cannot change
 BATCH_BYTES = 8 * 2 ** 20               # text encoded per encode_batch call
@@ -63,7 +64,7 @@ def _expected(path: str, sources, choice: TokenizerChoice, vocab: int) -> dict:
 def _places(path: str, choice: TokenizerChoice) -> tuple[Path, Path]:
     """Base names of the cache: next to the data, and under $RATRAIN_CACHE."""
     data, key = Path(path).resolve(), cache_key(choice)
-    root = Path(os.environ.get("RATRAIN_CACHE", Path.home() / ".cache" / "ratrain"))
+    root = cache_root()
     where = hashlib.sha256(str(data).encode()).hexdigest()[:12]
     return (data.parent / f"{data.name}.{key}.tokens",
             root / "tokens" / f"{data.name}.{where}.{key}.tokens")

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import Cython
 
+from ratrain.settings import cache_root
+
 
 class BuildError(RuntimeError):
     """The generated module did not compile; the message holds the compiler's output."""
@@ -56,7 +58,7 @@ def _built(directory: Path, name: str) -> Path | None:
 
 
 def user_cache() -> Path:
-    return Path(os.environ.get("RATRAIN_CACHE", Path.home() / ".cache" / "ratrain")) / "build"
+    return cache_root() / "build"
 
 
 _SETUP = """\

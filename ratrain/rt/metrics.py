@@ -28,7 +28,9 @@ from ratrain.units import format_bytes
 # causal), plus a few percent of elementwise ops. The compiler records them with the peak
 # (the profile's for the program's precision, per rank as the simulator takes it, times
 # the world size) in program.json under "flops" (programs.step_flops): the runtime reads
-# two numbers and traces nothing.
+# two numbers and traces nothing. The peak is the profile's the program was compiled on:
+# `ratrain train`'s is this machine's (NOTE [this machine's profile]), and "peak_of"
+# names it, which the summary prints.
 
 
 # NOTE [elapsed across resumes]: elapsed_s counts the run's training time, not the job's:
@@ -93,12 +95,15 @@ class StepMetrics:
 class Throughput:
     model_flops: int                    # of one step (NOTE [model FLOPs and MFU])
     peak_flops: float                   # FLOP/s of all ranks at the program's precision
+    peak_of: str = ""                   # the profile it is of (hw/identity.profile_label);
+                                        # "": a program compiled before it was recorded
 
     @staticmethod
     def of_manifest(manifest: dict) -> Throughput | None:
         """The program's recorded "flops" (programs.step_flops); None if it has none."""
         flops = manifest.get("flops")
-        return None if flops is None else Throughput(flops["model_per_step"], flops["peak"])
+        return None if flops is None else \
+            Throughput(flops["model_per_step"], flops["peak"], flops.get("peak_of", ""))
 
     def mfu(self, step_seconds: float) -> float:
         return self.model_flops / step_seconds / self.peak_flops
@@ -182,8 +187,9 @@ class MetricsLog:
                  if evaluated else "")
         line += f", {sum(s.tokens_per_s for s in timed) / len(timed):,.0f} tokens/s"
         if self.throughput is not None:
+            against = f" against {self.throughput.peak_of}" if self.throughput.peak_of else ""
             line += (f", {flop_rate(self.throughput.model_flops / seconds)} (MFU "
-                     f"{self.throughput.mfu(seconds):.1%})")
+                     f"{self.throughput.mfu(seconds):.1%}{against})")
         if last.loss_scale is not None:
             line += (f", {last.skipped_steps} skipped steps (gradient overflow), loss scale "
                      f"{last.loss_scale:g}")

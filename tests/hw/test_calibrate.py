@@ -12,7 +12,7 @@ from ratrain.calibrate.cases import all_cases
 from ratrain.calibrate.fit import fit_link, fit_op
 from ratrain.calibrate.profile import run_probe
 from ratrain.cli import main
-from ratrain.cli.calibrate import write_profile
+from ratrain.calibrate.profile import write_profile
 from ratrain.codegen.emit import EMITTERS
 from ratrain.hw import load_profile
 from ratrain.ir.split_backward import SPLIT_OPS  # zb1's GEMM halves: shares of matmul_bwd

@@ -45,16 +45,22 @@ def test_train_on_defaults_prints_progress_and_summary(trained):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("compiling tiny for 2 ranks (pp 2 x dp 1")
-    assert lines[1].startswith(f"compiled into {run_dir}/program in ")
-    assert lines[1].endswith("; starting 2 ranks with mpiexec")
-    assert lines[2].startswith("2 ranks up: building the stage code")
-    assert lines[3] == "first step: 1/3 (it also warms up)"
+    # NOTE [this machine's profile]: the tests pin the shipped one (tests/conftest.py)
+    peak = load_profile("cpu")["threads"]["1"]["fp32_flops"] / 1e9
+    assert lines[1] == ("MFU against the shipped cpu profile (measured on another machine): "
+                        f"2 ranks x {peak:.1f} GFLOP/s fp32 peak")
+    assert lines[2].startswith(f"compiled into {run_dir}/program in ")
+    assert lines[2].endswith("; starting 2 ranks with mpiexec")
+    assert lines[3].startswith("2 ranks up: building the stage code")
+    assert lines[4] == "first step: 1/3 (it also warms up)"
     # --log-every 5: the first step and the last (metrics.jsonl has every step)
     assert [l.split()[1] for l in lines if l.startswith("step ")] == ["1/3", "3/3"]
     assert [l for l in lines if l.startswith("removed ")] == ["removed step-000001 (keep-last 2)"]
     assert lines[-2] == f"plotted the loss in {run_dir}/loss.png"
     assert lines[-1].startswith("done: 3 steps in ") and "final loss" in lines[-1]
     assert lines[-1].endswith(f"; metrics {run_dir}/metrics.jsonl")
+    assert "(MFU " in lines[-1] and " against the shipped cpu profile (measured on another " \
+        "machine)); per rank" in lines[-1]
     assert sum(l.startswith("done: ") for l in lines) == 1  # one summary
     steps = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3]
