@@ -52,6 +52,9 @@ setup(
         # torch and transformers: the tests check ratrain's math and checkpoints against
         # the real models (CPU build of torch; 2.13.0 is the one this project tests with)
         "test": ["pytest>=8", "threadpoolctl>=3", "torch==2.13.0", "transformers>=5,<6"],
+        # --data as a .parquet file or a saved Hugging Face datasets directory (their tests
+        # skip without them)
+        "data": ["pyarrow>=14", "datasets>=2.14"],
     },
     entry_points={"console_scripts": ["ratrain=ratrain.cli:main"]},
     zip_safe=False,
