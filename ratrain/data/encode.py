@@ -27,7 +27,8 @@ TICK_S = 0.2                            # how often a waiting caller hears back
 # long text]) is cut into SMALL_PIECE_BYTES pieces, a batch holds PIECES_PER_CORE of them
 # per core, and while the caller turns one batch's ids into arrays and writes them, the
 # next is already being encoded. `encode_batch_fast` (tokenizers >= 0.21) skips the
-# offsets, which cost about as much as the encoding itself. Memory is IN_FLIGHT batches'
+# offsets, which cost about as much as the encoding itself. (Pieces of 256 KiB encoded
+# about 8% faster than 64 KiB ones here, 1 MiB no faster.) Memory is IN_FLIGHT batches'
 # Encodings: a few tens of MiB per core, whatever the size of the data.
 
 

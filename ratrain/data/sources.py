@@ -16,7 +16,7 @@ from ratrain.data.tables import is_table, table_files, table_pieces
 TEXT_SUFFIXES = (".txt", ".jsonl")
 TEXT_FIELD = "text"                     # the field of a .jsonl line / table column read
 PIECE_BYTES = 4 * 2 ** 20               # pieces of a text that may not be cut small
-SMALL_PIECE_BYTES = 64 * 2 ** 10        # pieces of one that may (NOTE [pieces of a long text])
+SMALL_PIECE_BYTES = 256 * 2 ** 10       # pieces of one that may (NOTE [pieces of a long text])
 FORMATS = ("a .txt file, a directory of .txt files, a .jsonl file, a .parquet file, a saved "
            "Hugging Face datasets directory or a .npy of token rows")
 
