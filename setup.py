@@ -58,6 +58,9 @@ setup(
         # --log-to (rt/loggers.py, NOTE [optional loggers])
         "tensorboard": ["tensorboardX>=2.6"],
         "wandb": ["wandb>=0.16"],
+        # --data as a .parquet file or a saved Hugging Face datasets directory (their tests
+        # skip without them)
+        "data": ["pyarrow>=14", "datasets>=2.14"],
     },
     entry_points={"console_scripts": ["ratrain=ratrain.cli:main"]},
     zip_safe=False,

@@ -187,13 +187,15 @@ def start_run(args, log: TerminalLog) -> int:
     order: nothing is written before every check passed."""
     from ratrain.cli.resume import check_start
     from ratrain.cli.train_inputs import (check_context, check_layout_numbers, check_run_dir,
-                                          load_checked_model, model_source, model_tokenizer,
-                                          resolve_layout,
+                                          check_tokenizer_has_data, load_checked_model,
+                                          model_source, model_tokenizer, resolve_layout,
                                           take_model_weights, weights_line)
     check_layout_numbers(args)
     config, name = load_checked_model(*model_source(args))
+    own_tokenizer = model_tokenizer(args.model)
     if args.tokenizer is None and args.init_from is None:
-        args.tokenizer = model_tokenizer(args.model)
+        args.tokenizer = own_tokenizer
+    check_tokenizer_has_data(args, own_tokenizer)
     model_weights = take_model_weights(args, config)
     cores = os.cpu_count() or 1
     layout = resolve_layout(args.pp, args.dp, args.micro_batches, args.global_batch, cores,

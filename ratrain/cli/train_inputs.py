@@ -73,6 +73,30 @@ def model_tokenizer(model: str) -> str | None:
     return str(folder) if folder is not None and (folder / TOKENIZER_FILE).is_file() else None
 
 
+# NOTE [a tokenizer needs --data]: the built-in corpus is UTF-8 bytes. A new run whose
+# model directory holds a tokenizer.json (`--model DIR`), or that names one with
+# --tokenizer, but gives no --data, would train on byte ids and then save that tokenizer
+# beside weights that never saw its ids: a checkpoint that decodes to garbage in
+# transformers. Such a start is refused in one line that says to pass --data. (--init-from
+# DIR alone still trains on bytes, its tokenizer carried as before: its weights are the
+# point there, and its tests train byte-vocabulary checkpoints that way.)
+
+def check_tokenizer_has_data(args, model_tokenizer: str | None) -> None:
+    """NOTE [a tokenizer needs --data]; `model_tokenizer` is --model DIR's folder when
+    it holds a tokenizer.json."""
+    if args.data is not None or args.resume:
+        return
+    if args.tokenizer is not None and args.tokenizer == model_tokenizer:
+        raise UserError(f"--model {args.model} has its own tokenizer "
+                        f"({Path(model_tokenizer) / 'tokenizer.json'}), but without --data "
+                        "the run would train on the built-in corpus as UTF-8 bytes: pass "
+                        "--data FILE with the text to train on")
+    if args.tokenizer is not None:
+        raise UserError(f"--tokenizer {args.tokenizer} tokenizes --data text, and no --data "
+                        "was given: pass --data FILE, or leave out --tokenizer to train on "
+                        "the built-in corpus as bytes")
+
+
 # NOTE [a model directory's weights]: `ratrain train --model DIR` where DIR holds weights
 # (model.safetensors, or model.safetensors.index.json and its shards: a directory saved
 # by transformers, or a ratrain checkpoint) starts from them, as --init-from DIR does. A

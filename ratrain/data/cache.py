@@ -10,17 +10,17 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from ratrain.data.sources import DataError, documents, find_sources
+from ratrain.data.encode import batch_bytes, batches, encode_in_order
+from ratrain.data.progress import Progress
+from ratrain.data.sources import TEXT_FIELD, DataError, documents, find_sources
 from ratrain.data.tokenizer import TokenizerChoice
 from ratrain.settings import cache_root
 
 FORMAT = "ratrain-tokens/2"              # 2: pieces cut only where ids cannot change
-BATCH_BYTES = 8 * 2 ** 20               # text encoded per encode_batch call
 
 # NOTE [token cache]: the sidecar records the sources (path, size and mtime of every file),
 # the sha256 of tokenizer.json, the EOS id, the dtype and the .bin's size; any difference
@@ -28,15 +28,19 @@ BATCH_BYTES = 8 * 2 ** 20               # text encoded per encode_batch call
 # into place, the old sidecar removed first, so a crash leaves no cache that looks valid.
 # The key in the file names (a hash of tokenizer and EOS) lets caches of two tokenizers
 # sit side by side. When the data's directory is not writable, the cache goes under
-# $RATRAIN_CACHE/tokens (default ~/.cache/ratrain/tokens).
+# $RATRAIN_CACHE/tokens (default ~/.cache/ratrain/tokens). A text field other than "text"
+# (--text-field, of a .jsonl or a table) is recorded too; the default is not, so caches
+# made before the flag existed stay valid. The ids do not depend on how the text was cut
+# or batched (NOTE [pieces of a long text]): format 2's caches are read as they are.
 
 
 def token_stream(path: str, flag: str, choice: TokenizerChoice, vocab: int,
-                 build: bool = True) -> np.ndarray:
+                 build: bool = True, field: str = TEXT_FIELD) -> np.ndarray:
     """The data's token ids (np.memmap), tokenized now if no valid cache exists and
-    `build`; a DataError if ids reach `vocab` or the cache is missing without `build`."""
+    `build`; a DataError if ids reach `vocab` or the cache is missing without `build`.
+    `field` is the text field of a .jsonl line or table row."""
     sources = find_sources(path, flag)
-    meta = _expected(path, sources, choice, vocab)
+    meta = _expected(path, sources, choice, vocab, field)
     for place in _places(path, choice):
         if _valid(place, meta):
             return _open(place, flag, path, choice, vocab)
@@ -44,7 +48,7 @@ def token_stream(path: str, flag: str, choice: TokenizerChoice, vocab: int,
         raise DataError(f"{flag} {path} has no token cache: rank 0 writes it first (run the "
                         "job again, or start it with `ratrain run`)")
     place = _writable_place(path, choice)
-    _write(place, meta, sources, flag, path, choice, vocab)
+    _write(place, meta, sources, flag, path, choice, vocab, field)
     return _open(place, flag, path, choice, vocab)
 
 
@@ -53,12 +57,13 @@ def token_dtype(vocab: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab <= 2 ** 16 else np.uint32)
 
 
-def _expected(path: str, sources, choice: TokenizerChoice, vocab: int) -> dict:
+def _expected(path: str, sources, choice: TokenizerChoice, vocab: int, field: str) -> dict:
     root = Path(path)
     return {"format": FORMAT, "tokenizer": choice.digest, "eos_id": choice.eos_id,
             "dtype": token_dtype(vocab).name,
             "sources": [[str(s.path.relative_to(root)) if root.is_dir() else s.path.name,
-                         s.size, s.mtime_ns] for s in sources]}
+                         s.size, s.mtime_ns] for s in sources],
+            **({"text_field": field} if field != TEXT_FIELD else {})}
 
 
 def _places(path: str, choice: TokenizerChoice) -> tuple[Path, Path]:
@@ -94,7 +99,8 @@ def _valid(place: Path, expected: dict) -> bool:
         size = _bin(place).stat().st_size
     except (OSError, ValueError):
         return False
-    return {k: meta.get(k) for k in expected} == expected and meta.get("bin_bytes") == size
+    keys = {*expected, "text_field"}  # a cache of another field is not one of "text"
+    return all(meta.get(k) == expected.get(k) for k in keys) and meta.get("bin_bytes") == size
 
 
 def _open(place: Path, flag: str, path: str, choice, vocab: int) -> np.ndarray:
@@ -121,8 +127,8 @@ def _writable_place(path: str, choice: TokenizerChoice) -> Path:
     return fallback
 
 
-def _write(place: Path, meta: dict, sources, flag: str, path: str, choice,
-           vocab: int) -> None:
+def _write(place: Path, meta: dict, sources, flag: str, path: str, choice, vocab: int,
+           field: str) -> None:
     """Tokenize every document into a temporary .bin, then rename it and the sidecar
     into place (NOTE [token cache])."""
     _sidecar(place).unlink(missing_ok=True)
@@ -131,7 +137,7 @@ def _write(place: Path, meta: dict, sources, flag: str, path: str, choice,
     progress = Progress(f"tokenizing {path}", total)
     try:
         with open(temp, "wb") as out:
-            counts = _tokenize(out, sources, flag, choice, vocab, progress)
+            counts = _tokenize(out, sources, flag, path, choice, vocab, field, progress)
         os.replace(temp, _bin(place))
     except BaseException:
         progress.stop()
@@ -141,21 +147,24 @@ def _write(place: Path, meta: dict, sources, flag: str, path: str, choice,
     _replace_text(_sidecar(place), json.dumps(meta, indent=1) + "\n")
 
 
-def _tokenize(out, sources, flag: str, choice, vocab: int, progress) -> dict:
-    """Write every document's ids and its EOS to `out`; counts and the largest id. Ids
-    are checked against the model's vocabulary before they are narrowed to its dtype."""
-    encode, dtype = choice.encoder(), token_dtype(vocab)
+def _tokenize(out, sources, flag: str, path: str, choice, vocab: int, field: str,
+              progress) -> dict:
+    """Write every document's ids and its EOS to `out` as they come (NOTE [encoding on
+    every core]); counts and the largest id. Ids are checked against the model's
+    vocabulary before they are narrowed to its dtype."""
+    encoder, dtype = choice.encoder(), token_dtype(vocab)
     tokens = docs = 0
     max_id = _check_id(choice.eos_id, vocab, flag, choice, "its end-of-document id")
-    for batch in _batches(documents(sources, flag)):
-        ids = encode([text for text, _, _, _ in batch])
-        for (_, nbytes, last, where), piece in zip(batch, ids):
-            if piece.size:
-                max_id = max(max_id, _check_id(int(piece.max()), vocab, flag, choice, where))
-            chunk = np.concatenate([piece, [choice.eos_id]]) if last else piece
-            chunk.astype(dtype).tofile(out)
-            tokens, docs = tokens + chunk.size, docs + last
-            progress.advance(nbytes)
+    pieces = ((piece.text, piece) for piece in
+              documents(path, sources, flag, encoder.piece_bytes, field))
+    groups = batches(pieces, batch_bytes(encoder.piece_bytes))
+    for ids, piece in encode_in_order(groups, encoder.encode, progress.tick):
+        if ids.size:
+            max_id = max(max_id, _check_id(int(ids.max()), vocab, flag, choice, piece.where))
+        chunk = np.concatenate([ids, [choice.eos_id]]) if piece.last else ids
+        chunk.astype(dtype).tofile(out)
+        tokens, docs = tokens + chunk.size, docs + piece.last
+        progress.advance(piece.nbytes)
     progress.done(f"{docs} documents, {tokens:,} tokens")
     return {"tokens": tokens, "max_id": max_id, "documents": docs}
 
@@ -168,58 +177,7 @@ def _check_id(top: int, vocab: int, flag: str, choice, where) -> int:
     return top
 
 
-def _batches(docs, limit: int = BATCH_BYTES):
-    """(text, bytes, ends its document, file) pieces in groups of about `limit` bytes."""
-    batch, size = [], 0
-    for where, pieces in docs:
-        for i, (text, nbytes) in enumerate(pieces):
-            batch.append((text, nbytes, i == len(pieces) - 1, where))
-            size += nbytes
-            if size >= limit:
-                yield batch
-                batch, size = [], 0
-    if batch:
-        yield batch
-
-
 def _replace_text(path: Path, text: str) -> None:
     temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     temp.write_text(text)
     os.replace(temp, path)
-
-
-class Progress:
-    """Bytes tokenized / total on stderr: a `\\r` bar redrawn at most 5 times a second on
-    a terminal; elsewhere (logs) only the final line."""
-
-    def __init__(self, label: str, total: int, stream=None):
-        self.label, self.total, self.done_bytes = label, max(total, 1), 0
-        self.stream = stream or sys.stderr
-        self.live = self.stream.isatty()
-        self.start = self.shown = time.monotonic()
-
-    def advance(self, nbytes: int) -> None:
-        self.done_bytes += nbytes
-        if self.live and time.monotonic() - self.shown > 0.2:
-            self.shown = time.monotonic()
-            self._draw(f"{_mib(self.done_bytes)}/{_mib(self.total)} MiB")
-
-    def _draw(self, tail: str) -> None:
-        filled = int(30 * min(1.0, self.done_bytes / self.total))
-        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {tail}")
-        self.stream.flush()
-
-    def stop(self) -> None:
-        """End a drawn bar's line, so that an error prints below it."""
-        if self.live:
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def done(self, summary: str) -> None:
-        line = f"{self.label}: {summary} in {time.monotonic() - self.start:.1f} s"
-        self.stream.write(("\r" + line + " " * 10 if self.live else line) + "\n")
-        self.stream.flush()
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2 ** 20:.1f}"

@@ -10,15 +10,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from ratrain.data.sources import DataError
+from ratrain.data.encode import Encoder, byte_encode, hf_encode
+from ratrain.data.sources import PIECE_BYTES, SMALL_PIECE_BYTES, DataError
 
 TOKENIZER_FILE = "tokenizer.json"
 BYTE_SEPARATOR = 0                      # NOTE [byte documents]
 # special tokens that end a document, by preference, when neither the model's config
 # (eos_token_id) nor tokenizer_config.json (eos_token) names one
 EOS_NAMES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>")
+# characters on either side of a line break that the cut probe tries (letters, digits,
+# punctuation, a non-ASCII letter and a CJK one: the classes pre-tokenizer regexes know)
+PROBE_SIDES = ("a", "Z", "7", ")", "_", "'", "#", ".", "é", "中")
 
 # NOTE [byte documents]: byte tokens use all 256 ids for the UTF-8 bytes, so no id is
 # free for an end-of-document token. Documents are separated by the NUL byte (id 0),
@@ -32,13 +34,15 @@ class TokenizerChoice:
     digest: str                         # sha256 of tokenizer.json, or "bytes"
     eos_id: int                         # appended after every document
 
-    def encoder(self):
-        """texts -> list of id arrays (no special tokens added; EOS is added by the caller)."""
+    def encoder(self) -> Encoder:
+        """texts -> list of id arrays (no special tokens added; EOS is added by the caller),
+        and the size of the pieces a long text may be cut into (NOTE [pieces of a long
+        text])."""
         if self.path is None:
-            return lambda texts: [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
+            return Encoder(byte_encode, SMALL_PIECE_BYTES)
         tokenizer = _load(self.path, self.source)
-        return lambda texts: [np.asarray(e.ids, np.int64) for e in
-                              tokenizer.encode_batch(texts, add_special_tokens=False)]
+        piece = SMALL_PIECE_BYTES if cuts_at_line_breaks(tokenizer) else PIECE_BYTES
+        return Encoder(hf_encode(tokenizer), piece)
 
 
 def choose_tokenizer(config: dict, tokenizer: str | None, init_from: str | None,
@@ -98,3 +102,25 @@ def _load(path: Path, source: str):
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the library raises plain Exceptions for malformed files
         raise DataError(f"{source}: cannot read {path}: {str(e).splitlines()[0]}") from None
+
+
+def cuts_at_line_breaks(tokenizer) -> bool:
+    """Whether cutting a text after a line break between two non-space characters leaves
+    every pre-token and normalized character as it was (NOTE [pieces of a long text]):
+    probed with PROBE_SIDES on both sides, at the normalizer and the pre-tokenizer."""
+    pre, norm = tokenizer.pre_tokenizer, tokenizer.normalizer
+    if pre is None:  # the whole text is one word for the model
+        return False
+    for left in PROBE_SIDES:
+        for right in PROBE_SIDES:
+            whole, head, tail = f"{left}\n{right}", f"{left}\n", right
+            if norm is not None and norm.normalize_str(whole) != \
+                    norm.normalize_str(head) + norm.normalize_str(tail):
+                return False
+            if _pre_tokens(pre, whole) != _pre_tokens(pre, head) + _pre_tokens(pre, tail):
+                return False
+    return True
+
+
+def _pre_tokens(pre_tokenizer, text: str) -> list[str]:
+    return [token for token, _ in pre_tokenizer.pre_tokenize_str(text)]

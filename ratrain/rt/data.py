@@ -2,8 +2,8 @@
 
 The built-in corpus exists on every machine: the installed Python standard library's
 *.py files in sorted order, as bytes (vocab 256). `--data FILE.npy` gives int rows [N, T+1];
-`--data` text (.txt, a directory of them, .jsonl) is tokenized once into a cached stream
-(ratrain/data) and packed into consecutive rows. Step k (0-based) takes rows
+`--data` text (.txt, a directory of them, .jsonl, .parquet, a saved `datasets` directory)
+is tokenized once into a cached stream (ratrain/data) and packed into consecutive rows. Step k (0-based) takes rows
 [k*G, (k+1)*G) of the (seeded, shuffled) row order, wrapping.
 """
 from __future__ import annotations
@@ -17,6 +17,8 @@ import numpy as np
 
 from ratrain.data import (DataError, cache_files, cache_key, choose_tokenizer, find_sources,
                           token_stream)
+from ratrain.data.sources import TEXT_FIELD
+from ratrain.data.tables import is_table
 
 CORPUS_BYTES = 4 * 2 ** 20              # cap of the built-in corpus
 
@@ -29,6 +31,7 @@ class TextSettings:
     init_from: str | None = None        # --init-from DIR (its tokenizer.json, if any)
     resume: str | None = None           # the --resume checkpoint (its tokenizer.json)
     build: bool = True                  # tokenize when no cache exists; False: memmap only
+    text_field: str = TEXT_FIELD        # --text-field: a .jsonl's or a table's text
 
 
 # NOTE [tokenize once]: text is tokenized before the ranks start: `ratrain train` and
@@ -106,9 +109,17 @@ def data_rows(path: str, flag: str, row_len: int, text: TextSettings) -> np.ndar
     vocab = int(text.config["vocab_size"])
     if path.endswith(".npy"):
         return load_rows(path, row_len, vocab, flag)
-    find_sources(path, flag)  # a missing or empty file first: no tokenizer fixes that
-    return pack_rows(token_stream(path, flag, text_tokenizer(text), vocab, text.build),
-                     row_len, flag, path)
+    check_text_field(path, flag, find_sources(path, flag), text.text_field)
+    return pack_rows(token_stream(path, flag, text_tokenizer(text), vocab, text.build,
+                                  text.text_field), row_len, flag, path)
+
+
+def check_text_field(path: str, flag: str, sources, field: str) -> None:
+    """--text-field names a field of records: refused for plain text, which has none."""
+    if field != TEXT_FIELD and not is_table(Path(path)) and \
+            all(s.path.suffix == ".txt" for s in sources):
+        raise DataError(f"--text-field {field} names a field of .jsonl, parquet or datasets "
+                        f"records, but {flag} {path} is plain text: leave --text-field out")
 
 
 def pack_rows(stream: np.ndarray, row_len: int, flag: str, path: str) -> np.ndarray:
@@ -156,7 +167,8 @@ def prepare_program_text_data(args, program_dir) -> None:
 
 def text_settings(args, config: dict, build: bool) -> TextSettings:
     return TextSettings(config, getattr(args, "tokenizer", None),
-                        getattr(args, "init_from", None), resumed_checkpoint(args), build)
+                        getattr(args, "init_from", None), resumed_checkpoint(args), build,
+                        getattr(args, "text_field", None) or TEXT_FIELD)
 
 
 def text_tokenizer(text: TextSettings):
@@ -177,7 +189,8 @@ def resumed_checkpoint(args) -> str | None:
 
 # NOTE [token stream identity]: a checkpoint's trainer_state.json records which tokens
 # its run trained on: the --data path (resolved) and its size in bytes, the sha256 of the
-# tokenizer.json (or "bytes"), its EOS id and the cache key they make. A resumed run
+# tokenizer.json (or "bytes"), its EOS id and the cache key they make, and --text-field
+# when it is not "text" (left out otherwise, so older checkpoints still compare equal). A resumed run
 # computes the same for its own --data and tokenizer and refuses to start when any of them
 # differs (unless --allow-data-change): the rows of step k would be other rows, and a
 # byte-tokenized stream fed to a BPE-trained model trains happily on garbage.
@@ -197,14 +210,16 @@ def token_stream_identity(data: str | None, text: TextSettings) -> dict:
     choice = text_tokenizer(text)
     return {"data": str(path), "data_bytes": sum(s.size for s in sources),
             "tokenizer": choice.digest, "eos_id": choice.eos_id,
-            "cache_key": cache_key(choice)}
+            "cache_key": cache_key(choice),
+            **({"text_field": text.text_field} if text.text_field != TEXT_FIELD else {})}
 
 
 def stream_change(saved: dict, current: dict) -> str | None:
     """How the token stream `current` differs from a checkpoint's `saved` (one phrase
     naming the first difference), or None when they are the same."""
     for key, what in (("data", "--data"), ("data_bytes", "--data size in bytes"),
-                      ("tokenizer", "tokenizer"), ("eos_id", "end-of-document id")):
+                      ("tokenizer", "tokenizer"), ("eos_id", "end-of-document id"),
+                      ("text_field", "--text-field")):
         if saved.get(key) != current.get(key):
             return (f"its {what} was {_shown(key, saved.get(key))}, this run's is "
                     f"{_shown(key, current.get(key))}")
@@ -214,6 +229,8 @@ def stream_change(saved: dict, current: dict) -> str | None:
 def _shown(key: str, value) -> str:
     if key == "data" and value is None:
         return "the built-in corpus"
+    if key == "text_field" and value is None:
+        return TEXT_FIELD
     if key == "tokenizer":
         return {"bytes": "UTF-8 bytes", None: "none (token rows)"}.get(
             value, f"tokenizer.json sha256 {str(value)[:12]}")

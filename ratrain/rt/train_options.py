@@ -29,9 +29,13 @@ FLOAT32_MAX = 3.4028234663852886e38     # the loss scale is a float32 (GradScale
 TRAINING_OPTIONS = (
     ("--steps", int, 50, "training steps to run (default: 50)"),
     ("--data", str, None, "training text: a .txt file, a directory of .txt files (sorted, "
-     "recursive), a .jsonl file (a \"text\" field per line), tokenized once into a cache "
-     "next to it; or a .npy of integer token rows [N, seq-len + 1] (default: the installed "
-     "Python standard library's sources as bytes, vocab 256)"),
+     "recursive), a .jsonl file (a \"text\" field per line), a .parquet file or a saved "
+     "Hugging Face datasets directory (a \"text\" column; these two need pip install "
+     "'ratrain[data]'), tokenized once into a cache next to it, with progress; or a .npy "
+     "of integer token rows [N, seq-len + 1] (default: the installed Python standard "
+     "library's sources as bytes, vocab 256)"),
+    ("--text-field", str, None, "the field of a .jsonl line, or the column of a parquet or "
+     "datasets table, that holds the text (default: text)"),
     ("--tokenizer", str, None, "directory holding the model's tokenizer.json for text data "
      "(default: the --resume checkpoint's, else the --init-from checkpoint's or `ratrain "
      "train --model DIR`'s, else UTF-8 bytes when the vocabulary has 256 or more ids)"),
@@ -106,7 +110,7 @@ TRAINING_OPTIONS = (
 # work] in cli/resume.py), and a stopped run's hint names that command.
 RUN_RECORD = "train_options.json"
 
-METAVARS = {"--steps": "N", "--data": "FILE", "--tokenizer": "DIR", "--eval-data": "FILE",
+METAVARS = {"--steps": "N", "--data": "FILE", "--text-field": "NAME", "--tokenizer": "DIR", "--eval-data": "FILE",
             "--eval-every": "N", "--eval-batches": "K", "--seed": "S", "--init-from": "DIR",
             "--lr": "LR", "--lr-schedule": "NAME", "--warmup": "N", "--min-lr": "LR",
             "--weight-decay": "W", "--beta1": "B1", "--beta2": "B2", "--eps": "EPS",

@@ -99,6 +99,14 @@ CASES = {
     "missing data": (
         ["train", "--model", "model", "--data", "none.txt"],
         "--data none.txt does not exist"),
+    # NOTE [a tokenizer needs --data]: not byte ids under a BPE tokenizer's name
+    "model tokenizer without data": (
+        ["train", "--model", "model"],
+        "--model model has its own tokenizer (model/tokenizer.json), but without --data "
+        "the run would train on the built-in corpus as UTF-8 bytes: pass --data FILE"),
+    "tokenizer without data": (
+        ["train", "--tokenizer", "model"],
+        "--tokenizer model tokenizes --data text, and no --data was given: pass --data"),
 }
 
 
