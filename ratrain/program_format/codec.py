@@ -340,10 +340,15 @@ def _in_buffer(slot, plan: StagePlan, path: str):
     return slot
 
 
-def _layer(s, path: str, plan: StagePlan) -> LayerState:
-    def slots(key, count=None):
-        return tuple(_in_buffer(_read_slot(x, at(at(path, key), i)), plan, at(at(path, key), i))
-                     for i, x in enumerate(c.listed(field(s, key, path), at(path, key))[:count]))
+def _layer(s, path: str, plan: StagePlan, zero: int) -> LayerState:
+    """A layer's state slots, each inside its buffer of the stage's plan; its views too,
+    except under ZeRO-3, which has none in the plan (each use gathers its own: NOTE
+    [ZeRO-3 lifecycle]) and never reads them (rt/calls.init_layer)."""
+    def slots(key, count=None, planned=True):
+        read = (_read_slot(x, at(at(path, key), i))
+                for i, x in enumerate(c.listed(field(s, key, path), at(path, key))[:count]))
+        return tuple(_in_buffer(slot, plan, at(at(path, key), i)) if planned else slot
+                     for i, slot in enumerate(read))
     params = []
     for i, pair in enumerate(c.listed(field(s, "params", path), at(path, "params"))):
         name, dims = c.listed(pair, at(at(path, "params"), i), 2)
@@ -351,7 +356,7 @@ def _layer(s, path: str, plan: StagePlan) -> LayerState:
                        c.shape(dims, at(at(at(path, "params"), i), 1))))
     state = c.listed(s["state"], at(path, "state"), 5)
     sizes = tuple(c.integer(v, at(at(path, "state"), 3 + i)) for i, v in enumerate(state[3:]))
-    views = slots("views")
+    views = slots("views", planned=zero != 3)
     if len(views) != len(params):
         raise FieldError(at(path, "views"), f"must hold one slot per parameter ({len(params)})")
     return LayerState(tuple(params), slots("state", 3) + sizes, views)
@@ -376,7 +381,7 @@ def _runtime(d) -> RuntimeProgram:
     stage_of = {l: s for s, layers in enumerate(stages) for l in layers}
     layers = field(d, "layers", "")
     state = {l: _layer(field(layers, str(l), "layers"), at("layers", str(l)),
-                       memory[stage_of[l]]) for l in range(len(order))}
+                       memory[stage_of[l]], options.zero) for l in range(len(order))}
     ties = tuple(c.integer(s, at("tie_stages", i), 0, options.pp - 1)
                  for i, s in enumerate(c.listed(field(d, "tie_stages", ""), "tie_stages")))
     return RuntimeProgram(RuntimeGraph(name, graph["config"]), options, stages,

@@ -198,3 +198,18 @@ def test_mutated_tables_are_accepted_or_refused_in_one_line(compiled, tmp_path):
                                               for line in run.stderr.splitlines()), where
         (program / relative).write_text(originals[relative])
         (tmp_path / "m.jsonl").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_every_zero_stage_passes_the_checks(tmp_path, zero):
+    """The checks accept what the compiler writes at every ZeRO stage: under ZeRO-3 a
+    layer's view slots name no buffer of the plan (each use gathers its own), which the
+    first checks refused, so `plan --measure` could not run a ZeRO-3 row."""
+    from ratrain.cli.train import check_program
+    from ratrain.rt import program as rt_program
+    program = tmp_path / f"zero{zero}"
+    assert ratrain_main(["compile", "tiny", "--pp", "1", "--dp", "2", "--zero", str(zero),
+                         "--micro-batches", "1", "--micro-batch-size", "2", "--seq-len", "16",
+                         "-o", str(program)]) == 0
+    rt_program._SOURCES.clear()
+    check_program(program, None, False)
