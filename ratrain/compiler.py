@@ -57,7 +57,8 @@ def compile_graph(graph, options, expand: bool = False, profile: dict | None = N
     program (NOTE [periodic programs]) unless `expand`; over-budget programs are user
     errors. `profile`: the hardware compiled for, whose cost model places zb1's W's
     (NOTE [zb1 schedule]) and weighs where auto recompute runs (NOTE [where recovery
-    runs]); None: unit costs (FLOPs for recovery)."""
+    runs]) and balances the stages; None: unit costs (FLOPs for recovery and the
+    partition)."""
     from ratrain.passes.partition_stages import PartitionError
     from ratrain.passes.plan_memory import MemoryBudgetError
     try:

@@ -47,7 +47,7 @@ class Node:
 
 def rank_threads(profile: dict) -> int:
     """Threads each rank runs: `rank_threads` once narrowed to a job
-    (sim/simulate.rank_profile), else the profile's `cores`."""
+    (sim/kernels.rank_profile), else the profile's `cores`."""
     return int(profile.get("rank_threads") or profile.get("cores") or 1)
 
 

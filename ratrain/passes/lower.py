@@ -22,7 +22,7 @@ from ratrain.passes.layer_buffers import (GRAD_OUTPUT, backward_graph, backward_
                                           residual_home, residual_layout, scatters_in_weight,
                                           view_layout, weight_operand_layout, weight_pinned)
 from ratrain.passes.insert_gathers import view_buffer
-from ratrain.passes.residuals import nodes_rebuilding
+from ratrain.passes.residuals import rebuild_node_indices
 from ratrain.passes.layout import graph_workspace
 from ratrain.passes.lower_state import (_loss_scaled, _lower_gather, _lower_norm, _lower_prefetch,
                                         _lower_sync, _lower_tie, _lower_update,
@@ -150,14 +150,10 @@ def _recompute_calls(program, task: Task, layer: int, m: int, workspace: str, ba
     mode = program.recompute[(layer, m)]
     placement = _Placement(kind.fwd, pinned_values(kind, "REC", mode), workspace, base)
     _bind_params(placement, program, task, layer, kind.fwd)
-    inputs = {_input_index(kind, p) for p in range(len(kind.fwd.inputs))}
-    kept = _is_kept(program, layer, m)
     _bind_residuals(placement, program, layer, m, lambda i: True, rebuilt_in)
-    rebuilt = {r.id for i, r in enumerate(kind.residuals) if i not in inputs and not kept(i)}
-    available = {r.id for i, r in enumerate(kind.residuals) if i in inputs or kept(i)}
-    needed = {id(n) for n in nodes_rebuilding(kind.fwd, rebuilt, available)}
+    needed = set(rebuild_node_indices(kind, mode))
     calls = placement.calls(layer, RECOMPUTE_TAG if rebuilt_in else "")
-    return [c for c, n in zip(calls, kind.fwd.nodes) if id(n) in needed]
+    return [c for i, c in enumerate(calls) if i in needed]
 
 
 def _cotangent_slots(program, task: Task, var) -> tuple[Slot, Slot]:

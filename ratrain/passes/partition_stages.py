@@ -1,7 +1,8 @@
 """partition_stages: split the model's layers into `pp` contiguous pipeline stages.
 
 The first pass: runs on a traced Program with no stages yet, before schedule_1f1b.
-Balances per-stage compute time (FLOPs / stage speed) under a per-rank memory estimate
+Balances per-stage compute time (seconds on the program's profile, else FLOPs, over the
+stage speed) under a per-rank memory estimate
 that follows the 1F1B in-flight rule (DESIGN.md §5-6); plan_memory later computes the
 exact peak. `stage_memory_estimate` is the estimate other passes and the planner reuse.
 """
@@ -38,7 +39,8 @@ def partition_stages(program: Program) -> Program:
     Requires: program.graph traced; 1 <= options.pp <= number of layers.
     Guarantees: `stages` is a tuple of pp non-empty tuples of consecutive layer indices
     covering all layers in order (embedding in stage 0, head in the last stage); the
-    split minimises the slowest stage's time (sum of fwd + bwd FLOPs / stage speed)
+    split minimises the slowest stage's time (stage_time_estimate: fwd + bwd seconds of
+    the program's cost model, else FLOPs, over the stage speed)
     among splits whose every stage_memory_estimate fits `options.budget`; ties go to the
     least memory on the heaviest stage, then to the lexicographically earliest split.
     Raises PartitionError (with the least achievable peak and its breakdown) otherwise.
@@ -64,9 +66,21 @@ def in_flight_micro_batches(program: Program, stage_index: int) -> int:
 
 
 def stage_time_estimate(program: Program, stage_index: int, layers) -> float:
-    """Forward + backward FLOPs of one micro-batch through `layers`, over the stage's speed."""
-    flops = sum(program.layer_cost(l).fwd_flops + program.layer_cost(l).bwd_flops for l in layers)
-    return flops / _stage_speeds(program)[stage_index]
+    """What the split balances for `layers` on stage `stage_index`: one micro-batch's
+    forward and backward over the stage's speed (_layer_passes' unit)."""
+    return sum(_layer_passes(program)[l] for l in layers) / _stage_speeds(program)[stage_index]
+
+
+def _layer_passes(program: Program) -> list[float]:
+    """Per layer, one micro-batch's F and B at speed 1: seconds on the program's profile
+    where it has a cost model (the kernels the simulator charges, NOTE [a compute task's
+    seconds], sim/task_seconds.py), else FLOPs."""
+    layers = range(len(program.graph.layers))
+    if program.cost_model is not None:
+        layer_pass = program.cost_model(program).layer_pass
+        return [layer_pass(l) for l in layers]
+    return [float(program.layer_cost(l).fwd_flops + program.layer_cost(l).bwd_flops)
+            for l in layers]
 
 
 def stage_memory_estimate(program: Program, stage_index: int, layers) -> dict[str, int]:
@@ -139,9 +153,9 @@ class _SplitTable:
         num_layers, num_stages = len(program.graph.layers), program.options.pp
         costs = [program.layer_cost(l) for l in range(num_layers)]
         terms = [_layer_memory_terms(program, l) for l in range(num_layers)]
-        flops = _segment_sums([c.fwd_flops + c.bwd_flops for c in costs])
+        passes = _segment_float_sums(_layer_passes(program))
         speeds = np.asarray(_stage_speeds(program), dtype=np.float64)
-        self.time = flops[None, :, :] / speeds[:, None, None]
+        self.time = passes[None, :, :] / speeds[:, None, None]
         self.memory = _segment_memory(program, costs, terms)
         nonempty = np.triu(np.ones((num_layers + 1,) * 2, dtype=bool), k=1)
         self.valid = np.broadcast_to(nonempty, (num_stages,) + nonempty.shape)
@@ -163,6 +177,16 @@ def _segment_sums(values) -> np.ndarray:
     """sums[i, j] = sum(values[i:j]) (exact integer sums, then float64)."""
     prefix = np.concatenate([[0], np.cumsum(np.asarray(values, dtype=np.int64))])
     return (prefix[None, :] - prefix[:, None]).astype(np.float64)
+
+
+def _segment_float_sums(values) -> np.ndarray:
+    """sums[i, j] = sum(values[i:j]), each row summed from its first layer on, so equal
+    runs of layers sum to equal floats wherever they start (FLOPs stay exact below 2**53)."""
+    values = np.asarray(values, dtype=np.float64)
+    sums = np.zeros((len(values) + 1,) * 2)
+    for first in range(len(values)):
+        sums[first, first + 1:] = np.cumsum(values[first:])
+    return sums
 
 
 def _segment_max(values) -> np.ndarray:

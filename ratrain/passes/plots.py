@@ -18,7 +18,8 @@ from ratrain.passes.dryrun import DryRunResult, dry_run  # noqa: E402
 
 COMMS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B, Kind.POST_F,
                    Kind.POST_B, Kind.NORM, Kind.TIE})
-# Relative durations when a task carries no estimate: a backward is two forwards, the
+# Relative durations when a task carries no estimate and no profile's costs are given
+# (the axis then says "cost units"; with a profile, sim.costs.task_cost_model in "s"): a backward is two forwards, the
 # lifecycle tasks are cheaper than a layer pass, messages cheaper still, FREE is free; a
 # zb1 W (one layer's weight gradients) as a lifecycle task. A per-layer piece of a B
 # counts as one forward: a unit cost knows no layer count.

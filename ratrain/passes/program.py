@@ -39,8 +39,9 @@ class Program:
     cost_model: Callable | None = field(default=None, compare=False)  # program -> (task ->
                                         # seconds) on the hardware compiled for
                                         # (sim.costs.bound_cost_model); None: unit costs.
-                                        # zb1 places W's by it, auto recompute weighs
-                                        # where recovery runs by it
+                                        # partition_stages balances stages, zb1 places
+                                        # W's and auto recompute weighs where recovery
+                                        # runs by it
     periods: dict | None = None         # stage -> StagePeriod of a periodic program, whose
                                         # stages may come from different instances (NOTE
                                         # [periodic programs], passes/periodic_program.py)

@@ -51,6 +51,18 @@ def nodes_rebuilding(graph, targets: set, available: set) -> list:
     return needed[::-1]
 
 
+@lru_cache(maxsize=1024)
+def rebuild_node_indices(kind, mode: str) -> tuple[int, ...]:
+    """Indices in `kind.fwd.nodes` of the nodes a rebuild under `mode` runs: those that
+    remake the residuals `mode` drops from the ones it keeps (nodes_rebuilding), what a
+    REC and a B recovering in backward lower to, and what the cost model charges them."""
+    mask = kept_mask(kind, mode)
+    dropped = {r.id for r, kept in zip(kind.residuals, mask) if not kept}
+    kept = {r.id for r, k in zip(kind.residuals, mask) if k}
+    needed = {id(n) for n in nodes_rebuilding(kind.fwd, dropped, kept)}
+    return tuple(i for i, n in enumerate(kind.fwd.nodes) if id(n) in needed)
+
+
 def recompute_flops(program, layer: int, micro_batch: int) -> int:
     """FLOPs a REC spends: the whole forward under full recompute; under selective only
     the non-GEMM ops (GEMM outputs are kept, see kept_mask)."""

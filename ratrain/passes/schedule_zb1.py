@@ -46,7 +46,9 @@ Cost = Callable[[Task], float]
 
 
 def unit_cost(task: Task, layers_per_stage: int = 1) -> float:
-    """F = B = 1, a micro-batch's W's 1 in all, SYNC 0: the costs of the ZB-H1 paper."""
+    """F = B = 1, a micro-batch's W's 1 in all, SYNC 0: the costs of the ZB-H1 paper,
+    for a program compiled without a profile (with one, Program.cost_model: NOTE [a
+    compute task's seconds], sim/task_seconds.py)."""
     if task.kind == Kind.W:
         return 1.0 / layers_per_stage
     return 1.0 if task.kind in (Kind.F, Kind.B) else 0.0

@@ -1,6 +1,6 @@
 """How many threads a rank's kernels and BLAS run on: its share of the node's cores. One
 rule for the runtime (rt/__main__.py sets the thread pools from it), the simulator
-(sim/simulate.rank_profile picks the profile's entry for it) and `ratrain train`'s layout
+(sim/kernels.rank_profile picks the profile's entry for it) and `ratrain train`'s layout
 line. Imports nothing, so a rank applies it before numpy loads.
 """
 from __future__ import annotations

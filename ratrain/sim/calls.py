@@ -25,8 +25,9 @@ from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
                                sync_finish_seconds,
                                tie_local_bytes, tie_sum_seconds, undo_copy_bytes,
                                update_seconds, view_gather)
-from ratrain.sim.kernels import cold_profile, graph_seconds, traced_seconds, whole_node_key
+from ratrain.sim.kernels import cold_profile, traced_seconds, whole_node_key
 from ratrain.sim.residency import cold_fractions
+from ratrain.sim.task_seconds import KernelTables
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
                                WorldSum, posted_receive, send_channel)
 
@@ -49,6 +50,12 @@ def runtime_key(call, precision: str) -> tuple:
     slots = ";".join(f"{s.dtype}{list(s.shape)}" for s in _slots(call.inputs) + list(call.outputs))
     params = ",".join(f"{k}={v}" for k, v in call.params if k not in PLACE_PARAMS)
     return precision, call.op, params, slots
+
+
+def is_kernel_call(call) -> bool:
+    """Does `call` run a graph node (an IR op), costed by its node (sim/kernels.py)?
+    Else it is a runtime call (rt/calls.py)."""
+    return call.op not in _RUNTIME_CALLS and lookup_rule(call.op) is not None
 
 
 def _slots(values) -> list:
@@ -111,6 +118,9 @@ class ProfileCosts:
                        for c in lt.calls if c.op in ASYNC_CALLS
                        for s in _slots(c.inputs) + list(c.outputs)}
         self._tables: dict = {}
+        self._warm = KernelTables(program.graph, profile, o.precision)
+        cold = cold_profile(profile, o.precision)
+        self._cold_tables = cold and KernelTables(program.graph, cold, o.precision)
         self._groups: dict = {}         # stage -> its DP group's members per node
         self._steps: dict = {}          # task -> its steps: a replay of two steps asks twice
         self._cold = self._cold_fractions()
@@ -162,7 +172,7 @@ class ProfileCosts:
             steps = handler(self, task, call)
             traced = self._traced_runtime(call, steps)
             return steps if traced is None else [Compute(traced)]
-        if lookup_rule(call.op) is not None:
+        if is_kernel_call(call):
             return [Compute(self._ir_seconds(task, call, cursor))]
         return self._traced_or(call, _memory_bound(self, task, call))
 
@@ -213,7 +223,7 @@ class ProfileCosts:
         out, cursor = [], {}
         for i, call in enumerate(self._calls[task.stage][task]):
             cursor["call"] = i
-            if call.op not in _RUNTIME_CALLS and lookup_rule(call.op) is not None:
+            if is_kernel_call(call):
                 seconds = self._ir_seconds(task, call, dict(cursor))
                 kind, direction, n = self._ir_node(task, call, cursor)
                 key, share = whole_node_key(self.program.graph.kinds[kind], direction, n,
@@ -236,18 +246,19 @@ class ProfileCosts:
         return "bwd_input" if is_split(self.program) else "bwd"
 
     def _table(self, kind: str, direction: str):
+        """(ops, warm seconds, cold seconds or None) of every node of a layer kind's
+        `direction` graph: the tables the passes' costs read too (NOTE [a compute task's
+        seconds], task_seconds.py)."""
         key = (kind, direction)
         if key not in self._tables:
             layer_kind = self.program.graph.kinds[kind]
             graph = {"fwd": layer_kind.fwd, "bwd": layer_kind.bwd,
                      "bwd_input": layer_kind.split.input_part,
                      "bwd_weight": layer_kind.split.weight_part}[direction]
-            precision = self.options.precision
-            cold = cold_profile(self.profile, precision)
             self._tables[key] = (tuple(n.op for n in graph.nodes),
-                                 graph_seconds(layer_kind, direction, self.profile, precision),
-                                 graph_seconds(layer_kind, direction, cold, precision)
-                                 if cold else None)
+                                 self._warm.nodes(kind, direction),
+                                 self._cold_tables.nodes(kind, direction)
+                                 if self._cold_tables else None)
         return self._tables[key]
 
     # ---- collectives --------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """The one cost model: seconds of a task, a collective or a state update on a profile.
 
-Every place that turns work into seconds calls here: the dry run's `task_cost_model`
-(`ratrain compile --report`, `ratrain inspect --schedule-png`), the simulator's runtime
-calls (calls.py) and the planner's closed-form estimate (planner/estimate.py). It reads
+Every place that turns work into seconds calls here: the passes that weigh time and the
+dry run through `task_cost_model` (Program.cost_model, `ratrain compile --report`,
+`ratrain inspect --schedule-png`; compute tasks by task_seconds.py, NOTE [a compute
+task's seconds]), the simulator's runtime calls (calls.py) and the planner's closed-form
+estimate (planner/estimate.py). It reads
 compiled Programs, so it sits above passes; hw/ only loads the profiles it is given.
 """
 from __future__ import annotations
@@ -16,13 +18,13 @@ from typing import Callable
 import numpy as np
 
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.layer_buffers import (gathers_in_place, is_split, layer_param_count,
-                                          message_bytes, recovers_in_backward, shard_elements)
-from ratrain.passes.residuals import recompute_flops
+from ratrain.passes.layer_buffers import (gathers_in_place, layer_param_count, message_bytes,
+                                          shard_elements)
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.hw.topology import dp_group_nodes, node_of, node_of_rank, ranks_per_node
 from ratrain.sim.collectives import Timed, node_collective
-from ratrain.sim.kernels import fitted_seconds, op_costs, peak_flops
+from ratrain.sim.kernels import fitted_seconds, op_costs, peak_flops, rank_profile
+from ratrain.sim.task_seconds import COMPUTE_KINDS, TaskSeconds
 
 # Bytes the AdamW update moves per parameter: read grad (4), read+write master (8) and
 # the two moments (16).
@@ -310,28 +312,25 @@ def tie_sum_seconds(profile: dict, nbytes: float, members: int,
 
 def bound_cost_model(profile: dict | None) -> Callable | None:
     """Program.cost_model on `profile` (None without one): the passes that weigh time
-    (zb1's W order, where recovery runs) see the costs the simulator charges, whether
+    (partition_stages, zb1's W order, where recovery runs) see the compute costs the
+    simulator charges (NOTE [a compute task's seconds], task_seconds.py), whether
     `ratrain compile` or the planner compiles."""
     return partial(task_cost_model, profile=profile) if profile else None
 
 
-def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
-    """Seconds per task of `program` on `profile` (for dry_run and the pictures): each
-    task alone, F/B/REC at the profile's GEMM rate (the simulator costs the lowered calls)."""
-    o, rate = program.options, compute_rate(profile, program.options.precision)
-    cost = program.layer_cost
+def task_cost_model(program, profile: dict) -> TaskCosts:
+    """Seconds per task of `program` on `profile` narrowed to the job's ranks
+    (kernels.rank_profile), each task alone (for the passes, dry_run and the pictures):
+    compute tasks as task_seconds.TaskSeconds sums their kernels, the others by the
+    helpers above (the simulator costs the lowered calls)."""
+    o = program.options
+    profile = rank_profile(profile, o.world_size)
+    compute = TaskSeconds(program, profile)
     params = lambda l: layer_param_count(program, l)
     prefetch = lambda t: prefetch_seconds(program, profile, t.layer,
                                           gathers_in_place(program, t.layer))
     table: dict[Kind, Callable[[Task], float]] = {
-        Kind.F: lambda t: sum(cost(l).fwd_flops for l in program.stages[t.stage]) / rate,
-        Kind.B: lambda t: sum(cost(l).bwd_flops - _deferred_flops(program, l)
-                              + _recomputed_in_backward(program, t, l)
-                              for l in program.stages[t.stage]) / rate,
-        Kind.BL: lambda t: (cost(t.layer).bwd_flops +
-                            _recomputed_in_backward(program, t, t.layer)) / rate,
-        Kind.W: lambda t: cost(t.layer).weight_flops / rate,
-        Kind.REC: lambda t: recompute_flops(program, t.layer, t.micro_batch) / rate,
+        **dict.fromkeys(COMPUTE_KINDS, compute),
         Kind.SEND_F: lambda t: message_seconds(profile, message_bytes(program, t.stage),
                                                crosses_node(profile, o, t.stage, t.stage + 1)),
         Kind.SEND_B: lambda t: message_seconds(profile, message_bytes(program, t.stage - 1),
@@ -344,7 +343,20 @@ def task_cost_model(program, profile: dict) -> Callable[[Task], float]:
         Kind.TIE: lambda t: _tie_seconds(program, profile, t.stage),
         **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), prefetch),
     }
-    return lambda task: table[task.kind](task) if task.kind in table else 0.0
+    return TaskCosts(table, compute.layer_pass)
+
+
+@dataclass(frozen=True)
+class TaskCosts:
+    """A program's cost model on a profile: called with a task, its seconds (0 for a
+    task that costs nothing alone: FREE, RECV, POST); `layer_pass(layer)` the F and B of
+    one micro-batch through a layer at speed 1 (partition_stages balances it)."""
+    table: dict                         # Kind -> (task -> seconds)
+    layer_pass: Callable[[int], float]
+
+    def __call__(self, task: Task) -> float:
+        cost = self.table.get(task.kind)
+        return cost(task) if cost is not None else 0.0
 
 
 def _tie_seconds(program, profile: dict, stage: int) -> float:
@@ -358,16 +370,3 @@ def _tie_seconds(program, profile: dict, stage: int) -> float:
             seconds += tie_local_bytes(copies, nbytes) / profile["ddr_bandwidth"] + \
                 tie_sum_seconds(profile, nbytes, members)
     return seconds
-
-
-def _deferred_flops(program, layer: int) -> int:
-    """The backward FLOPs a zb1 B leaves to W[L] (NOTE [B/W split])."""
-    return program.layer_cost(layer).weight_flops if is_split(program) else 0
-
-
-def _recomputed_in_backward(program, task: Task, layer: int) -> int:
-    """FLOPs B spends rebuilding the layer (NOTE [backward-time recovery])."""
-    if (layer, task.micro_batch) not in program.recompute or \
-            not recovers_in_backward(program, task.stage, task.micro_batch):
-        return 0
-    return recompute_flops(program, layer, task.micro_batch)

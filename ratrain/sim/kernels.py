@@ -20,6 +20,7 @@ import math
 from ratrain.ir.costs import coarse_bwd_flops, node_flops
 from ratrain.ir.graph import LayerGraph, Literal, Node, Var
 from ratrain.ir.rules import lookup_rule
+from ratrain.rt.threads import threads_per_rank
 
 GEMM_CLASS = ("gemm", "attention")
 
@@ -152,6 +153,20 @@ def cold_profile(profile: dict, precision: str) -> dict | None:
         return None
     return profile | {"op_costs": {p: {**warm.get(p, {}), **cold.get(p, {})}
                                    for p in {*warm, *cold}}}
+
+
+def rank_profile(profile: dict, world_size: int) -> dict:
+    """The profile of one rank of a `world_size`-rank job on one node of `node_cores`
+    cores: its `threads` entry for the threads the runtime gives each rank
+    (NOTE [threads per rank]; the nearest measured count below, else the smallest) over
+    the profile's own fields. Without `threads`, as is."""
+    table = profile.get("threads")
+    if not table:
+        return profile
+    wanted = threads_per_rank(int(profile.get("node_cores", profile["cores"])), world_size)
+    counts = sorted(int(k) for k in table)
+    chosen = max((c for c in counts if c <= wanted), default=counts[0])
+    return {**profile, **table[str(chosen)], "rank_threads": chosen}
 
 
 def fitted_seconds(costs: dict, flops: float, nbytes: float, shape: str | None = None) -> float:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratrain.hw.topology import node_of
-from ratrain.rt.threads import threads_per_rank
 from ratrain.sim.calls import ProfileCosts
+from ratrain.sim.kernels import rank_profile  # noqa: F401  (callers import it from here)
 from ratrain.sim.replay import Replay, replay
 
 
@@ -57,20 +57,6 @@ class Simulation:
         """rank -> most bytes live at any simulated time."""
         return {rank: max((b for _, b in self.memory_timeline(rank)), default=0)
                 for rank in self.replay.spans}
-
-
-def rank_profile(profile: dict, world_size: int) -> dict:
-    """The profile of one rank of a `world_size`-rank job on one node of `node_cores`
-    cores: its `threads` entry for the threads the runtime gives each rank
-    (NOTE [threads per rank]; the nearest measured count below, else the smallest) over
-    the profile's own fields. Without `threads`, as is."""
-    table = profile.get("threads")
-    if not table:
-        return profile
-    wanted = threads_per_rank(int(profile.get("node_cores", profile["cores"])), world_size)
-    counts = sorted(int(k) for k in table)
-    chosen = max((c for c in counts if c <= wanted), default=counts[0])
-    return {**profile, **table[str(chosen)], "rank_threads": chosen}
 
 
 def simulate(program, profile: dict, *, overlap: bool = True,
