@@ -154,7 +154,9 @@ def _read_native_call(d, path: str, pointers: int, ops) -> NativeCall:
     def operands(key):
         return tuple(_read_pointer(x, at(at(path, key), i), pointers)
                      for i, x in enumerate(c.listed(field(d, key, path), at(path, key))))
-    return NativeCall(c.one_of(field(d, "op", path), at(path, "op"), ops),
+    op = field(d, "op", path)
+    return NativeCall(c.text(op, at(path, "op")) if ops is None else
+                      c.one_of(op, at(path, "op"), ops),
                       operands("outputs"), operands("inputs"),
                       c.params(field(d, "params", path), at(path, "params")))
 
@@ -191,9 +193,10 @@ def write_stage_rows(rows: StageRows) -> str:
             + '\n], "rows": [\n' + ",\n".join(lines) + "\n]}\n")
 
 
-def read_stage_rows(text: str, where: str, native_ops=()) -> StageRows:
+def read_stage_rows(text: str, where: str, native_ops=None) -> StageRows:
     """A stage's rows from its JSON, every field checked (FormatError names the bad one).
-    `native_ops`: the ops a generated function may call (codegen/emit.py's templates);
+    `native_ops`: the ops a generated function may call (codegen/emit.py's templates;
+    the runtime passes them), None where the reader runs no code (cluster/volume.py);
     a file without "functions" (format 9 and older) reads with functions None."""
     try:
         d = json.loads(text)
