@@ -22,13 +22,15 @@ from ratrain.passes.layer_buffers import (backward_workspace, gathers_in_place, 
                                           unfused_grad_elements)
 from ratrain.passes.residuals import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
+from ratrain.passes.insert_tied_sum import tie_stages, tied_layers_on, tied_weights
 from ratrain.passes.partition_stages import in_flight_micro_batches
 from ratrain.sim.costs import (collective_port_bytes, collective_seconds, crosses_node,
                                dp_group, gather_local_seconds, grad_scatter,
                                layer_view_gather, link_host_seconds, message_path,
                                message_seconds, norm_seconds, norm_share_bytes,
                                prefetch_seconds, sync_finish_seconds, sync_op, sync_seconds,
-                               undo_copy_bytes, update_seconds)
+                               tie_local_bytes, tie_sum_seconds, undo_copy_bytes,
+                               update_seconds)
 from ratrain.ir.graph import Var
 from ratrain.sim.kernels import cold_profile, graph_seconds
 from ratrain.sim.simulate import rank_profile
@@ -303,14 +305,18 @@ class _StageModel:
 
     def __init__(self, est: Estimator, program, stage: int, plan: StagePlan):
         p, layers = est.rank_profile(program), program.stages[stage]
+        self.tied = tied_layers_on(program, stage)  # NOTE [tied weights in the estimate]
         params = [layer_param_count(program, l) for l in layers]
         # gradient accumulation: the ops that make a gradient add it into the fp32
         # gradient as they write it (NOTE [fused gradient accumulation]), the others by an
-        # accumulate_grad pass; or reduce-scatter each micro-batch's (costs.grad_scatter)
-        scatters = [] if plan.local_grads else [_grad_scatter(program, n) for n in params]
+        # accumulate_grad pass; or reduce-scatter each micro-batch's (costs.grad_scatter),
+        # but for a tied layer's, which its TIE sums whole (choose_grad_accumulation)
+        scatters = [] if plan.local_grads else [_grad_scatter(program, n) for l, n in
+                                                zip(layers, params) if l not in self.tied]
         self.group = dp_group(p, program.options, stage)  # its members per node
         self._add_micro_batch(est, p, program, stage, plan, scatters)
         self._add_step_end(p, program, stage, params, scatters)
+        self._add_tie(p, program, stage)
 
     def _add_micro_batch(self, est, p: dict, program, stage: int, plan: StagePlan,
                          scatters) -> None:
@@ -320,8 +326,9 @@ class _StageModel:
         message, sends = _message_bytes(program, stage), _neighbours(program, stage)
         self.forward = sum(t.forward for t in times)
         self.backward = sum(t.backward for t in times)
-        accumulate = (sum((itemsize(program) + 8) * t.unfused_grads for t in times)
-                      if plan.local_grads else sum(g.concat + g.add for g in scatters))
+        local = [t for l, t in zip(layers, times) if plan.local_grads or l in self.tied]
+        accumulate = sum((itemsize(program) + 8) * t.unfused_grads for t in local) + \
+            sum(g.concat + g.add for g in scatters)
         scatter_port = sum(collective_seconds(p, "reduce_scatter", o.dp, g.reduced,
                                               group=self.group) for g in scatters)
         self.recompute = _recompute_per_micro_batch(program, stage, times, plan)
@@ -345,16 +352,41 @@ class _StageModel:
         scatter its last reduce-scatter, of the stage's first layer, else every layer's
         SYNC) and the compute of those SYNCs, the updates, the norm's share and PREF."""
         o, layers = program.options, program.stages[stage]
-        self.sync = (collective_seconds(p, "reduce_scatter", o.dp, scatters[0].reduced,
-                                        group=self.group)
-                     if scatters else sum(sync_seconds(p, o, n, stage=stage) for n in params))
-        self.sync_compute = 0.0 if scatters else sum(_sync_compute(p, program, n)
-                                                     for n in params)
-        self.update = sum(_update_seconds(p, program, n) for n in params)
+        synced = [(l, n) for l, n in zip(layers, params) if not scatters or l in self.tied]
+        syncs = {l: sync_seconds(p, o, n, stage=stage) for l, n in synced}
+        finishes = {l: _sync_compute(p, program, n) for l, n in synced}
+        self.sync = sum(syncs.values()) + (collective_seconds(
+            p, "reduce_scatter", o.dp, scatters[0].reduced, group=self.group) if scatters else 0.0)
+        self.sync_compute = sum(finishes.values())
+        updates = {l: _update_seconds(p, program, n) for l, n in zip(layers, params)}
+        self.update = sum(updates.values())
+        # the tied layers' SYNCs and UPDs wait for the TIE (insert_tied_sum)
+        self.tied_sync = sum(syncs.get(l, 0.0) + finishes.get(l, 0.0) for l in self.tied)
+        self.tied_update = sum(updates[l] for l in self.tied)
         self.norm_share = 0.0 if commits_updates(o) or not needs_global_norm(o) else \
             sum(_norm_share_bytes(program, n) for n in params) / p["ddr_bandwidth"]
         self.prefetch = 0.0 if o.zero == 3 else sum(
             prefetch_seconds(program, p, l, gathers_in_place(program, l)) for l in layers)
+
+    def _add_tie(self, p: dict, program, stage: int) -> None:
+        """NOTE [tied weights in the estimate]: the stage's TIE, as the simulator's
+        tie_sum calls cost it: adding the stage's copies of each tied gradient (compute),
+        the blocking all-reduce with the other tie stages (`tie_sum`, the same on every
+        tie stage) and the host's share of its port bytes (NOTE [link host cost])."""
+        self.tie_local = self.tie_sum = self.tie_host = 0.0
+        if not self.tied:
+            return
+        members = len(tie_stages(program))
+        for w in tied_weights(program):
+            copies = sum(program.stage_of_layer(l) == stage for l in w.layers)
+            nbytes = 4 * program.graph.param_types()[w.name].size
+            if not copies:
+                continue
+            self.tie_local += tie_local_bytes(copies, nbytes) / p["ddr_bandwidth"]
+            if members > 1:
+                self.tie_sum += tie_sum_seconds(p, nbytes, members)
+                self.tie_host += link_host_seconds(
+                    p, 2 * collective_port_bytes(p, "allreduce", members, nbytes))
 
     def _add_view_gathers(self, p: dict, program, layers, scatter_port: float,
                           last_scatter: float) -> None:
@@ -447,21 +479,23 @@ def _recompute_per_micro_batch(program, stage: int, times, plan: StagePlan) -> f
 
 # NOTE [bound]: the table's `bound` column says which resource the estimate's busiest
 # stage waits on. Per step a stage computes M x compute + update seconds and keeps its
-# links busy M x port + sync seconds (the 1F1B slot of _step is the larger of compute
-# and port per micro-batch; the sync follows the last backward). The stage with the most
-# of either decides: compute where its compute is the larger, else the link its
-# traffic takes: the node's port when its DP group spans nodes or its pipeline messages
-# cross nodes (NOTE [placement]), node memory when it all stays within a node of
+# links busy M x port + sync seconds, and a tie stage its TIE's all-reduce (the 1F1B slot
+# of _step is the larger of compute and port per micro-batch; the sync follows the last
+# backward). The stage with the most of either decides: compute where its compute is the
+# larger, else the link its traffic takes: the node's port when its DP group spans nodes,
+# its pipeline messages cross nodes (NOTE [placement]) or it sums a tied weight with
+# another stage (costed on the port, sim/costs.tie_sum_seconds), node memory when it all
+# stays within a node of
 # several ranks (node-memory: NOTE [node memory], hw/topology.py), else its own link.
 def step_bound(stages: list[_StageModel], program, profile: dict) -> str:
     """NOTE [bound] of the stages' estimate."""
     m = program.options.micro_batches
     work = lambda s: m * s.compute + s.update
-    traffic = lambda s: m * s.port + s.sync
+    traffic = lambda s: m * s.port + s.sync + s.tie_sum
     busiest = max(stages, key=lambda s: max(work(s), traffic(s)))
     if work(busiest) >= traffic(busiest):
         return "compute"
-    if len(busiest.group) > 1 or busiest.across:
+    if len(busiest.group) > 1 or busiest.across or busiest.tie_sum:
         return "port"
     return "node-memory" if ranks_per_node(profile) > 1 else "link"
 
@@ -475,14 +509,41 @@ def _step(stages: list[_StageModel], program, profile: dict) -> float:
     # stage s's last B ends before stages s-1..0 have run theirs
     last_backward = [compute_end - sum(t.backward + t.message for t in stages[:s])
                      for s in range(len(stages))]
-    synced = [end + s.sync + s.sync_compute for end, s in zip(last_backward, stages)]
-    if o.schedule == "ratrain":
-        tails = [max(s.update, s.prefetch) for s in stages]
-    else:
-        tails = [s.update + s.prefetch for s in stages]
-    if commits_updates(o):  # updates before the norm, which ends the step (NOTE [commit rule])
-        return max(a + b for a, b in zip(synced, tails)) + norm_seconds(profile, o)
-    if needs_global_norm(o):
+    # every SYNC but the tied layers', which follow the TIE
+    synced = [end + s.sync + s.sync_compute - s.tied_sync for end, s in zip(last_backward, stages)]
+    tail = max if o.schedule == "ratrain" else (lambda update, prefetch: update + prefetch)
+    if needs_global_norm(o) and not commits_updates(o):  # the TIE just before the NORM
+        synced = _past_tie(stages, synced)
         world = norm_seconds(profile, o)
-        return max(a + s.norm_share for a, s in zip(synced, stages)) + world + max(tails)
-    return max(a + b for a, b in zip(synced, tails))
+        return max(a + s.norm_share for a, s in zip(synced, stages)) + world + \
+            max(tail(s.update, s.prefetch) for s in stages)
+    # the TIE follows the other layers' UPDs; the tied layers' UPDs and the PREFs follow it
+    ready = [a + s.update - s.tied_update for a, s in zip(synced, stages)]
+    ends = [end + tail(s.tied_update, s.prefetch) if s.tied else a + tail(s.update, s.prefetch)
+            for a, end, s in zip(synced, _past_tie(stages, ready), stages)]
+    if commits_updates(o):  # updates before the norm, which ends the step (NOTE [commit rule])
+        return max(ends) + norm_seconds(profile, o)
+    return max(ends)
+
+
+# NOTE [tied weights in the estimate]: a stage holding a layer that binds a tied weight
+# (NOTE [tied weights], insert_tied_sum.py) runs a TIE after its other layers' UPDs (or,
+# when the NORM precedes the UPDs, right before the NORM), then its tied layers' SYNCs
+# and UPDs. The TIE adds the stage's copies of the gradient and all-reduces the sum with
+# the other tie stages of its replica, blocking: it ends on every tie stage the
+# all-reduce's seconds after the last of them has reached it and added its copies. The
+# estimate charges exactly that (sim/costs.tie_local_bytes and tie_sum_seconds, as the
+# simulator's tie_sum call). Without it, llama3.2-1b on 4 mt3000 nodes of 8 ranks with
+# 1.25 GB/s ports, DP-major (the embedding's 1 GB fp32 gradient summed between stage 0
+# and the last stage over their nodes' ports, 0.84 s), was estimated 38-41% short of
+# its simulated step. A tied layer's gradient is always accumulated whole (never
+# reduce-scattered per micro-batch: choose_grad_accumulation), so it keeps its SYNC.
+def _past_tie(stages: list[_StageModel], ready: list[float]) -> list[float]:
+    """NOTE [tied weights in the estimate]: when each tie stage is past its TIE and its
+    tied layers' SYNCs, the TIE starting on every tie stage once the last has reached it
+    (`ready`) and added its copies; other stages' `ready` as given."""
+    tie = [(r + s.tie_local, s.tie_sum) for r, s in zip(ready, stages) if s.tied]
+    if not tie:
+        return ready
+    end = max(r for r, _ in tie) + max(seconds for _, seconds in tie)
+    return [end + s.tie_host + s.tied_sync if s.tied else r for r, s in zip(ready, stages)]
