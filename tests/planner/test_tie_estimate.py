@@ -13,7 +13,8 @@ from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
 from ratrain.passes.program import CompileOptions
 from ratrain.planner import Planner, Search
-from ratrain.planner.estimate import Estimator, StagePlan, _StageModel
+from ratrain.planner.estimate import Estimator, _StageModel
+from ratrain.planner.memory_estimate import StagePlan
 from ratrain.sim import simulate
 from ratrain.sim.calls import ProfileCosts
 from ratrain.sim.steps import Compute, Start, TieSum
