@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from ratrain.passes.partition_stages import PartitionError, partition_stages
 from ratrain.passes.program import Program
 from ratrain.planner.candidates import POLICIES_BY_MEMORY, Candidate
-from ratrain.planner.estimate import Estimator, StagePlan, total
+from ratrain.planner.estimate import Estimator
+from ratrain.planner.memory_estimate import StagePlan, total
 from ratrain.units import format_bytes
 
 

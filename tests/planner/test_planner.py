@@ -17,7 +17,8 @@ from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory
 from ratrain.passes.program import CompileOptions, Program
 from ratrain.planner import Planner, Search
 from ratrain.planner.candidates import layouts
-from ratrain.planner.estimate import Estimator, stage_bytes, total
+from ratrain.planner.estimate import Estimator
+from ratrain.planner.memory_estimate import stage_bytes, total
 from ratrain.planner.screen import memory_key
 from ratrain.sim import simulate
 
