@@ -97,7 +97,9 @@ def name(value, path: str) -> str:
 
 
 def one_of(value, path: str, choices) -> str:
-    if value not in choices:
+    """`value`, one of `choices`; a list or object (from a hand-edited table) is none of
+    them, and is not looked up: it cannot be hashed."""
+    if not isinstance(value, (str, int, float, bool)) or value not in choices:
         shown = ", ".join(sorted(map(str, choices)))
         raise FieldError(path, f"must be one of {shown}, got {_shown(value)}")
     return value

@@ -108,10 +108,14 @@ class WandbLog:
 
 
 def open_loggers(log_to: str | None, metrics: str, options: dict) -> list:
-    """The loggers --log-to names, writing beside the --metrics file."""
+    """The loggers --log-to names, writing beside the --metrics file (none without
+    --log-to: a run with neither has nothing to place them beside)."""
+    names = logger_names(log_to)
+    if not names:
+        return []
     beside = os.path.dirname(os.path.abspath(metrics))
     made = []
-    for name in logger_names(log_to):
+    for name in names:
         if name == "tensorboard":
             made.append(TensorBoardLog(os.path.join(beside, TENSORBOARD_DIR)))
         else:

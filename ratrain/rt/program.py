@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ratrain.codegen.emit import EMITTERS, ITEMSIZE
 from ratrain.codegen.module import render_stage
+from ratrain.ir.rules import lookup_rule
 from ratrain.program_format.build import BuildError, CacheError, build_module, load_module
 from ratrain.program_format.checks import FieldError, FormatError, refused
 from ratrain.program_format.codec import read_stage_rows
@@ -165,9 +166,11 @@ def _check_task(task, program, stage: int, path: str) -> None:
 
 
 def _check_call(call, plan, program, calls, path: str) -> None:
-    if call.op not in calls:
-        raise FieldError(f"{path}.op", f"must be a call the runtime runs (rt/calls.py), got "
-                         f"{call.op!r}")
+    """A Python-run call: a runtime action of `calls` or an IR op the runtime runs by its
+    rule's numpy reference (rt/calls.run_call: `slice` in ALiBi models, for one)."""
+    if not isinstance(call.op, str) or (call.op not in calls and lookup_rule(call.op) is None):
+        raise FieldError(f"{path}.op", f"must be a call the runtime runs (rt/calls.py) or an "
+                         f"IR op with a rule, got {call.op!r}")
     if call.layer is not None and call.layer >= program.num_layers:
         raise FieldError(f"{path}.layer", f"names layer {call.layer} of {program.num_layers}")
     for key in ("outputs", "inputs"):

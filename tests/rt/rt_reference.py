@@ -83,3 +83,16 @@ def mpirun(ranks: int, *args, timeout=120) -> subprocess.CompletedProcess:
 
 def read_metrics(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_same_checkpoint(a, b, ignored=("elapsed_s",)) -> None:
+    """Checkpoint directories `a` and `b` hold the same files, byte for byte, except
+    trainer_state.json's `ignored` keys (by default the run's wall time, which differs
+    between any two runs)."""
+    names = sorted(p.name for p in a.iterdir())
+    assert sorted(p.name for p in b.iterdir()) == names
+    for name in names:
+        x, y = (d.joinpath(name).read_bytes() for d in (a, b))
+        if name == "trainer_state.json":
+            x, y = ({k: v for k, v in json.loads(t).items() if k not in ignored} for t in (x, y))
+        assert x == y, name
