@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ratrain.passes.partition_stages import PartitionError, partition_stages
+from ratrain.sim.costs import bound_cost_model
 from ratrain.passes.program import Program
 from ratrain.planner.candidates import POLICIES_BY_MEMORY, Candidate
 from ratrain.planner.estimate import Estimator
@@ -96,8 +97,9 @@ class Screen:
 
     def _judge(self, c: Candidate) -> Verdict:
         options = c.options(self.search)
-        try:
-            program = partition_stages(Program(self.graphs.get(c.micro_batch_size), options))
+        try:  # the partition the compiler makes: by the profile's costs (sim/task_seconds.py)
+            program = partition_stages(Program(self.graphs.get(c.micro_batch_size), options,
+                                               cost_model=bound_cost_model(self.search.profile)))
         except PartitionError as e:
             return Verdict(None, peak=e.peak, reason=partition_reason(e, options))
         plans = tuple(self.estimator.stage_plans(program))
