@@ -2,7 +2,7 @@
 own best `encode_batch` split and beside the path at the branch's base ("today"), all
 measured in the same run on the same file, each in its own process (peak RSS of each).
 
-    python bench/tokenize.py [--mb 50] [--base COMMIT] [--dir DIR]
+    python bench/tokenize_data.py [--mb 50] [--base COMMIT] [--dir DIR]
 
 The data is this machine's Python sources (stdlib, then site-packages) concatenated into
 one .txt of --mb MB; the tokenizer a 1000-id byte-level BPE trained here on its first
@@ -183,7 +183,7 @@ def measure(args, *child: str, pythonpath: Path = REPO) -> dict:
                              *child], stdout=subprocess.PIPE, env=env, text=True)
     out = proc.stdout.read()
     if proc.wait():
-        sys.exit(f"bench/tokenize.py: child {child} failed")
+        sys.exit(f"bench/tokenize_data.py: child {child} failed")
     result = json.loads(out.strip().splitlines()[-1])
     return {**result, "load": (before + load()) / 2,
             "mbs": result["bytes"] / 1e6 / result["seconds"]}
