@@ -66,20 +66,11 @@ def main(argv=None) -> int:
     from ratrain.rt import comm
     from ratrain.rt.data import DataError
     from ratrain.rt.load import SetupError
+    from ratrain.rt.run import agreed_setup
     comms = comm.Communicators()
-    job, error = None, None
-    try:
-        job = prepare(args, comms.size, comms.rank)
-    except (SetupError, DataError) as e:
-        error = str(e)
-    except Exception as e:  # a bug, not a user error: say where and stop everyone
-        comm.abort_job(f"ratrain: rank {comms.rank} failed at set-up: {type(e).__name__}: {e}")
-    errors = comms.agree_on_errors(error)
-    if errors:
-        if comms.rank == 0:
-            print(f"ratrain: error: {errors[0]}", file=sys.stderr)
-        return 2
-    return evaluate_job(args, comms, *job)
+    job = agreed_setup(comms, lambda: prepare(args, comms.size, comms.rank),
+                       (SetupError, DataError))
+    return 2 if job is None else evaluate_job(args, comms, *job)
 
 
 def evaluate_job(args, comms, program, params, held) -> int:

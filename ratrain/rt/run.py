@@ -177,14 +177,28 @@ def main(argv=None) -> int:
         if comms.rank == 0:
             print(f"ratrain: error: {errors[0]}", file=sys.stderr)
         return 2
+    job = agreed_setup(comms, lambda: _set_up(args, comms))
+    return 2 if job is None else train(args, comms, job)
+
+
+def _set_up(args, comms) -> dict:
+    job = prepare(args, comms.size, comms.rank)
+    if comms.rank == 0:
+        check_writable(args.metrics, "--metrics")
+        if args.save_dir and (problem := check_save_dir(args.save_dir)) is not None:
+            raise SetupError(problem)
+    return job
+
+
+def agreed_setup(comms, set_up, user_errors=(SetupError,)):
+    """What `set_up()` returns on every rank, or None once the ranks agree that one of
+    them met a user error (`user_errors`: rank 0 prints the first, one line); any other
+    exception is a bug, which stops the job naming the rank."""
+    from ratrain.rt import comm
     job, error = None, None
     try:
-        job = prepare(args, comms.size, comms.rank)
-        if comms.rank == 0:
-            check_writable(args.metrics, "--metrics")
-            if args.save_dir and (problem := check_save_dir(args.save_dir)) is not None:
-                raise SetupError(problem)
-    except SetupError as e:
+        job = set_up()
+    except user_errors as e:
         error = str(e)
     except Exception as e:  # a bug, not a user error: say where and stop everyone
         comm.abort_job(f"ratrain: rank {comms.rank} failed at set-up: {type(e).__name__}: {e}")
@@ -192,8 +206,8 @@ def main(argv=None) -> int:
     if errors:
         if comms.rank == 0:
             print(f"ratrain: error: {errors[0]}", file=sys.stderr)
-        return 2
-    return train(args, comms, job)
+        return None
+    return job
 
 
 def train(args, comms, job: dict) -> int:
