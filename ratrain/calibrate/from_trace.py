@@ -10,6 +10,7 @@ over steps, tasks and ranks; the program is the one the trace names, or --progra
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import platform
 import statistics
@@ -166,15 +167,15 @@ def _drift_samples(events: list, program, skip: int) -> list:
     upds = []
     for event in events:
         step, name = event["args"].get("step", 0), event["name"]
-        kind = _KINDS.setdefault(name, parse_task(name).kind)
+        kind = _parsed(name).kind
         if kind == Kind.UPD:
             ends[step] = max(ends.get(step, 0.0), (event["ts"] + event["dur"]) * 1e-6)
             upds.append(event)
         elif kind == Kind.SYNC:
-            posts[step, parse_task(name).layer] = event["ts"] * 1e-6
+            posts[step, _parsed(name).layer] = event["ts"] * 1e-6
     out, seen = [], set()
     for event in upds:  # in the order the rank ran them: the step's first UPD only
-        step, layer = event["args"]["step"], parse_task(event["name"]).layer
+        step, layer = event["args"]["step"], _parsed(event["name"]).layer
         if step in seen:
             continue
         seen.add(step)
@@ -185,7 +186,10 @@ def _drift_samples(events: list, program, skip: int) -> list:
     return out
 
 
-_KINDS: dict = {}                               # task text -> its kind, parsed once
+@functools.lru_cache(maxsize=None)
+def _parsed(name: str):
+    """The task a trace event names, parsed once per text (a run repeats them each step)."""
+    return parse_task(name)
 
 
 def drift_samples(rows: list, dp: int) -> list[float]:

@@ -208,11 +208,15 @@ class ProfileCosts:
     def _ir_seconds(self, task, call, cursor) -> float:
         """The cost of the graph node this call runs (sim/kernels.py), its cold part by
         how much of its operands are still cached (NOTE [cache residency])."""
-        kind, direction, i = self._ir_node(task, call, cursor)
+        return self._node_seconds(task, cursor["call"], *self._ir_node(task, call, cursor))
+
+    def _node_seconds(self, task, call_index: int, kind: str, direction: str, i: int) -> float:
+        """Node `i` of a layer kind's `direction` graph, warm or part cold (NOTE [cache
+        residency]) as the task's call `call_index` finds its operands."""
         _, warm, cold = self._table(kind, direction)
         if cold is None:
             return warm[i]
-        return warm[i] + self._cold.get((task, cursor["call"]), 0.0) * (cold[i] - warm[i])
+        return warm[i] + self._cold.get((task, call_index), 0.0) * (cold[i] - warm[i])
 
     def call_charges(self, task) -> list[tuple[float, tuple | None, float]]:
         """For each lowered call of `task`, in order: (the compute seconds this model
@@ -224,8 +228,8 @@ class ProfileCosts:
         for i, call in enumerate(self._calls[task.stage][task]):
             cursor["call"] = i
             if is_kernel_call(call):
-                seconds = self._ir_seconds(task, call, dict(cursor))
                 kind, direction, n = self._ir_node(task, call, cursor)
+                seconds = self._node_seconds(task, i, kind, direction, n)
                 key, share = whole_node_key(self.program.graph.kinds[kind], direction, n,
                                             self.options.precision)
                 out.append((seconds / self.speeds[task.stage], key, share))
