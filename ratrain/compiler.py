@@ -52,21 +52,23 @@ def trace_for(config: dict, name: str, options):
                        seq_len=options.seq_len, dtype=dtype, name=name)
 
 
-def compile_graph(graph, options, expand: bool = False, profile: dict | None = None):
+def compile_graph(graph, options, expand: bool = False, profile: dict | None = None,
+                  stages: tuple = ()):
     """Run the pass pipeline; (program, records). A long step compiles as a periodic
     program (NOTE [periodic programs]) unless `expand`; over-budget programs are user
     errors. `profile`: the hardware compiled for, whose cost model places zb1's W's
     (NOTE [zb1 schedule]) and weighs where auto recompute runs (NOTE [where recovery
     runs]) and balances the stages; None: unit costs (FLOPs for recovery and the
-    partition)."""
+    partition). `stages`: a split to keep rather than balance (NOTE [a recorded split is
+    kept])."""
     from ratrain.passes.partition_stages import PartitionError
     from ratrain.passes.plan_memory import MemoryBudgetError
     try:
         if not expand:
-            found = _compile_periodic(graph, options, profile)
+            found = _compile_periodic(graph, options, profile, stages)
             if found is not None:
                 return found
-        return _compile_instance(graph, options, None, profile)
+        return _compile_instance(graph, options, None, profile, stages)
     except (PartitionError, MemoryBudgetError) as e:
         over_budget = isinstance(e, MemoryBudgetError) or e.peak > 0
         raise UserError(f"the {options.schedule} program does not fit --budget "
@@ -74,15 +76,16 @@ def compile_graph(graph, options, expand: bool = False, profile: dict | None = N
                           else str(e)) from None
 
 
-def _compile_instance(graph, options, micro_batches: int | None, profile: dict | None = None):
+def _compile_instance(graph, options, micro_batches: int | None, profile: dict | None = None,
+                      stages: tuple = ()):
     from ratrain.passes.pipeline import run_pipeline
     from ratrain.passes.program import Program
     from ratrain.sim.costs import bound_cost_model
-    return run_pipeline(Program(graph, options, built_micro_batches=micro_batches,
+    return run_pipeline(Program(graph, options, stages=stages, built_micro_batches=micro_batches,
                                 cost_model=bound_cost_model(profile)))
 
 
-def _compile_periodic(graph, options, profile: dict | None = None):
+def _compile_periodic(graph, options, profile: dict | None = None, stages: tuple = ()):
     """(periodic program, stage 0's instance's records), or None when the step is short
     or shows no period (the caller then compiles it whole)."""
     from ratrain.passes.periodic_program import find_periods, periodic_program, worth_it
@@ -91,7 +94,7 @@ def _compile_periodic(graph, options, profile: dict | None = None):
     compiled = {}
 
     def instance(n: int):
-        compiled[n] = _compile_instance(graph, options, n, profile)
+        compiled[n] = _compile_instance(graph, options, n, profile, stages)
         return compiled[n][0]
 
     periods = find_periods(instance, options.micro_batches, options.pp,
@@ -105,14 +108,17 @@ def _compile_periodic(graph, options, profile: dict | None = None):
 
 
 def recompile(manifest: dict, instance: int | None = None):
-    """The Program a manifest describes, rebuilt from its model config and options: the
-    whole step, or its instance of `instance` micro-batches."""
+    """The Program a manifest describes, rebuilt from its model config, options and
+    recorded split (NOTE [a recorded split is kept]): the whole step, or its instance of
+    `instance` micro-batches."""
     from ratrain.passes.program import CompileOptions
     options = CompileOptions.from_dict(manifest["options"])
     graph = trace_for(manifest["model"]["config"], manifest["model"]["name"], options)
+    stages = tuple(tuple(s["layers"]) for s in manifest["stages"])
     if instance is not None:
-        return _compile_instance(graph, options, instance, manifest.get("hw"))[0]
-    return compile_graph(graph, options, expand=True, profile=manifest.get("hw"))[0]
+        return _compile_instance(graph, options, instance, manifest.get("hw"), stages)[0]
+    return compile_graph(graph, options, expand=True, profile=manifest.get("hw"),
+                         stages=stages)[0]
 
 
 def simulate(program, profile: dict):
@@ -135,7 +141,8 @@ def simulated_step(graph, program, profile: dict):
     o = program.options
     if not program.periods:
         return replay_step(program, profile)
-    return simulate_periodic(lambda n: _compile_instance(graph, o, n, profile)[0],
+    return simulate_periodic(lambda n: _compile_instance(graph, o, n, profile,
+                                                         program.stages)[0],
                              o.micro_batches, o.pp, profile)
 
 

@@ -1,6 +1,8 @@
 """partition_stages: split the model's layers into `pp` contiguous pipeline stages.
 
-The first pass: runs on a traced Program with no stages yet, before schedule_1f1b.
+The first pass: runs on a traced Program before schedule_1f1b. A Program that already
+holds stages (a program directory's recorded split, rebuilt by compiler.recompile) keeps
+them: NOTE [a recorded split is kept].
 Balances per-stage compute time (seconds on the program's profile, else FLOPs, over the
 stage speed) under a per-rank memory estimate
 that follows the 1F1B in-flight rule (DESIGN.md §5-6); plan_memory later computes the
@@ -46,6 +48,9 @@ def partition_stages(program: Program) -> Program:
     Raises PartitionError (with the least achievable peak and its breakdown) otherwise.
     """
     num_layers, num_stages = len(program.graph.layers), program.options.pp
+    if program.stages:
+        _check_recorded_split(program.stages, num_layers, num_stages)
+        return program
     if num_stages > num_layers:
         raise PartitionError(f"cannot split {num_layers} layers into {num_stages} stages: "
                              f"every stage needs at least one layer (use --pp <= {num_layers})")
@@ -53,6 +58,24 @@ def partition_stages(program: Program) -> Program:
     bounds = _best_split(program, table)
     stages = tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]))
     return replace(program, stages=stages)
+
+
+# NOTE [a recorded split is kept]: a program directory records the split it was compiled
+# with (program.json "stages"), and everything rebuilt from it (`ratrain simulate DIR`,
+# `--against`, `calibrate --from`, the pictures) must be that program, not a fresh split.
+# The split is a function of the profile's costs (NOTE [a compute task's seconds]), so a
+# directory compiled before the costs changed, or on another profile, would otherwise
+# recompile to other stages: its traces then name tasks its rebuilt stages do not run.
+# So partition_stages keeps stages a Program arrives with, after checking they are a
+# split of this model into options.pp stages; the memory fit was checked when the
+# directory was compiled, and plan_memory checks the exact peak again.
+
+def _check_recorded_split(stages, num_layers: int, num_stages: int):
+    if len(stages) != num_stages or any(not s for s in stages) or \
+            [l for s in stages for l in s] != list(range(num_layers)):
+        raise PartitionError(f"the recorded split {[list(s) for s in stages]} is not "
+                             f"{num_stages} non-empty stages of layers 0..{num_layers - 1} "
+                             "in order; recompile the program")
 
 
 # ---------------------------------------------------------------- per-stage estimates

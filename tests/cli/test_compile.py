@@ -368,3 +368,30 @@ def test_the_report_dry_runs_a_periodic_program_as_its_whole_step():
     profile = load_profile("cpu")
     assert simulate(periodic, profile).makespan == pytest.approx(simulate(whole, profile).makespan,
                                                                  rel=1e-12)
+
+
+def test_a_program_directory_rebuilds_with_the_split_it_records(program_dir):
+    """NOTE [a recorded split is kept]: a directory compiled when the costs balanced the
+    layers otherwise (another profile, an older cost model) rebuilds to the stages its
+    program.json records, not to today's balance; a split that is not one is refused."""
+    import copy
+
+    from ratrain.compiler import recompile
+    from ratrain.errors import UserError
+    from ratrain.programs import read_manifest
+    manifest = read_manifest(program_dir)
+    recorded = [s["layers"] for s in manifest["stages"]]
+    assert [list(s) for s in recompile(manifest).stages] == recorded
+    layers = [l for s in recorded for l in s]
+    for cut in range(1, len(layers)):
+        other = [layers[:cut], layers[cut:]]
+        if other == recorded:
+            continue
+        older = copy.deepcopy(manifest)
+        for stage, split in zip(older["stages"], other):
+            stage["layers"] = split
+        assert [list(s) for s in recompile(older).stages] == other
+        assert [list(s) for s in recompile(older, 2).stages] == other
+    older["stages"][1]["layers"] = []
+    with pytest.raises(UserError, match="recorded split"):
+        recompile(older)
