@@ -73,6 +73,14 @@ MIN_WAIT = 50e-6                        # a UPD whose every replica waited longe
 #    after each) is spread over the lowered calls the traced steps ran: `call_overhead`,
 #    seconds per lowered call, which the simulator adds to every task by its calls (on
 #    2 vCPUs, tiny pp 2: 53 us a native step, 1.4% of the step).
+# 5. A shape no traced program ran still runs in a run's conditions, not the
+#    microbenchmark's: each traced call's ratio r (1.) is also a sample of how fast its op
+#    runs in a run against what the given profile charges it, and `op_speed` keeps the
+#    median per precision and op. The cost model multiplies an untraced call of that op
+#    by it (sim/kernels.op_speed_factor). The 16-core node's pp 1 x dp 16 runs micro-
+#    batches of 2 where the pp 4 x dp 4 traces ran 1: without it the traced profile
+#    charged those programs the microbenchmark's kernel times, 13-16% short. Ratios are
+#    against the profile `calibrate --from` is given, whose untraced rows they scale.
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,8 @@ class Samples:
     dp: int = 1                         # its replicas
     overhead: float = 0.0               # seconds inside tasks outside their steps
     lowered_calls: int = 0              # lowered calls the traced steps ran
+    ratios: dict = None                 # (precision, op) -> run / charged, a sample per
+                                        # call run (NOTE [traced rows] 5)
 
 
 def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Samples:
@@ -134,6 +144,7 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
     tasks = {stage: {str(t): t for t in stage_tasks}
              for stage, stage_tasks in program.tasks.items()}
     samples: dict[tuple, list[float]] = defaultdict(list)
+    ratios: dict[tuple, list[float]] = defaultdict(list)
     charges: dict = {}
     drifts: list = []
     overhead, lowered = 0.0, 0
@@ -150,12 +161,12 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
             if task not in charges:
                 charges[task] = costs.call_charges(task)
             steps = event["args"]["calls"]
-            _add_samples(samples, charges[task], steps)
+            _add_samples(samples, ratios, charges[task], steps)
             overhead += (event["dur"] - sum(s[2] + s[3] for s in steps)) * 1e-6
             lowered += sum(s[1] for s in steps)
         drifts += _drift_samples(events, program, skip)
     return Samples(samples, drifts, program.options.world_size, program.options.dp,
-                   overhead, lowered)
+                   overhead, lowered, ratios)
 
 
 def _drift_samples(events: list, program, skip: int) -> list:
@@ -210,10 +221,11 @@ def drift_samples(rows: list, dp: int) -> list[float]:
     return out
 
 
-def _add_samples(samples: dict, charges: list, steps: list) -> None:
+def _add_samples(samples: dict, ratios: dict, charges: list, steps: list) -> None:
     """Each traced step [index, calls, wait us, run us] of a task beside the charges of
     the calls it ran (a step the trace does not list, skipped by the commit rule, ran one
-    runtime call)."""
+    runtime call); `ratios` gets the step's run over its charge per call's op (NOTE
+    [traced rows] 5)."""
     position, previous = 0, -1
     for index, count, _wait, run_us in steps:
         position += index - previous - 1
@@ -225,6 +237,7 @@ def _add_samples(samples: dict, charges: list, steps: list) -> None:
                 continue
             if charged > 0:
                 samples[key].append(run_us * 1e-6 * seconds / charged / share)
+                ratios[key[:2]].append(run_us * 1e-6 / charged)
             elif count == 1:
                 samples[key].append(run_us * 1e-6)
 
@@ -238,6 +251,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
     by_entry: dict = defaultdict(lambda: defaultdict(list))
     spreads: dict = defaultdict(list)
     overheads: dict = defaultdict(lambda: [0.0, 0])
+    speeds: dict = defaultdict(lambda: defaultdict(list))
     for run in runs:
         progress(f"reading {run.trace} (the traces of {run.program})")
         samples = call_samples(run, profile, skip)
@@ -247,6 +261,8 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
         spreads[entry] += drift_samples(samples.drifts, samples.dp)
         overheads[entry][0] += samples.overhead
         overheads[entry][1] += samples.lowered_calls
+        for op, values in samples.ratios.items():
+            speeds[entry][key_text(op)].extend(values)
     out = json.loads(json.dumps(profile))
     source = {"programs": [str(r.program) for r in runs], "traces": [str(r.trace) for r in runs],
               "date": datetime.date.today().isoformat(), "machine": platform.node()}
@@ -259,6 +275,8 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
         seconds, calls = overheads[entry]
         if calls:  # NOTE [traced rows] 4
             traced["call_overhead"] = [float(f"{max(seconds, 0.0) / calls:.4g}"), calls]
+        traced["op_speed"] = {op: [float(f"{statistics.median(values):.4g}"), len(values)]
+                              for op, values in sorted(speeds[entry].items())}
         if spreads[entry]:  # NOTE [arrival drift]
             traced["arrival_drift"] = [float(f"{statistics.median(spreads[entry]):.4g}"),
                                        len(spreads[entry])]

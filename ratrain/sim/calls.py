@@ -25,7 +25,7 @@ from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
                                sync_finish_seconds,
                                tie_local_bytes, tie_sum_seconds, undo_copy_bytes,
                                update_seconds, view_gather)
-from ratrain.sim.kernels import cold_profile, traced_seconds, whole_node_key
+from ratrain.sim.kernels import cold_profile, op_speed_factor, traced_seconds, whole_node_key
 from ratrain.sim.residency import cold_fractions
 from ratrain.sim.task_seconds import KernelTables
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
@@ -177,10 +177,16 @@ class ProfileCosts:
         return self._traced_or(call, _memory_bound(self, task, call))
 
     def _traced_runtime(self, call, steps) -> float | None:
-        """A traced run's time of a runtime call that only computes (NOTE [traced rows])."""
-        if "traced" not in self.profile or not all(isinstance(s, Compute) for s in steps):
+        """A traced run's time of a runtime call that only computes: its row, else its
+        steps at its op's traced speed (NOTE [traced rows] 1, 5)."""
+        if "traced" not in self.profile or not all(isinstance(s, Compute) for s in steps) \
+                or call.op in UNTRACED_RUNTIME_CALLS:
             return None
-        return traced_seconds(self.profile, runtime_key(call, self.options.precision))
+        row = traced_seconds(self.profile, runtime_key(call, self.options.precision))
+        if row is not None:
+            return row
+        return op_speed_factor(self.profile, self.options.precision, call.op) * \
+            sum(s.seconds for s in steps)
 
     def _traced_or(self, call, steps):
         traced = self._traced_runtime(call, steps)

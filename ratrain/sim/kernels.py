@@ -230,6 +230,14 @@ def traced_seconds(profile: dict, key: tuple) -> float | None:
     return profile.get("traced", {}).get("calls", {}).get(key_text(key), (None,))[0]
 
 
+def op_speed_factor(profile: dict, precision: str, op: str) -> float:
+    """How much longer an untraced call of `op` takes in a traced run than the
+    microbenchmark rows charge it: the median ratio over the traced calls of that op
+    (NOTE [traced rows] 5, calibrate/from_trace.py); 1 where no trace had it."""
+    return profile.get("traced", {}).get("op_speed", {}).get(key_text((precision, op)),
+                                                             (1.0,))[0]
+
+
 def key_text(key: tuple) -> str:
     """A traced row's key as the profile's JSON holds it."""
     return " ".join(str(part) for part in key)
@@ -244,6 +252,13 @@ def node_seconds(node: Node, profile: dict, precision: str, forward: Node | None
             return traced
     shaped = forward if forward is not None else node
     flops = coarse_bwd_flops(forward) if forward is not None else node_flops(node)
+    return op_speed_factor(profile, precision, node.op) * _untraced_seconds(
+        node, profile, precision, shaped, flops)
+
+
+def _untraced_seconds(node: Node, profile: dict, precision: str, shaped: Node,
+                      flops: float) -> float:
+    """Seconds of `node` by its op's microbenchmark cases, else the roofline."""
     found = measured_at(profile, precision, node.op)
     if found is not None:
         measured_in, measured = found

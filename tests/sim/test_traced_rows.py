@@ -33,7 +33,9 @@ def programs(tmp_path_factory):
     return {"pp2": compiled(root, "pp2", "--pp", "2", "--micro-batches", "4"),
             "dp2": compiled(root, "dp2", "--pp", "1", "--dp", "2", "--micro-batches", "2"),
             "zb1": compiled(root, "zb1", "--pp", "2", "--micro-batches", "4",
-                            "--pipeline-schedule", "zb1")}
+                            "--pipeline-schedule", "zb1"),
+            "long": compiled(root, "long", "--pp", "2", "--micro-batches", "4",
+                             "--seq-len", "64")}
 
 
 def charges(program, profile):
@@ -93,14 +95,44 @@ def rows_hold(profile, program, key) -> bool:
 def test_a_step_of_several_calls_spreads_its_time_by_their_charges():
     """Step 0 ran calls 0-1 (charged 1 and 3) in 8 s: 2 s and 6 s; step 1 was skipped (one
     call, the commit rule's); step 2 ran call 3 alone in 5 s; a zb1 half (share 0.5) of
-    call 4 gives its whole node twice what it took."""
-    samples = {}
+    call 4 gives its whole node twice what it took. Each call's op ran at its step's
+    run over charge (NOTE [traced rows] 5): 2, 2, 2.5 and 4."""
     from collections import defaultdict
-    samples = defaultdict(list)
-    charged = [(1.0, "a", 1.0), (3.0, "b", 1.0), (9.0, "skipped", 1.0), (2.0, "c", 1.0),
-               (1.0, "d", 0.5), (0.0, None, 1.0)]
-    _add_samples(samples, charged, [[0, 2, 0.0, 8e6], [2, 1, 1.0, 5e6], [3, 2, 0.0, 4e6]])
-    assert dict(samples) == {"a": [2.0], "b": [6.0], "c": [5.0], "d": [8.0]}
+    samples, ratios = defaultdict(list), defaultdict(list)
+    a, b, c, d = (("fp32", op, "shape") for op in "abcd")
+    charged = [(1.0, a, 1.0), (3.0, b, 1.0), (9.0, ("fp32", "skipped"), 1.0), (2.0, c, 1.0),
+               (1.0, d, 0.5), (0.0, None, 1.0)]
+    _add_samples(samples, ratios, charged,
+                 [[0, 2, 0.0, 8e6], [2, 1, 1.0, 5e6], [3, 2, 0.0, 4e6]])
+    assert dict(samples) == {a: [2.0], b: [6.0], c: [5.0], d: [8.0]}
+    assert dict(ratios) == {("fp32", "a"): [2.0], ("fp32", "b"): [2.0],
+                            ("fp32", "c"): [2.5], ("fp32", "d"): [4.0]}
+
+
+def test_a_shape_no_trace_ran_is_charged_at_its_ops_traced_speed(programs, tmp_path):
+    """NOTE [traced rows] 5: pp 2 at 32 tokens ran every call at 1.5x its charge; the same
+    layout at 64 tokens has none of its kernel shapes among the rows, and each of its
+    calls that only computes is charged 1.5x the microbenchmark's charge of it, so its
+    simulated step is 1.5x; without a trace of the op, a call keeps its charge."""
+    path, program = programs["pp2"]
+    write_traces(tmp_path / "t", path, program, 1.5)
+    base = load_profile("cpu")
+    traced = traced_profile(base, [TracedRun(tmp_path / "t", path)])
+    long = programs["long"][1]
+    before, after = charges(long, base), charges(long, traced)
+    unrowed = 0
+    for task, calls in before.items():
+        for (old, key, _), (new, _, _) in zip(calls, after[task]):
+            if key is not None and old > 0:
+                assert math.isclose(new, 1.5 * old, rel_tol=1e-3), (task, key)
+                unrowed += not rows_hold(traced, program, key)
+    assert unrowed > 50
+    entry = rank_profile(traced, 2)["traced"]
+    del entry["op_speed"]["fp32 matmul"]
+    unscaled = charges(long, traced)
+    assert any(math.isclose(new, old, rel_tol=1e-9) and key[1] == "matmul"
+               for task, calls in before.items()
+               for (old, key, _), (new, _, _) in zip(calls, unscaled[task]) if key)
 
 
 @pytest.mark.mpi
