@@ -22,6 +22,9 @@ user's build cache, nothing inside the directory:
    buffers inside the arena, pointers inside their buffers, ranks and stages in range,
    every runtime call's params against its op's schema (program_format/call_ops.py);
    each problem is one `ratrain: error:` line naming the file, the field and the fix.
+4. A table that passes 3 but holds a value the compiler would not write is refused by
+   `ratrain run` before it starts ranks, which rebuilds the directory from program.json
+   (see NOTE [tables are derived], programs.py); the ranks import no pass and cannot.
 Not checked: that a generated call's shapes agree with each other (a kernel reads what
 its shapes say; the pointers' byte ranges are checked against the largest shape that
 uses them), so a hand-made table whose shapes disagree can still make a kernel read past
