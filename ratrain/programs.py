@@ -5,6 +5,7 @@ pass's output, a rank's lines.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -16,8 +17,10 @@ from pathlib import Path
 
 from ratrain.compiler import compile_graph
 from ratrain.errors import UserError
+from ratrain.program_format.build import CacheError, check_owned, private_dir, user_cache
 from ratrain.rt.load import MANIFEST, SetupError
 from ratrain.rt.load import read_manifest as _read_manifest
+from ratrain.rt.program import first_difference
 
 
 def program_files(program, records) -> dict[str, str | bytes]:
@@ -132,6 +135,7 @@ def write_program_dir(out: Path, files: dict[str, str], manifest_of, build=False
         manifest = manifest_of(hashes)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
         _swap_into_place(staging, out)
+        record_verified(out)  # NOTE [tables are derived]
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -221,3 +225,142 @@ def rank_lowered(text: str, manifest: dict, rank: int) -> str:
         return ""
     calls = block[len(header):].rstrip("\n")
     return f"# lowered program of stage {stage} (rank {rank})\n{calls}\n"
+
+
+# ---- a program directory is what its manifest compiles to ------------------------------
+
+# NOTE [tables are derived]: the checks of NOTE [a program directory is data] (3) make a
+# table safe to read; they cannot tell a table the compiler wrote from one edited to hold
+# another value in range (a tag, an offset, a slot, a param its schema allows), which
+# would train as another program. But every file of a program directory is a function of
+# program.json's model config, options, recorded split (NOTE [a recorded split is kept])
+# and profile (NOTE [identical recompiles]), so `ratrain run` and `ratrain evaluate`
+# rebuild the directory from those in memory and refuse it, in one line naming the first
+# file and line (or manifest field) that differs, unless it is byte for byte what they
+# make (the manifest's ratrain_version aside): then no table holds a value the compiler
+# would not write. The ranks cannot do this (they import no pass, NOTE [program format]);
+# what they check is the tables' form and their agreement with each other.
+# A rebuild costs one compile, so a directory this user's ratrain wrote, or rebuilt and
+# a job ran to the end (not at the check: a start that fails writes nothing, see NOTE
+# [a failed start is undone]), is recorded in the private build cache
+# (build/verified/<sha256 of program.json>): program.json holds every file's sha256,
+# which open_program checks, so its hash names the whole directory.
+# --trust-program-code runs a directory as shipped, tables too.
+
+def verified_dir() -> Path:
+    """Where the checked directories are recorded: beside the modules built from them,
+    in the user's private build cache (program_format/build.py)."""
+    return user_cache() / "verified"
+
+
+def _manifest_key(text: bytes) -> str:
+    return hashlib.sha256(text).hexdigest()
+
+
+def record_verified(directory: Path) -> None:
+    """Remember that this user's ratrain wrote or rebuilt `directory` as it is now; a
+    cache that is not private (CacheError) or not writable only costs a later rebuild."""
+    try:
+        key = _manifest_key((directory / MANIFEST).read_bytes())
+        private_dir(user_cache())
+        (private_dir(verified_dir()) / key).touch()
+    except (OSError, CacheError):
+        pass
+
+
+def _is_verified(directory: Path) -> bool:
+    """Is `directory` as it is now recorded (record_verified)? Creates nothing; a record
+    in a cache others may write counts for nothing."""
+    try:
+        key = _manifest_key((directory / MANIFEST).read_bytes())
+        if not (verified_dir() / key).exists():
+            return False
+        check_owned(user_cache())
+        check_owned(verified_dir())
+        return True
+    except (OSError, CacheError):
+        return False
+
+
+def rebuild_program_dir(manifest: dict) -> tuple[dict, dict]:
+    """(relative path -> contents, manifest) of the directory `manifest` compiles to: its
+    model, options and recorded split on its profile, whole or periodic as recorded.
+    A process rebuilds one set of those inputs once (`ratrain plan --measure` checks
+    several programs, a test many edits of one)."""
+    inputs = {key: manifest.get(key) for key in ("model", "options", "stages", "hw",
+                                                 "machine")}
+    # key order kept: a config's order is part of what runtime.json writes
+    return _rebuilt(json.dumps(inputs | {"periodic": bool(manifest.get("periods"))}))
+
+
+@functools.lru_cache(maxsize=4)
+def _rebuilt(inputs: str) -> tuple[dict, dict]:
+    from contextlib import redirect_stderr
+    from io import StringIO
+
+    from ratrain.compiler import trace_for
+    from ratrain.program_format.options import CompileOptions
+    manifest = json.loads(inputs)
+    options = CompileOptions.from_dict(manifest["options"])
+    model = manifest["model"]
+    graph = trace_for(model["config"], model["name"], options)
+    stages = tuple(tuple(s["layers"]) for s in manifest["stages"])
+    with redirect_stderr(StringIO()):  # a periodic compile's progress lines
+        program, records = compile_graph(graph, options, expand=not manifest["periodic"],
+                                         profile=manifest["hw"], stages=stages)
+    files = program_files(program, records)
+    hashes = {relative: hashlib.sha256(content.encode() if isinstance(content, str)
+                                       else content).hexdigest()
+              for relative, content in files.items()}
+    rebuilt = build_manifest(program, records, manifest["hw"], hashes,
+                             model.get("hf_config"), manifest.get("machine"))
+    return files, json.loads(json.dumps(rebuilt))
+
+
+def check_derived(directory: Path, manifest: dict) -> None:
+    """NOTE [tables are derived]: a UserError (one line) unless `directory`, opened and
+    checked (rt/load.open_program), is what its manifest compiles to."""
+    if _is_verified(directory):
+        return
+    how = ("recompile the program, or run it as shipped with --trust-program-code if you "
+           "trust whoever wrote it")
+    try:
+        files, rebuilt = rebuild_program_dir(manifest)
+    except Exception as e:  # an edited manifest can fail anywhere in the compiler
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise UserError(f"{directory / MANIFEST} does not compile ({type(e).__name__}: "
+                        f"{first}); {how}") from None
+    for relative in sorted(files):
+        if manifest["files"].get(relative) != rebuilt["files"][relative]:
+            path = directory / relative
+            raise UserError(f"{path} {_differs(path, files[relative])} what {MANIFEST}'s "
+                            f"model, options and split compile to; {how}")
+    for key in sorted(set(rebuilt) | set(manifest)):
+        if key != "ratrain_version" and rebuilt.get(key) != manifest.get(key):
+            raise UserError(f"{directory / MANIFEST}: {key} is not what its model, options "
+                            f"and split compile to; {how}")
+    if not _filled_from(manifest["model"]):
+        raise UserError(f"{directory / MANIFEST}: model.hf_config is not the config "
+                        f"model.config was filled in from; {how}")
+
+
+def _filled_from(model: dict) -> bool:
+    """Is the user's config as read (hf_config, which checkpoints write back as their
+    config.json) the one the compiled config was filled in from (models/config.py)?"""
+    from ratrain.models.config import fill_defaults
+    if model.get("hf_config") is None:
+        return True
+    try:
+        return fill_defaults(model["hf_config"]) == model["config"]
+    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError):
+        return False
+
+
+def _differs(path: Path, made) -> str:
+    """How a shipped file differs from the rebuild's `made`: from which line."""
+    try:
+        shipped = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return "is missing or unreadable, unlike"
+    made = made if isinstance(made, str) else made.decode(errors="replace")
+    return f"differs at line {first_difference(shipped, made) or 1} from"

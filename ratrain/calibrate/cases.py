@@ -12,6 +12,7 @@ import numpy as np
 
 from ratrain.calibrate.case import Case
 from ratrain.calibrate.rt_cases import runtime_cases
+from ratrain.program_format.call_ops import timed_ops
 from ratrain.ir.costs import coarse_bwd_flops, node_flops
 from ratrain.ir.graph import Node, Var
 from ratrain.models.rope import RopeSpec, inv_freq
@@ -228,7 +229,7 @@ def _groups() -> dict:
             ("rms_norm", "rms_norm_bwd"): norm_cases, ("rope", "rope_bwd"): rope_cases,
             ("swiglu", "swiglu_bwd"): swiglu_cases, ("embedding", "embedding_bwd"): embedding_cases,
             ("cross_entropy", "cross_entropy_bwd"): cross_entropy_cases, ("add",): memory_cases,
-            ("adamw", "prefetch_view", "grad_sync", "gather_view"): runtime_cases}
+            timed_ops(): runtime_cases}  # NOTE [one table of call ops]
 
 
 def quick_cases(seed: int = 0) -> list[Case]:

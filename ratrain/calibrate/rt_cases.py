@@ -13,6 +13,7 @@ from ratrain.calibrate.case import Case
 from ratrain.ir.buffers import BufferKind, buffer_name
 from ratrain.sim.costs import UPDATE_BYTES_PER_PARAM, view_cast_bytes
 from ratrain.optim import AdamW
+from ratrain.program_format.call_ops import CallOp
 from ratrain.program_format.lowered import Call, Slot
 from ratrain.passes.program import CompileOptions
 
@@ -65,7 +66,7 @@ def _slot(name: str, n: int) -> Slot:
 def _case(op: str, n: int, nbytes: int, call: Call, st) -> Case:
     from ratrain.rt.calls import run_call
     transport = OneMemberGroup()
-    return Case(op, f"n={n}", 0, nbytes, lambda threads: run_call(transport, st, call),
+    return Case(str(op), f"n={n}", 0, nbytes, lambda threads: run_call(transport, st, call),
                 cold=True)
 
 
@@ -78,13 +79,16 @@ def runtime_cases(kernels=None, rng=None) -> list[Case]:
         master, m, grad, view = (_slot(name, n) for name in names)
         v = Slot(names[1], 4 * n, "float32", (n,))
         cases += [
-            _case("adamw", n, UPDATE_BYTES_PER_PARAM * n,
-                  Call("adamw", (master, m, v), (grad,), (("zero", 0),), layer=1), st),
-            _case("prefetch_view", n, 8 * n,
-                  Call("prefetch_view", (view,), (master,), (("gather", False),), layer=1), st),
-            _case("grad_sync", n, 8 * n,
-                  Call("grad_sync", (grad,), (grad,), (("op", "allreduce"),), layer=1), st),
-            _case("gather_view", n, view_cast_bytes(n, 4),
-                  Call("gather_view", (view,), (master,), (("use", "0F0"), ("in_place", True)),
+            _case(CallOp.ADAMW, n, UPDATE_BYTES_PER_PARAM * n,
+                  Call(CallOp.ADAMW, (master, m, v), (grad,), (("zero", 0),), layer=1), st),
+            _case(CallOp.PREFETCH_VIEW, n, 8 * n,
+                  Call(CallOp.PREFETCH_VIEW, (view,), (master,), (("gather", False),),
+                       layer=1), st),
+            _case(CallOp.GRAD_SYNC, n, 8 * n,
+                  Call(CallOp.GRAD_SYNC, (grad,), (grad,), (("op", "allreduce"),),
+                       layer=1), st),
+            _case(CallOp.GATHER_VIEW, n, view_cast_bytes(n, 4),
+                  Call(CallOp.GATHER_VIEW, (view,), (master,),
+                       (("use", "0F0"), ("in_place", True)),
                        layer=1), st)]
     return cases

@@ -47,19 +47,30 @@ def cmd_run(args) -> int:
     resume = command_text(["ratrain", "run", program, *resume_argv(args),
                            *(["--cluster", args.cluster] if args.cluster else [])])
     if args.cluster is None:
-        return launch(program, ranks, args, resume, hosts=hosts)
+        return ran(program, args, launch(program, ranks, args, resume, hosts=hosts))
     from ratrain.cluster import ClusterError, cluster_for_run
     try:
         with cluster_for_run(args.cluster, ranks, hosts) as cluster:
-            return launch(program, ranks, args, resume, cluster=cluster, hosts=hosts)
+            return ran(program, args, launch(program, ranks, args, resume, cluster=cluster,
+                                             hosts=hosts))
     except ClusterError as e:
         raise UserError(str(e)) from None
 
 
+def ran(program: Path, args, code: int) -> int:
+    """The job's exit code; a program rebuilt and run to the end is recorded as checked
+    (NOTE [tables are derived]), after the job: a start that fails writes nothing."""
+    if code == 0 and not args.trust_program_code:
+        from ratrain.programs import record_verified
+        record_verified(program)
+    return code
+
+
 def check_program(program: Path, ranks: int | None, trust: bool) -> tuple[dict, int]:
     """(manifest, ranks) of a program directory checked as every rank will check it (its
-    fields, hashes, rows and rendered code: NOTE [a program directory is data]), so that
-    a bad one is refused here in one line without starting a job."""
+    fields, hashes, rows and rendered code: NOTE [a program directory is data]) and
+    rebuilt from its manifest unless `trust` (NOTE [tables are derived]), so that a bad
+    one is refused here in one line without starting a job."""
     from ratrain.rt.load import SetupError, check_format, check_manifest, open_program, \
         read_manifest
     try:
@@ -70,6 +81,9 @@ def check_program(program: Path, ranks: int | None, trust: bool) -> tuple[dict, 
         open_program(str(program), ranks, trust)
     except SetupError as e:
         raise UserError(str(e)) from None
+    if not trust:
+        from ratrain.programs import check_derived
+        check_derived(program, manifest)  # NOTE [tables are derived]
     return manifest, ranks
 
 

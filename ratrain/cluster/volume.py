@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ratrain.program_format.call_ops import CallOp, linked_ops, registered
 from ratrain.program_format.codec import read_runtime, read_stage_rows
 from ratrain.program_format.table import PythonStep, expanded_rows
 from ratrain.sim.collectives import collective_cost
@@ -28,21 +29,37 @@ def collective_bytes(op: str, members: int, nbytes: float) -> float:
     return collective_cost(op, members, nbytes, 0.0, 1.0, "ring").nbytes
 
 
+def _sync_bytes(call, options) -> float:
+    op = dict(call.params)["op"]
+    return 0.0 if op == "wait" else collective_bytes(op, options.dp, call.inputs[0].nbytes)
+
+
+def _prefetch_bytes(call, options) -> float:
+    params = dict(call.params)
+    return 0.0 if not params["gather"] or params.get("redo") else \
+        collective_bytes("allgather", options.dp, gather_bytes(call, options.dp))
+
+
+# Bytes each call that puts traffic on the link sends from this rank (NOTE [one table of
+# call ops]: the ops whose Traffic is a message, a DP collective or the world's sum)
+TRAFFIC = registered({
+    CallOp.SEND: lambda call, options: call.inputs[0].nbytes,
+    CallOp.GRAD_SYNC: _sync_bytes,
+    CallOp.GRAD_SCATTER: lambda call, options: collective_bytes(
+        "reduce_scatter", options.dp, scatter_bytes(call)),
+    CallOp.PREFETCH_VIEW: _prefetch_bytes,
+    CallOp.GATHER_VIEW: lambda call, options: collective_bytes(
+        "allgather", options.dp, gather_bytes(call, options.dp)),
+    # one float64 summed over the world
+    CallOp.GLOBAL_NORM: lambda call, options: collective_bytes(
+        "allreduce", options.pp * options.dp, 8),
+}, "cluster/volume.py TRAFFIC", linked_ops())
+
+
 def _call_bytes(call, options) -> float:
     """Bytes a lowered runtime call sends from this rank (0 for local calls)."""
-    params, dp = dict(call.params), options.dp
-    if call.op == "send":
-        return call.inputs[0].nbytes
-    if call.op == "grad_sync" and params["op"] != "wait":
-        return collective_bytes(params["op"], dp, call.inputs[0].nbytes)
-    if call.op == "grad_scatter":
-        return collective_bytes("reduce_scatter", dp, scatter_bytes(call))
-    if (call.op == "prefetch_view" and params["gather"] and not params.get("redo")) or \
-            call.op == "gather_view":
-        return collective_bytes("allgather", dp, gather_bytes(call, dp))
-    if call.op == "global_norm":  # one float64 summed over the world
-        return collective_bytes("allreduce", options.pp * dp, 8)
-    return 0.0
+    counted = TRAFFIC.get(call.op)
+    return 0.0 if counted is None else counted(call, options)
 
 
 def stage_bytes(rows, options) -> float:
@@ -77,6 +94,6 @@ def message_bytes(program_dir) -> dict[str, int]:
     for stage_rows in rows.values():
         for task, steps, _ in expanded_rows(stage_rows):
             for step in steps:
-                if isinstance(step, PythonStep) and step.call.op == "send":
+                if isinstance(step, PythonStep) and step.call.op == CallOp.SEND:
                     sizes[str(task)] = step.call.inputs[0].nbytes
     return sizes

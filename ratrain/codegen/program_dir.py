@@ -10,6 +10,7 @@ from ratrain.codegen.table import build_stage_table
 from ratrain.ir.tasks import Kind
 from ratrain.passes.insert_gathers import gather_plan, issuing_task
 from ratrain.passes.insert_tied_sum import tie_stages
+from ratrain.program_format.call_ops import CallOp
 from ratrain.program_format.codec import write_runtime, write_stage_rows
 from ratrain.program_format.runtime import (LayerState, Memory, RuntimeGraph,
                                             RuntimeProgram, StagePlan)
@@ -46,10 +47,15 @@ def forward_rows(program, stage: int, rows) -> tuple:
             continue
         use = str(g.uses[0][0])
         call, = [s.call for s in rows[row_of[issuer]][1] if isinstance(s, PythonStep)
-                 and s.call.op == "gather_view" and dict(s.call.params)["use"] == use
-                 and s.call.note == f"L{g.task.layer} gather"]
+                 and is_gather_of(s.call, g.task.layer, use)]
         out.append((row_of[g.task], call))
     return tuple(sorted(out, key=lambda x: x[0]))
+
+
+def is_gather_of(call, layer: int, use: str) -> bool:
+    """Is `call` the ZeRO-3 gather of `layer`'s view for the task whose text is `use`?"""
+    return call.op == CallOp.GATHER_VIEW and call.layer == layer and \
+        dict(call.params)["use"] == use
 
 
 def stage_rows(program, table, header: str) -> StageRows:

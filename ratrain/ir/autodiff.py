@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ratrain.ir.graph import LayerGraph, Literal, Node, Var, make_params
+from ratrain.ir.graph import (LayerGraph, Literal, Node, Var, cotangent_role, grad_role,
+                              make_params, role)
 from ratrain.ir.rules import lookup_rule
 
 
@@ -94,18 +95,19 @@ def differentiate(fwd: LayerGraph) -> tuple[LayerGraph, tuple[Var, ...]]:
     Backward inputs: residuals (named after the forward input they are, else `resK`),
     then one cotangent per float forward output (`ct:<role>`). Backward outputs: one
     cotangent per float forward input (`ct:<role>`), then one gradient per parameter
-    (`grad:<name>`). Parameters are read directly, never saved as residuals.
+    (`grad:<name>`): see NOTE [value roles] (ir/graph.py). Parameters are read directly,
+    never saved as residuals.
     """
     b = Builder()
     out_cts = {o.id: Var(o.dtype, o.shape) for o in fwd.outputs if is_float(o)}
     cts = _backpropagate(fwd, b, out_cts)
     residuals = _residuals(fwd, b.nodes, {v.id for v in out_cts.values()})
     res_names = _residual_names(fwd, residuals)
-    ct_in = [(f"ct:{r}", out_cts[o.id]) for o, r in zip(fwd.outputs, fwd.output_names)
+    ct_in = [(cotangent_role(r), out_cts[o.id]) for o, r in zip(fwd.outputs, fwd.output_names)
              if o.id in out_cts]
-    outs = [(f"ct:{r}", cts.get(x.id) or b.zeros_like(x))
+    outs = [(cotangent_role(r), cts.get(x.id) or b.zeros_like(x))
             for x, r in zip(fwd.inputs, fwd.input_names) if is_float(x)]
-    outs += [(f"grad:{n}", cts.get(p.id) or b.zeros_like(p))
+    outs += [(grad_role(n), cts.get(p.id) or b.zeros_like(p))
              for p, n in zip(fwd.params, fwd.param_names)]
     bwd = LayerGraph(fwd.name.replace("fwd", "bwd"), fwd.params, fwd.param_names,
                      tuple(residuals) + tuple(v for _, v in ct_in),
@@ -125,4 +127,4 @@ def _residuals(fwd: LayerGraph, bwd_nodes, cotangent_ids: set) -> list[Var]:
 
 def _residual_names(fwd: LayerGraph, residuals) -> list[str]:
     roles = {v.id: r for v, r in zip(fwd.inputs, fwd.input_names)}
-    return [roles.get(v.id, f"res{i}") for i, v in enumerate(residuals)]
+    return [roles.get(v.id, role("residual", i)) for i, v in enumerate(residuals)]

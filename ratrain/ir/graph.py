@@ -83,6 +83,46 @@ class LayerGraph:
         return self.outputs[self.output_names.index(name)]
 
 
+# ---- roles: the names of a LayerGraph's inputs and outputs -------------------------------
+# NOTE [value roles]: a graph names each input and output by its role, built and read
+# only through ROLE_FORMS (as ir/buffers.py's NAME_FORMS builds buffer names):
+# 1. a forward graph's roles are the model's ("h", "ids", "targets", "loss");
+# 2. a backward graph (ir/autodiff.py) reads residuals, named by their forward role or
+#    `res<i>`, then `ct:<role>` of each float forward output; it writes `ct:<role>` of
+#    each float forward input, then `grad:<name>` of each parameter;
+# 3. zb1's weight part (ir/split_backward.py) reads the residuals B hands it as `res:<i>`
+#    and the values it carries as `carried:<i>`.
+ROLE_FORMS = {"cotangent": "ct:{of}", "grad": "grad:{of}", "residual": "res{of}",
+              "handed": "res:{of}", "carried": "carried:{of}"}
+HIDDEN = "h"                            # the hidden state a layer passes on
+
+
+def role(form: str, of) -> str:
+    """The role of `form` (ROLE_FORMS) of `of`: role("grad", "w") == "grad:w"."""
+    return ROLE_FORMS[form].format(of=of)
+
+
+def grad_role(param: str) -> str:
+    """The backward output holding parameter `param`'s gradient."""
+    return role("grad", param)
+
+
+def cotangent_role(of: str) -> str:
+    """The cotangent of the forward value of role `of`."""
+    return role("cotangent", of)
+
+
+HIDDEN_COTANGENT = cotangent_role(HIDDEN)   # the input gradient a stage sends back
+
+
+def is_grad_role(name: str) -> bool:
+    return name.startswith(role("grad", ""))
+
+
+def is_cotangent_role(name: str) -> bool:
+    return name.startswith(role("cotangent", ""))
+
+
 def make_params(pairs) -> tuple[tuple[str, object], ...]:
     """Canonical (sorted, hashable) params from a dict or pairs."""
     items = pairs.items() if isinstance(pairs, dict) else pairs

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ratrain.ir.graph import LayerGraph, Literal, Node
+from ratrain.ir.graph import (HIDDEN_COTANGENT, LayerGraph, Literal, Node, grad_role,
+                              is_cotangent_role)
 from ratrain.ir.rules import lookup_rule
 
 
@@ -72,12 +73,12 @@ def run_train_graph(train_graph, params: dict, tokens, loss_cotangent: float = 1
     loss, ct, grads = float(x), np.asarray(loss_cotangent, dtype=np.float32), {}
     for layer, residuals in zip(reversed(train_graph.layers), reversed(saved)):
         kind = train_graph.kinds[layer.kind]
-        cts_in = [ct] if kind.bwd.input_names[-1].startswith("ct:") else []
+        cts_in = [ct] if is_cotangent_role(kind.bwd.input_names[-1]) else []
         outs = dict(zip(kind.bwd.output_names,
                         run_graph(kind.bwd, [params[n] for n in layer.param_names],
                                   residuals + cts_in)))
-        ct = outs.get("ct:h")
+        ct = outs.get(HIDDEN_COTANGENT)
         for hf, local in zip(layer.param_names, kind.fwd.param_names):
-            g = outs["grad:" + local]  # a tied weight's uses add up (head first, then embed)
+            g = outs[grad_role(local)]  # a tied weight's uses add up (head first, then embed)
             grads[hf] = grads[hf] + g if hf in grads else g
     return loss, grads

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ratrain.ir.graph import LayerGraph, Literal, Node, Var
+from ratrain.ir.graph import LayerGraph, Literal, Node, Var, is_cotangent_role, role
 from ratrain.ir.rules import OpRule, register_rule
 
 
@@ -195,7 +195,7 @@ def split_backward(kind) -> BackwardSplit:
     split = _split_nodes(bwd)
     nodes = [n for n, _, _ in split]
     cts = {v.id for v, n in zip(bwd.outputs, bwd.output_names)
-           if n.startswith("ct:") and isinstance(v, Var)}
+           if is_cotangent_role(n) and isinstance(v, Var)}
     in_b = _needed_by(nodes, cts)
     b_nodes = [split[i] for i in range(len(split)) if i in in_b]
     w_nodes = [split[i] for i in range(len(split)) if i not in in_b]
@@ -207,15 +207,15 @@ def split_backward(kind) -> BackwardSplit:
     residuals = [r for r in kind.residuals if r.id in {x.id for x in w_reads}]
     outputs = [(v, n) for v, n in zip(bwd.outputs, bwd.output_names)]
     b_out = [(v, n) for v, n in outputs if isinstance(v, Literal) or v.id in made_by_b
-             or n.startswith("ct:")]
+             or is_cotangent_role(n)]
     w_out = [(v, n) for v, n in outputs if (v, n) not in b_out]
     input_part = LayerGraph(bwd.name + " input", bwd.params, bwd.param_names, bwd.inputs,
                             bwd.input_names, tuple(n for n, _, _ in b_nodes),
                             tuple(v for v, _ in b_out), tuple(n for _, n in b_out))
     weight_part = LayerGraph(bwd.name + " weight", bwd.params, bwd.param_names,
                              tuple(residuals) + tuple(carried),
-                             tuple(f"res:{i}" for i in range(len(residuals)))
-                             + tuple(f"carried:{i}" for i in range(len(carried))),
+                             tuple(role("handed", i) for i in range(len(residuals)))
+                             + tuple(role("carried", i) for i in range(len(carried))),
                              tuple(n for n, _, _ in w_nodes),
                              tuple(v for v, _ in w_out), tuple(n for _, n in w_out))
     origin = tuple((i, share) for _, i, share in b_nodes + w_nodes)

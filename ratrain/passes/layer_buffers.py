@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 
 from ratrain.ir.buffers import BufferKind
-from ratrain.ir.graph import Literal
+from ratrain.ir.graph import HIDDEN_COTANGENT, Literal, is_cotangent_role, is_grad_role
 from ratrain.passes.layout import align_up, graph_workspace, pack
 from ratrain.passes.residuals import kept_mask
 
@@ -141,7 +141,7 @@ def fused_grad_ids(kind) -> frozenset:
     into grad.L in fp32, so they take no workspace. Layers whose gradients are
     reduce-scattered per micro-batch (ZeRO-2 "scatter") keep them in the workspace."""
     grads = {v.id for v, n in zip(kind.bwd.outputs, kind.bwd.output_names)
-             if n.startswith("grad:")}
+             if is_grad_role(n)}
     nodes = kind.bwd.nodes + kind.split.weight_part.nodes  # the split's GEMMs make the same
     return frozenset(node.outputs[GRAD_OUTPUT[node.op]].id for node in nodes
                      if node.op in GRAD_OUTPUT and node.outputs[GRAD_OUTPUT[node.op]].id in grads)
@@ -152,7 +152,7 @@ def unfused_grad_elements(kind) -> int:
     into grad.L (fused_grad_ids): each is accumulated by an `accumulate_grad` call."""
     fused = fused_grad_ids(kind)
     return sum(int(np.prod(v.shape)) for v, n in zip(kind.bwd.outputs, kind.bwd.output_names)
-               if n.startswith("grad:") and v.id not in fused)
+               if is_grad_role(n) and v.id not in fused)
 
 
 def pinned_values(kind, use: str, mode: str = "none", fused: bool = False) -> frozenset:
@@ -173,7 +173,7 @@ def pinned_values(kind, use: str, mode: str = "none", fused: bool = False) -> fr
     else:
         ids = {v.id for v in kind.bwd.inputs}
         ids |= {v.id for v, n in zip(kind.bwd.outputs, kind.bwd.output_names)
-                if n.startswith("ct:") and not isinstance(v, Literal)}
+                if is_cotangent_role(n) and not isinstance(v, Literal)}
         if fused:
             ids |= fused_grad_ids(kind)
     return frozenset(ids)
@@ -214,14 +214,14 @@ def input_gradients(kind) -> tuple:
     """The parameter gradients zb1's B makes (the whole ops' own: NOTE [B/W split])."""
     part = kind.split.input_part
     return tuple(v for v, n in zip(part.outputs, part.output_names)
-                 if n.startswith("grad:") and not isinstance(v, Literal))
+                 if is_grad_role(n) and not isinstance(v, Literal))
 
 
 def scatters_in_weight(kind) -> bool:
     """Does W[L] make any of the layer's parameter gradients, and so reduce-scatter them
     all under scatter accumulation (NOTE [weight operands])? Else B makes them all and
     reduce-scatters them itself (a layer whose weight part is empty)."""
-    return any(n.startswith("grad:") for n in kind.split.weight_part.output_names)
+    return any(is_grad_role(n) for n in kind.split.weight_part.output_names)
 
 
 def handed_gradients(kind) -> tuple:
@@ -308,7 +308,7 @@ def cotangent_slots(kinds: list, last_stage: bool) -> int:
     """How many of B's two ping-pong cotangent slots (lower._lower_backward) are used:
     one per value passed inside the stage (the loss cotangent on the last stage, and the
     input cotangent of every layer but the stage's first), at most two."""
-    passed = int(last_stage) + sum("ct:h" in k.bwd.output_names for k in kinds[1:])
+    passed = int(last_stage) + sum(HIDDEN_COTANGENT in k.bwd.output_names for k in kinds[1:])
     return min(2, passed)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ratrain.ir.buffers import BufferKind, buffer_name, grad_accumulator, message_buffer
-from ratrain.ir.graph import Literal
+from ratrain.ir.graph import HIDDEN_COTANGENT, Literal, grad_role
 from ratrain.ir.tasks import Kind, Task, backward_of
 from ratrain.passes.layer_buffers import (GRAD_OUTPUT, backward_graph, backward_pinned,
                                           backward_workspace, cotangent_bytes, cotangent_slots,
@@ -27,6 +27,7 @@ from ratrain.passes.layout import graph_workspace
 from ratrain.passes.lower_state import (_loss_scaled, _lower_gather, _lower_norm, _lower_prefetch,
                                         _lower_sync, _lower_tie, _lower_update,
                                         _with_gathers_issued, state_slots)
+from ratrain.program_format.call_ops import CallOp
 from ratrain.program_format.lowered import (RECOMPUTE_TAG, Call, LoweredTask, Slot,
                                             flat_slot, message_tag, var_slot)
 
@@ -103,14 +104,15 @@ def _forward_inputs(program, task: Task, layer: int) -> list[Call]:
     kind, m = _kind(program, layer), task.micro_batch
     slot = lambda pos: residual_slot(program, layer, m, _input_index(kind, pos))
     if kind.kind == "embed":
-        return [Call("load_ids", (slot(0),), (), (("micro_batch", m),), f"L{layer} ids",
+        return [Call(CallOp.LOAD_IDS, (slot(0),), (), (("micro_batch", m),), f"L{layer} ids",
                      layer=layer)]
     calls = []
     if layer == program.stages[task.stage][0]:
         message = var_slot(buffer_name(BufferKind.IN, micro_batch=m), 0, kind.fwd.inputs[0])
-        calls.append(Call("copy", (slot(0),), (message,), (), f"L{layer} input", layer=layer))
+        calls.append(Call(CallOp.COPY, (slot(0),), (message,), (), f"L{layer} input",
+                          layer=layer))
     if kind.kind == "head":
-        calls.append(Call("load_targets", (slot(1),), (), (("micro_batch", m),),
+        calls.append(Call(CallOp.LOAD_TARGETS, (slot(1),), (), (("micro_batch", m),),
                           f"L{layer} targets", layer=layer))
     return calls
 
@@ -132,7 +134,7 @@ def _lower_forward(program, task: Task) -> list[Call]:
             placement.bind(out, var_slot(buffer_name(BufferKind.OUT, micro_batch=m), 0, out))
         calls += _forward_inputs(program, task, layer) + placement.calls(layer)
         if kind.kind == "head":
-            calls.append(Call("record_loss", (), (placement.slots[out.id],),
+            calls.append(Call(CallOp.RECORD_LOSS, (), (placement.slots[out.id],),
                               (("micro_batch", m),), f"L{layer} loss", layer=layer))
     return calls
 
@@ -173,22 +175,23 @@ def _accumulate_grads(program, task: Task, layer: int, placement: _Placement,
         if graph is not None and (graph is kind.split.input_part) == scatters_in_weight(kind):
             return []  # zb1: the other part reduce-scatters them all (NOTE [weight operands])
         slots = {**(handed or {}), **placement.slots}
-        grads = tuple(slots[kind.bwd.output("grad:" + n).id] for n in kind.fwd.param_names)
+        grads = tuple(slots[kind.bwd.output(grad_role(n)).id] for n in kind.fwd.param_names)
         shard = state_slots(program, layer)[4]
-        return [Call("grad_scatter", (flat_slot(grad_accumulator(layer, True), shard),), grads,
+        return [Call(CallOp.GRAD_SCATTER, (flat_slot(grad_accumulator(layer, True), shard),),
+                     grads,
                      (("first", task.micro_batch == first_b), ("micro_batch", task.micro_batch)),
                      f"L{layer}", layer=layer)]
     targets = _grad_slots(program, layer)
-    return [Call("accumulate_grad", (targets[grad.id],), (placement.slots[grad.id],),
+    return [Call(CallOp.ACCUMULATE_GRAD, (targets[grad.id],), (placement.slots[grad.id],),
                  (("first", task.micro_batch == first_b),), f"L{layer} {name}", layer=layer)
-            for name in kind.fwd.param_names if "grad:" + name in made
-            for grad in [kind.bwd.output("grad:" + name)]]
+            for name in kind.fwd.param_names if grad_role(name) in made
+            for grad in [kind.bwd.output(grad_role(name))]]
 
 
 def _grad_slots(program, layer: int) -> dict:
     """Var id of each parameter gradient -> its fp32 slot in grad.L."""
     kind, (offsets, _) = _kind(program, layer), grad_layout(program, layer)
-    return {kind.bwd.output("grad:" + name).id:
+    return {kind.bwd.output(grad_role(name)).id:
             Slot(grad_accumulator(layer, False), 4 * offset, "float32", tuple(var.shape))
             for name, var, offset in zip(kind.fwd.param_names, kind.fwd.params, offsets)}
 
@@ -229,7 +232,7 @@ def _backward_layers(program, task: Task, use) -> list[tuple[int, list[Call]]]:
     if last_stage:
         loss = _kind(program, layers[-1]).bwd.inputs[-1]
         current = var_slot(workspace, 0, loss)
-        calls.append(Call("fill", (current,), (), _loss_scaled(
+        calls.append(Call(CallOp.FILL, (current,), (), _loss_scaled(
             program, (("value", 1.0 / program.options.micro_batches),)), "loss cotangent"))
         turn = 1
     else:
@@ -254,8 +257,8 @@ def _backward_layers(program, task: Task, use) -> list[tuple[int, list[Call]]]:
             placement.bind(var, residual_slot(program, layer, m, i, rebuilt))
         for var in kind.bwd.inputs[n_res:]:
             placement.bind(var, replace(current, dtype=var.dtype, shape=tuple(var.shape)))
-        if "ct:h" in kind.bwd.output_names:
-            out = kind.bwd.output("ct:h")
+        if HIDDEN_COTANGENT in kind.bwd.output_names:
+            out = kind.bwd.output(HIDDEN_COTANGENT)
             first_layer = j == len(layers) - 1
             current = var_slot(buffer_name(BufferKind.GOUT, micro_batch=m), 0, out) \
                 if first_layer else \
@@ -288,7 +291,7 @@ def _hand_to_weight(program, placement: _Placement, layer: int, m: int) -> list[
         if var_id in made:
             placement.bind(made[var_id], slot)
         else:
-            calls.append(Call("copy", (slot,), (placement.slots[var_id],), (),
+            calls.append(Call(CallOp.COPY, (slot,), (placement.slots[var_id],), (),
                               f"L{layer} W operand", layer=layer))
     return calls
 
@@ -320,7 +323,7 @@ def fuse_grad_accumulation(calls: list[Call]) -> list[Call]:
     producer = {c.outputs[GRAD_OUTPUT[c.op]]: i for i, c in enumerate(calls) if c.op in GRAD_OUTPUT}
     out, fused = list(calls), set()
     for i, call in enumerate(calls):
-        if call.op != "accumulate_grad" or call.inputs[0] not in producer:
+        if call.op != CallOp.ACCUMULATE_GRAD or call.inputs[0] not in producer:
             continue
         p = producer[call.inputs[0]]
         index = GRAD_OUTPUT[calls[p].op]
@@ -345,15 +348,16 @@ def _message(program, task: Task) -> Slot:
 
 _PEER = {Kind.SEND_F: 1, Kind.RECV_F: -1, Kind.POST_F: -1,
          Kind.SEND_B: -1, Kind.RECV_B: 1, Kind.POST_B: 1}
-_COMM_OP = {Kind.SEND_F: "send", Kind.SEND_B: "send", Kind.POST_F: "post_recv",
-            Kind.POST_B: "post_recv", Kind.RECV_F: "wait_recv", Kind.RECV_B: "wait_recv"}
+_COMM_OP = {Kind.SEND_F: CallOp.SEND, Kind.SEND_B: CallOp.SEND,
+            Kind.POST_F: CallOp.POST_RECV, Kind.POST_B: CallOp.POST_RECV,
+            Kind.RECV_F: CallOp.WAIT_RECV, Kind.RECV_B: CallOp.WAIT_RECV}
 
 
 def _lower_comm(program, task: Task) -> list[Call]:
     slot = _message(program, task)
     params = (("peer", _PEER[task.kind]), ("tag", message_tag(task)))
     if task.kind in (Kind.SEND_F, Kind.SEND_B):
-        return [Call("send", (), (slot,), params, str(task))]
+        return [Call(CallOp.SEND, (), (slot,), params, str(task))]
     return [Call(_COMM_OP[task.kind], (slot,), (), params, str(task))]
 
 

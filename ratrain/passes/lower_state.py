@@ -20,6 +20,7 @@ from ratrain.passes.insert_gathers import gather_of, gathers_issued_in
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.layout import align_up
+from ratrain.program_format.call_ops import CallOp
 from ratrain.program_format.lowered import Call, Slot, flat_slot, var_slot
 
 
@@ -44,7 +45,7 @@ def _lower_sync(program, task: Task) -> list[Call]:
     source, target = sync_buffers(layer, zero, scattered)
     # scattered: already reduce-scattered inside each B, wait only
     op = "wait" if scattered else "reduce_scatter" if zero >= 2 else "allreduce"
-    return [Call("grad_sync", (grad_slot(program, target),), (grad_slot(program, source),),
+    return [Call(CallOp.GRAD_SYNC, (grad_slot(program, target),), (grad_slot(program, source),),
                  (("op", op),), f"L{layer}", layer=layer)]
 
 
@@ -67,10 +68,10 @@ def _lower_update(program, task: Task) -> list[Call]:
     master, m, v, _, _ = state_slots(program, layer)
     grad, params = _update_grad_slot(program, layer), (("zero", zero),)
     if not commits_updates(program.options):
-        return [Call("adamw", (master, m, v), (grad,), params, f"L{layer}", layer=layer)]
+        return [Call(CallOp.ADAMW, (master, m, v), (grad,), params, f"L{layer}", layer=layer)]
     skip = tuple(_norm_skips(program, layer))
     params += (("speculative", True),) + ((("skip", skip),) if skip else ())
-    return [Call("adamw", (master, m, v, *undo_slots(program, layer)), (grad,),
+    return [Call(CallOp.ADAMW, (master, m, v, *undo_slots(program, layer)), (grad,),
                  _loss_scaled(program, params), f"L{layer}", layer=layer)]
 
 
@@ -88,7 +89,7 @@ def _lower_prefetch(program, task: Task) -> list[Call]:
     layer = task.layer
     master = state_slots(program, layer)[0]
     views, in_place = _gather_target(program, layer, buffer_name(BufferKind.VIEW, layer=layer))
-    return [Call("prefetch_view", views, (master,),
+    return [Call(CallOp.PREFETCH_VIEW, views, (master,),
                  (("gather", program.options.zero >= 1),) + in_place, f"L{layer}",
                  layer=layer)]
 
@@ -99,7 +100,7 @@ def gather_call(program, gather) -> Call:
     layer = gather.task.layer
     views, in_place = _gather_target(program, layer,
                                      buffer_name(BufferKind.ZVIEW, slot=gather.slot))
-    return Call("gather_view", views, (state_slots(program, layer)[0],),
+    return Call(CallOp.GATHER_VIEW, views, (state_slots(program, layer)[0],),
                 (("use", str(gather.uses[0][0])),) + in_place, f"L{layer} gather",
                 layer=layer)
 
@@ -158,10 +159,10 @@ def _lower_commit(program, task: Task) -> list[Call]:
     (NOTE [ZeRO-3 lifecycle])."""
     layers = program.stages[task.stage]
     params = (("clip", program.options.clip), ("layers", tuple(layers)))
-    calls = [Call("global_norm", (), (), _loss_scaled(program, params), "step")]
+    calls = [Call(CallOp.GLOBAL_NORM, (), (), _loss_scaled(program, params), "step")]
     for layer in layers:
         master, m, v, _, _ = state_slots(program, layer)
-        calls.append(Call("redo_update", (master, m, v),
+        calls.append(Call(CallOp.REDO_UPDATE, (master, m, v),
                           (_update_grad_slot(program, layer), *undo_slots(program, layer)),
                           (("zero", program.options.zero),), f"L{layer}", layer=layer))
     for layer in layers if program.options.zero < 3 else ():
@@ -182,7 +183,7 @@ def _lower_norm(program, task: Task) -> list[Call]:
                  if l in w.layers[1:])
     if skip:  # NOTE [tied weights]: the norm counts a shared weight's gradient once
         params += (("skip", skip),)
-    return [Call("global_norm", unscaled, grads, _loss_scaled(program, params), "step")]
+    return [Call(CallOp.GLOBAL_NORM, unscaled, grads, _loss_scaled(program, params), "step")]
 
 
 def tied_range(program, layer: int, name: str) -> tuple[int, int]:
@@ -205,7 +206,7 @@ def _lower_tie(program, task: Task) -> list[Call]:
                       for l in w.layers if program.stage_of_layer(l) == task.stage
                       for shape in [dict(program.layer_params(l))[w.name]])
         if slots:
-            calls.append(Call("tie_sum", slots, slots,
+            calls.append(Call(CallOp.TIE_SUM, slots, slots,
                               (("stages", tie_stages(program)), ("weight", w.name)),
                               f"L{task.layer}", layer=task.layer))
     return calls

@@ -15,6 +15,7 @@ import numpy as np
 from ratrain.ir.buffers import arena_name
 from ratrain.ir.graph import DTYPE_SHORT, format_param
 from ratrain.ir.tasks import Kind, Task, parse_task
+from ratrain.program_format.call_ops import CallOp
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def flat_slot(buffer: str, elements: int, offset: int = 0) -> Slot:
 
 def rollback_only(call: Call) -> bool:
     """Does the call run only when the step rolls back (NOTE [commit rule])?"""
-    return call.op == "redo_update" or bool(dict(call.params).get("redo"))
+    return call.op == CallOp.REDO_UPDATE or bool(dict(call.params).get("redo"))
 
 
 # ---- micro-batch shifts (NOTE [periodic programs], passes/periodic_program.py) ----------

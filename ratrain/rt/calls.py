@@ -16,6 +16,7 @@ import ratrain.ir.lax_rules  # noqa: F401  (registers the lax primitives' rules:
 from ratrain.ir.buffers import is_grad_shard
 from ratrain.ir.rules import lookup_rule
 from ratrain.optim import AdamW, LossScaler
+from ratrain.program_format.call_ops import CallOp, registered
 from ratrain.program_format.lowered import rollback_only
 
 
@@ -457,14 +458,18 @@ def _start_gather(t: Transport, st: RankState, call) -> None:
     t.dp_gather(st, call, shard, lambda flat: write_view(st, call.outputs, flat), into)
 
 
-CALLS = {
-    "load_ids": _load_ids, "load_targets": _load_targets, "record_loss": _record_loss,
-    "fill": _fill, "copy": _copy, "accumulate_grad": _accumulate_grad,
-    "send": _send, "post_recv": _post_recv, "wait_recv": _wait_recv,
-    "grad_sync": _grad_sync, "grad_scatter": _grad_scatter, "global_norm": _global_norm,
-    "tie_sum": _tie_sum, "adamw": _adamw, "redo_update": _redo_update,
-    "prefetch_view": _prefetch_view, "gather_view": _gather_view,
-}
+# NOTE [one table of call ops] (program_format/call_ops.py): what each op does, checked at
+# import to cover the grammar exactly
+CALLS = registered({
+    CallOp.LOAD_IDS: _load_ids, CallOp.LOAD_TARGETS: _load_targets,
+    CallOp.RECORD_LOSS: _record_loss, CallOp.FILL: _fill, CallOp.COPY: _copy,
+    CallOp.ACCUMULATE_GRAD: _accumulate_grad, CallOp.SEND: _send,
+    CallOp.POST_RECV: _post_recv, CallOp.WAIT_RECV: _wait_recv,
+    CallOp.GRAD_SYNC: _grad_sync, CallOp.GRAD_SCATTER: _grad_scatter,
+    CallOp.GLOBAL_NORM: _global_norm, CallOp.TIE_SUM: _tie_sum, CallOp.ADAMW: _adamw,
+    CallOp.REDO_UPDATE: _redo_update, CallOp.PREFETCH_VIEW: _prefetch_view,
+    CallOp.GATHER_VIEW: _gather_view,
+}, "rt/calls.py CALLS")
 
 
 def skips(st: RankState, call) -> bool:

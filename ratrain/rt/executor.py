@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ratrain.program_format.call_ops import CallOp
 from ratrain.program_format.lowered import shifted_call, shifted_task
 from ratrain.program_format.table import FORWARD_KINDS, FORWARD_ROW, NativeStep, walk
 from ratrain.rt import comm
@@ -281,7 +282,7 @@ class RankExecutor:
     def _check_not_early(self, call, op: comm.InFlight) -> None:
         """Only its wait_recv may touch a posted receive's bytes (plan_memory keeps the
         message buffer apart from POST to RECV; anything else is a program bug)."""
-        if call.op != "wait_recv" and any(op is r for r in self.receives.values()):
+        if call.op != CallOp.WAIT_RECV and any(op is r for r in self.receives.values()):
             (source, tag), = [k for k, r in self.receives.items() if r is op]
             raise ProtocolError(f"{call.op} ({call.note}) on stage {self.state.stage} touches "
                                 f"the message from rank {source} tag {tag} before its wait_recv")

@@ -19,8 +19,12 @@ user's build cache, nothing inside the directory:
    hold no functions to render from, so they run only with that flag.
 3. Every field the runtime reads is checked as input (program_format/checks.py, the
    codec, check_stage_rows below): types, ranges, names against the grammar tables,
-   buffers inside the arena, pointers inside their buffers, ranks and stages in range;
+   buffers inside the arena, pointers inside their buffers, ranks and stages in range,
+   every runtime call's params against its op's schema (program_format/call_ops.py);
    each problem is one `ratrain: error:` line naming the file, the field and the fix.
+4. A table that passes 3 but holds a value the compiler would not write is refused by
+   `ratrain run` before it starts ranks, which rebuilds the directory from program.json
+   (see NOTE [tables are derived], programs.py); the ranks import no pass and cannot.
 Not checked: that a generated call's shapes agree with each other (a kernel reads what
 its shapes say; the pointers' byte ranges are checked against the largest shape that
 uses them), so a hand-made table whose shapes disagree can still make a kernel read past
@@ -34,6 +38,7 @@ from ratrain.codegen.emit import EMITTERS, ITEMSIZE
 from ratrain.codegen.module import render_stage
 from ratrain.ir.rules import lookup_rule
 from ratrain.program_format.build import BuildError, CacheError, build_module, load_module
+from ratrain.program_format.call_ops import CALL_OPS, CallContext, check_call, is_call_op
 from ratrain.program_format.checks import FieldError, FormatError, refused
 from ratrain.program_format.codec import read_stage_rows
 from ratrain.program_format.table import FORWARD_ROW, NativeStep, PythonStep
@@ -131,10 +136,9 @@ def check_stage_rows(rows, program, stage: int, where: str) -> None:
 
 
 def _check_rows(rows, program, stage: int) -> None:
-    from ratrain.rt.calls import CALLS
     if rows.stage != stage:
         raise FieldError("stage", f"must be {stage}, got {rows.stage}")
-    plan = program.memory.stages[stage]
+    plan, context = program.memory.stages[stage], call_context(program, stage)
     for r, (task, steps, touched) in enumerate(rows.rows):
         _check_task(task, program, stage, f"rows[{r}].task")
         for name in touched:
@@ -144,7 +148,7 @@ def _check_rows(rows, program, stage: int) -> None:
         for i, step in enumerate(steps):
             path = f"rows[{r}].steps[{i}]"
             if isinstance(step, PythonStep):
-                _check_call(step.call, plan, program, CALLS, f"{path}.call")
+                _check_call(step.call, plan, context, f"{path}.call")
             else:
                 _check_native(step, rows.functions, plan, path)
     _check_period(rows, len(rows.rows))
@@ -152,7 +156,7 @@ def _check_rows(rows, program, stage: int) -> None:
         if row >= len(rows.rows):
             raise FieldError(f"forward[{i}][0]", f"must be a row (< {len(rows.rows)}), got {row}")
         if what != FORWARD_ROW:
-            _check_call(what, plan, program, CALLS, f"forward[{i}][1]")
+            _check_call(what, plan, context, f"forward[{i}][1]")
 
 
 def _check_task(task, program, stage: int, path: str) -> None:
@@ -165,14 +169,23 @@ def _check_task(task, program, stage: int, path: str) -> None:
         raise FieldError(path, f"names layer {task.layer} of {program.num_layers}")
 
 
-def _check_call(call, plan, program, calls, path: str) -> None:
-    """A Python-run call: a runtime action of `calls` or an IR op the runtime runs by its
-    rule's numpy reference (rt/calls.run_call: `slice` in ALiBi models, for one)."""
-    if not isinstance(call.op, str) or (call.op not in calls and lookup_rule(call.op) is None):
-        raise FieldError(f"{path}.op", f"must be a call the runtime runs (rt/calls.py) or an "
-                         f"IR op with a rule, got {call.op!r}")
-    if call.layer is not None and call.layer >= program.num_layers:
-        raise FieldError(f"{path}.layer", f"names layer {call.layer} of {program.num_layers}")
+def call_context(program, stage: int) -> CallContext:
+    """What `stage`'s calls' params are checked against (program_format/call_ops.py)."""
+    return CallContext(program.options, stage, tuple(program.stages[stage]),
+                       program.num_layers, tuple(program.tie_stages))
+
+
+def _check_call(call, plan, context: CallContext, path: str) -> None:
+    """A Python-run call: a runtime call of the grammar (program_format/call_ops.py),
+    its params and operands checked against the op's schema, or an IR op the runtime
+    runs by its rule's numpy reference (rt/calls.run_call: `slice` in ALiBi models)."""
+    if is_call_op(call.op):
+        check_call(call, context, path)
+    elif not isinstance(call.op, str) or lookup_rule(call.op) is None:
+        raise FieldError(f"{path}.op", f"must be a call of the grammar ({', '.join(CALL_OPS)})"
+                         f" or an IR op with a rule, got {call.op!r}")
+    if call.layer is not None and call.layer >= context.num_layers:
+        raise FieldError(f"{path}.layer", f"names layer {call.layer} of {context.num_layers}")
     for key in ("outputs", "inputs"):
         for i, x in enumerate(getattr(call, key)):
             if hasattr(x, "buffer"):

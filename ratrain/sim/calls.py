@@ -16,6 +16,8 @@ from ratrain.ir.buffers import is_grad_shard
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import GRAD_PRODUCERS, Kind, counterpart
 from ratrain.passes.layer_buffers import is_split
+from ratrain.program_format.call_ops import (CallOp, asynchronous_ops, is_call_op,
+                                             registered, untraced_ops)
 from ratrain.program_format.lowered import RECOMPUTE_TAG, Slot, rollback_only
 from ratrain.sim.collectives import collective_cost
 from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
@@ -31,12 +33,12 @@ from ratrain.sim.task_seconds import KernelTables
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
                                WorldSum, posted_receive, send_channel)
 
-ASYNC_CALLS = ("grad_sync", "grad_scatter", "prefetch_view", "gather_view")
+ASYNC_CALLS = asynchronous_ops()     # NOTE [one table of call ops]
 
 
 # runtime calls whose Compute steps are not what their traced run time holds: a posted
 # receive and a send's copy run beside transfers; a redo never runs in a committed step
-UNTRACED_RUNTIME_CALLS = ("post_recv", "redo_update")
+UNTRACED_RUNTIME_CALLS = untraced_ops()
 
 
 # where in the step a call runs, or a value it writes, not how much it computes
@@ -55,7 +57,7 @@ def runtime_key(call, precision: str) -> tuple:
 def is_kernel_call(call) -> bool:
     """Does `call` run a graph node (an IR op), costed by its node (sim/kernels.py)?
     Else it is a runtime call (rt/calls.py)."""
-    return call.op not in _RUNTIME_CALLS and lookup_rule(call.op) is not None
+    return not is_call_op(call.op) and lookup_rule(call.op) is not None
 
 
 def _slots(values) -> list:
@@ -67,7 +69,7 @@ def _moved_bytes(call) -> int:
     accumulating into a gradient (`first` false) also reads the target."""
     reads = sum(s.nbytes for s in _slots(call.inputs))
     writes = sum(s.nbytes for s in call.outputs)
-    if call.op == "accumulate_grad" and not dict(call.params)["first"]:
+    if call.op == CallOp.ACCUMULATE_GRAD and not dict(call.params)["first"]:
         reads += writes
     return reads + writes
 
@@ -167,7 +169,7 @@ class ProfileCosts:
                 yield step
 
     def _call_steps(self, task, call, cursor) -> list[Step]:
-        handler = _RUNTIME_CALLS.get(call.op)
+        handler = CHARGES.get(call.op)
         if handler is not None:
             steps = handler(self, task, call)
             traced = self._traced_runtime(call, steps)
@@ -393,7 +395,7 @@ def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
         return []
     if not dict(call.params)["gather"]:
         view = sum(s.nbytes for s in call.outputs)
-        return [Compute(c.memory_seconds("prefetch_view", call.inputs[0].nbytes + view))]
+        return [Compute(c.memory_seconds(CallOp.PREFETCH_VIEW, call.inputs[0].nbytes + view))]
     return _view_gather(c, task, call, f"allgather L{task.layer}")
 
 
@@ -420,18 +422,20 @@ def _memory_bound(c: ProfileCosts, task, call) -> list[Step]:
     return [Compute(_moved_bytes(call) / c.ddr)]
 
 
-_RUNTIME_CALLS = {
-    **dict.fromkeys(("copy", "fill", "load_ids", "load_targets", "record_loss",
-                     "accumulate_grad"), _memory_bound),
-    "send": _send,
-    "post_recv": lambda c, task, call: [Post(posted_receive(task))],
-    "wait_recv": _wait_recv,
-    "grad_sync": _grad_sync,
-    "grad_scatter": _grad_scatter,
-    "global_norm": _global_norm,
-    "tie_sum": _tie_sum,
-    "adamw": _adamw,
-    "redo_update": lambda c, task, call: [],  # the simulated step commits: NOTE [commit rule]
-    "prefetch_view": _prefetch_view,
-    "gather_view": _gather_view,
-}
+# what each runtime call (rt/calls.py) costs, checked at import to cover the grammar
+# exactly (NOTE [one table of call ops], program_format/call_ops.py)
+CHARGES = registered({
+    **dict.fromkeys((CallOp.COPY, CallOp.FILL, CallOp.LOAD_IDS, CallOp.LOAD_TARGETS,
+                     CallOp.RECORD_LOSS, CallOp.ACCUMULATE_GRAD), _memory_bound),
+    CallOp.SEND: _send,
+    CallOp.POST_RECV: lambda c, task, call: [Post(posted_receive(task))],
+    CallOp.WAIT_RECV: _wait_recv,
+    CallOp.GRAD_SYNC: _grad_sync,
+    CallOp.GRAD_SCATTER: _grad_scatter,
+    CallOp.GLOBAL_NORM: _global_norm,
+    CallOp.TIE_SUM: _tie_sum,
+    CallOp.ADAMW: _adamw,
+    CallOp.REDO_UPDATE: lambda c, task, call: [],  # the simulated step commits: NOTE [commit rule]
+    CallOp.PREFETCH_VIEW: _prefetch_view,
+    CallOp.GATHER_VIEW: _gather_view,
+}, "sim/calls.py CHARGES")

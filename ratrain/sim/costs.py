@@ -21,6 +21,7 @@ from ratrain.ir.tasks import Kind, Task
 from ratrain.passes.layer_buffers import (gathers_in_place, layer_param_count, message_bytes,
                                           shard_elements)
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
+from ratrain.program_format.call_ops import CallOp
 from ratrain.hw.topology import dp_group_nodes, node_of, node_of_rank, ranks_per_node
 from ratrain.sim.collectives import Timed, node_collective
 from ratrain.sim.kernels import fitted_seconds, op_costs, peak_flops, rank_profile
@@ -196,7 +197,7 @@ def sync_seconds(profile: dict, options, num_params: int, algorithm: str | None 
 def sync_finish_seconds(profile: dict, precision: str, out_bytes: float) -> float:
     """Finishing a SYNC once its collective is done: the sum (or this rank's part of it)
     divided by dp, read and written into its `out_bytes` output."""
-    return memory_seconds(profile, precision, "grad_sync", 2 * out_bytes)
+    return memory_seconds(profile, precision, CallOp.GRAD_SYNC, 2 * out_bytes)
 
 
 def norm_share_bytes(owned: float, grad_bytes: float, scaled: bool) -> float:
@@ -221,7 +222,7 @@ def update_seconds(profile: dict, elements: float, precision: str | None = None)
     """One AdamW update of `elements` parameters: measured (with `precision`) or DDR."""
     if precision is None:
         return update_bytes(elements) / profile["ddr_bandwidth"]
-    return memory_seconds(profile, precision, "adamw", update_bytes(elements))
+    return memory_seconds(profile, precision, CallOp.ADAMW, update_bytes(elements))
 
 
 def view_cast_bytes(elements: float, itemsize: int) -> float:
@@ -258,7 +259,7 @@ def view_gather(shard: int, itemsize: int, dp: int, view_bytes: int,
 # the case charges the cast's bytes at DDR bandwidth.
 def gather_start_seconds(profile: dict, precision: str, g: ViewGather) -> float:
     """The compute of starting the view_gather `g` (NOTE [gather start])."""
-    measured = op_costs(profile, precision, "gather_view")
+    measured = op_costs(profile, precision, CallOp.GATHER_VIEW)
     return g.cast / profile["ddr_bandwidth"] if measured is None else \
         fitted_seconds(measured, 0, g.cast)
 
@@ -283,7 +284,7 @@ def prefetch_seconds(program, profile: dict, layer: int, in_place: bool,
     o, view = program.options, program.layer_cost(layer).param_bytes
     if o.zero == 0:
         params = layer_param_count(program, layer)
-        return memory_seconds(profile, o.precision, "prefetch_view", 4 * params + view)
+        return memory_seconds(profile, o.precision, CallOp.PREFETCH_VIEW, 4 * params + view)
     g = layer_view_gather(program, layer, in_place)
     return gather_local_seconds(profile, o.precision, g) + \
         collective_seconds(profile, "allgather", o.dp, g.gathered, algorithm,
