@@ -116,18 +116,21 @@ def _take_run_options(args, run: Path) -> None:
 def _compile_for_one_rank(args, config: dict, name: str, program: Path) -> None:
     """A one-rank program of the checkpoint's model (--seq-len, --global-batch) in
     `program`."""
+    from ratrain.calibrate.this_machine import default_hw
     from ratrain.cli.train import compile_program
     from ratrain.cli.train_inputs import resolve_layout
     from ratrain.compiler import resolve_options
     from ratrain.inputs import load_hw
     from ratrain.programs import write_program_dir
     layout = resolve_layout(1, 1, None, args.global_batch, 1, config["num_hidden_layers"] + 2)
-    options = resolve_options(config, load_hw("cpu"), pp=1, dp=1,
+    hw = default_hw()  # NOTE [this machine's profile]
+    profile = load_hw(hw)
+    options = resolve_options(config, profile, pp=1, dp=1,
                               micro_batches=layout.micro_batches,
                               micro_batch_size=layout.micro_batch_size, seq_len=args.seq_len)
     print(f"compiling {name} for one rank ({layout.micro_batches} micro-batches of "
           f"{layout.micro_batch_size} x {options.seq_len} tokens)", flush=True)
-    write_program_dir(program, *compile_program(config, name, options))
+    write_program_dir(program, *compile_program(config, name, options, hw, profile))
 
 
 def _evaluate(args, program: Path, checkpoint: Path) -> int:

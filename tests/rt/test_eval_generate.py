@@ -3,6 +3,7 @@ final checkpoint equals the run's own --eval-data loss after its last step (NOTE
 the run's held-out pass]); generate's greedy tokens equal transformers' greedy generate on
 the same checkpoint for 32 tokens; bad inputs get one `ratrain: error:` line and exit 2."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -46,6 +47,14 @@ def test_eval_equals_the_runs_held_out_loss(workdir):
     assert "(3 batches of 4)" in line and "step-000003" in line
     loss = float(line.split()[1].rstrip(","))
     assert loss == pytest.approx(last["eval_loss"], rel=1e-6)
+    # the same checkpoint moved out of its run: a program compiled here for one rank
+    shutil.copytree(workdir / "run/checkpoints/step-000003", workdir / "moved")
+    alone = ratrain(workdir, "eval", "moved", "--data", "held.txt", "--seq-len", 16,
+                    "--global-batch", 4, "--eval-batches", 3)
+    assert alone.returncode == 0, alone.stderr
+    line = alone.stdout.splitlines()[-1]
+    assert "(3 batches of 4)" in line
+    assert float(line.split()[1].rstrip(",")) == pytest.approx(loss, rel=1e-5)
 
 
 def test_generate_greedy_equals_transformers(workdir, monkeypatch, capsys):
