@@ -118,8 +118,10 @@ def _row_line(index: int, row, tokens_per_step: int) -> str:
 
 
 def _schedule_text(row) -> str:
-    """`ratrain`, or `ratrain/zb1` for a zb1 twin (NOTE [zb1 twins])."""
-    return row.schedule + ("/zb1" if row.pipeline_schedule == "zb1" else "")
+    """`ratrain`, or `ratrain/zb1` for a zb1 twin (NOTE [zb1 twins]), with `+vp` for a
+    vocabulary-parallel one (NOTE [vocabulary-parallel head])."""
+    return row.schedule + ("/zb1" if row.pipeline_schedule == "zb1" else "") + \
+        ("+vp" if row.vocab_parallel else "")
 
 
 def shown_rows(plan) -> list:
