@@ -8,7 +8,7 @@ import pytest
 
 from ratrain import models
 from ratrain.cli import main as ratrain_main
-from rt_reference import CONFIG, mpirun, read_metrics, write_workdir
+from rt_reference import CONFIG, assert_same_checkpoint, mpirun, read_metrics, write_workdir
 
 pytestmark = pytest.mark.mpi
 
@@ -69,3 +69,37 @@ def test_vocab_parallel_losses_match_the_unsplit_program(workdirs, name):
     for key in whole_weights:
         np.testing.assert_allclose(split_weights[key], whole_weights[key], rtol=1e-4,
                                    atol=1e-5, err_msg=key)
+
+
+def test_vocab_parallel_resumes_bit_identically_from_the_unsplit_checkpoint(workdirs):
+    """pp 2 x dp 2 (ZeRO 1: the shards' state gathered over DP, then their rows over the
+    pipeline): 4 steps, then 4 more resumed from its checkpoint, are the uninterrupted
+    run's 8 bit for bit; the checkpoint holds the plain program's files and tensors (the
+    LM head whole, with its moments), and the final ones are the same bytes."""
+    workdir = workdirs[False]
+    program = workdir / "resume-vocab"
+    assert ratrain_main(["compile", str(workdir / "config.json"), "--seq-len", str(T),
+                         "--pp", "2", "--dp", "2", "--zero", "1", "--micro-batches", "2",
+                         "--micro-batch-size", str(B), "--recompute", "none", "--precision",
+                         "fp32", "--vocab-parallel", "-o", str(program)]) == 0
+
+    def run(name, *args):
+        metrics, saved = workdir / f"{name}.jsonl", workdir / name
+        done = mpirun(4, program, "--data", workdir / "tokens.npy", "--metrics", metrics,
+                      "--save-dir", saved, *HYPER, *args, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return [r["loss"] for r in read_metrics(metrics)], saved
+
+    whole, whole_dir = run("resume-whole", "--steps", 8)
+    first, first_dir = run("resume-first", "--steps", 4)
+    resumed, resumed_dir = run("resume-rest", "--steps", 8, "--resume",
+                               first_dir / "step-000004")
+    assert first + resumed == whole
+    checkpoint = first_dir / "step-000004"
+    assert sorted(f.name for f in checkpoint.iterdir()) == [
+        "config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json", "optimizer-00001-of-00002.safetensors",
+        "optimizer-00002-of-00002.safetensors", "trainer_state.json"]
+    _, weights = models.load_pretrained(checkpoint)
+    assert {k: v.shape for k, v in weights.items()} == models.param_shapes(CONFIG)
+    assert_same_checkpoint(whole_dir / "step-000008", resumed_dir / "step-000008")
