@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ratrain.ir.buffers import BufferKind, buffer_name
 from ratrain.ir.vocab import parse_shard, stage_vocab_layer
+from ratrain.models.config import model_dims
 from ratrain.passes.lower_state import _loss_scaled, view_slots
 from ratrain.passes.vocab_buffers import grad_slot, vocab_slots
 from ratrain.program_format.lowered import Call, Slot
@@ -24,6 +25,12 @@ def _shard(program, stage: int) -> tuple[int, int, int]:
     return layer, lo, hi
 
 
+def _norm_head(program) -> tuple:
+    """Baichuan2's NormHead normalises each row of the LM head before its GEMM: the
+    shards' traced graphs cost it, the runtime calls do not run it yet (they refuse)."""
+    return (("norm_head", True),) if model_dims(program.graph.config).norm_head else ()
+
+
 def _root(program) -> int:
     return len(program.stages) - 1
 
@@ -35,7 +42,7 @@ def lower_shard_forward(program, task) -> list[Call]:
     hn, targets, stats = vocab_slots(program, m)
     source = (Slot(buffer_name(BufferKind.OUT, micro_batch=m), 0, hn.dtype, hn.shape),) \
         if s == _root(program) else ()
-    common = (("micro_batch", m), ("root", _root(program)))
+    common = (("micro_batch", m), ("root", _root(program))) + _norm_head(program)
     view, = view_slots(program, layer)
     return [Call("vocab_hidden", (hn,), source, common, f"L{layer} hn", layer=layer),
             Call("load_targets", (targets,), (), (("micro_batch", m),), f"L{layer} targets",
@@ -56,7 +63,7 @@ def lower_shard_backward(program, task) -> list[Call]:
     view, = view_slots(program, layer)
     params = _loss_scaled(program, (
         ("first", m == 0), ("micro_batch", m), ("root", _root(program)), ("rows", (lo, hi)),
-        ("value", 1.0 / program.options.micro_batches)))
+        ("value", 1.0 / program.options.micro_batches)) + _norm_head(program))
     loss = (("micro_batch", m), ("root", _root(program)))
     return [Call("vocab_loss", (), (stats,), loss, f"L{layer} loss", layer=layer),
             Call("vocab_grad", (grad_slot(program, layer),) + gin, (hn, view, targets, stats),

@@ -321,7 +321,11 @@ class Planner:
 # runs]); with that fixed, pp 16 x dp 16 ZeRO 2 at 256 micro-batches finds its period at
 # 44 of them in 169 s, against 13 s at 21 for its 1f1b program: still too slow to twin.
 # Its `bound` is its 1f1b candidate's: NOTE [bound] weighs each resource's load per step,
-# which the schedule does not change.
+# which the schedule does not change. The same candidates get two more twins where the
+# LM head's rows split over their stages (pp > 1, ZeRO 0-2, the vocabulary divisible by
+# pp): --vocab-parallel under 1f1b and under zb1 (NOTE [vocabulary-parallel head]), also
+# simulated only, since the estimate models the whole head on the last stage; the row's
+# `vocab_parallel` (`+vp` in the schedule column) says which.
 def twinned(c: Candidate) -> Candidate:
     """The 1f1b candidate a twin was made of (itself for one that is no twin)."""
     return replace(c, pipeline_schedule="1f1b", vocab_parallel=False)

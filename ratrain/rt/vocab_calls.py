@@ -55,11 +55,20 @@ def target_logits(hn: np.ndarray, w: np.ndarray, local: np.ndarray) -> np.ndarra
     return out
 
 
+def _refuse_norm_head(params: dict) -> None:
+    if params.get("norm_head"):
+        raise NotImplementedError("--vocab-parallel does not run NormHead (Baichuan2) models "
+                                  "yet: the shards' calls use the rows unnormalised; "
+                                  "compile without --vocab-parallel (the planner and "
+                                  "simulator cost it)")
+
+
 def _vocab_stats(t, st, call) -> None:
     """The shard's log-sum-exp and target logit per token, into this stage's row of the
     statistics, all-gathered over the pipeline group (non-blocking)."""
     hn, w, targets = (st.view(s) for s in call.inputs)
     params = _params(call)
+    _refuse_norm_head(params)
     local = shard_targets(targets, *params["rows"])
     _, lse = kernels.cross_entropy_fwd(_rows(hn), w, local, chunk=CE_CHUNK,
                                        threads=_threads())
