@@ -50,6 +50,11 @@ def trace_for(config: dict, name: str, options):
     from ratrain.models.trace import trace_model
     from ratrain.program_format.options import GRAPH_DTYPE
     dtype = GRAPH_DTYPE[options.precision]
+    vocab = int(config["vocab_size"])
+    if options.vocab_parallel and vocab % options.pp:
+        raise UserError(f"--vocab-parallel splits the LM head's {vocab} rows evenly over the "
+                        f"stages: --pp {options.pp} does not divide them (choose a --pp "
+                        "that does, or drop --vocab-parallel)")
     return trace_model(config, micro_batch_size=options.micro_batch_size,
                        seq_len=options.seq_len, dtype=dtype, name=name,
                        vocab_shards=options.pp if options.vocab_parallel else 0)
