@@ -14,6 +14,7 @@ from ratrain.ir.vocab import parse_shard, stage_vocab_layer
 from ratrain.models.config import model_dims
 from ratrain.passes.lower_state import _loss_scaled, view_slots
 from ratrain.passes.vocab_buffers import grad_slot, vocab_slots
+from ratrain.program_format.call_ops import CallOp
 from ratrain.program_format.lowered import Call, Slot
 
 
@@ -44,10 +45,10 @@ def lower_shard_forward(program, task) -> list[Call]:
         if s == _root(program) else ()
     common = (("micro_batch", m), ("root", _root(program))) + _norm_head(program)
     view, = view_slots(program, layer)
-    return [Call("vocab_hidden", (hn,), source, common, f"L{layer} hn", layer=layer),
-            Call("load_targets", (targets,), (), (("micro_batch", m),), f"L{layer} targets",
+    return [Call(CallOp.VOCAB_HIDDEN, (hn,), source, common, f"L{layer} hn", layer=layer),
+            Call(CallOp.LOAD_TARGETS, (targets,), (), (("micro_batch", m),), f"L{layer} targets",
                  layer=layer),
-            Call("vocab_stats", (stats,), (hn, view, targets),
+            Call(CallOp.VOCAB_STATS, (stats,), (hn, view, targets),
                  common + (("rows", (lo, hi)), ("stage", s)), f"L{layer} stats",
                  layer=layer)]
 
@@ -65,6 +66,6 @@ def lower_shard_backward(program, task) -> list[Call]:
         ("first", m == 0), ("micro_batch", m), ("root", _root(program)), ("rows", (lo, hi)),
         ("value", 1.0 / program.options.micro_batches)) + _norm_head(program))
     loss = (("micro_batch", m), ("root", _root(program)))
-    return [Call("vocab_loss", (), (stats,), loss, f"L{layer} loss", layer=layer),
-            Call("vocab_grad", (grad_slot(program, layer),) + gin, (hn, view, targets, stats),
+    return [Call(CallOp.VOCAB_LOSS, (), (stats,), loss, f"L{layer} loss", layer=layer),
+            Call(CallOp.VOCAB_GRAD, (grad_slot(program, layer),) + gin, (hn, view, targets, stats),
                  params, f"L{layer} grad", layer=layer)]
