@@ -10,7 +10,8 @@
    keeping every activation does not fit (computed from the compiled peaks, not hard-coded);
 4. --pipeline-schedule zb1 vs 1f1b at PP=2 with --micro-batches, for --model (the default
    `ratrain train` layout) and for --large-model (the 58M LLaMA of the node16 measurement,
-   when present), every activation kept.
+   when present), every activation kept; and that 58M LLaMA with --vocab-parallel (the LM
+   head's rows on both stages, issue 43) vs plain 1f1b.
 Step time is the median after warm-up steps (ratrain: step_seconds of the runtime's --metrics
 JSONL; JAX: wall time to block_until_ready), best of --rounds rounds run in alternation so a
 burst of load from other processes does not land on one side only.
@@ -258,6 +259,9 @@ def compile_all(args, work):
             pipelines[f"large-{schedule}"] = compile_program(
                 work / f"large-{schedule}", args.large_model, t, m, g // m, "--pp", 2,
                 "--recompute", "none", "--pipeline-schedule", schedule)[0]
+        pipelines["large-vp"] = compile_program(  # issue 43: the head's rows on both stages
+            work / "large-vp", args.large_model, t, m, g // m, "--pp", 2, "--recompute",
+            "none", "--vocab-parallel")[0]
     return pp1, keep_all_program, tight, bf16, pipelines
 
 
@@ -363,6 +367,8 @@ def main():
     if "large-zb1" in rate:
         line(f"58M LLaMA PP=2 M={args.micro_batches}: zb1 vs 1f1b", rate["large-zb1"],
              rate["large-1f1b"], "1f1b", 1.08)
+        line(f"58M LLaMA PP=2 M={args.micro_batches}: --vocab-parallel vs 1f1b",
+             rate["large-vp"], rate["large-1f1b"], "1f1b", 1.0)
     else:
         print(f"# no 58M LLaMA zb1 line: {args.large_model} is not there (--large-model)")
     print(f"# total {time.perf_counter() - t0:.0f} s, load average {os.getloadavg()[0]:.1f} "

@@ -12,6 +12,7 @@ from ratrain.calibrate.cases import _groups
 from ratrain.cluster import volume
 from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import load_profile
+from ratrain.ir.vocab import state_layers
 from ratrain.passes.program import CompileOptions
 from ratrain.program_format import call_ops
 from ratrain.program_format.call_ops import (CALL_OPS, Arity, CallContext, CallOp, CallSpec,
@@ -78,6 +79,7 @@ PROGRAMS = {  # between them every op of the grammar
     "commit fp16": ("tiny", dict(pp=2, dp=2, zero=1, precision="fp16", clip=1.0)),
     "after-norm": ("tiny", dict(pp=2, dp=1, clip=1.0, update_rule="after-norm")),
     "zero3 tied": ("tiny-tied", dict(pp=1, dp=2, zero=3, grad_accum="scatter")),
+    "vocab-parallel tied": ("tiny-tied", dict(pp=2, dp=1, vocab_parallel=True)),
 }
 
 
@@ -92,7 +94,7 @@ def runtime_calls(program):
     """(task, call, its CallContext) of every runtime call of the program."""
     from ratrain.passes.insert_tied_sum import tie_stages
     for stage, lowered in program.lowered.items():
-        context = CallContext(program.options, stage, tuple(program.stages[stage]),
+        context = CallContext(program.options, stage, state_layers(program, stage),
                               len(program.graph.layers), tie_stages(program))
         for lt in lowered:
             for call in lt.calls:

@@ -75,7 +75,8 @@ def compile_flags(row, args) -> dict:
 
 
 def compile_command(model: str, flags: dict, out: str) -> str:
-    words = ["ratrain", "compile", model, *[w for f, v in flags.items() for w in (f, str(v))],
+    words = ["ratrain", "compile", model,  # a switch (--vocab-parallel) is its flag alone
+             *[w for f, v in flags.items() for w in ((f,) if v is True else (f, str(v)))],
              "-o", out]
     return " ".join(shlex.quote(w) for w in words)
 

@@ -102,6 +102,10 @@ OPTIONS = {o.flag: o for o in (
            "weight gradients W, deferred into the pipeline's idle time; same numbers, same "
            f"in-flight bound) (default: {DEFAULTS.pipeline_schedule})", None,
            DEFAULTS.pipeline_schedule, PIPELINE_SCHEDULES),
+    Option("--vocab-parallel", "split the LM head's weight by rows over every pipeline "
+           "stage, each computing its shard's logits, softmax statistics and gradients "
+           "(needs --pp 2 or more; the head stage no longer bounds the step)",
+           default=False, switch=True),
     Option("--recompute", "activation recovery: none, full, selective, or auto = the least "
            "recompute that fits --budget, run on the forward side where that fits too, else "
            f"in the backward (default: {DEFAULTS.recompute})", None, DEFAULTS.recompute,
@@ -223,7 +227,7 @@ def add_options(parser, *flags: str, **changes) -> None:
 
 # the policy flags compile and train both take (compile adds --hw and --grad-accum; train
 # runs on this machine's cpu profile)
-POLICY_FLAGS = ("--schedule", "--pipeline-schedule", "--recompute", "--zero", "--zero3-prefetch", "--budget",
+POLICY_FLAGS = ("--schedule", "--pipeline-schedule", "--vocab-parallel", "--recompute", "--zero", "--zero3-prefetch", "--budget",
                 "--precision", "--clip", "--update-rule")
 
 # the machine planned for and simulated on, each a field of hw/machine.Machine (with --hw,
@@ -236,7 +240,7 @@ MACHINE_FLAGS = ("--machine", "--nodes", "--ranks-per-node", "--inter-node-bandw
 # given (a row's None keeps the default: NOTE [update rule fallback])
 PLANNED = ("--pp", "--dp", "--micro-batches", "--micro-batch-size", "--zero", "--recompute",
            "--update-rule", "--zero3-prefetch", "--grad-accum", "--placement",
-           "--pipeline-schedule")
+           "--pipeline-schedule", "--vocab-parallel")
 
 
 def planned_values(row) -> dict[str, Any]:

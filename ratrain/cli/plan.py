@@ -107,7 +107,7 @@ def _row_line(index: int, row, tokens_per_step: int) -> str:
     tokens = f"{tokens_per_step / seconds:,.0f}" if seconds else "-"
     timed = "simulated" if row.simulated else "estimated" if seconds else "-"
     status = row.reason.removeprefix("not simulated: ") if row.reason else \
-        "zb1 twin of the 1f1b row: simulated, not estimated" if \
+        "twin of the 1f1b row: simulated, not estimated" if \
         row.estimated_step_s is None else \
         f"estimate {row.estimated_step_s:.4g} s ({row.estimated_step_s / seconds - 1:+.1%})"
     grads = row.grad_accum or ("auto" if row.zero >= 2 else "-")
@@ -118,8 +118,10 @@ def _row_line(index: int, row, tokens_per_step: int) -> str:
 
 
 def _schedule_text(row) -> str:
-    """`ratrain`, or `ratrain/zb1` for a zb1 twin (NOTE [zb1 twins])."""
-    return row.schedule + ("/zb1" if row.pipeline_schedule == "zb1" else "")
+    """`ratrain`, or `ratrain/zb1` for a zb1 twin (NOTE [zb1 twins]), with `+vp` for a
+    vocabulary-parallel one (NOTE [vocabulary-parallel head])."""
+    return row.schedule + ("/zb1" if row.pipeline_schedule == "zb1" else "") + \
+        ("+vp" if row.vocab_parallel else "")
 
 
 def shown_rows(plan) -> list:
@@ -357,7 +359,8 @@ def add_plan_parser(sub, model_help: str) -> None:
                    "recompute, schedule, zero3_prefetch, update_rule, grad_accum, feasible, "
                    "reason, peak_bytes, step_time_s, tokens_per_s (simulated), "
                    "estimated_step_s, placement, bound, pipeline_schedule (zb1: the "
-                   "simulated twin of a pipelined row); with --schedule all, "
+                   "simulated twin of a pipelined row), vocab_parallel (true: the twin "
+                   "with the LM head's rows over the stages); with --schedule all, "
                    "strategies: strategy, "
                    "paper, best (a row or null), note, speedup)")
     p.set_defaults(func=cmd_plan)

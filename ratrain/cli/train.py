@@ -146,7 +146,7 @@ def compile_options(args, config: dict, layout, profile: dict):
         seq_len=args.seq_len, schedule=args.schedule, recompute=args.recompute,
         zero=args.zero, budget=args.budget, precision=args.precision, clip=args.clip,
         zero3_prefetch=args.zero3_prefetch, update_rule=args.update_rule,
-        pipeline_schedule=args.pipeline_schedule)
+        pipeline_schedule=args.pipeline_schedule, vocab_parallel=args.vocab_parallel)
 
 
 def compile_program(config: dict, name: str, options, hw: str, profile: dict):

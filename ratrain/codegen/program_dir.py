@@ -8,6 +8,7 @@ from ratrain.codegen.legend import format_legend
 from ratrain.codegen.module import render_stage
 from ratrain.codegen.table import build_stage_table
 from ratrain.ir.tasks import Kind
+from ratrain.ir.vocab import state_layers
 from ratrain.passes.insert_gathers import gather_plan, issuing_task
 from ratrain.passes.insert_tied_sum import tie_stages
 from ratrain.program_format.call_ops import CallOp
@@ -25,8 +26,11 @@ def runtime_program(program) -> RuntimeProgram:
                                 program.view_slots(index)) for index in range(len(graph.layers))}
     memory = Memory({s: StagePlan(m.arena_bytes, m.peak_bytes, dict(m.offsets), m.persistent)
                      for s, m in program.memory.stages.items()})
+    # a rank holds the state of its stage's layers and of its shard of a vocabulary-
+    # parallel head (NOTE [vocabulary-parallel head])
+    stages = tuple(state_layers(program, s) for s in range(len(program.stages)))
     return RuntimeProgram(RuntimeGraph(graph.name, graph.config), program.options,
-                          program.stages, memory, layers, tie_stages(program))
+                          stages, memory, layers, tie_stages(program))
 
 
 def forward_rows(program, stage: int, rows) -> tuple:
@@ -49,6 +53,7 @@ def forward_rows(program, stage: int, rows) -> tuple:
         call, = [s.call for s in rows[row_of[issuer]][1] if isinstance(s, PythonStep)
                  and is_gather_of(s.call, g.task.layer, use)]
         out.append((row_of[g.task], call))
+    out += _shard_forward_rows(rows)
     return tuple(sorted(out, key=lambda x: x[0]))
 
 
@@ -56,6 +61,20 @@ def is_gather_of(call, layer: int, use: str) -> bool:
     """Is `call` the ZeRO-3 gather of `layer`'s view for the task whose text is `use`?"""
     return call.op == CallOp.GATHER_VIEW and call.layer == layer and \
         dict(call.params)["use"] == use
+
+
+def _shard_forward_rows(rows) -> list:
+    """NOTE [held-out loss] under a vocabulary-parallel head: the held-out pass runs every
+    S row and, of each T, its vocab_loss call (not the gradients: NOTE
+    [vocabulary-parallel head])."""
+    out = []
+    for r, (task, steps, _) in enumerate(rows):
+        if task.kind == Kind.S:
+            out.append((r, FORWARD_ROW))
+        elif task.kind == Kind.T:
+            out += [(r, s.call) for s in steps
+                    if isinstance(s, PythonStep) and s.call.op == CallOp.VOCAB_LOSS]
+    return out
 
 
 def stage_rows(program, table, header: str) -> StageRows:

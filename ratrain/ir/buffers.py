@@ -33,6 +33,9 @@ class BufferKind(StrEnum):
     GIN = "gin"           # output gradient received from stage + 1
     GOUT = "gout"         # input gradient sent to stage - 1
     WS = "ws"             # one task's workspace (its intermediates)
+    VOCAB = "vocab"       # vocabulary-parallel head: a micro-batch's final hidden state,
+                          # targets and softmax statistics, from S to T (NOTE
+                          # [vocabulary-parallel head])
 
 
 # The whole grammar: one template per kind. It prints a name; compiled, it parses it back.
@@ -53,6 +56,7 @@ NAME_FORMS: dict[BufferKind, str] = {
     BufferKind.GIN: "gin.mb{micro_batch}",
     BufferKind.GOUT: "gout.mb{micro_batch}",
     BufferKind.WS: "ws.{task}",
+    BufferKind.VOCAB: "vocab.mb{micro_batch}",
 }
 
 # What each placeholder may hold. A workspace names its task by the task's text, or by

@@ -36,6 +36,10 @@ class Kind(StrEnum):
     GATH_F = "GATH_F"     # ZeRO-3: all-gather one layer's view for the F of a micro-batch
     GATH_R = "GATH_R"     # ZeRO-3: ... for the REC of (layer, micro-batch)
     GATH_B = "GATH_B"     # ZeRO-3: ... for the B of a micro-batch
+    S = "S"               # vocabulary-parallel head: the stage's shard's logits and softmax
+                          # statistics of one micro-batch (NOTE [vocabulary-parallel head])
+    T = "T"               # ... its loss, its shard's weight gradient and its part of the
+                          # final hidden state's gradient
 
 
 # The whole grammar: one template per kind. It prints a task; compiled, it parses it back.
@@ -60,6 +64,8 @@ TEXT_FORMS: dict[Kind, str] = {
     Kind.GATH_F: "{stage}GATH_F[L{layer}]{micro_batch}",
     Kind.GATH_R: "{stage}GATH_R[L{layer}]{micro_batch}",
     Kind.GATH_B: "{stage}GATH_B[L{layer}]{micro_batch}",
+    Kind.S: "{stage}S{micro_batch}",
+    Kind.T: "{stage}T{micro_batch}",
 }
 
 # What each placeholder may hold; buffer names exclude spaces and brackets to parse back.
@@ -90,14 +96,15 @@ GATHERS = frozenset({Kind.GATH_F, Kind.GATH_R, Kind.GATH_B})  # NOTE [ZeRO-3 lif
 BACKWARDS = frozenset({Kind.B, Kind.BL})  # run (part of) a micro-batch's backward
 # Tasks that write a layer's gradient: SYNC[L] stands after the last of them that covers
 # L (a B covers its stage's layers, a per-layer piece or a zb1 W its own; verify_schedule).
-GRAD_PRODUCERS = BACKWARDS | {Kind.W}
+GRAD_PRODUCERS = BACKWARDS | {Kind.W, Kind.T}
+VOCAB_TASKS = frozenset({Kind.S, Kind.T})  # NOTE [vocabulary-parallel head]
 
 
 @dataclass(frozen=True)
 class Task:
     stage: int                          # pipeline stage that runs the task
     kind: Kind                          # what the task does
-    micro_batch: int | None = None      # F, B, BL, W, SEND_*/RECV_*, REC; None otherwise
+    micro_batch: int | None = None      # F, B, BL, W, SEND_*/RECV_*, REC, S, T; None otherwise
     layer: int | None = None            # global layer index: BL, W, SYNC, UPD, PREF, REC,
                                         # TIE, GATH_*
     buffer: str | None = None           # FREE only: name of the released buffer

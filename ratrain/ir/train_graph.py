@@ -12,6 +12,7 @@ from functools import cached_property
 
 from ratrain.ir.graph import LayerGraph, Var
 from ratrain.ir.split_backward import split_backward
+from ratrain.ir.vocab import base_name
 
 
 @dataclass(frozen=True, eq=False)  # identity: one object per traced kind
@@ -58,12 +59,17 @@ class TrainGraph:
     @cached_property
     def tied(self) -> dict[str, tuple[int, ...]]:
         """HF name -> the layers binding it, for each parameter more than one layer reads
-        (tied input and output embeddings: the embed and head layers)."""
+        (tied input and output embeddings: the embed and head layers, or the head's row
+        shards, NOTE [vocabulary-parallel head])."""
         binding: dict[str, list[int]] = {}
+        whole: set[str] = set()     # weights some layer binds whole
         for layer in self.layers:
-            for name in layer.param_names:
-                binding.setdefault(name, []).append(layer.index)
-        return {name: tuple(ls) for name, ls in binding.items() if len(ls) > 1}
+            for name in layer.param_names:  # a row shard binds rows of its weight
+                binding.setdefault(base_name(name), []).append(layer.index)
+                whole |= {name} if name == base_name(name) else set()
+        # the row shards of one weight bind it once between them
+        return {name: tuple(ls) for name, ls in binding.items()
+                if len(ls) > 1 and name in whole}
 
     def num_params(self) -> int:
         return sum(v.size for v in self.param_types().values())

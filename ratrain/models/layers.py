@@ -40,6 +40,11 @@ def layer_specs(config: dict) -> list[LayerSpec]:
     return [embed, *decoders, head]
 
 
+def lm_head_name(config: dict) -> str:
+    """The HF name of the LM head's weight (the embedding's when tied)."""
+    return _lm_head_name(model_dims(config))
+
+
 def _lm_head_name(d: ModelDims) -> str:
     """NOTE [tied embeddings]: with tie_word_embeddings the head's local lm_head.weight IS
     model.embed_tokens.weight: two layers share one parameter, so its gradient is the sum
@@ -95,26 +100,35 @@ def normalize_rows(w):
     return w * jax.lax.rsqrt(jnp.sum(w * w, axis=1, keepdims=True) + 1e-24)
 
 
+def _lm_head(d: ModelDims, w):
+    return normalize_rows(w["lm_head.weight"]) if d.norm_head else w["lm_head.weight"]
+
+
 def _head(d: ModelDims, w, h, targets):
-    lm_head = normalize_rows(w["lm_head.weight"]) if d.norm_head else w["lm_head.weight"]
+    lm_head = _lm_head(d, w)
     return ops.cross_entropy(ops.rms_norm(h, w["norm.weight"], eps=d.eps), lm_head, targets)
 
 
 def _head_logits(d: ModelDims, w, h):
     """The head without its loss: next-token logits [B, T, V] in at least fp32."""
     from ratrain.ir.split_backward import head_logits
-    lm_head = normalize_rows(w["lm_head.weight"]) if d.norm_head else w["lm_head.weight"]
+    lm_head = _lm_head(d, w)
     logits = head_logits(jnp, ops.rms_norm(h, w["norm.weight"], eps=d.eps), lm_head)
     return logits.reshape(*h.shape[:-1], lm_head.shape[0])
 
 
 def layer_fn(config: dict, kind: str):
-    """embed: fn(w, ids) -> h; decoder: fn(w, h) -> h; head: fn(w, h, targets) -> loss.
+    """embed: fn(w, ids) -> h; decoder: fn(w, h) -> h; head: fn(w, h, targets) -> loss;
+    final_norm: fn(w, h) -> h; vocab: fn(w, h, targets) -> loss of one row shard.
     `w` maps local names (LayerSpec.local_names) to arrays."""
     d = model_dims(config)
     fns = {"embed": lambda w, ids: ops.embedding(w["embed_tokens.weight"], ids),
            "decoder": lambda w, h: _decoder(d, w, h),
-           "head": lambda w, h, targets: _head(d, w, h, targets)}
+           "head": lambda w, h, targets: _head(d, w, h, targets),
+           # NOTE [vocabulary-parallel head] (ir/vocab.py): the head as
+           # the final norm on the last stage and one cross-entropy per row shard
+           "final_norm": lambda w, h: ops.rms_norm(h, w["norm.weight"], eps=d.eps),
+           "vocab": lambda w, h, targets: ops.cross_entropy(h, _lm_head(d, w), targets)}
     if kind not in fns:
         raise ValueError(f"unknown layer kind {kind!r}; expected one of {sorted(fns)}")
     return fns[kind]

@@ -24,6 +24,8 @@ from ratrain.passes.layer_buffers import (backward_workspace, grad_layout, is_sp
                                           shard_elements, view_bytes, weight_operand_layout,
                                           weight_workspace, workspace_bytes)
 from ratrain.passes.layout import align_up
+from ratrain.passes.vocab_buffers import holds_loss, vocab_bytes
+from ratrain.ir.vocab import stage_vocab_layer, state_layers
 
 CATEGORIES = ("params", "optimizer", "views", "grads", "activations", "comm", "workspace")
 
@@ -46,7 +48,7 @@ def persistent_buffers(program, stage: int) -> tuple[Buffer, ...]:
     the ring of view slots instead of a view per layer (NOTE [ZeRO-3 lifecycle])."""
     zero = program.options.zero
     out = []
-    for layer in program.stages[stage]:
+    for layer in state_layers(program, stage):
         n = layer_param_count(program, layer)
         shard = shard_elements(n, program, zero >= 1)
         out += [Buffer(buffer_name(BufferKind.MASTER, layer=layer), "params", 4 * shard),
@@ -56,7 +58,7 @@ def persistent_buffers(program, stage: int) -> tuple[Buffer, ...]:
             out.append(Buffer(buffer_name(BufferKind.VIEW, layer=layer), "views",
                               view_bytes(program, layer)))
     if zero == 3:
-        slot = max(view_bytes(program, l) for l in program.stages[stage])
+        slot = max(view_bytes(program, l) for l in state_layers(program, stage))
         out += [Buffer(buffer_name(BufferKind.ZVIEW, slot=k), "views", slot)
                 for k in range(view_slot_count(program))]
     return tuple(out)
@@ -71,10 +73,10 @@ def kept_residuals(program, layer: int, micro_batch: int) -> tuple[Buffer, ...]:
 
 
 def _forward(program, task: Task) -> Effects:
-    s, m, last = task.stage, task.micro_batch, len(program.stages) - 1
+    s, m = task.stage, task.micro_batch
     layers = program.stages[s]
     creates = [b for l in layers for b in kept_residuals(program, l, m)]
-    if s < last:
+    if not holds_loss(program, s):  # hn goes on to S (NOTE [vocabulary-parallel head])
         creates.append(Buffer(buffer_name(BufferKind.OUT, micro_batch=m), "comm",
                               message_bytes(program, s)))
     creates.append(Buffer(buffer_name(BufferKind.WS, task=task), "workspace",
@@ -126,7 +128,7 @@ def _backward(program, task: Task, use=None) -> Effects:
         reads += [buffer_name(BufferKind.REC, layer=l, micro_batch=m)
                   for l in layers if (l, m) in program.recompute]
     reads += [grad_buffer(program, l).name for l in layers] if m != 0 else []
-    reads += [buffer_name(BufferKind.GIN, micro_batch=m)] if s < len(program.stages) - 1 else []
+    reads += [buffer_name(BufferKind.GIN, micro_batch=m)] if not holds_loss(program, s) else []
     return Effects(tuple(creates), tuple(reads))
 
 
@@ -189,7 +191,7 @@ def _norm(program, task: Task) -> Effects:
     and undo copies, which so live until it (NOTE [commit rule])."""
     if not commits_updates(program.options):
         return Effects((), ())
-    layers, views = program.stages[task.stage], program.options.zero < 3  # ZeRO-3: none
+    layers, views = state_layers(program, task.stage), program.options.zero < 3  # ZeRO-3: none
     kinds = (BufferKind.UNDO, BufferKind.MASTER, BufferKind.OPT) + \
         ((BufferKind.VIEW,) if views else ())
     return Effects((), tuple(name for l in layers for name in (_update_grad(program, l),) +
@@ -201,6 +203,26 @@ def _message_posted(program, task: Task, sender: int) -> Effects:
     (the task's stage + `sender`) sends."""
     return Effects((Buffer(message_buffer(task), "comm",
                            message_bytes(program, task.stage + sender)),), ())
+
+
+def shard_effects(program, task: Task, forward: bool):
+    """Effects of S (`forward`) or T: S creates vocab.mb (reading the stage's view of its
+    shard, and on the last stage out.mb, hn from its F); T reads them and the shard's
+    gradient (micro-batch 0's creates it) and on the last stage creates gin.mb, where
+    the parts of hn's gradient are summed."""
+    s, m = task.stage, task.micro_batch
+    layer, last = stage_vocab_layer(program, s), s == len(program.stages) - 1
+    vocab = buffer_name(BufferKind.VOCAB, micro_batch=m)
+    view = view_buffer(program, task, layer)
+    if forward:
+        reads = (view,) + ((buffer_name(BufferKind.OUT, micro_batch=m),) if last else ())
+        return Effects((Buffer(vocab, "activations", vocab_bytes(program)),), reads)
+    grad = grad_buffer(program, layer)
+    creates = ((grad,) if m == 0 else ()) + \
+        ((Buffer(buffer_name(BufferKind.GIN, micro_batch=m), "comm",
+                 message_bytes(program, s)),) if last else ())
+    return Effects(creates, (vocab, view) + (() if m == 0 else (grad.name,)))
+
 
 
 _EFFECTS = {
@@ -221,6 +243,8 @@ _EFFECTS = {
     Kind.TIE: lambda p, t: Effects((), tuple(buffer_name(BufferKind.GRAD, layer=l)
                                              for l in tied_layers_on(p, t.stage))),
     Kind.FREE: lambda p, t: Effects((), ()),
+    Kind.S: lambda p, t: shard_effects(p, t, forward=True),
+    Kind.T: lambda p, t: shard_effects(p, t, forward=False),
     **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), lambda p, t: Effects(
         (), (buffer_name(BufferKind.MASTER, layer=t.layer),
              buffer_name(BufferKind.ZVIEW, slot=gather_of(p, t).slot)))),

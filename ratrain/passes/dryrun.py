@@ -13,8 +13,8 @@ from typing import Callable
 
 import networkx as nx
 
-from ratrain.ir.tasks import (BACKWARDS, GRAD_PRODUCERS, PIPELINE_COMMS, RECVS, Kind, Schedule,
-                              Task, counterpart)
+from ratrain.ir.tasks import (BACKWARDS, GRAD_PRODUCERS, PIPELINE_COMMS, RECVS, VOCAB_TASKS,
+                              Kind, Schedule, Task, counterpart)
 
 Node = tuple[int, int]   # (rank, position in that rank's program)
 
@@ -69,7 +69,7 @@ def dry_run(schedule: Schedule, cost: Callable[[Task], float] | None = None) -> 
     runnable = _runnable_nodes(graph)
     timeline = _replay(schedule, graph, runnable, cost)
     if len(runnable) < graph.number_of_nodes():
-        raise _deadlock(schedule, timeline)
+        raise _deadlock(schedule, timeline, graph)
     return _summarize(timeline)
 
 
@@ -123,7 +123,29 @@ def task_graph(schedule: Schedule) -> nx.DiGraph:
         rank, i = node
         if i > 0:
             graph.add_edges_from(((rank, i - 1), other) for other in ties if other != node)
+    _add_shard_edges(graph, schedule)
     return graph
+
+
+def _add_shard_edges(graph: nx.DiGraph, schedule: Schedule) -> None:
+    """NOTE [vocabulary-parallel schedule]: S(m) after the last stage's F(m) (hn's
+    broadcast), T(m) after every S(m) (the statistics' all-gather), and the last stage's
+    backward of m after every T(m) (the reduce of hn's gradient)."""
+    by_kind: dict = {}
+    for node, task in graph.nodes(data="task"):
+        by_kind.setdefault((task.kind, task.micro_batch), []).append(node)
+    if not any(kind in VOCAB_TASKS for kind, _ in by_kind):
+        return
+    last = max(schedule)
+    on_last = lambda kind, m: [n for n in by_kind.get((kind, m), []) if n[0] == last]
+    for (kind, m), nodes in list(by_kind.items()):
+        sources = {Kind.S: on_last(Kind.F, m), Kind.T: by_kind.get((Kind.S, m), []),
+                   Kind.B: by_kind.get((Kind.T, m), []),
+                   Kind.BL: by_kind.get((Kind.T, m), [])}.get(kind, [])
+        for node in nodes:
+            if kind in BACKWARDS and node[0] != last:
+                continue
+            graph.add_edges_from((source, node) for source in sources)
 
 
 def _runnable_nodes(graph: nx.DiGraph) -> set[Node]:
@@ -167,7 +189,7 @@ def _exposed_tail(timeline: dict[int, tuple[TaskTiming, ...]]) -> dict[int, floa
     return tail
 
 
-def _deadlock(schedule: Schedule, timeline) -> ScheduleDeadlock:
+def _deadlock(schedule: Schedule, timeline, graph: nx.DiGraph) -> ScheduleDeadlock:
     where = _locate(schedule)
     stuck = {rank: tasks[len(timeline[rank])] for rank, tasks in schedule.items()
              if len(timeline[rank]) < len(tasks)}
@@ -180,6 +202,13 @@ def _deadlock(schedule: Schedule, timeline) -> ScheduleDeadlock:
                         len(timeline[nodes[0][0]]) <= nodes[0][1]:
                     wait_for.add_edge(rank, nodes[0][0])
                     lines.append(f"rank {rank} waits at {task} for {peer} on rank {nodes[0][0]}")
+            continue
+        if task.kind not in RECVS:  # an S, T or backward of the vocabulary's turn
+            for peer_rank, i in graph.predecessors((rank, len(timeline[rank]))):
+                if peer_rank != rank and len(timeline[peer_rank]) <= i:
+                    wait_for.add_edge(rank, peer_rank)
+                    lines.append(f"rank {rank} waits at {task} for "
+                                 f"{schedule[peer_rank][i]} on rank {peer_rank}")
             continue
         peer = counterpart(task)   # any other stuck head is a RECV: see _runnable_nodes
         peer_rank = where[peer][0][0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ratrain.ir.tasks import Kind, Task
+from ratrain.ir.vocab import stage_vocab_layer, state_layers
 
 # NOTE [sync issue point]: the task list says where every SYNC starts, and every consumer
 # (runtime, simulator, plan_memory, verifier) reads it there. A stage's B runs its layers
@@ -66,6 +67,11 @@ def last_weight_indices(tasks) -> dict[int, int]:
     return {t.layer: i for i, t in enumerate(tasks) if t.kind == Kind.W}
 
 
+def last_shard_index(tasks) -> int:
+    """Index of the step's last T (-1: none; NOTE [vocabulary-parallel head])."""
+    return max((i for i, t in enumerate(tasks) if t.kind == Kind.T), default=-1)
+
+
 def _after_last_weights(stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
     """NOTE [zb1 schedule]: SYNC[L] right after the step's last W of layer L."""
     last = {i: layer for layer, i in last_weight_indices(tasks).items()}
@@ -80,10 +86,21 @@ def _after_last_weights(stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]
 def _with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
     if program.options.schedule == "baseline":
         return tasks + tuple(Task(stage, Kind.SYNC, layer=l)
-                             for l in reversed(program.stages[stage]))
+                             for l in reversed(state_layers(program, stage)))
+    tasks = _after_last_shard_task(program, stage, tasks)
     if program.options.pipeline_schedule == "zb1":
         return _after_last_weights(stage, tasks)
     return _split_with_syncs(program, stage, tasks)
+
+
+def _after_last_shard_task(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+    """NOTE [vocabulary-parallel head]: the stage's shard of the LM head syncs right after
+    its last T, the task that completes its gradient."""
+    layer = stage_vocab_layer(program, stage)
+    if layer is None:
+        return tasks
+    last = last_shard_index(tasks)
+    return tasks[:last + 1] + (Task(stage, Kind.SYNC, layer=layer),) + tasks[last + 1:]
 
 
 def insert_grad_sync(program):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ratrain.ir.tasks import Kind, Task
+from ratrain.ir.tasks import GRAD_PRODUCERS, Kind, Task
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,10 @@ def _with_tie(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
         at = next(i for i, t in enumerate(rest) if t.kind == Kind.NORM)
     else:
         updates = [i for i, t in enumerate(rest) if t.kind == Kind.UPD]
-        at = updates[-1] + 1 if updates else first
+        # a stage whose layers are all tied: after the last task making a gradient (a
+        # shard of a vocabulary-parallel head syncs after its last T, before the last B)
+        made = [i for i, t in enumerate(rest) if t.kind in GRAD_PRODUCERS]
+        at = updates[-1] + 1 if updates else max(first, made[-1] + 1 if made else 0)
     return tuple(rest[:at]) + (Task(stage, Kind.TIE, layer=tied[0]), *moved) + tuple(rest[at:])
 
 

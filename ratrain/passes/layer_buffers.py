@@ -15,6 +15,7 @@ from ratrain.ir.buffers import BufferKind
 from ratrain.ir.graph import HIDDEN_COTANGENT, Literal, is_cotangent_role, is_grad_role
 from ratrain.passes.layout import align_up, graph_workspace, pack
 from ratrain.passes.residuals import kept_mask
+from ratrain.passes.vocab_buffers import holds_loss
 
 
 def shard_elements(n: int, program, sharded: bool) -> int:
@@ -236,7 +237,7 @@ def workspace_bytes(program, stage: int, direction: str) -> int:
         direction = "bwd_input"
     return _workspace_bytes(program.graph, layers, direction, cotangent_bytes(program),
                             tuple(l not in program.scatter_grads for l in layers),
-                            stage == len(program.stages) - 1)
+                            holds_loss(program, stage))
 
 
 @lru_cache(maxsize=4096)
@@ -297,7 +298,7 @@ def backward_workspace(program, stage: int, micro_batch: int,
     kinds = [(_kind(program, l), mode) for l, mode in modes.items()]
     layers = program.stages[stage]
     slots = cotangent_slots([_kind(program, l) for l in layers],
-                            stage == len(program.stages) - 1) * cotangent_bytes(program)
+                            holds_loss(program, stage)) * cotangent_bytes(program)
     scratch = max(graph_workspace(k.fwd, pinned_values(k, "REC", mode))[1] for k, mode in kinds)
     base = max(plain, slots + align_up(scratch))
     return base, base + max(_residual_layout(k, mode, BufferKind.REC, False)[1]

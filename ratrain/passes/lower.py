@@ -24,6 +24,8 @@ from ratrain.passes.layer_buffers import (GRAD_OUTPUT, backward_graph, backward_
 from ratrain.passes.insert_gathers import view_buffer
 from ratrain.passes.residuals import rebuild_node_indices
 from ratrain.passes.layout import graph_workspace
+from ratrain.passes.lower_vocab import lower_shard_backward, lower_shard_forward
+from ratrain.passes.vocab_buffers import holds_loss
 from ratrain.passes.lower_state import (_loss_scaled, _lower_gather, _lower_norm, _lower_prefetch,
                                         _lower_sync, _lower_tie, _lower_update,
                                         _with_gathers_issued, state_slots)
@@ -222,7 +224,7 @@ def _backward_layers(program, task: Task, use) -> list[tuple[int, list[Call]]]:
     piece of that layer)."""
     m, stage = task.micro_batch, task.stage
     layers, calls, per_layer = program.stages[stage], [], []
-    last_stage, workspace = stage == len(program.stages) - 1, buffer_name(BufferKind.WS, task=task)
+    last_stage, workspace = holds_loss(program, stage), buffer_name(BufferKind.WS, task=task)
     hidden = _kind(program, layers[0]).fwd.outputs[0] if _kind(program, layers[0]).kind != "head" \
         else _kind(program, layers[0]).fwd.inputs[0]
     ping_pong = _cotangent_slots(program, task, hidden)
@@ -365,6 +367,7 @@ _LOWER = {Kind.F: _lower_forward, Kind.B: _lower_backward, Kind.W: _lower_weight
           Kind.REC: _lower_recompute,
           Kind.SYNC: _lower_sync, Kind.UPD: _lower_update, Kind.PREF: _lower_prefetch,
           Kind.NORM: _lower_norm, Kind.TIE: _lower_tie, Kind.FREE: lambda p, t: [],
+          Kind.S: lower_shard_forward, Kind.T: lower_shard_backward,
           **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), _lower_gather),
           **{k: _lower_comm for k in _PEER}}
 

@@ -14,6 +14,7 @@ from dataclasses import replace
 from ratrain.ir.buffers import (BufferKind, buffer_name, is_grad_shard, parse_buffer,
                                 sync_buffers, update_grad)
 from ratrain.ir.tasks import Kind, Task
+from ratrain.ir.vocab import base_name, parse_shard, state_layers
 from ratrain.passes.layer_buffers import (gathers_in_place, grad_layout, shard_elements,
                                           view_gather_elements, view_layout)
 from ratrain.passes.insert_gathers import gather_of, gathers_issued_in
@@ -157,7 +158,7 @@ def _lower_commit(program, task: Task) -> list[Call]:
     every layer redoes its update from undo.L and rebuilds its view (no-ops otherwise).
     Under ZeRO-3 there are no views to rebuild: each use gathers from the master shards
     (NOTE [ZeRO-3 lifecycle])."""
-    layers = program.stages[task.stage]
+    layers = state_layers(program, task.stage)
     params = (("clip", program.options.clip), ("layers", tuple(layers)))
     calls = [Call(CallOp.GLOBAL_NORM, (), (), _loss_scaled(program, params), "step")]
     for layer in layers:
@@ -174,7 +175,7 @@ def _lower_commit(program, task: Task) -> list[Call]:
 def _lower_norm(program, task: Task) -> list[Call]:
     if commits_updates(program.options):
         return _lower_commit(program, task)
-    layers = program.stages[task.stage]
+    layers = state_layers(program, task.stage)
     grads = tuple(_update_grad_slot(program, l) for l in layers)
     unscaled = grads if program.options.precision == "fp16" else ()  # written in place
     params = (("clip", program.options.clip),)
@@ -187,26 +188,38 @@ def _lower_norm(program, task: Task) -> list[Call]:
 
 
 def tied_range(program, layer: int, name: str) -> tuple[int, int]:
-    """[lo, hi) of parameter `name` in the layer's flat parameter order (elements)."""
+    """[lo, hi) of parameter `name` (or its rows a shard binds) in the layer's flat
+    parameter order (elements)."""
     offsets, _ = grad_layout(program, layer)
     for (param, shape), offset in zip(program.layer_params(layer), offsets):
-        if param == name:
+        if base_name(param) == name:
             return offset, offset + math.prod(shape)
     raise KeyError(f"layer {layer} does not bind {name}")
 
 
+def _tied_rows(program, layer: int, name: str) -> tuple[tuple[int, int], tuple]:
+    """([lo, hi) of the weight's rows the layer binds, the shape it binds them in)."""
+    param, shape = next((p, s) for p, s in program.layer_params(layer) if base_name(p) == name)
+    shard = parse_shard(param)
+    return ((0, shape[0]) if shard is None else shard[1:]), tuple(shape)
+
+
 def _lower_tie(program, task: Task) -> list[Call]:
     """NOTE [tied weights]: the stage's copies of each tied weight's gradient, summed
-    in place with the copies on the other tie stages."""
+    in place with the copies on the other tie stages. A copy of some rows (a row shard
+    of a vocabulary-parallel head) is summed at its rows of the whole weight."""
     calls = []
     for w in tied_weights(program):
+        here = [l for l in w.layers if program.stage_of_layer(l) == task.stage]
+        rows = tuple(_tied_rows(program, l, w.name) for l in here)
         slots = tuple(Slot(buffer_name(BufferKind.GRAD, layer=l),
-                           4 * tied_range(program, l, w.name)[0],
-                           "float32", shape)
-                      for l in w.layers if program.stage_of_layer(l) == task.stage
-                      for shape in [dict(program.layer_params(l))[w.name]])
+                           4 * tied_range(program, l, w.name)[0], "float32", shape)
+                      for l, (_, shape) in zip(here, rows))
+        params = (("stages", tie_stages(program)), ("weight", w.name))
+        if any(parse_shard(p) for l in w.layers for p, _ in program.layer_params(l)):
+            params += (("rows", tuple(r for r, _ in rows)),
+                       ("vocab", int(program.graph.config["vocab_size"])))
         if slots:
-            calls.append(Call(CallOp.TIE_SUM, slots, slots,
-                              (("stages", tie_stages(program)), ("weight", w.name)),
-                              f"L{task.layer}", layer=task.layer))
+            calls.append(Call(CallOp.TIE_SUM, slots, slots, params, f"L{task.layer}",
+                              layer=task.layer))
     return calls

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ratrain.ir.vocab import is_vocab_parallel, pipeline_layer_count
 from ratrain.passes.program import Program
 from ratrain.units import format_bytes
 
@@ -47,7 +48,7 @@ def partition_stages(program: Program) -> Program:
     least memory on the heaviest stage, then to the lexicographically earliest split.
     Raises PartitionError (with the least achievable peak and its breakdown) otherwise.
     """
-    num_layers, num_stages = len(program.graph.layers), program.options.pp
+    num_layers, num_stages = pipeline_layer_count(program.graph), program.options.pp
     if program.stages:
         _check_recorded_split(program.stages, num_layers, num_stages)
         return program
@@ -81,11 +82,18 @@ def _check_recorded_split(stages, num_layers: int, num_stages: int):
 # ---------------------------------------------------------------- per-stage estimates
 
 def in_flight_micro_batches(program: Program, stage_index: int) -> int:
-    """Micro-batches of activations stage s holds at once: min(P - s, M).
+    """Micro-batches of activations stage s holds at once: min(P - s, M), or min(P + 1 -
+    s, M) under --vocab-parallel, whose shards act as one more stage.
 
-    See NOTE [1F1B warm-up count] in schedule_1f1b.
+    See NOTE [1F1B warm-up count] in schedule_1f1b, NOTE [vocabulary-parallel schedule].
     """
-    return min(program.options.pp - stage_index, program.micro_batches)
+    return min(pipeline_depth(program) - stage_index, program.micro_batches)
+
+
+def pipeline_depth(program: Program) -> int:
+    """Stages a micro-batch passes through: pp, and the vocabulary shards' turn under
+    --vocab-parallel (NOTE [vocabulary-parallel schedule], passes/schedule_vocab.py)."""
+    return program.options.pp + int(is_vocab_parallel(program))
 
 
 def stage_time_estimate(program: Program, stage_index: int, layers) -> float:
@@ -98,7 +106,7 @@ def _layer_passes(program: Program) -> list[float]:
     """Per layer, one micro-batch's F and B at speed 1: seconds on the program's profile
     where it has a cost model (the kernels the simulator charges, NOTE [a compute task's
     seconds], sim/task_seconds.py), else FLOPs."""
-    layers = range(len(program.graph.layers))
+    layers = range(pipeline_layer_count(program.graph))
     if program.cost_model is not None:
         layer_pass = program.cost_model(program).layer_pass
         return [layer_pass(l) for l in layers]
@@ -173,7 +181,7 @@ class _SplitTable:
     """
 
     def __init__(self, program: Program):
-        num_layers, num_stages = len(program.graph.layers), program.options.pp
+        num_layers, num_stages = pipeline_layer_count(program.graph), program.options.pp
         costs = [program.layer_cost(l) for l in range(num_layers)]
         terms = [_layer_memory_terms(program, l) for l in range(num_layers)]
         passes = _segment_float_sums(_layer_passes(program))
@@ -283,7 +291,7 @@ def _over_budget_error(program: Program, table: _SplitTable) -> PartitionError:
     layers = tuple(range(bounds[stage], bounds[stage + 1]))
     breakdown = stage_memory_estimate(program, stage, layers)
     message = (
-        f"no split of {len(program.graph.layers)} layers into {options.pp} stages fits the "
+        f"no split of {pipeline_layer_count(program.graph)} layers into {options.pp} stages fits the "
         f"budget of {format_bytes(options.budget)} per rank: the least achievable peak is "
         f"{format_bytes(peak)}, on stage {stage} (layers {layers[0]}-{layers[-1]}, "
         f"{in_flight_micro_batches(program, stage)} micro-batches in flight): "
@@ -324,7 +332,9 @@ def _stage_need(program: Program, stage: int, layers: tuple[int, ...]) -> int:
 
 def _more_stages_fix(program: Program) -> str:
     """The smallest --pp (same other options) whose least-memory split fits, if any."""
-    options, num_layers = program.options, len(program.graph.layers)
+    options, num_layers = program.options, pipeline_layer_count(program.graph)
+    if is_vocab_parallel(program):  # each --pp has its own shards: not tried here
+        return "more stages"
     for pp in range(options.pp + 1, num_layers + 1):
         table = _SplitTable(replace(program, options=replace(options, pp=pp, stage_speeds=None)))
         if _min_bottleneck(table.memory, table.valid) <= options.budget:

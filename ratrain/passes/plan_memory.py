@@ -349,7 +349,7 @@ def _zero_fixes(program, stage: int, m: StageMemory) -> list[str]:
             sharded = replace(program, options=replace(options, zero=zero))
             saving = m.arena_bytes - stage_arena_bytes(sharded, stage)
             fixes.append(f"--zero {zero} would save {format_bytes(saving)}")
-    if options.zero < 3:
+    if options.zero < 3 and not options.vocab_parallel:  # vocab-parallel: no ZeRO-3 yet
         saving = m.arena_bytes - stage_arena_bytes(_gathering_views(program), stage)
         if saving > 0:  # S view slots can outweigh a few small views
             fixes.append(f"--zero 3 would save {format_bytes(saving)} (views gathered at "

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ratrain.ir.tasks import Kind, Schedule, Task
+from ratrain.ir.vocab import is_vocab_parallel
 from ratrain.passes.schedule_1f1b import (compute_order, schedule_1f1b, warmup_forwards,
                                           with_comms)
+from ratrain.passes.schedule_vocab import schedule_vocabulary, wide_cost
 
 # NOTE [zb1 schedule]: ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024).
 # B computes only the input gradient, so a gradient crosses a stage in F-time instead of
@@ -96,6 +98,7 @@ def _run(st: _Stage, task: Task, at: float, cost: Cost, ends: dict, layers) -> N
         ends[(st.stage, task.kind, task.micro_batch)] = st.clock
         if task.kind == Kind.B:
             st.owed += _w_tasks(st.stage, layers, task.micro_batch)
+            st.freed += not layers  # a stage without layers (the shards' turn) owes no W
 
 
 def _waits_for_weights(st: _Stage, task: Task, last: int) -> bool:
@@ -180,13 +183,32 @@ def schedule_zb1(stages: tuple[tuple[int, ...], ...], num_micro_batches: int,
 
 def schedule_pipeline(program):
     """The pass: schedule_1f1b, or schedule_zb1 under --pipeline-schedule zb1 (with the
-    program's cost model, NOTE [zb1 schedule]), for the program's stages and M.
+    program's cost model, NOTE [zb1 schedule]), for the program's stages and M; under
+    --vocab-parallel with the shards' S and T placed (NOTE [vocabulary-parallel
+    schedule]).
 
     Requires: stages. Guarantees: program.tasks holds that schedule.
     """
+    M = program.micro_batches
     if program.options.pipeline_schedule == "zb1":
         cost = program.cost_model(program) if program.cost_model else None
-        return replace(program, tasks=schedule_zb1(program.stages, program.micro_batches,
-                                                   cost))
-    return replace(program, tasks=schedule_1f1b(len(program.stages),
-                                                program.micro_batches))
+        build = lambda n: schedule_zb1(_with_shard_stage(program.stages, n), M,
+                                       _shard_stage_cost(program, cost, n))
+    else:
+        build = lambda n: schedule_1f1b(n, M)
+    if is_vocab_parallel(program):
+        wide = wide_cost(program, len(program.stages), unit_cost)
+        return replace(program, tasks=schedule_vocabulary(program, build, wide))
+    return replace(program, tasks=build(len(program.stages)))
+
+
+def _with_shard_stage(stages, n: int):
+    """The stages, and a layer-less one for the shards' turn when n is one more."""
+    return tuple(stages) + ((),) * (n - len(stages))
+
+
+def _shard_stage_cost(program, cost, n: int):
+    """zb1's costs with the shards' turn (stage P) priced as the wide dry run prices it."""
+    if n == len(program.stages):
+        return cost
+    return wide_cost(program, len(program.stages), unit_cost)

@@ -14,12 +14,14 @@ from __future__ import annotations
 from collections import Counter
 from functools import lru_cache
 
-from ratrain.ir.tasks import BACKWARDS, GRAD_PRODUCERS, PIPELINE_COMMS, Kind
+from ratrain.ir.tasks import BACKWARDS, GRAD_PRODUCERS, PIPELINE_COMMS, VOCAB_TASKS, Kind
 from ratrain.passes.dryrun import dry_run
-from ratrain.passes.insert_grad_sync import last_backward_index, last_weight_indices
+from ratrain.ir.vocab import stage_vocab_layer, state_layers
+from ratrain.passes.insert_grad_sync import (last_backward_index, last_shard_index,
+                                             last_weight_indices)
 from ratrain.passes.insert_tied_sum import tied_layers_on
 from ratrain.passes.insert_update import commits_updates
-from ratrain.passes.partition_stages import in_flight_micro_batches
+from ratrain.passes.partition_stages import in_flight_micro_batches, pipeline_depth
 
 
 class ScheduleInvariantError(ValueError):
@@ -85,13 +87,15 @@ def _check_ties(program, stage: int, tasks) -> None:
     for i, t in enumerate(tasks):
         if t.kind == Kind.SYNC and t.layer in tied and i < ties[0]:
             _fail(stage, f"{t} runs before {tasks[ties[0]]} sums the tied gradient")
+        if t.kind in GRAD_PRODUCERS and set(_covered(program, t)) & set(tied) and i > ties[0]:
+            _fail(stage, f"{tasks[ties[0]]} sums the tied gradient before {t} adds to it")
 
 
 def _check_syncs(program, stage: int, tasks) -> None:
     if not any(t.kind == Kind.SYNC for t in tasks):
         return
     per_layer = Counter(t.layer for t in tasks if t.kind == Kind.SYNC)
-    for layer in program.stages[stage]:
+    for layer in state_layers(program, stage):
         if per_layer[layer] != 1:
             _fail(stage, f"layer {layer} is synced {per_layer[layer]} times, not once")
     tied = tied_layers_on(program, stage)
@@ -102,7 +106,7 @@ def _check_syncs(program, stage: int, tasks) -> None:
     last = {}  # layer -> position of the last task producing its gradient
     for i, t in enumerate(tasks):
         if t.kind in GRAD_PRODUCERS:
-            for layer in (program.stages[stage] if t.layer is None else (t.layer,)):
+            for layer in _covered(program, t):
                 last[layer] = i
     # tied layers sync after their TIE (_check_ties); a scattered layer's SYNC only waits
     exempt = set(tied) | set(program.scatter_grads)
@@ -121,17 +125,28 @@ def _check_syncs(program, stage: int, tasks) -> None:
 # What may stand between a layer's last gradient producer and its SYNC in ratrain mode
 # (NOTE [sync issue point]): the backward of other layers, the message the previous stage
 # waits for, other SYNCs and FREEs; never other work.
-_NOT_DELAYING = GRAD_PRODUCERS | {Kind.SYNC, Kind.SEND_B, Kind.FREE}
+_NOT_DELAYING = BACKWARDS | {Kind.W, Kind.SYNC, Kind.SEND_B, Kind.FREE}
+
+
+def _covered(program, task) -> tuple[int, ...]:
+    """The layers whose gradient a GRAD_PRODUCERS task writes: a B its stage's, a piece
+    or a W its layer's, a T its stage's shard of the LM head."""
+    if task.kind == Kind.T:
+        return (stage_vocab_layer(program, task.stage),)
+    return tuple(program.stages[task.stage]) if task.layer is None else (task.layer,)
 
 
 def _check_syncs_after_weights(program, stage: int, tasks) -> None:
     """NOTE [zb1 schedule]: SYNC[L] after the last task producing L's gradient (the last
     B, the last W[L]); in ratrain mode right after its layer's last W."""
     last_b, last_w = last_backward_index(tasks), last_weight_indices(tasks)
+    shard = stage_vocab_layer(program, stage)
+    if shard is not None:  # its gradient is complete after the last T
+        last_w[shard] = last_shard_index(tasks)
     for i, t in enumerate(tasks):
         if t.kind != Kind.SYNC:
             continue
-        producer = max(last_b, last_w.get(t.layer, -1))
+        producer = last_w[t.layer] if t.layer == shard else max(last_b, last_w.get(t.layer, -1))
         if i < producer:
             _fail(stage, f"{t} starts before {tasks[producer]}, the last task producing "
                          f"layer {t.layer}'s gradient")
@@ -161,7 +176,7 @@ def _check_weights(program, stage: int, tasks) -> None:
             _fail(stage, f"layer {layer} has W's of micro-batches {seen.get(layer)}, not one "
                          f"of each of {program.micro_batches}")
     _check_in_flight(program, stage, tasks)
-    if stage != len(program.stages) - 1:
+    if stage != pipeline_depth(program) - 1:
         _check_weights_before_backward(stage, tasks)
 
 
@@ -257,6 +272,29 @@ def _check_posts(stage: int, tasks) -> None:
                 _fail(stage, f"{t} has no earlier {posts[t.kind]}")
 
 
+def _check_shards(program, stage: int, tasks) -> None:
+    """NOTE [vocabulary-parallel schedule]: one S and one T per micro-batch, in the order
+    S0 T0 S1 T1 ... (the pipeline group's collectives in one order on every rank); on
+    the last stage S(m) after F(m) and T(m) before its B(m)."""
+    if stage_vocab_layer(program, stage) is None:
+        if any(t.kind in VOCAB_TASKS for t in tasks):
+            _fail(stage, "S or T tasks in a program whose head is not vocabulary-parallel")
+        return
+    order = [(t.micro_batch, t.kind == Kind.T) for t in tasks if t.kind in VOCAB_TASKS]
+    expected = [(m, is_t) for m in range(program.micro_batches) for is_t in (False, True)]
+    if order != expected:
+        _fail(stage, f"S and T tasks run as {order}, not S0 T0 S1 T1 ... once each")
+    if stage != len(program.stages) - 1:
+        return
+    position = _Index(tasks)
+    for m in range(program.micro_batches):
+        f, s, t = (position(k, micro_batch=m) for k in (Kind.F, Kind.S, Kind.T))
+        b = min(j for j in (position(k, micro_batch=m) for k in BACKWARDS) if j is not None)
+        if not f < s < t < b:
+            _fail(stage, f"micro-batch {m}: the last stage must run F, S, T, then its "
+                         f"backward (positions {f}, {s}, {t}, {b})")
+
+
 def verify_schedule(program) -> None:
     """Raise ScheduleInvariantError (or a dry-run error) if an invariant is broken."""
     if not program.tasks:
@@ -271,16 +309,27 @@ def verify_schedule(program) -> None:
         _check_norm(program, stage, tasks)
         _check_recovery(program, stage, tasks)
         _check_posts(stage, tasks)
+        _check_shards(program, stage, tasks)
     _check_pipeline_comms(program.tasks)
 
 
 def _check_pipeline_comms(tasks) -> None:
     """Pair every SEND with one RECV and prove deadlock freedom by a dry run. Only the
-    order of pipeline messages and TIEs decides either (other tasks never wait on
+    order of pipeline messages, TIEs and the shards' S and T (with the last stage's F's
+    and backwards they wait for or feed) decides either (other tasks never wait on
     another rank),
     so a projection already proven is not run again."""
-    _prove(tuple((stage, tuple(t for t in ts if t.kind in PIPELINE_COMMS or t.kind == Kind.TIE))
+    last = max(tasks)
+    shards = any(t.kind in VOCAB_TASKS for t in tasks[last])
+    _prove(tuple((stage, tuple(t for t in ts if t.kind in PIPELINE_COMMS or t.kind == Kind.TIE
+                               or t.kind in VOCAB_TASKS
+                               or (shards and stage == last and t.kind in _LAST_WAITS)))
                  for stage, ts in sorted(tasks.items())))
+
+
+# NOTE [vocabulary-parallel schedule]: a last stage's F(m) feeds every S(m), and its
+# backward of m waits for every T(m): the dry run needs them to see those waits
+_LAST_WAITS = frozenset({Kind.F, Kind.B, Kind.BL})
 
 
 @lru_cache(maxsize=32)  # a compile verifies the same few projections after every pass

@@ -64,13 +64,14 @@ class Row:
     bound: str | None = None            # what bounds its estimated step: compute, port,
                                         # node-memory or link (NOTE [bound], estimate.py)
     pipeline_schedule: str = "1f1b"     # "zb1" for a simulated twin (NOTE [zb1 twins])
+    vocab_parallel: bool = False        # the LM head's rows over the stages (a twin too)
 
     @property
     def candidate(self) -> Candidate:
         return Candidate(self.pp, self.dp, self.zero, self.micro_batch_size,
                          self.micro_batches, self.recompute, self.schedule,
                          self.zero3_prefetch, self.update_rule, self.grad_accum,
-                         self.placement, self.pipeline_schedule)
+                         self.placement, self.pipeline_schedule, self.vocab_parallel)
 
     @property
     def simulated(self) -> bool:
@@ -171,7 +172,7 @@ class Planner:
         twins = zb1_twins(dict(judged), compiled, failed)
         judged += twins
         # the bound weighs each resource's load per step, which the schedule leaves as is
-        bounds |= {t: bounds.get(replace(t, pipeline_schedule="1f1b")) for t, _ in twins}
+        bounds |= {t: bounds.get(twinned(t)) for t, _ in twins}
         rows = _rows(judged, estimates, compiled, failed, policy, skipped, bounds)
         best = rows[0] if rows and rows[0].candidate in compiled else None
         return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget, s.profile["name"],
@@ -236,10 +237,19 @@ class Planner:
                 outcome = self._compile(c, c.micro_batches)
                 (failed if isinstance(outcome, str) else compiled)[c] = outcome
         for c in [c for c in compiled if c.pp > 1 and c.grad_accum != "scatter"]:
-            twin = replace(c, pipeline_schedule="zb1")
-            outcome = self._compile(twin, c.micro_batches)
-            (failed if isinstance(outcome, str) else compiled)[twin] = outcome
+            for twin in self._twins_of(c):
+                outcome = self._compile(twin, c.micro_batches)
+                (failed if isinstance(outcome, str) else compiled)[twin] = outcome
         return compiled, failed
+
+    def _twins_of(self, c: Candidate) -> list[Candidate]:
+        """NOTE [zb1 twins]: a pipelined candidate's zb1 twin, and where the head's rows
+        split over its stages its vocabulary-parallel 1f1b and zb1 twins."""
+        out = [replace(c, pipeline_schedule="zb1")]
+        if c.zero < 3 and self.graphs.splits(c.pp):
+            out += [replace(c, pipeline_schedule=s, vocab_parallel=True)
+                    for s in ("1f1b", "zb1")]
+        return out
 
     # NOTE [memory check]: in 1F1B stage s holds at most min(P - s, M) micro-batches in
     # flight, so for M >= P the live buffers of every stage repeat those of M = P, and a
@@ -290,7 +300,8 @@ class Planner:
         from ratrain.passes.plan_memory import plan_memory
         from ratrain.passes.program import Program
         from ratrain.sim.costs import bound_cost_model
-        program = Program(self.graphs.get(c.micro_batch_size), options,
+        program = Program(self.graphs.get(c.micro_batch_size, c.pp if c.vocab_parallel else 0),
+                          options,
                           built_micro_batches=None if built == options.micro_batches else built,
                           cost_model=bound_cost_model(self.search.profile))
         return run_pipeline(program, PIPELINE + [plan_memory] if memory_only else None,
@@ -310,11 +321,20 @@ class Planner:
 # runs]); with that fixed, pp 16 x dp 16 ZeRO 2 at 256 micro-batches finds its period at
 # 44 of them in 169 s, against 13 s at 21 for its 1f1b program: still too slow to twin.
 # Its `bound` is its 1f1b candidate's: NOTE [bound] weighs each resource's load per step,
-# which the schedule does not change.
+# which the schedule does not change. The same candidates get two more twins where the
+# LM head's rows split over their stages (pp > 1, ZeRO 0-2, the vocabulary divisible by
+# pp): --vocab-parallel under 1f1b and under zb1 (NOTE [vocabulary-parallel head]), also
+# simulated only, since the estimate models the whole head on the last stage; the row's
+# `vocab_parallel` (`+vp` in the schedule column) says which.
+def twinned(c: Candidate) -> Candidate:
+    """The 1f1b candidate a twin was made of (itself for one that is no twin)."""
+    return replace(c, pipeline_schedule="1f1b", vocab_parallel=False)
+
+
 def zb1_twins(verdicts: dict, compiled, failed) -> list:
-    """(twin, its 1f1b candidate's verdict) of each zb1 twin compiled or tried."""
-    return [(c, verdicts[replace(c, pipeline_schedule="1f1b")]) for c in [*compiled, *failed]
-            if c.pipeline_schedule == "zb1"]
+    """(twin, its 1f1b candidate's verdict) of each twin (zb1, vocabulary-parallel)
+    compiled or tried."""
+    return [(c, verdicts[twinned(c)]) for c in [*compiled, *failed] if twinned(c) != c]
 
 
 def near_tie_sibling(c: Candidate, compiled, estimates) -> Candidate | None:
@@ -410,7 +430,7 @@ def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str,
                 micro_batches=c.micro_batches, recompute=c.recompute, schedule=c.schedule,
                 zero3_prefetch=c.zero3_prefetch, update_rule=c.update_rule,
                 grad_accum=c.grad_accum, placement=c.placement,
-                pipeline_schedule=c.pipeline_schedule)
+                pipeline_schedule=c.pipeline_schedule, vocab_parallel=c.vocab_parallel)
     auto = replace(c, recompute=policy)
     base["estimated_step_s"] = None if auto in failed else estimates.get(c)  # fits: estimated
     if c in compiled:

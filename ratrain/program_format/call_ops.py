@@ -43,6 +43,11 @@ class CallOp(StrEnum):
     REDO_UPDATE = "redo_update"         # a rolled-back step's update from undo.L
     PREFETCH_VIEW = "prefetch_view"     # PREF: the view cast (and gathered) from the master
     GATHER_VIEW = "gather_view"         # GATH: ZeRO-3's view gathered for one use
+    VOCAB_HIDDEN = "vocab_hidden"       # S: hn broadcast from the last stage (NOTE
+                                        # [vocabulary-parallel head], ir/vocab.py)
+    VOCAB_STATS = "vocab_stats"         # S: a shard's log-sum-exp and target logits
+    VOCAB_LOSS = "vocab_loss"           # T: the loss, from the gathered statistics
+    VOCAB_GRAD = "vocab_grad"           # T: a shard's gradient, hn's gradient reduced
 
 
 class Traffic(StrEnum):
@@ -53,6 +58,9 @@ class Traffic(StrEnum):
     WORLD = "world"                     # one float64 summed over every rank
     TIE = "tie"                         # a blocking all-reduce over the tie stages; not
                                         # in planned_volume (the traffic test runs untied)
+    PIPE = "pipe"                       # a collective over the replica's pipeline group
+                                        # (a vocabulary-parallel head's); not in
+                                        # planned_volume
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,30 @@ STAGE_LAYERS = _domain("the stage's layers, in order",
                        lambda v, c: v == tuple(c.stage_layers))
 TIE_STAGES = _domain("the program's tie stages (runtime.json tie_stages)",
                      lambda v, c: v == tuple(c.tie_stages) and len(v) > 0)
+ROOT = _domain("the last stage (pp - 1), where hn comes from and its gradient goes",
+               lambda v, c: _is_int(v) and v == c.options.pp - 1)
+THIS_STAGE = _domain("the stage running the call", lambda v, c: _is_int(v) and v == c.stage)
+VOCAB = _domain("a vocabulary size (a positive integer)", lambda v, c: _is_int(v) and v > 0)
+
+
+def _rows_check(value, context, path):
+    """[lo, hi) rows of a weight: two integers lo < hi."""
+    if not isinstance(value, tuple) or len(value) != 2 or \
+            not all(_is_int(x) for x in value) or not 0 <= value[0] < value[1]:
+        _fail(path, "[lo, hi], rows lo < hi of a weight", value)
+    return value
+
+
+def _row_list_check(value, context, path):
+    if not isinstance(value, tuple) or not value:
+        _fail(path, "a non-empty list of [lo, hi] rows, one per copy", value)
+    for i, rows in enumerate(value):
+        _rows_check(rows, context, at(path, i))
+    return value
+
+
+ROWS = Domain("[lo, hi], the rows of the LM head a stage's shard holds", _rows_check)
+ROW_LIST = Domain("[lo, hi] rows of the weight each copy holds", _row_list_check)
 
 
 PARAM_NAME = re.compile(r"[A-Za-z0-9_.]{1,200}")
@@ -264,6 +296,7 @@ MICRO_BATCH_PARAM, FIRST = Param("micro_batch", MICRO_BATCH), Param("first", FLA
 MESSAGE_PARAMS = (Param("peer", PEER), Param("tag", TAG))
 LOSS_SCALE = Param("loss_scale", ON, required=False)
 IN_PLACE = Param("in_place", ON, required=False)   # NOTE [views gathered in place]
+NORM_HEAD = Param("norm_head", ON, required=False)  # Baichuan2: refused at run time
 
 
 def _local(does: str, params=(), inputs=ONE, outputs=ONE, relation=None) -> CallSpec:
@@ -311,8 +344,11 @@ CALL_OPS: dict[CallOp, CallSpec] = {
                         LOSS_SCALE, Param("skip", NORM_SKIP, required=False)),
         Arity(0, None), Arity(0, None), _norm_rule),
     CallOp.TIE_SUM: CallSpec(
-        "TIE: every copy of a tied weight's gradient becomes the sum over the tie stages",
-        False, True, DDR, Traffic.TIE, (Param("stages", TIE_STAGES), Param("weight", WEIGHT)),
+        "TIE: every copy of a tied weight's gradient becomes the sum over the tie stages "
+        "(copies of some rows: `rows` of the weight's `vocab` rows)",
+        False, True, DDR, Traffic.TIE, (Param("stages", TIE_STAGES), Param("weight", WEIGHT),
+                                        Param("rows", ROW_LIST, required=False),
+                                        Param("vocab", VOCAB, required=False)),
         SOME, SOME, _tie_rule, per_layer=True),
     CallOp.ADAMW: CallSpec(
         "UPD: AdamW on the layer's master, m and v (speculative: after copying them to "
@@ -335,6 +371,31 @@ CALL_OPS: dict[CallOp, CallSpec] = {
         "GATH: ZeRO-3's view all-gathered from the cast master shards for one use", True,
         True, Calibration("gather_view"), Traffic.DP, (Param("use", USE), IN_PLACE), ONE,
         SOME, _zero3_only, per_layer=True),
+    # NOTE [vocabulary-parallel head] (ir/vocab.py): S and T of a stage's shard; the
+    # kernels are the fused cross-entropy's, priced as the shard layer's graph
+    CallOp.VOCAB_HIDDEN: CallSpec(
+        "S: the last stage copies hn from out.mb and broadcasts it over the pipeline "
+        "group; the others receive it into their output", True, True,
+        Calibration(None, "a broadcast on the link; the root's copy at DDR bandwidth"),
+        Traffic.PIPE, (MICRO_BATCH_PARAM, Param("root", ROOT), NORM_HEAD), Arity(0, 1),
+        ONE, per_layer=True),
+    CallOp.VOCAB_STATS: CallSpec(
+        "S: the shard's log-sum-exp and target logit per token, all-gathered over the "
+        "pipeline group into its output", True, True,
+        Calibration("cross_entropy"),   # the shard's fused cross-entropy forward
+        Traffic.PIPE, (MICRO_BATCH_PARAM, Param("root", ROOT), Param("rows", ROWS),
+                       Param("stage", THIS_STAGE), NORM_HEAD), Arity(3, 3), ONE,
+        per_layer=True),
+    CallOp.VOCAB_LOSS: _local("T: the last stage keeps the micro-batch's loss, from the "
+                              "gathered statistics", [MICRO_BATCH_PARAM, Param("root", ROOT)],
+                              outputs=NONE),
+    CallOp.VOCAB_GRAD: CallSpec(
+        "T: the shard's weight gradient (set if first), its part of hn's gradient reduced "
+        "over the pipeline group into the last stage's gin.mb", True, True,
+        Calibration("cross_entropy"),   # the shard's fused cross-entropy backward
+        Traffic.PIPE, (FIRST, MICRO_BATCH_PARAM, Param("root", ROOT), Param("rows", ROWS),
+                       Param("value", LOSS_COTANGENT), LOSS_SCALE, NORM_HEAD), Arity(4, 4),
+        Arity(1, 2), _scaled_exactly_in_fp16, per_layer=True),
 }
 
 

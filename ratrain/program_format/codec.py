@@ -306,6 +306,10 @@ def _options(value, path: str) -> CompileOptions:
 def _option_value(v, path: str, kind: str):
     if v is None and "None" in kind:
         return None
+    if kind == "bool":
+        if not isinstance(v, bool):
+            raise FieldError(path, f"must be true or false, got {v!r}")
+        return v
     if kind.startswith("int"):
         return c.integer(v, path, 0, 1 << 40)
     if kind.startswith("str"):
@@ -365,6 +369,15 @@ def _layer(s, path: str, plan: StagePlan, zero: int) -> LayerState:
     return LayerState(tuple(params), slots("state", 3) + sizes, views)
 
 
+def _pipeline_order(stages, options) -> list[int]:
+    """The stages' layers in model order: in stage order, and under --vocab-parallel the
+    head's shards (each stage's last layer, NOTE [vocabulary-parallel head]) after them."""
+    if not options.vocab_parallel:
+        return [l for layers in stages for l in layers]
+    return [l for layers in stages for l in layers[:-1]] + [layers[-1] for layers in stages
+                                                              if layers]
+
+
 def _runtime(d) -> RuntimeProgram:
     graph = field(d, "graph", "")
     name = field(graph, "name", "graph")
@@ -376,8 +389,9 @@ def _runtime(d) -> RuntimeProgram:
                    for s, layers in enumerate(c.listed(field(d, "stages", ""), "stages",
                                                        options.pp)))
     order = [l for layers in stages for l in layers]
-    if order != list(range(len(order))):
-        raise FieldError("stages", "must hold the layers 0..L-1, in order, each on one stage")
+    if _pipeline_order(stages, options) != list(range(len(order))):
+        raise FieldError("stages", "must hold the layers 0..L-1, in order, each on one stage "
+                         "(with --vocab-parallel, then each stage's shard of the head last)")
     plans = field(d, "memory", "")
     memory = {s: _plan(field(plans, str(s), "memory"), at("memory", str(s)))
               for s in range(options.pp)}

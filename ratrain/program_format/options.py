@@ -47,6 +47,8 @@ class CompileOptions:
                                         # (B/W split, NOTE [zb1 schedule])
     placement: str = "pipeline"         # rank order: "pipeline", "dp" or "dp:B" (NOTE
                                         # [placement], program_format/placement.py)
+    vocab_parallel: bool = False        # the LM head's rows over every stage (NOTE
+                                        # [vocabulary-parallel head], format 11)
 
     def __post_init__(self):
         _check_options(self)
@@ -90,6 +92,9 @@ def _check_options(o: CompileOptions) -> None:
         problems.append(f"--grad-accum must be one of {', '.join(GRAD_ACCUMULATION)}")
     elif o.grad_accum == "scatter" and o.zero < 2:
         problems.append("--grad-accum scatter reduce-scatters shards: it needs --zero 2 or 3")
+    if o.vocab_parallel and (o.pp < 2 or o.zero == 3):
+        problems.append("--vocab-parallel spreads the LM head over the pipeline stages: it "
+                        "needs --pp 2 or more and --zero 0, 1 or 2")
     if o.stage_speeds is not None and len(o.stage_speeds) != o.pp:
         problems.append(f"stage speeds give {len(o.stage_speeds)} values for {o.pp} stages")
     try:

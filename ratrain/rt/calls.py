@@ -15,9 +15,11 @@ from ratrain import kernels
 import ratrain.ir.lax_rules  # noqa: F401  (registers the lax primitives' rules: slice, ...)
 from ratrain.ir.buffers import is_grad_shard
 from ratrain.ir.rules import lookup_rule
+from ratrain.ir.vocab import param_value
 from ratrain.optim import AdamW, LossScaler
 from ratrain.program_format.call_ops import CallOp, registered
 from ratrain.program_format.lowered import rollback_only
+from ratrain.rt.vocab_calls import VOCAB_CALLS, tie_sum_rows
 
 
 def shard_bounds(n: int, dp: int, replica: int) -> tuple[int, int]:
@@ -76,6 +78,10 @@ class Transport(Protocol):
                   into: np.ndarray | None = None) -> None: ...
     def world_sum(self, st: RankState, call, value: float) -> float: ...
     def tie_sum(self, st: RankState, call, value: np.ndarray) -> None: ...
+    # over the replica's pipeline group (NOTE [vocabulary-parallel head]), non-blocking:
+    def pipe_broadcast(self, st: RankState, call, value, root: int) -> None: ...
+    def pipe_allgather(self, st: RankState, call, part, out: np.ndarray) -> None: ...
+    def pipe_reduce(self, st: RankState, call, value, root: int, into) -> None: ...
 
 
 # --- set-up: master params, optimizer state and views into the arena --------------------
@@ -83,9 +89,10 @@ class Transport(Protocol):
 def layer_arrays(program, layer: int, params: dict):
     """A layer's parameters flattened in order, and the weight-decay mask (ndim >= 2)."""
     names = [name for name, _ in program.layer_params(layer)]
-    flat = np.concatenate([np.asarray(params[n], np.float32).ravel() for n in names])
-    decay = np.concatenate([np.full(np.size(params[n]), float(np.ndim(params[n]) >= 2),
-                                    np.float32) for n in names])
+    values = [param_value(params, n) for n in names]  # a shard's name: its rows
+    flat = np.concatenate([np.asarray(v, np.float32).ravel() for v in values])
+    decay = np.concatenate([np.full(np.size(v), float(np.ndim(v) >= 2), np.float32)
+                            for v in values])
     return flat, decay
 
 
@@ -355,6 +362,8 @@ def _tie_sum(t: Transport, st: RankState, call) -> None:
     """NOTE [tied weights]: every copy of a tied weight's gradient on this rank becomes the
     sum of all copies: those here, and (blocking) those of the other tie stages."""
     copies = [st.view(s) for s in call.inputs]  # the outputs are the same slots
+    if "rows" in _params(call):
+        return tie_sum_rows(t, st, call, copies, _params(call)["rows"])
     # one copy here is summed in place (no second vocabulary-sized array); nothing is
     # written before the cross-stage sum, which the reference executor may rerun
     total = copies[0] if len(copies) == 1 else np.sum(copies, axis=0, dtype=np.float32)
@@ -469,6 +478,7 @@ CALLS = registered({
     CallOp.GLOBAL_NORM: _global_norm, CallOp.TIE_SUM: _tie_sum, CallOp.ADAMW: _adamw,
     CallOp.REDO_UPDATE: _redo_update, CallOp.PREFETCH_VIEW: _prefetch_view,
     CallOp.GATHER_VIEW: _gather_view,
+    **VOCAB_CALLS,  # NOTE [vocabulary-parallel head]
 }, "rt/calls.py CALLS")
 
 

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ratrain.atomic import replace_dir
+from ratrain.ir.vocab import parse_shard
 from ratrain.models.checkpoint import CONFIG_FILE, INDEX_FILE, config_text
 
 STATE_FILE = "trainer_state.json"
@@ -36,7 +37,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # there held the model's weights and moments twice (a qwen2.5-0.5b run at pp 2 was killed
 # for memory by its first save). Rank 0 then writes the index, config.json, the tokenizer
 # files and trainer_state.json and renames the staging directory into place. A tied
-# weight is written by the stage of its first layer only (NOTE [tied weights]).
+# weight is written by the stage of its first layer only (NOTE [tied weights]). The row
+# shards of a vocabulary-parallel head are gathered over the pipeline group onto stage 0,
+# which writes the whole weight (NOTE [vocabulary-parallel head]): the checkpoint is the
+# unsplit run's; stage 0 holds that weight's master and moments whole while it writes.
 
 
 def shard_file(kind: str, stage: int, stages: int) -> str:
@@ -47,7 +51,9 @@ def shard_file(kind: str, stage: int, stages: int) -> str:
 
 def stage_tensors(program, stage: int) -> list[tuple[int, str, tuple, int]]:
     """(layer, HF name, shape, offset in the layer's flat state) of every tensor the stage
-    writes, in model order: each tied weight only at its first layer."""
+    writes, in model order: each tied weight only at its first layer; a weight split in
+    row shards (NOTE [vocabulary-parallel head]) whole, by the stage of its first rows,
+    unless a layer binds it whole."""
     owner: dict[str, int] = {}
     for layer in range(program.num_layers):
         for name, _ in program.layer_params(layer):
@@ -56,8 +62,12 @@ def stage_tensors(program, stage: int) -> list[tuple[int, str, tuple, int]]:
     for layer in program.stages[stage]:
         offset = 0
         for name, shape in program.layer_params(layer):
-            if owner[name] == layer:
+            shard = parse_shard(name)
+            if shard is None and owner[name] == layer:
                 out.append((layer, name, tuple(shape), offset))
+            elif shard is not None and shard[1] == 0 and shard[0] not in owner:
+                rows = int(program.graph.config["vocab_size"])
+                out.append((layer, shard[0], (rows, *shape[1:]), offset))
             offset += math.prod(shape)
     return out
 
@@ -65,7 +75,8 @@ def stage_tensors(program, stage: int) -> list[tuple[int, str, tuple, int]]:
 def write_stage(program, state, comms, staging: Path) -> None:
     """This rank's part of a checkpoint (NOTE [checkpoints without gathering]): replica 0
     of each stage writes its layers' weights and moments; every rank of a ZeRO stage
-    takes part in gathering its shards."""
+    takes part in gathering its shards, and every stage in gathering the rows of a
+    vocabulary-parallel head (its first rows' stage writes them)."""
     from ratrain.models.safetensors_writer import SafetensorsWriter
     from ratrain.rt import comm
     tensors, stages = stage_tensors(program, state.stage), len(program.stages)
@@ -82,7 +93,9 @@ def write_stage(program, state, comms, staging: Path) -> None:
         local = [state.view(slot) for slot in slots[:3]]
         full = local if program.options.zero == 0 else \
             comm.gather_layer_state(comms, local, slots[3])
-        if not writes:
+        if _is_row_shard(program, layer):
+            full = comm.gather_row_shards(comms, full or (None,) * 3)
+        if not writes or full is None:
             continue
         master, m, v = full
         for _, name, shape, at in (t for t in tensors if t[0] == layer):
@@ -93,6 +106,10 @@ def write_stage(program, state, comms, staging: Path) -> None:
     if writes:
         model.close()
         moments.close()
+
+
+def _is_row_shard(program, layer: int) -> bool:
+    return any(parse_shard(name) for name, _ in program.layer_params(layer))
 
 
 def finish_checkpoint(program, staging: Path, path: Path, config: dict, state: dict,

@@ -45,6 +45,7 @@ class Communicators:
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
         self.dp = None
         self.tie = None
+        self.pipe = None
 
     @classmethod
     def alone(cls) -> "Communicators":
@@ -56,6 +57,11 @@ class Communicators:
 
     def split_dp_group(self, stage: int, replica: int) -> None:
         self.dp = self.world.Split(color=stage, key=replica)
+
+    def split_pipe_group(self, stage: int, replica: int) -> None:
+        """The stages of this rank's replica, by stage: the vocabulary-parallel head's
+        collectives (NOTE [vocabulary-parallel head])."""
+        self.pipe = self.world.Split(color=replica, key=stage)
 
     def split_tie_group(self, stage: int, replica: int, stages: tuple[int, ...]) -> None:
         """The ranks of `stages` in this replica (NOTE [tied weights]); every rank calls
@@ -133,6 +139,46 @@ def gather_layer_state(comms: Communicators, shards, n: int):
         whole = np.empty(shard.size * comms.dp.Get_size(), shard.dtype) if root else None
         comms.dp.Gather(np.ascontiguousarray(shard), whole, root=0)
         out.append(whole[:n] if root else None)
+    return out if root else None
+
+
+def start_hidden_broadcast(comms: Communicators, hidden: np.ndarray, root: int,
+                           ranges) -> InFlight:
+    """Ibcast of the final hidden state from the last stage into every stage's arena slot
+    (NOTE [vocabulary-parallel head])."""
+    return InFlight(comms.pipe.Ibcast(_as_bytes(hidden), root=root), ranges)
+
+
+def start_stats_allgather(comms: Communicators, part: np.ndarray, out: np.ndarray,
+                          ranges) -> InFlight:
+    """Iallgather of every stage's softmax statistics (float32) into `out` [P, ...]."""
+    part = np.ascontiguousarray(part, np.float32)
+    return InFlight(comms.pipe.Iallgather(part, out), ranges, keep=(part,))
+
+
+def start_hidden_grad_reduce(comms: Communicators, part: np.ndarray, root: int,
+                             into: np.ndarray | None, ranges) -> InFlight:
+    """Ireduce (float32 sum) of the stages' parts of the final hidden state's gradient
+    into the last stage's `into` (rounded to its dtype when the sum is done)."""
+    part = np.ascontiguousarray(part, np.float32)
+    total = into if into is None or into.dtype == np.float32 else \
+        np.empty(into.shape, np.float32)
+    request = comms.pipe.Ireduce(part, total, op=MPI.SUM, root=root)
+    finish = None if total is into else (lambda: into.__setitem__(..., total))
+    return InFlight(request, ranges, finish, keep=(part, total))
+
+
+def gather_row_shards(comms: Communicators, arrays):
+    """Stage 0 of the pipeline group gets each of `arrays` (master, m, v of a shard of a
+    vocabulary-parallel head, whole or None on a DP replica that is not the group's
+    writer) concatenated over the stages in stage order; the other stages get None.
+    Every stage's shard has the same size (NOTE [vocabulary-parallel head])."""
+    root, out = comms.pipe.Get_rank() == 0, []
+    for array in arrays:
+        part = np.ascontiguousarray(array if array is not None else np.empty(0, np.float32))
+        whole = np.empty(part.size * comms.pipe.Get_size(), part.dtype) if root else None
+        comms.pipe.Gather(part, whole, root=0)
+        out.append(whole)
     return out if root else None
 
 

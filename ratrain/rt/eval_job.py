@@ -33,6 +33,7 @@ def prepare(args, world_size: int, rank: int):
     from ratrain import models
     from ratrain.rt.data import TextSettings, data_rows
     from ratrain.rt.evaluate import held_out_rows
+    from ratrain.ir.vocab import base_name
     from ratrain.rt.load import SetupError, open_program
     from ratrain.rt.program import CodeError, stage_code
     _, program = open_program(args.program, world_size)
@@ -41,7 +42,8 @@ def prepare(args, world_size: int, rank: int):
         stage_code(program, stage)
     except CodeError as e:
         raise SetupError(str(e)) from None
-    names = {name for layer in program.stages[stage] for name, _ in program.layer_params(layer)}
+    names = {base_name(name) for layer in program.stages[stage]
+             for name, _ in program.layer_params(layer)}
     try:
         params = models.load_pretrained(args.checkpoint, names)[1]
     except (OSError, ValueError, KeyError) as e:

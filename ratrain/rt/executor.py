@@ -27,7 +27,9 @@ KERNEL_STATUS = {-1: "bad arguments", -2: "scratch too small", -3: "ISA unavaila
 
 # NOTE [held-out loss]: the held-out loss runs the step's forward tasks only, in table
 # order: F (which records the last stage's loss), POST_F/RECV_F/SEND_F for the
-# activations; B, REC, SYNC, NORM, UPD, PREF and the FREEs are skipped. Under ZeRO-3 the
+# activations; B, REC, SYNC, NORM, UPD, PREF and the FREEs are skipped (a vocabulary-
+# parallel head's S rows run, and of its T rows only the vocab_loss that records the
+# loss, codegen/program_dir.forward_rows). Under ZeRO-3 the
 # F rows run the view gathers issued inside them, and a gather serving an F that training
 # runs inside a skipped B or REC (or whose first use is a B the F shares it with) runs at
 # its GATH row (forward_gathers): every F still reads a view gathered after the slot's
@@ -136,6 +138,7 @@ class RankExecutor:
             init_layer(program, self.state, layer, params, moments)
         comms.split_dp_group(stage, replica)
         comms.split_tie_group(stage, replica, program.tie_stages)
+        comms.split_pipe_group(stage, replica)
         self.in_flight: list[comm.InFlight] = []
         self.receives: dict = {}        # (source, tag) -> posted receive
         self.sends: list[comm.InFlight] = []
@@ -351,3 +354,20 @@ class RankExecutor:
 
     def tie_sum(self, st: RankState, call, value: np.ndarray) -> None:
         comm.sum_tied_gradient(self.comms, value)
+
+    # NOTE [vocabulary-parallel head]: non-blocking over the replica's pipeline group,
+    # completed by the hazard rule (a stage's reduce part, which touches no arena byte,
+    # at the step's end with the sends)
+
+    def pipe_broadcast(self, st: RankState, call, value, root: int) -> None:
+        self.in_flight.append(comm.start_hidden_broadcast(self.comms, value, root,
+                                                          self._ranges(call.outputs)))
+
+    def pipe_allgather(self, st: RankState, call, part, out) -> None:
+        self.in_flight.append(comm.start_stats_allgather(self.comms, part, out,
+                                                         self._ranges(call.outputs)))
+
+    def pipe_reduce(self, st: RankState, call, value, root: int, into) -> None:
+        ranges = self._ranges(call.outputs[1:]) if into is not None else ()
+        op = comm.start_hidden_grad_reduce(self.comms, value, root, into, ranges)
+        (self.in_flight if into is not None else self.sends).append(op)

@@ -72,6 +72,7 @@ def _manifest_fields(m) -> None:
 def check_agrees(directory: Path, manifest: dict, program) -> None:
     """The manifest and runtime.json describe one program: its options, its model and
     the parameters of its layers (which the ranks initialise from the model's config)."""
+    from ratrain.ir.vocab import whole_shapes
     from ratrain.models.params import param_shapes
     try:  # formats before 8 wrote fewer options: compare what they mean
         same = CompileOptions.from_dict(manifest["options"]) == program.options
@@ -85,7 +86,8 @@ def check_agrees(directory: Path, manifest: dict, program) -> None:
     except (KeyError, TypeError, ValueError, ArithmeticError) as e:
         raise SetupError(f"{directory / 'runtime.json'}: graph.config is not a model config "
                          f"ratrain reads ({type(e).__name__}: {e}); recompile it") from None
-    held = {name: shape for layer in program.layers.values() for name, shape in layer.params}
+    held = whole_shapes((name, shape) for layer in program.layers.values()
+                        for name, shape in layer.params)  # a head's row shards whole
     if held != shapes:
         raise SetupError(f"{directory / 'runtime.json'}: layers.*.params are not the "
                          "parameters of graph.config's model; recompile it")

@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from ratrain.ir.vocab import merge_shards, state_layers
 from ratrain.optim import AdamW, LossScaler, starting_scaler
 from ratrain.passes.lower_state import state_slots
 from ratrain.rt.calls import (RankState, init_layer, run_call, shard_bounds,  # noqa: F401
@@ -32,6 +33,7 @@ class Executor:
         self.program, self.optimizer = program, optimizer
         self.options, self.graph = program.options, program.graph
         self.mailbox, self.pending, self.results = {}, {}, {}
+        self.deferred, self.awaited = {}, {}  # non-blocking pipeline collectives
         self.step = 0
         scaler = scaler or starting_scaler(self.options.precision)
         self.ranks = [self._rank_state(r, params, scaler) for r in range(self.options.world_size)]
@@ -43,7 +45,7 @@ class Executor:
         memory = self.program.memory.stages[stage]
         st = RankState(rank, stage, replica, np.zeros(memory.arena_bytes, np.uint8),
                        memory.offsets, scaler=dataclasses.replace(scaler))
-        for layer in self.program.stages[stage]:
+        for layer in state_layers(self.program, stage):
             init_layer(self.program, st, layer, params)
         return st
 
@@ -75,6 +77,8 @@ class Executor:
         while pc[0] < len(lowered):
             calls = lowered[pc[0]].calls
             while pc[1] < len(calls):
+                if self._touches_awaited(st, calls[pc[1]]):
+                    return moved
                 try:
                     run_call(self, st, calls[pc[1]])
                 except _Wait:
@@ -88,12 +92,12 @@ class Executor:
         out = {}
         for stage, layers in enumerate(self.program.stages):
             members = [st for st in self.ranks if st.stage == stage]
-            for layer in layers:
+            for layer in state_layers(self.program, stage):
                 n = state_slots(self.program, layer)[3]
                 shards = [st.view(state_slots(self.program, layer)[0]) for st in members]
                 flat = (np.concatenate(shards) if self.options.zero else shards[0])[:n]
                 out |= unflatten_layer(self.program, layer, flat)
-        return out
+        return merge_shards(out)
 
     # --- the Transport of rt/calls.py: data rows, simulated messages and collectives ------
 
@@ -166,3 +170,47 @@ class Executor:
         world = list(range(self.options.world_size))
         return self._collective(("norm", self.step), world, st.rank, value,
                                 lambda parts: [sum(parts)] * len(parts))
+
+    # --- non-blocking collectives over the pipeline group (NOTE [vocabulary-parallel
+    # head]): a rank contributes and goes on; its target is written once every part is
+    # in, and until then a call touching the target's buffer waits (the hazard rule)
+
+    def _touches_awaited(self, st: RankState, call) -> bool:
+        return any((st.rank, s.buffer) in self.awaited
+                   for s in call.inputs + call.outputs if hasattr(s, "buffer"))
+
+    def _deferred(self, key, needed: int, st: RankState, value, target, combine) -> None:
+        """Stage st.stage contributes `value` (None: nothing) to collective `key` of its
+        replica's `needed` stages; this rank's part, combine(parts by stage, its stage),
+        goes into `target` ((arena view, buffer name), or None) once all are in."""
+        entry = self.deferred.setdefault(key, {"values": {}, "targets": {}})
+        if value is not None:
+            entry["values"][st.stage] = np.array(value, copy=True)
+        if target is not None:
+            entry["targets"][st.stage] = (*target, st.rank)
+            self.awaited[(st.rank, target[1])] = key
+        if len(entry["values"]) < needed:
+            return
+        for stage, (array, buffer, rank) in entry["targets"].items():
+            array[...] = combine(entry["values"], stage)
+            del self.awaited[(rank, buffer)]
+        entry["targets"] = {}
+
+    def _pipe_key(self, st: RankState, call) -> tuple:
+        return call.op, self.step, dict(call.params)["micro_batch"], st.replica
+
+    def pipe_broadcast(self, st: RankState, call, value, root: int) -> None:
+        mine = st.stage == root
+        self._deferred(self._pipe_key(st, call), 1, st, value if mine else None,
+                       None if mine else (value, call.outputs[0].buffer),
+                       lambda values, r: values[root])
+
+    def pipe_allgather(self, st: RankState, call, part, out) -> None:
+        self._deferred(self._pipe_key(st, call), self.options.pp, st, part,
+                       (out, call.outputs[0].buffer),
+                       lambda values, r: np.stack([values[s] for s in sorted(values)]))
+
+    def pipe_reduce(self, st: RankState, call, value, root: int, into) -> None:
+        target = None if into is None else (into, call.outputs[-1].buffer)
+        self._deferred(self._pipe_key(st, call), self.options.pp, st, value, target,
+                       lambda values, r: sum(values[s] for s in sorted(values)))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ratrain.ir.vocab import base_name
 from ratrain.optim import LossScaler, starting_scaler
 from ratrain.rt.checkpoint import (check_save_dir, checkpoint_name, export_config,
                                    find_resume_checkpoint, load_checkpoint, tokenizer_contents,
@@ -84,7 +85,8 @@ def prepare(args, world_size: int, rank: int = 0) -> dict:
     if (problem := checkpoints_problem(args, config)) is not None:
         raise SetupError(problem)
     params, moments, state = initial_state(args, config, {
-        name for layer in program.stages[stage] for name, _ in program.layer_params(layer)})
+        base_name(name) for layer in program.stages[stage]
+        for name, _ in program.layer_params(layer)})
     global_batch = o.dp * o.micro_batches * o.micro_batch_size
     text = text_settings(args, config, build=False)  # NOTE [tokenize once] (rt/data.py)
     try:

@@ -30,6 +30,7 @@ from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
 from ratrain.sim.kernels import cold_profile, op_speed_factor, traced_seconds, whole_node_key
 from ratrain.sim.residency import cold_fractions
 from ratrain.sim.task_seconds import KernelTables
+from ratrain.sim.vocab_steps import VOCAB_STEPS, waits_for_hidden_grad
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
                                WorldSum, posted_receive, send_channel)
 
@@ -148,6 +149,7 @@ class ProfileCosts:
 
     def _task_steps(self, task):
         speed, cursor, touched = self.speeds[task.stage], {}, set()
+        yield from waits_for_hidden_grad(self, task)  # NOTE [shard messages]
         overhead = self.profile.get("traced", {}).get("call_overhead")
         if overhead:  # NOTE [traced rows] 4 (calibrate/from_trace.py)
             runs = sum(not rollback_only(c) for c in self._calls[task.stage][task])
@@ -362,6 +364,8 @@ def _tie_sum(c: ProfileCosts, task, call) -> list[Step]:
     """NOTE [tied weights]: add this stage's copies, all-reduce the sum with the other tie
     stages (blocking, over the pipeline link) and write it into every copy."""
     nbytes = call.inputs[0].nbytes
+    if "rows" in dict(call.params):  # the whole weight's rows (a vocabulary-parallel head)
+        nbytes = 4 * dict(call.params)["vocab"] * call.inputs[0].shape[-1]
     local = Compute(tie_local_bytes(len(call.inputs), nbytes) / c.ddr)  # inputs are outputs
     members = len(dict(call.params)["stages"])
     if members == 1:
@@ -438,4 +442,5 @@ CHARGES = registered({
     CallOp.REDO_UPDATE: lambda c, task, call: [],  # the simulated step commits: NOTE [commit rule]
     CallOp.PREFETCH_VIEW: _prefetch_view,
     CallOp.GATHER_VIEW: _gather_view,
+    **VOCAB_STEPS,  # NOTE [vocabulary-parallel head]
 }, "sim/calls.py CHARGES")

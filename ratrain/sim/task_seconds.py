@@ -8,11 +8,12 @@ runs) ask the same sums before lowering, through Program.cost_model (costs.task_
 from __future__ import annotations
 
 from ratrain.ir.tasks import Kind, Task
+from ratrain.ir.vocab import stage_vocab_layer
 from ratrain.passes.layer_buffers import is_split, recovers_in_backward
 from ratrain.passes.residuals import rebuild_node_indices
 from ratrain.sim.kernels import graph_seconds
 
-COMPUTE_KINDS = (Kind.F, Kind.B, Kind.BL, Kind.W, Kind.REC)
+COMPUTE_KINDS = (Kind.F, Kind.B, Kind.BL, Kind.W, Kind.REC, Kind.S, Kind.T)
 
 
 # NOTE [a compute task's seconds]: a compute task costs the sum of the seconds of the graph
@@ -22,7 +23,9 @@ COMPUTE_KINDS = (Kind.F, Kind.B, Kind.BL, Kind.W, Kind.REC)
 # under zb1 of its input part, and under backward-time recovery first the forward nodes
 # that rebuild the layer (residuals.rebuild_node_indices); W[L] the weight part of L's
 # backward (a split node its share of the whole one, kernels.graph_seconds); REC the
-# rebuilding nodes. The simulator charges those calls from the same tables
+# rebuilding nodes; S and T the forward and backward of the stage's shard of a
+# vocabulary-parallel head (NOTE [vocabulary-parallel head]: the fused cross-entropy's
+# kernels on the shard's rows). The simulator charges those calls from the same tables
 # (KernelTables), so for every compute task the passes' cost is the sum of
 # ProfileCosts.call_charges over its IR calls on a profile without cold costs (tested,
 # tests/sim/test_task_seconds.py). What the passes cannot know before lowering and
@@ -94,6 +97,10 @@ class TaskSeconds:
             return t.layer(task.layer, "bwd_weight")
         if task.kind == Kind.REC:
             return t.rebuild(task.layer, p.recompute.get((task.layer, task.micro_batch), "full"))
+        if task.kind in (Kind.S, Kind.T):  # the stage's shard's cross-entropy, forward or
+            # backward (NOTE [vocabulary-parallel head])
+            return t.layer(stage_vocab_layer(p, task.stage), "fwd" if task.kind == Kind.S
+                           else "bwd")
         raise ValueError(f"{task}: not a compute task ({', '.join(map(str, COMPUTE_KINDS))})")
 
     def _backward(self, task: Task, layer: int) -> float:

@@ -1,0 +1,138 @@
+"""The vocabulary-parallel output layer's facts (NOTE [vocabulary-parallel head]): which
+layers are the LM head's row shards, which rows each
+holds, and how a shard's parameter is named. Read by the passes, the runtime (a shard's
+rows of an HF weight) and the checkpoint writer (the shards gathered back).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+VOCAB_KIND = "vocab"                    # layer kind of one shard of the LM head's rows
+FINAL_NORM_KIND = "final_norm"          # the head without its LM head: the final RMSNorm
+
+# NOTE [vocabulary-parallel head]: the LM head's weight W [V, h] and its cross-entropy
+# are the last stage's alone in a plain pipeline, and on the node16 profile that stage
+# bounds every schedule (issue 43). Under --vocab-parallel (models/trace.split_head, when
+# the compiler traces the model) stage s holds rows [s V/P, (s+1) V/P) of W as a layer
+# of its own (kind `vocab`: the fused cross-entropy over the shard, traced for its costs
+# and buffers), with its own master, moments, view and gradient, synced and updated by
+# the per-layer SYNC/UPD/PREF like any layer. The last stage keeps the final RMSNorm
+# (kind `final_norm`), and its F ends in the normalised hidden state hn. Per micro-batch
+# m every stage runs (passes/lower_vocab.py, rt/vocab_calls.py)
+#   S(m): hn(m) broadcast from the last stage over the replica's pipeline group (non-
+#         blocking), the shard's log-sum-exp lse_s per token (the fused kernel's forward
+#         on the shard's rows) and target logit (zero off the shard), which start a
+#         non-blocking all-gather over the group;
+#   T(m): lse = log sum_s exp(lse_s) (float64, stage order: the same bits on every
+#         stage), the loss mean(lse - target logit) (recorded by the last stage), then the
+#         fused kernel's backward on the shard with that lse: the shard's weight gradient
+#         dW_s += G^T hn and its part G W_s of hn's gradient, G = (softmax - onehot) /
+#         (M N), summed over the group into the last stage's gin.mb by a non-blocking
+#         reduce that its B(m) waits for (the hazard rule).
+# So the loss is the same function of the logits as the unsplit head's, and each shard's
+# gradient that of its rows. Not bit for bit: the fused kernel sums each token's
+# exponentials over the whole vocabulary in one float32 running sum (rescaled chunk by
+# chunk), while here each shard sums its own rows and the shards' sums are combined by a
+# log-sum-exp in float64 (another reduction order, other roundings); the target logit
+# is a dot product instead of a GEMM's element, and hn's gradient is P partial sums
+# added in MPI's reduction order where the fused kernel adds every chunk's GEMM into one
+# float32 accumulator. The losses agree within about 1e-7 relative per step
+# (tests/rt/test_vocab_parallel_mpi.py asserts 1e-6 over 30 steps). Where S and T go in
+# the task lists, and why every stage holds one micro-batch more: NOTE
+# [vocabulary-parallel schedule] (passes/schedule_vocab.py).
+
+_SHARD = re.compile(r"(?P<base>.+)\[(?P<lo>\d+):(?P<hi>\d+)\]")
+
+
+def shard_name(base: str, lo: int, hi: int) -> str:
+    """The name of rows [lo, hi) of HF parameter `base`: `lm_head.weight[0:8000]`."""
+    return f"{base}[{lo}:{hi}]"
+
+
+def parse_shard(name: str) -> tuple[str, int, int] | None:
+    """(HF name, lo, hi) of a shard's name; None for a whole parameter's."""
+    match = _SHARD.fullmatch(name)
+    return None if match is None else (match["base"], int(match["lo"]), int(match["hi"]))
+
+
+def base_name(name: str) -> str:
+    """The HF parameter a (shard's) name reads: itself, or the shard's whole weight."""
+    shard = parse_shard(name)
+    return name if shard is None else shard[0]
+
+
+def param_value(params: dict, name: str):
+    """A parameter by (shard) name from HF-named arrays: a shard is its rows."""
+    shard = parse_shard(name)
+    if shard is None:
+        return params[name]
+    base, lo, hi = shard
+    return params[base][lo:hi]
+
+
+def merge_shards(params: dict) -> dict:
+    """HF-named arrays from arrays some of which are row shards (named by shard_name):
+    each sharded weight's rows concatenated in row order."""
+    out, shards = {}, {}
+    for name, value in params.items():
+        shard = parse_shard(name)
+        if shard is None:
+            out[name] = value
+        else:
+            shards.setdefault(shard[0], []).append((shard[1], value))
+    for base, rows in shards.items():
+        out.setdefault(base, np.concatenate([v for _, v in sorted(rows, key=lambda r: r[0])]))
+    return out
+
+
+def whole_shapes(pairs) -> dict:
+    """HF name -> shape of (name, shape) pairs some of which name row shards: a sharded
+    weight's rows added up (unless a layer holds it whole)."""
+    out, parts = {}, {}
+    for name, shape in pairs:
+        shard = parse_shard(name)
+        if shard is None:
+            out[name] = tuple(shape)
+        else:
+            parts.setdefault(shard[0], []).append((shard[2] - shard[1], tuple(shape)))
+    for base, rows in parts.items():
+        out.setdefault(base, (sum(n for n, _ in rows), *rows[0][1][1:]))
+    return out
+
+
+def shard_rows(vocab: int, shards: int, index: int) -> tuple[int, int]:
+    """[lo, hi) of shard `index` of `vocab` rows over `shards`: ceil(V/P) each, the last
+    shorter (never empty while V >= P)."""
+    size = -(-vocab // shards)
+    return min(vocab, index * size), min(vocab, (index + 1) * size)
+
+
+def vocab_layers(graph) -> tuple[int, ...]:
+    """The LM head's shard layers of a TrainGraph, shard order (= stage order); () when
+    the head is whole."""
+    return tuple(layer.index for layer in graph.layers if layer.kind == VOCAB_KIND)
+
+
+def is_vocab_parallel(program) -> bool:
+    return bool(vocab_layers(program.graph))
+
+
+def pipeline_layer_count(graph) -> int:
+    """Layers the pipeline passes activations through (embed, decoders, head or final
+    norm): the shard layers come after them and live beside every stage."""
+    return len(graph.layers) - len(vocab_layers(graph))
+
+
+def stage_vocab_layer(program, stage: int) -> int | None:
+    """The shard layer stage `stage` holds, or None."""
+    shards = vocab_layers(program.graph)
+    return shards[stage] if shards else None
+
+
+def state_layers(program, stage: int) -> tuple[int, ...]:
+    """Every layer whose training state (master, moments, view, gradient, SYNC, UPD,
+    PREF) stage `stage` holds: its pipeline layers, then its shard of the LM head."""
+    shard = stage_vocab_layer(program, stage)
+    return tuple(program.stages[stage]) + (() if shard is None else (shard,))
