@@ -4,48 +4,29 @@ Runs after schedule_1f1b (it needs the F/B order) and before the lifecycle passe
 only append tasks at the step end. Policies decide which residuals a layer keeps; the
 rest is rebuilt. In `ratrain` mode a REC task does it on the forward side, before the
 RECV_B its backward waits for (forward-side recovery); in `baseline` mode and on the last
-stage the backward recomputes each layer right before differentiating it.
+stage the backward recomputes each layer right before differentiating it. The RECs are
+placed by recovery_tasks.py; auto's budget search measures its candidates with the SYNCs
+and UPDs of later passes placed early (what_if.py).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.layer_buffers import recovers_in_backward, stage_recovers_in_backward
+from ratrain.passes import what_if
+from ratrain.passes.buffers import stage_peak
+from ratrain.passes.layer_buffers import stage_recovers_in_backward
+from ratrain.passes.plan_memory import stage_arena_bytes
+from ratrain.passes.recovery_tasks import recompute_all_pairs, stage_keys, with_recovery
 from ratrain.passes.residuals import recompute_flops
 
 
-def _recomputable(program) -> set[int]:
-    return {l.index for l in program.graph.layers if l.kind == "decoder"}
-
-
-def _stage_keys(program, stage: int) -> list[tuple[int, int]]:
-    decoders = _recomputable(program)
-    return [(l, m) for m in range(program.micro_batches)
-            for l in program.stages[stage] if l in decoders]
-
-
-def _apply(program, choices: dict, stages=None):
-    """`program` with `choices` and REC tasks placed (on `stages` only, if given)."""
-    stages = program.tasks.keys() if stages is None else stages
-    tasks = {**program.tasks, **{s: _place(program, choices, s, program.tasks[s]) for s in stages}}
-    return replace(program, recompute=dict(choices), tasks=tasks)
-
-
-def recompute_everything(program, stage: int):
-    """`program` with every recomputable (layer, mb) of `stage` fully recomputed."""
-    return _apply(program, {k: "full" for k in _stage_keys(program, stage)}, [stage])
-
-
 def _stage_fits(program, stage: int, choices: dict, exact: bool) -> bool:
-    from ratrain.passes.buffers import stage_peak
-    from ratrain.passes.insert_update import with_syncs_and_updates
-    candidate = with_syncs_and_updates(_apply(program, choices, [stage]))
+    candidate = what_if.with_syncs_and_updates(with_recovery(program, choices, [stage]))
     if stage_peak(candidate, stage) > program.options.budget:
         return False  # the arena is never smaller than the peak
     if not exact:
         return True
-    from ratrain.passes.plan_memory import stage_arena_bytes
     return stage_arena_bytes(candidate, stage) <= program.options.budget
 
 
@@ -53,7 +34,7 @@ def _escalate(program, stage: int, base: dict) -> dict:
     """The least recompute of one stage that fits: (layer, mb) pairs escalate none ->
     selective -> full in a fixed order; bisection on the live-bytes peak finds the
     shortest prefix, then the prefix grows until the packed arena fits too."""
-    keys = _stage_keys(program, stage)
+    keys = stage_keys(program, stage)
     choices = base
     for mode in ("selective", "full"):
         trial = lambda n: {**base, **{k: mode for k in keys[:n]},
@@ -150,7 +131,7 @@ def _recovery_cost(program, stage: int, choices: dict, forward_side: bool) -> fl
 def _grain(program, stage: int) -> float:
     """One micro-batch of `stage`'s layers fully recomputed, in _recovery_cost's unit: how
     far apart two _escalate searches can stop (NOTE [where recovery runs])."""
-    one = {(l, m): "full" for l, m in _stage_keys(program, stage) if m == 0}
+    one = {(l, m): "full" for l, m in stage_keys(program, stage) if m == 0}
     return _recovery_cost(program, stage, one, forward_side=False)
 
 
@@ -170,23 +151,6 @@ def _forward_where_it_fits(program, stage: int):
     return replace(program, backward_recovery=program.backward_recovery - moved)
 
 
-def _place(program, choices: dict, stage: int, tasks) -> tuple[Task, ...]:
-    """REC tasks of micro-batch m go before RECV_B m (ratrain: forward side, in the wait
-    for the gradient). In baseline mode, on the last stage and for the micro-batches auto
-    leaves to B there are none: B rebuilds each layer right before its backward (NOTE
-    [backward-time recovery], layer_buffers.py)."""
-    if stage_recovers_in_backward(program, stage):
-        return tuple(tasks)
-    out: list[Task] = []
-    for task in tasks:
-        if task.kind == Kind.RECV_B and not recovers_in_backward(program, stage,
-                                                                 task.micro_batch):
-            out += [Task(stage, Kind.REC, micro_batch=task.micro_batch, layer=l)
-                    for l in program.stages[stage] if (l, task.micro_batch) in choices]
-        out.append(task)
-    return tuple(out)
-
-
 def insert_recovery(program):
     """Choose keep / recompute per (layer, micro-batch) and place REC tasks.
 
@@ -200,8 +164,7 @@ def insert_recovery(program):
     program = replace(program, recompute={}, backward_recovery=frozenset())
     if policy == "auto":
         chosen = _auto(program)
-        return _apply(chosen, chosen.recompute)
+        return with_recovery(chosen, chosen.recompute)
     if policy == "none":
-        return _apply(program, {})
-    return _apply(program, {k: policy for s in range(len(program.stages))
-                            for k in _stage_keys(program, s)})
+        return with_recovery(program, {})
+    return recompute_all_pairs(program, policy)

@@ -77,19 +77,6 @@ def _with_updates(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, .
     return tasks[:at] + tuple(updates) + tasks[at:]
 
 
-def with_syncs_and_updates(program):
-    """`program` with its SYNCs and UPDs placed unless it has them, for memory questions
-    asked before those passes run (recovery's budget search, choose_grad_accumulation):
-    a ZeRO-2 SYNC's shard lives from where the list starts the SYNC (NOTE [sync issue
-    point]) to the UPD reading it. It is placed under after-norm (so are its options):
-    the commit rule's undo copies stay NOTE [update rule fallback]'s question, as before."""
-    from ratrain.passes.insert_grad_sync import insert_grad_sync
-    if any(t.kind == Kind.SYNC for ts in program.tasks.values() for t in ts):
-        return program
-    options = replace(program.options, update_rule="after-norm")
-    return insert_update(insert_grad_sync(replace(program, options=options)))
-
-
 def insert_update(program):
     """Add UPD[L] (and a NORM when clipping or loss scaling needs global scalars).
 
