@@ -286,14 +286,13 @@ class Planner:
 
     def _instance(self, c: Candidate, options, built: int, memory_only: bool = False):
         """The candidate's program holding `built` of its micro-batches."""
-        from ratrain.passes.pipeline import PIPELINE, run_pipeline
-        from ratrain.passes.plan_memory import plan_memory
+        from ratrain.passes.pipeline import MEMORY_PIPELINE, run_pipeline
         from ratrain.passes.program import Program
         from ratrain.sim.costs import bound_cost_model
         program = Program(self.graphs.get(c.micro_batch_size), options,
                           built_micro_batches=None if built == options.micro_batches else built,
                           cost_model=bound_cost_model(self.search.profile))
-        return run_pipeline(program, PIPELINE + [plan_memory] if memory_only else None,
+        return run_pipeline(program, MEMORY_PIPELINE if memory_only else None,
                             verify=False, record=False)[0]
 
 
