@@ -67,7 +67,7 @@ def last_weight_indices(tasks) -> dict[int, int]:
 
 
 def _after_last_weights(stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
-    """NOTE [zb1 schedule]: SYNC[L] right after the step's last W of layer L."""
+    """See NOTE [zb1 schedule]: SYNC[L] right after the step's last W of layer L."""
     last = {i: layer for layer, i in last_weight_indices(tasks).items()}
     out = []
     for i, task in enumerate(tasks):

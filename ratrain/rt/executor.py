@@ -220,7 +220,7 @@ class RankExecutor:
         for i, step in enumerate(row.steps):
             if isinstance(step, _Native):
                 self._run_native(row.task, step, clock and clock.at(i, len(step.calls)))
-            elif skips(self.state, step):  # NOTE [commit rule]: no wait for its buffers
+            elif skips(self.state, step):  # see NOTE [commit rule]: no wait for its buffers
                 pass
             else:
                 if clock:

@@ -1,4 +1,4 @@
-"""NOTE [a compute task's seconds]: the cost the passes weigh a compute task by (the
+"""See NOTE [a compute task's seconds]: the cost the passes weigh a compute task by (the
 program's cost model, which partition_stages, zb1's W order and where recovery runs ask)
 is what the simulator charges it: three compiled programs (1f1b, zb1, auto recompute)
 and a baseline whose B's rebuild. "The simulator's charge" here is the sum of
