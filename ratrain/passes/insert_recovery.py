@@ -51,37 +51,40 @@ def _escalate(program, stage: int, base: dict) -> dict:
     return choices
 
 
-# NOTE [where recovery runs]: a forward-side REC (ratrain mode) rebuilds all of a
-# micro-batch's layers before its B and keeps them alive through it, so under a tight
-# budget it can need more recompute than recovering in B (NOTE [backward-time recovery]):
-# measured on the tiny model with 8 layers, PP=2 and 4 micro-batches under the budget
-# where every pair just fits fully recomputed on the forward side, B-time recovery fits
-# with 5 of stage 0's 16 pairs only selectively recomputed, and the ranks' compute per
-# step was 22% longer on average with forward-side recovery. So auto decides, per stage, where
-# recovery runs, by what recovery costs there (_recovery_cost: the RECs' seconds under the
-# program's cost model, or their FLOPs without one; on the forward side under ZeRO-3 also
-# the view all-gathers of RECs apart from their B): on the forward side when that costs no
-# more than B-time recovery plus one micro-batch of the stage's layers fully recomputed;
-# else it takes B-time recovery's choices and moves micro-batches to the forward side from
-# the last one down while the stage still fits (the last ones have the fewest
-# micro-batches in flight, and a REC in the wait before the last B is the one that
-# shortens the pipeline's drain).
-# - The margin is the grain of the two searches: both escalate pairs micro-batch by
-#   micro-batch and stop inside one, so costs closer than a micro-batch are a tie. Broken
-#   by where each search stopped, the tie flipped with the micro-batch count: qwen2.5-32b
-#   (pp 16 x dp 16, zb1, scatter) had stages 7-12 recover in B at some counts from 19 to 42
-#   and on the forward side at others, 0.04-0.22 TFLOP apart, so the instances of its
-#   periodic step never repeated (NOTE [periodic steps]); tiny at pp 3 did the same at odd
-#   and even counts (tests/passes/test_recovery_placement.py). The tie goes to the forward
-#   side, whose RECs can fill idle time. Simulated on mt3000 for llama2-7b at pp 3 x dp 256
-#   and 16 micro-batches under 20 GB, ZeRO 2 and zb1, its stage 0 recomputes 9.1 TFLOP
-#   more on the forward side (within the margin) and the step is 122.1 s against 124.2 s.
-# - The gathers: on the same program under ZeRO-3 the two sides recompute the same
-#   selective pairs to within a micro-batch, but the forward side's RECs gather every
-#   view but the last layer's once more per micro-batch: 114.7 s against B-time's
-#   103.4 s under zb1, 119.2 against 106.7 under 1f1b. Charged, they leave recovery in B.
-# The recompute is then at most one micro-batch of the stage's layers more than the
-# baseline's, and forward-side recovery runs wherever the memory allows.
+# NOTE [where recovery runs]: auto decides, per stage, whether recovery runs on the
+# forward side (REC tasks, ratrain mode) or in B (NOTE [backward-time recovery]).
+# 1. Why both. A forward-side REC rebuilds all of a micro-batch's layers before its B and
+#    keeps them alive through it, so under a tight budget it can need more recompute than
+#    recovering in B: measured on the tiny model with 8 layers, PP=2 and 4 micro-batches
+#    under the budget where every pair just fits fully recomputed on the forward side,
+#    B-time recovery fits with 5 of stage 0's 16 pairs only selectively recomputed, and
+#    the ranks' compute per step was 22% longer on average with forward-side recovery.
+# 2. The rule. Recovery runs where it costs less (_recovery_cost: the RECs' seconds under
+#    the program's cost model, or their FLOPs without one; on the forward side under
+#    ZeRO-3 also the view all-gathers of RECs apart from their B): on the forward side
+#    when that costs no more than B-time recovery plus one micro-batch of the stage's
+#    layers fully recomputed; else it takes B-time recovery's choices and moves
+#    micro-batches to the forward side from the last one down while the stage still fits
+#    (the last ones have the fewest micro-batches in flight, and a REC in the wait before
+#    the last B is the one that shortens the pipeline's drain).
+# 3. The margin is the grain of the two searches: both escalate pairs micro-batch by
+#    micro-batch and stop inside one, so costs closer than a micro-batch are a tie. Broken
+#    by where each search stopped, the tie flipped with the micro-batch count: qwen2.5-32b
+#    (pp 16 x dp 16, zb1, scatter) had stages 7-12 recover in B at some counts from 19 to
+#    42 and on the forward side at others, 0.04-0.22 TFLOP apart, so the instances of its
+#    periodic step never repeated (NOTE [periodic steps]); tiny at pp 3 did the same at
+#    odd and even counts (tests/passes/test_recovery_placement.py). The tie goes to the
+#    forward side, whose RECs can fill idle time. Simulated on mt3000 for llama2-7b at
+#    pp 3 x dp 256 and 16 micro-batches under 20 GB, ZeRO 2 and zb1, its stage 0
+#    recomputes 9.1 TFLOP more on the forward side (within the margin) and the step is
+#    122.1 s against 124.2 s.
+# 4. The gathers: on the same program under ZeRO-3 the two sides recompute the same
+#    selective pairs to within a micro-batch, but the forward side's RECs gather every
+#    view but the last layer's once more per micro-batch: 114.7 s against B-time's
+#    103.4 s under zb1, 119.2 against 106.7 under 1f1b. Charged, they leave recovery in B.
+# 5. The bound. The recompute is then at most one micro-batch of the stage's layers more
+#    than the baseline's, and forward-side recovery runs wherever the memory allows.
+
 
 def _auto(program):
     """The least recompute that fits the budget, stage by stage (stages do not share
