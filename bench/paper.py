@@ -29,8 +29,8 @@ from ratrain.units import format_budget, parse_size
 from ratrain.ir.tasks import BACKWARDS, Kind
 from ratrain.passes.layer_buffers import recovers_in_backward
 from ratrain.passes.partition_stages import PartitionError
-from ratrain.passes.pipeline import PIPELINE, run_pipeline
-from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory
+from ratrain.passes.pipeline import MEMORY_PIPELINE, run_pipeline
+from ratrain.passes.plan_memory import MemoryBudgetError
 from ratrain.passes.program import Program
 from ratrain.planner import Candidate, Planner, Search
 from ratrain.planner.candidates import layouts
@@ -109,7 +109,7 @@ class Runs:
                           micro_batches=micro_batches or c.micro_batches)
         program = Program(planner.graphs.get(c.micro_batch_size), options,
                           cost_model=bound_cost_model(self.profile))  # as the planner's
-        passes = PIPELINE + [plan_memory] if memory_only else None
+        passes = MEMORY_PIPELINE if memory_only else None
         try:
             return run_pipeline(program, passes, verify=False)[0]
         except (PartitionError, MemoryBudgetError) as e:

@@ -163,13 +163,13 @@ def compile_other_schedule(graph, options, profile: dict | None = None):
     only (its peak and dry run are all the report needs), decided on `profile`'s costs
     as this one was; the error's first line if it does not fit."""
     from ratrain.passes.partition_stages import PartitionError
-    from ratrain.passes.pipeline import PIPELINE, run_pipeline
-    from ratrain.passes.plan_memory import MemoryBudgetError, plan_memory
+    from ratrain.passes.pipeline import MEMORY_PIPELINE, run_pipeline
+    from ratrain.passes.plan_memory import MemoryBudgetError
     from ratrain.passes.program import Program
     from ratrain.sim.costs import bound_cost_model
     other = Program(graph, replace(options, schedule=other_schedule(options.schedule)),
                     cost_model=bound_cost_model(profile))
     try:
-        return run_pipeline(other, PIPELINE + [plan_memory], verify=False)[0]
+        return run_pipeline(other, MEMORY_PIPELINE, verify=False)[0]
     except (PartitionError, MemoryBudgetError) as e:
         return str(e).splitlines()[0]

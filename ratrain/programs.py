@@ -318,7 +318,7 @@ def _rebuilt(inputs: str) -> tuple[dict, dict]:
 
 
 def check_derived(directory: Path, manifest: dict) -> None:
-    """NOTE [tables are derived]: a UserError (one line) unless `directory`, opened and
+    """See NOTE [tables are derived]: a UserError (one line) unless `directory`, opened and
     checked (rt/load.open_program), is what its manifest compiles to."""
     if _is_verified(directory):
         return

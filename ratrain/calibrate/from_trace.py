@@ -170,7 +170,7 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
 
 
 def _drift_samples(events: list, program, skip: int) -> list:
-    """NOTE [arrival drift]: for each UPD of one rank's trace `events` after the first
+    """See NOTE [arrival drift]: for each UPD of one rank's trace `events` after the first
     `skip` steps, ((stage, step, layer), replica, its wait there, seconds from the rank's
     last UPD of the step before to its SYNC)."""
     ends: dict[int, float] = {}                     # step -> end of its last UPD

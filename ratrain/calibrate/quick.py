@@ -68,7 +68,7 @@ def _sources(counts: list[str]) -> dict:
 
 def thread_counts(cores: int) -> list[int]:
     """Threads per rank the quick pass measures: 1, the powers of two below `cores`, and
-    `cores` (NOTE [this machine's profile]: the runtime gives each rank cores // ranks)."""
+    `cores` (see NOTE [this machine's profile]: the runtime gives each rank cores // ranks)."""
     return sorted({1, cores} | {1 << k for k in range(cores.bit_length()) if 1 << k < cores})
 
 

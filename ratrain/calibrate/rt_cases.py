@@ -18,15 +18,15 @@ from ratrain.program_format.lowered import Call, Slot
 from ratrain.passes.program import CompileOptions
 
 # Parameters of a layer: tiny and small models' layers, a decoder layer of the 58M LLaMA
-# (3.2M) and its vocabulary-sized embedding or LM head (32000 x 512 = 16.4M). NOTE [model-
-# sized runtime calls]: past about 1M parameters these calls cost more per byte than the
-# small sizes say: more of their bytes come from the DDR all ranks share, and numpy
-# temporaries above glibc's mmap threshold are fresh pages on every call (the all-reduce
-# finish's mean). So the largest layers are timed, not extrapolated (the simulator
-# charges past the largest case at its time per byte, NOTE [streaming calls past the
-# cases], sim/kernels.py). A fit of sizes up to 1M put AdamW of 16.4M parameters at 0.31x
-# of its time on a 16-core node (every rank at once), 0.63x on a 2-core machine, and the
-# all-reduce finish at 0.64x and 0.23x.
+# (3.2M) and its vocabulary-sized embedding or LM head (32000 x 512 = 16.4M).
+# NOTE [model-sized runtime calls]: past about 1M parameters these calls cost more per
+# byte than the small sizes say: more of their bytes come from the DDR all ranks share,
+# and numpy temporaries above glibc's mmap threshold are fresh pages on every call (the
+# all-reduce finish's mean). So the largest layers are timed, not extrapolated (the
+# simulator charges past the largest case at its time per byte, NOTE [streaming calls
+# past the cases], sim/kernels.py). A fit of sizes up to 1M put AdamW of 16.4M
+# parameters at 0.31x of its time on a 16-core node (every rank at once), 0.63x on a
+# 2-core machine, and the all-reduce finish at 0.64x and 0.23x.
 SIZES = (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)
 WEIGHT_SHARE = 0.99                     # of a decoder layer's parameters, in matrices
 

@@ -47,7 +47,7 @@ def cmd_calibrate(args) -> None:
 
 
 def _calibrate_from(args, out: Path) -> None:
-    """NOTE [traced rows]: the base profile (--hw, else the one the first traced program
+    """See NOTE [traced rows]: the base profile (--hw, else the one the first traced program
     was compiled for) with what the traced runs measured."""
     from ratrain.calibrate.from_trace import traced_profile, traced_runs
     from ratrain.calibrate.profile import write_profile

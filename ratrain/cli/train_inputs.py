@@ -228,7 +228,7 @@ def resolve_layout(pp: int | None, dp: int | None, micro_batches: int | None,
 # replicas as fit the cores while dividing the global batch and leaving every replica at
 # least 2 micro-batches (1F1B needs them to overlap its stages). With the default global
 # batch of 8 that is at most 4 replicas, so big machines run fewer ranks than cores, and
-# each rank runs on its share of them (NOTE [threads per rank]: pp 2 x dp 4 on 16 cores is
+# each rank runs on its share of them (see NOTE [threads per rank]: pp 2 x dp 4 on 16 cores is
 # 8 ranks x 2 threads, on 64 cores 8 ranks x 8 threads); the printed line says how many
 # ranks and threads. Flags the user gives are kept, and a conflict names only them.
 

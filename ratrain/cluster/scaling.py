@@ -15,7 +15,7 @@ RANK_THREADS = 1                        # one rank per core on the cluster
 # the MT-3000's, link = 3.7e9 B/s x (sustained FLOP/s of one rank here) / (0.70 x 8.1e12
 # FLOP/s), makes every communication/compute ratio of a program match the MT-3000's. The
 # rank's sustained rate is this machine's profile's measured rate at one thread per rank
-# (NOTE [this machine's profile]: the shipped cpu profile's rate is another CPU's, and
+# (see NOTE [this machine's profile]: the shipped cpu profile's rate is another CPU's, and
 # scaled links from it left ratrain 1.18x over the baseline on an AMD Zen 5 where the
 # matching machine gave 1.3x), in the profile's default precision; latency is the mt3000
 # profile's between nodes (5 us per message): each rank of the cluster is a node of its

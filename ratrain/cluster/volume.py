@@ -40,8 +40,8 @@ def _prefetch_bytes(call, options) -> float:
         collective_bytes("allgather", options.dp, gather_bytes(call, options.dp))
 
 
-# Bytes each call that puts traffic on the link sends from this rank (NOTE [one table of
-# call ops]: the ops whose Traffic is a message, a DP collective or the world's sum)
+# Bytes each call that puts traffic on the link sends from this rank (see NOTE [one table
+# of call ops]: the ops whose Traffic is a message, a DP collective or the world's sum)
 TRAFFIC = registered({
     CallOp.SEND: lambda call, options: call.inputs[0].nbytes,
     CallOp.GRAD_SYNC: _sync_bytes,

@@ -175,7 +175,7 @@ def _header_entries(file: Path, raw: bytes) -> dict[str, dict]:
 
 
 def _check_extents(file: Path, entries: dict[str, dict], data_bytes: int) -> None:
-    """Checks 2 and 3 of NOTE [checking a weights file]: each tensor's bytes hold its
+    """NOTE [checking a weights file], checks 2 and 3: each tensor's bytes hold its
     dtype x shape, and the data the header describes lies inside the file."""
     for name, entry in entries.items():
         begin, end = entry["data_offsets"]

@@ -94,9 +94,11 @@ def _decoder(d: ModelDims, w, h):
 
 
 def normalize_rows(w):
-    """Baichuan2 NormHead: each lm_head row divided by its L2 norm. NOTE [NormHead eps]:
-    torch's normalize clamps the norm at 1e-12; adding 1e-24 under the rsqrt agrees to a
-    relative 1e-24/|row|^2 and stays within the tracer's primitives (no elementwise max)."""
+    """Baichuan2 NormHead: each lm_head row divided by its L2 norm.
+
+    NOTE [NormHead eps]: torch's normalize clamps the norm at 1e-12; adding 1e-24 under the
+    rsqrt agrees to a relative 1e-24/|row|^2 and stays within the tracer's primitives (no
+    elementwise max)."""
     return w * jax.lax.rsqrt(jnp.sum(w * w, axis=1, keepdims=True) + 1e-24)
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ratrain.passes import what_if
+from ratrain.passes.buffers import stage_peak
+
 
 def _fits_locally(program, stage: int) -> bool:
     """Does the stage fit with local accumulation even when recomputing everything?"""
-    from ratrain.passes.buffers import stage_peak
-    from ratrain.passes.insert_update import with_syncs_and_updates
-    from ratrain.passes.insert_recovery import recompute_everything
-    candidate = with_syncs_and_updates(recompute_everything(program, stage))
+    candidate = what_if.with_syncs_and_updates(what_if.recompute_everything(program, stage))
     return stage_peak(candidate, stage) <= program.options.budget
 
 

@@ -128,7 +128,7 @@ def task_graph(schedule: Schedule) -> nx.DiGraph:
 
 
 def _add_shard_edges(graph: nx.DiGraph, schedule: Schedule) -> None:
-    """NOTE [vocabulary-parallel schedule]: S(m) after the last stage's F(m) (hn's
+    """See NOTE [vocabulary-parallel schedule]: S(m) after the last stage's F(m) (hn's
     broadcast), T(m) after every S(m) (the statistics' all-gather), and the last stage's
     backward of m after every T(m) (the reduce of hn's gradient)."""
     by_kind: dict = {}

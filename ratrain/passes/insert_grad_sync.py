@@ -73,7 +73,7 @@ def last_shard_index(tasks) -> int:
 
 
 def _after_last_weights(stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
-    """NOTE [zb1 schedule]: SYNC[L] right after the step's last W of layer L."""
+    """See NOTE [zb1 schedule]: SYNC[L] right after the step's last W of layer L."""
     last = {i: layer for layer, i in last_weight_indices(tasks).items()}
     out = []
     for i, task in enumerate(tasks):
@@ -94,7 +94,7 @@ def _with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...
 
 
 def _after_last_shard_task(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
-    """NOTE [vocabulary-parallel head]: the stage's shard of the LM head syncs right after
+    """See NOTE [vocabulary-parallel head]: the stage's shard of the LM head syncs right after
     its last T, the task that completes its gradient."""
     layer = stage_vocab_layer(program, stage)
     if layer is None:

@@ -4,48 +4,29 @@ Runs after schedule_1f1b (it needs the F/B order) and before the lifecycle passe
 only append tasks at the step end. Policies decide which residuals a layer keeps; the
 rest is rebuilt. In `ratrain` mode a REC task does it on the forward side, before the
 RECV_B its backward waits for (forward-side recovery); in `baseline` mode and on the last
-stage the backward recomputes each layer right before differentiating it.
+stage the backward recomputes each layer right before differentiating it. The RECs are
+placed by recovery_tasks.py; auto's budget search measures its candidates with the SYNCs
+and UPDs of later passes placed early (what_if.py).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from ratrain.ir.tasks import Kind, Task
-from ratrain.passes.layer_buffers import recovers_in_backward, stage_recovers_in_backward
+from ratrain.passes import what_if
+from ratrain.passes.buffers import stage_peak
+from ratrain.passes.layer_buffers import stage_recovers_in_backward
+from ratrain.passes.plan_memory import stage_arena_bytes
+from ratrain.passes.recovery_tasks import recompute_all_pairs, stage_keys, with_recovery
 from ratrain.passes.residuals import recompute_flops
 
 
-def _recomputable(program) -> set[int]:
-    return {l.index for l in program.graph.layers if l.kind == "decoder"}
-
-
-def _stage_keys(program, stage: int) -> list[tuple[int, int]]:
-    decoders = _recomputable(program)
-    return [(l, m) for m in range(program.micro_batches)
-            for l in program.stages[stage] if l in decoders]
-
-
-def _apply(program, choices: dict, stages=None):
-    """`program` with `choices` and REC tasks placed (on `stages` only, if given)."""
-    stages = program.tasks.keys() if stages is None else stages
-    tasks = {**program.tasks, **{s: _place(program, choices, s, program.tasks[s]) for s in stages}}
-    return replace(program, recompute=dict(choices), tasks=tasks)
-
-
-def recompute_everything(program, stage: int):
-    """`program` with every recomputable (layer, mb) of `stage` fully recomputed."""
-    return _apply(program, {k: "full" for k in _stage_keys(program, stage)}, [stage])
-
-
 def _stage_fits(program, stage: int, choices: dict, exact: bool) -> bool:
-    from ratrain.passes.buffers import stage_peak
-    from ratrain.passes.insert_update import with_syncs_and_updates
-    candidate = with_syncs_and_updates(_apply(program, choices, [stage]))
+    candidate = what_if.with_syncs_and_updates(with_recovery(program, choices, [stage]))
     if stage_peak(candidate, stage) > program.options.budget:
         return False  # the arena is never smaller than the peak
     if not exact:
         return True
-    from ratrain.passes.plan_memory import stage_arena_bytes
     return stage_arena_bytes(candidate, stage) <= program.options.budget
 
 
@@ -53,7 +34,7 @@ def _escalate(program, stage: int, base: dict) -> dict:
     """The least recompute of one stage that fits: (layer, mb) pairs escalate none ->
     selective -> full in a fixed order; bisection on the live-bytes peak finds the
     shortest prefix, then the prefix grows until the packed arena fits too."""
-    keys = _stage_keys(program, stage)
+    keys = stage_keys(program, stage)
     choices = base
     for mode in ("selective", "full"):
         trial = lambda n: {**base, **{k: mode for k in keys[:n]},
@@ -70,37 +51,40 @@ def _escalate(program, stage: int, base: dict) -> dict:
     return choices
 
 
-# NOTE [where recovery runs]: a forward-side REC (ratrain mode) rebuilds all of a
-# micro-batch's layers before its B and keeps them alive through it, so under a tight
-# budget it can need more recompute than recovering in B (NOTE [backward-time recovery]):
-# measured on the tiny model with 8 layers, PP=2 and 4 micro-batches under the budget
-# where every pair just fits fully recomputed on the forward side, B-time recovery fits
-# with 5 of stage 0's 16 pairs only selectively recomputed, and the ranks' compute per
-# step was 22% longer on average with forward-side recovery. So auto decides, per stage, where
-# recovery runs, by what recovery costs there (_recovery_cost: the RECs' seconds under the
-# program's cost model, or their FLOPs without one; on the forward side under ZeRO-3 also
-# the view all-gathers of RECs apart from their B): on the forward side when that costs no
-# more than B-time recovery plus one micro-batch of the stage's layers fully recomputed;
-# else it takes B-time recovery's choices and moves micro-batches to the forward side from
-# the last one down while the stage still fits (the last ones have the fewest
-# micro-batches in flight, and a REC in the wait before the last B is the one that
-# shortens the pipeline's drain).
-# - The margin is the grain of the two searches: both escalate pairs micro-batch by
-#   micro-batch and stop inside one, so costs closer than a micro-batch are a tie. Broken
-#   by where each search stopped, the tie flipped with the micro-batch count: qwen2.5-32b
-#   (pp 16 x dp 16, zb1, scatter) had stages 7-12 recover in B at some counts from 19 to 42
-#   and on the forward side at others, 0.04-0.22 TFLOP apart, so the instances of its
-#   periodic step never repeated (NOTE [periodic steps]); tiny at pp 3 did the same at odd
-#   and even counts (tests/passes/test_recovery_placement.py). The tie goes to the forward
-#   side, whose RECs can fill idle time. Simulated on mt3000 for llama2-7b at pp 3 x dp 256
-#   and 16 micro-batches under 20 GB, ZeRO 2 and zb1, its stage 0 recomputes 9.1 TFLOP
-#   more on the forward side (within the margin) and the step is 122.1 s against 124.2 s.
-# - The gathers: on the same program under ZeRO-3 the two sides recompute the same
-#   selective pairs to within a micro-batch, but the forward side's RECs gather every
-#   view but the last layer's once more per micro-batch: 114.7 s against B-time's
-#   103.4 s under zb1, 119.2 against 106.7 under 1f1b. Charged, they leave recovery in B.
-# The recompute is then at most one micro-batch of the stage's layers more than the
-# baseline's, and forward-side recovery runs wherever the memory allows.
+# NOTE [where recovery runs]: auto decides, per stage, whether recovery runs on the
+# forward side (REC tasks, ratrain mode) or in B (NOTE [backward-time recovery]).
+# 1. Why both. A forward-side REC rebuilds all of a micro-batch's layers before its B and
+#    keeps them alive through it, so under a tight budget it can need more recompute than
+#    recovering in B: measured on the tiny model with 8 layers, PP=2 and 4 micro-batches
+#    under the budget where every pair just fits fully recomputed on the forward side,
+#    B-time recovery fits with 5 of stage 0's 16 pairs only selectively recomputed, and
+#    the ranks' compute per step was 22% longer on average with forward-side recovery.
+# 2. The rule. Recovery runs where it costs less (_recovery_cost: the RECs' seconds under
+#    the program's cost model, or their FLOPs without one; on the forward side under
+#    ZeRO-3 also the view all-gathers of RECs apart from their B): on the forward side
+#    when that costs no more than B-time recovery plus one micro-batch of the stage's
+#    layers fully recomputed; else it takes B-time recovery's choices and moves
+#    micro-batches to the forward side from the last one down while the stage still fits
+#    (the last ones have the fewest micro-batches in flight, and a REC in the wait before
+#    the last B is the one that shortens the pipeline's drain).
+# 3. The margin is the grain of the two searches: both escalate pairs micro-batch by
+#    micro-batch and stop inside one, so costs closer than a micro-batch are a tie. Broken
+#    by where each search stopped, the tie flipped with the micro-batch count: qwen2.5-32b
+#    (pp 16 x dp 16, zb1, scatter) had stages 7-12 recover in B at some counts from 19 to
+#    42 and on the forward side at others, 0.04-0.22 TFLOP apart, so the instances of its
+#    periodic step never repeated (NOTE [periodic steps]); tiny at pp 3 did the same at
+#    odd and even counts (tests/passes/test_recovery_placement.py). The tie goes to the
+#    forward side, whose RECs can fill idle time. Simulated on mt3000 for llama2-7b at
+#    pp 3 x dp 256 and 16 micro-batches under 20 GB, ZeRO 2 and zb1, its stage 0
+#    recomputes 9.1 TFLOP more on the forward side (within the margin) and the step is
+#    122.1 s against 124.2 s.
+# 4. The gathers: on the same program under ZeRO-3 the two sides recompute the same
+#    selective pairs to within a micro-batch, but the forward side's RECs gather every
+#    view but the last layer's once more per micro-batch: 114.7 s against B-time's
+#    103.4 s under zb1, 119.2 against 106.7 under 1f1b. Charged, they leave recovery in B.
+# 5. The bound. The recompute is then at most one micro-batch of the stage's layers more
+#    than the baseline's, and forward-side recovery runs wherever the memory allows.
+
 
 def _auto(program):
     """The least recompute that fits the budget, stage by stage (stages do not share
@@ -150,7 +134,7 @@ def _recovery_cost(program, stage: int, choices: dict, forward_side: bool) -> fl
 def _grain(program, stage: int) -> float:
     """One micro-batch of `stage`'s layers fully recomputed, in _recovery_cost's unit: how
     far apart two _escalate searches can stop (NOTE [where recovery runs])."""
-    one = {(l, m): "full" for l, m in _stage_keys(program, stage) if m == 0}
+    one = {(l, m): "full" for l, m in stage_keys(program, stage) if m == 0}
     return _recovery_cost(program, stage, one, forward_side=False)
 
 
@@ -170,23 +154,6 @@ def _forward_where_it_fits(program, stage: int):
     return replace(program, backward_recovery=program.backward_recovery - moved)
 
 
-def _place(program, choices: dict, stage: int, tasks) -> tuple[Task, ...]:
-    """REC tasks of micro-batch m go before RECV_B m (ratrain: forward side, in the wait
-    for the gradient). In baseline mode, on the last stage and for the micro-batches auto
-    leaves to B there are none: B rebuilds each layer right before its backward (NOTE
-    [backward-time recovery], layer_buffers.py)."""
-    if stage_recovers_in_backward(program, stage):
-        return tuple(tasks)
-    out: list[Task] = []
-    for task in tasks:
-        if task.kind == Kind.RECV_B and not recovers_in_backward(program, stage,
-                                                                 task.micro_batch):
-            out += [Task(stage, Kind.REC, micro_batch=task.micro_batch, layer=l)
-                    for l in program.stages[stage] if (l, task.micro_batch) in choices]
-        out.append(task)
-    return tuple(out)
-
-
 def insert_recovery(program):
     """Choose keep / recompute per (layer, micro-batch) and place REC tasks.
 
@@ -200,8 +167,7 @@ def insert_recovery(program):
     program = replace(program, recompute={}, backward_recovery=frozenset())
     if policy == "auto":
         chosen = _auto(program)
-        return _apply(chosen, chosen.recompute)
+        return with_recovery(chosen, chosen.recompute)
     if policy == "none":
-        return _apply(program, {})
-    return _apply(program, {k: policy for s in range(len(program.stages))
-                            for k in _stage_keys(program, s)})
+        return with_recovery(program, {})
+    return recompute_all_pairs(program, policy)

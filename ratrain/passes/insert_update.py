@@ -25,30 +25,34 @@ def commits_updates(options) -> bool:
         options.update_rule == "commit"
 
 
-# NOTE [commit rule]: Zero Bubble PP's optimizer post-validation. Under --update-rule
-# commit each UPD[L] runs as soon as its SYNC is done, as without a NORM: its AdamW call
-# first takes the layer's share of the global norm from the synced gradient (sum of
-# squares and finite flag of the part this rank owns; fp16: unscaled in place with the
-# known loss scale first, as the NORM of after-norm would), copies the layer's master and
-# Adam moments into undo.L, then steps in place with clip coefficient 1; PREF[L] builds
-# the next view from it at once. The NORM at the step end sums the layers' shares in the
-# stage's layer order (the same float additions as after-norm's) and all-reduces them:
-# - commit (neither clipped nor overflowing, every step in steady state): nothing to do;
-# - roll back (clip coefficient < 1, or a non-finite gradient): every layer copies undo.L
-#   back and redoes after-norm's AdamW (with the coefficient; an overflow skips it and
-#   lowers the loss scale, as before), then its view is rebuilt.
-# The redo reads the same gradient, master and moments as after-norm's UPD, so losses
-# and weights are bit-identical under both rules. The rollback-only calls (redo_update,
-# prefetch_view[redo]) are skipped on a committed step before the runtime's hazard rule
-# would wait for the views' all-gathers. Memory: undo.L (3 x the shard's fp32 bytes)
-# lives from UPD[L] to the NORM, the gradients until the NORM as under after-norm. It is
-# the least that stays exact: a staging copy of the new state costs the same bytes plus a
-# copy on every commit, updating only the views speculatively would leave the whole AdamW
-# pass for the tail, and AdamW cannot be inverted bit-exactly. undo.L lives in the step's
-# tail, where the activations are gone, so under ZeRO 1/2 it rarely raises the peak; under
-# ZeRO 0 it can (plan_memory counts it, the budget error names --update-rule after-norm).
-# The simulator assumes every step commits: the rollback calls cost nothing there, the
-# speculative AdamW the copy and the norm share it adds, the NORM its world sum.
+# NOTE [commit rule]: Zero Bubble PP's optimizer post-validation, under --update-rule
+# commit.
+# 1. Speculative update. Each UPD[L] runs as soon as its SYNC is done, as without a NORM:
+#    its AdamW call first takes the layer's share of the global norm from the synced
+#    gradient (sum of squares and finite flag of the part this rank owns; fp16: unscaled
+#    in place with the known loss scale first, as the NORM of after-norm would), copies
+#    the layer's master and Adam moments into undo.L, then steps in place with clip
+#    coefficient 1; PREF[L] builds the next view from it at once.
+# 2. The decision. The NORM at the step end sums the layers' shares in the stage's layer
+#    order (the same float additions as after-norm's) and all-reduces them:
+#    - commit (neither clipped nor overflowing, every step in steady state): nothing to do;
+#    - roll back (clip coefficient < 1, or a non-finite gradient): every layer copies
+#      undo.L back and redoes after-norm's AdamW (with the coefficient; an overflow skips
+#      it and lowers the loss scale, as before), then its view is rebuilt.
+# 3. Exactness. The redo reads the same gradient, master and moments as after-norm's UPD,
+#    so losses and weights are bit-identical under both rules. The rollback-only calls
+#    (redo_update, prefetch_view[redo]) are skipped on a committed step before the
+#    runtime's hazard rule would wait for the views' all-gathers.
+# 4. Memory. undo.L (3 x the shard's fp32 bytes) lives from UPD[L] to the NORM, the
+#    gradients until the NORM as under after-norm. It is the least that stays exact: a
+#    staging copy of the new state costs the same bytes plus a copy on every commit,
+#    updating only the views speculatively would leave the whole AdamW pass for the tail,
+#    and AdamW cannot be inverted bit-exactly. undo.L lives in the step's tail, where the
+#    activations are gone, so under ZeRO 1/2 it rarely raises the peak; under ZeRO 0 it
+#    can (plan_memory counts it, the budget error names --update-rule after-norm).
+# 5. Simulation. The simulator assumes every step commits: the rollback calls cost
+#    nothing there, the speculative AdamW the copy and the norm share it adds, the NORM
+#    its world sum.
 
 
 def _update_order(program, layers: list[int]) -> list[int]:
@@ -75,19 +79,6 @@ def _with_updates(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, .
     elif needs_global_norm(program.options):
         updates.insert(0, Task(stage, Kind.NORM))
     return tasks[:at] + tuple(updates) + tasks[at:]
-
-
-def with_syncs_and_updates(program):
-    """`program` with its SYNCs and UPDs placed unless it has them, for memory questions
-    asked before those passes run (recovery's budget search, choose_grad_accumulation):
-    a ZeRO-2 SYNC's shard lives from where the list starts the SYNC (NOTE [sync issue
-    point]) to the UPD reading it. It is placed under after-norm (so are its options):
-    the commit rule's undo copies stay NOTE [update rule fallback]'s question, as before."""
-    from ratrain.passes.insert_grad_sync import insert_grad_sync
-    if any(t.kind == Kind.SYNC for ts in program.tasks.values() for t in ts):
-        return program
-    options = replace(program.options, update_rule="after-norm")
-    return insert_update(insert_grad_sync(replace(program, options=options)))
 
 
 def insert_update(program):

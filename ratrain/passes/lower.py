@@ -211,7 +211,7 @@ def _lower_backward(program, task: Task) -> list[Call]:
 
 
 def _backward_pieces(program, piece: Task) -> dict[int, list[Call]]:
-    """NOTE [sync issue point]: layer -> the calls of its piece of the B `piece` belongs
+    """See NOTE [sync issue point]: layer -> the calls of its piece of the B `piece` belongs
     to: exactly that layer's calls of the B, in the B's order (the stage's first piece
     also fills the loss cotangent), over the B's workspace."""
     use = lambda layer: replace(piece, layer=layer)  # each piece uses its layer's view

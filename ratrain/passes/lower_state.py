@@ -55,7 +55,7 @@ def _update_grad_slot(program, layer: int) -> Slot:
 
 
 def undo_slots(program, layer: int) -> tuple[Slot, Slot, Slot]:
-    """NOTE [commit rule]: where a speculative UPD keeps the old master, m and v."""
+    """See NOTE [commit rule]: where a speculative UPD keeps the old master, m and v."""
     shard = state_slots(program, layer)[4]
     undo = buffer_name(BufferKind.UNDO, layer=layer)
     return tuple(flat_slot(undo, shard, k * align_up(4 * shard)) for k in range(3))
@@ -96,7 +96,7 @@ def _lower_prefetch(program, task: Task) -> list[Call]:
 
 
 def gather_call(program, gather) -> Call:
-    """NOTE [ZeRO-3 lifecycle]: cast this rank's master shard, all-gather the cast shards
+    """See NOTE [ZeRO-3 lifecycle]: cast this rank's master shard, all-gather the cast shards
     into the layer's view slot (non-blocking: the first call touching the slot waits)."""
     layer = gather.task.layer
     views, in_place = _gather_target(program, layer,
@@ -124,7 +124,7 @@ def _lower_gather(program, task: Task) -> list[Call]:
 
 
 def _with_gathers_issued(program, task: Task, calls: list[Call]) -> list[Call]:
-    """NOTE [ZeRO-3 lifecycle]: a compute task's calls with the gathers it issues, each
+    """See NOTE [ZeRO-3 lifecycle]: a compute task's calls with the gathers it issues, each
     right after the last call of the layer whose use frees the gather's view slot, or
     first when that use was the previous piece of a B (insert_gathers.issuing_task)."""
     issued = gathers_issued_in(program, task)
@@ -154,7 +154,7 @@ def _norm_skips(program, layer: int):
 
 
 def _lower_commit(program, task: Task) -> list[Call]:
-    """NOTE [commit rule]: the world sum of the UPDs' norm shares decides; on a rollback
+    """See NOTE [commit rule]: the world sum of the UPDs' norm shares decides; on a rollback
     every layer redoes its update from undo.L and rebuilds its view (no-ops otherwise).
     Under ZeRO-3 there are no views to rebuild: each use gathers from the master shards
     (NOTE [ZeRO-3 lifecycle])."""
@@ -182,7 +182,7 @@ def _lower_norm(program, task: Task) -> list[Call]:
     skip = tuple((i, *tied_range(program, l, w.name), grad_layout(program, l)[1])
                  for i, l in enumerate(layers) for w in tied_weights(program)
                  if l in w.layers[1:])
-    if skip:  # NOTE [tied weights]: the norm counts a shared weight's gradient once
+    if skip:  # see NOTE [tied weights]: the norm counts a shared weight's gradient once
         params += (("skip", skip),)
     return [Call(CallOp.GLOBAL_NORM, unscaled, grads, _loss_scaled(program, params), "step")]
 
@@ -205,7 +205,7 @@ def _tied_rows(program, layer: int, name: str) -> tuple[tuple[int, int], tuple]:
 
 
 def _lower_tie(program, task: Task) -> list[Call]:
-    """NOTE [tied weights]: the stage's copies of each tied weight's gradient, summed
+    """See NOTE [tied weights]: the stage's copies of each tied weight's gradient, summed
     in place with the copies on the other tie stages. A copy of some rows (a row shard
     of a vocabulary-parallel head) is summed at its rows of the whole weight."""
     calls = []

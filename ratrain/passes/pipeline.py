@@ -15,6 +15,7 @@ from ratrain.passes.insert_tied_sum import insert_tied_sum
 from ratrain.passes.insert_update import insert_update
 from ratrain.passes.lower_comms import lower_comms
 from ratrain.passes.partition_stages import partition_stages
+from ratrain.passes.plan_memory import plan_memory, verify_memory_plan
 from ratrain.passes.program import Program
 from ratrain.passes.schedule_zb1 import schedule_pipeline
 from ratrain.passes.verify_schedule import verify_schedule
@@ -32,17 +33,20 @@ PIPELINE = [
     insert_gathers,     # ZeRO-3: last, every F/REC/B is in place to gather its views for
 ]
 
+# The memory-only pipeline: every task in its final order and the memory plan over them,
+# not lowered; what memory questions about a whole configuration run (the planner's
+# candidates, the other schedule's report, bench/paper.py).
+MEMORY_PIPELINE = PIPELINE + [plan_memory]
+
 
 def _late_passes():
     # plan_memory needs the final task order; lower needs the arena offsets it assigns.
     from ratrain.passes.lower import lower
-    from ratrain.passes.plan_memory import plan_memory
     return [plan_memory, lower]
 
 
 def verify_program(program) -> None:
     """The one verifier run after every pass: schedule invariants, then the memory plan."""
-    from ratrain.passes.plan_memory import verify_memory_plan
     verify_schedule(program)
     verify_gathers(program)
     verify_memory_plan(program)

@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ratrain.ir.tasks import GATHERS, Kind, Task
+from ratrain.ir.tasks import Kind, Task
 from ratrain.units import format_bytes  # noqa: F401  (re-exported)
+from ratrain.passes import what_if
 from ratrain.passes.buffers import CATEGORIES, Buffer, persistent_buffers, task_effects
 from ratrain.ir.buffers import BufferKind, arena_name, parse_buffer
 
@@ -315,7 +316,7 @@ def budget_message(program, plan: MemoryPlan) -> str:
 def _fixes(program, stage: int, m: StageMemory) -> list[str]:
     options, fixes = program.options, []
     if options.recompute != "full":
-        saving = m.arena_bytes - stage_arena_bytes(_recompute_all(program), stage)
+        saving = m.arena_bytes - stage_arena_bytes(what_if.under_recompute_full(program), stage)
         if saving > 0:
             fixes.append(f"--recompute full would save {format_bytes(saving)}")
     undo = sum(n for name, (_, n) in m.offsets.items()
@@ -346,34 +347,11 @@ def _zero_fixes(program, stage: int, m: StageMemory) -> list[str]:
     fixes = []
     for zero in (1, 2):
         if zero > options.zero:
-            sharded = replace(program, options=replace(options, zero=zero))
-            saving = m.arena_bytes - stage_arena_bytes(sharded, stage)
+            saving = m.arena_bytes - stage_arena_bytes(what_if.under_zero(program, zero), stage)
             fixes.append(f"--zero {zero} would save {format_bytes(saving)}")
     if options.zero < 3 and not options.vocab_parallel:  # vocab-parallel: no ZeRO-3 yet
-        saving = m.arena_bytes - stage_arena_bytes(_gathering_views(program), stage)
+        saving = m.arena_bytes - stage_arena_bytes(what_if.under_zero(program, 3), stage)
         if saving > 0:  # S view slots can outweigh a few small views
             fixes.append(f"--zero 3 would save {format_bytes(saving)} (views gathered at "
                          f"each use into {options.zero3_prefetch + 1} slots)")
     return fixes
-
-
-def _gathering_views(program):
-    """The same program under ZeRO-3: no PREF, a GATH per use (NOTE [ZeRO-3 lifecycle])."""
-    from ratrain.passes.insert_gathers import insert_gathers
-    tasks = {s: tuple(t for t in ts if t.kind not in (Kind.PREF, Kind.FREE))
-             for s, ts in program.tasks.items()}
-    return insert_gathers(replace(program, options=replace(program.options, zero=3),
-                                  tasks=tasks))
-
-
-def _recompute_all(program):
-    """The same program with every decoder activation recomputed (REC tasks re-placed,
-    and under ZeRO-3 the gathers of their uses: NOTE [ZeRO-3 lifecycle])."""
-    from ratrain.passes.insert_gathers import insert_gathers
-    from ratrain.passes.insert_recovery import insert_recovery
-    options = replace(program.options, recompute="full", budget=None)
-    tasks = {s: tuple(t for t in ts if t.kind not in (Kind.REC, Kind.FREE, *GATHERS))
-             for s, ts in program.tasks.items()}
-    return insert_gathers(insert_recovery(replace(program, options=options, tasks=tasks,
-                                                  recompute={}, backward_recovery=frozenset())))
-

@@ -15,12 +15,13 @@ from ratrain.ir.rules import lookup_rule
 def kept_mask(kind, mode: str) -> tuple[bool, ...]:
     """Which of a layer kind's residuals survive from F to B under `mode`.
 
-    none: all; full: only the layer's inputs; selective: NOTE [selective keeps what a
-    GEMM made]: the inputs and every residual whose rebuild would run a GEMM, so a REC
-    recomputes only norms, RoPE, attention, SwiGLU and the like. A value computed from a
-    GEMM output through cheap ops (reshape, RoPE, the residual add) counts as made by
-    that GEMM: the GEMM output itself is often not a residual, so dropping the value
-    would mean running the GEMM again.
+    none: all; full: only the layer's inputs; selective: as the next note says.
+
+    NOTE [selective keeps what a GEMM made]: selective keeps the inputs and every residual
+    whose rebuild would run a GEMM, so a REC recomputes only norms, RoPE, attention,
+    SwiGLU and the like. A value computed from a GEMM output through cheap ops (reshape,
+    RoPE, the residual add) counts as made by that GEMM: the GEMM output itself is often
+    not a residual, so dropping the value would mean running the GEMM again.
     """
     inputs = {v.id for v in kind.fwd.inputs}
     if mode != "selective":

@@ -75,7 +75,7 @@ def _pieces(tasks) -> dict:
 
 
 def _check_ties(program, stage: int, tasks) -> None:
-    """NOTE [tied weights]: one TIE on a stage holding a tied layer, before their SYNCs."""
+    """See NOTE [tied weights]: one TIE on a stage holding a tied layer, before their SYNCs."""
     tied = tied_layers_on(program, stage)
     ties = [i for i, t in enumerate(tasks) if t.kind == Kind.TIE]
     # insert_tied_sum runs before insert_prefetch: a PREF means it has run
@@ -137,7 +137,7 @@ def _covered(program, task) -> tuple[int, ...]:
 
 
 def _check_syncs_after_weights(program, stage: int, tasks) -> None:
-    """NOTE [zb1 schedule]: SYNC[L] after the last task producing L's gradient (the last
+    """See NOTE [zb1 schedule]: SYNC[L] after the last task producing L's gradient (the last
     B, the last W[L]); in ratrain mode right after its layer's last W."""
     last_b, last_w = last_backward_index(tasks), last_weight_indices(tasks)
     shard = stage_vocab_layer(program, stage)
@@ -181,7 +181,7 @@ def _check_weights(program, stage: int, tasks) -> None:
 
 
 def _check_weights_before_backward(stage: int, tasks) -> None:
-    """NOTE [zb1 schedule]: on every stage but the last, B(m) follows the W's of the
+    """See NOTE [zb1 schedule]: on every stage but the last, B(m) follows the W's of the
     micro-batches before m (one micro-batch's W operands at a time)."""
     last_w = {t.micro_batch: i for i, t in enumerate(tasks) if t.kind == Kind.W}
     for i, t in enumerate(tasks):
@@ -194,7 +194,7 @@ def _check_weights_before_backward(stage: int, tasks) -> None:
 
 
 def _check_in_flight(program, stage: int, tasks) -> None:
-    """NOTE [zb1 schedule]: at most 1F1B's min(P - s, M) micro-batches between their F and
+    """See NOTE [zb1 schedule]: at most 1F1B's min(P - s, M) micro-batches between their F and
     their B, and one more between their F and their last W."""
     bound = in_flight_micro_batches(program, stage)
     owed = {m: len(program.stages[stage]) for m in range(program.micro_batches)}
@@ -273,7 +273,7 @@ def _check_posts(stage: int, tasks) -> None:
 
 
 def _check_shards(program, stage: int, tasks) -> None:
-    """NOTE [vocabulary-parallel schedule]: one S and one T per micro-batch, in the order
+    """See NOTE [vocabulary-parallel schedule]: one S and one T per micro-batch, in the order
     S0 T0 S1 T1 ... (the pipeline group's collectives in one order on every rank); on
     the last stage S(m) after F(m) and T(m) before its B(m)."""
     if stage_vocab_layer(program, stage) is None:
@@ -327,7 +327,7 @@ def _check_pipeline_comms(tasks) -> None:
                  for stage, ts in sorted(tasks.items())))
 
 
-# NOTE [vocabulary-parallel schedule]: a last stage's F(m) feeds every S(m), and its
+# See NOTE [vocabulary-parallel schedule]: a last stage's F(m) feeds every S(m), and its
 # backward of m waits for every T(m): the dry run needs them to see those waits
 _LAST_WAITS = frozenset({Kind.F, Kind.B, Kind.BL})
 

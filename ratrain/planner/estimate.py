@@ -198,7 +198,7 @@ class _StageModel:
         scatter_port = sum(collective_seconds(p, "reduce_scatter", o.dp, g.reduced,
                                               group=self.group) for g in scatters)
         self.recompute = _recompute_per_micro_batch(program, stage, times, plan)
-        # NOTE [link host cost]: messages sent and received, collectives' port bytes twice
+        # see NOTE [link host cost]: messages sent and received, collectives' port bytes twice
         host = link_host_seconds(p, 2 * sends * message + 2 * sum(
             collective_port_bytes(p, "reduce_scatter", o.dp, g.reduced) for g in scatters))
         self.compute = (self.forward + self.backward + self.recompute + host
@@ -235,7 +235,7 @@ class _StageModel:
             prefetch_seconds(program, p, l, gathers_in_place(program, l)) for l in layers)
 
     def _add_tie(self, p: dict, program, stage: int) -> None:
-        """NOTE [tied weights in the estimate]: the stage's TIE, as the simulator's
+        """See NOTE [tied weights in the estimate]: the stage's TIE, as the simulator's
         tie_sum calls cost it: adding the stage's copies of each tied gradient (compute),
         the blocking all-reduce with the other tie stages (`tie_sum`, the same on every
         tie stage) and the host's share of its port bytes (NOTE [link host cost])."""
@@ -256,7 +256,7 @@ class _StageModel:
 
     def _add_view_gathers(self, p: dict, program, layers, scatter_port: float,
                           last_scatter: float) -> None:
-        """NOTE [ZeRO-3 lifecycle]: every micro-batch gathers each layer's view for its F
+        """See NOTE [ZeRO-3 lifecycle]: every micro-batch gathers each layer's view for its F
         and again for its B (shared gathers ignored): on the port, overlapping compute
         when prefetched (but for the wait behind the B's last reduce-scatter,
         `last_scatter`), else waited for before each use (NOTE [gathers behind
@@ -405,7 +405,7 @@ def _step(stages: list[_StageModel], program, profile: dict) -> float:
 # its simulated step. A tied layer's gradient is always accumulated whole (never
 # reduce-scattered per micro-batch: choose_grad_accumulation), so it keeps its SYNC.
 def _past_tie(stages: list[_StageModel], ready: list[float]) -> list[float]:
-    """NOTE [tied weights in the estimate]: when each tie stage is past its TIE and its
+    """See NOTE [tied weights in the estimate]: when each tie stage is past its TIE and its
     tied layers' SYNCs, the TIE starting on every tie stage once the last has reached it
     (`ready`) and added its copies; other stages' `ready` as given."""
     tie = [(r + s.tie_local, s.tie_sum) for r, s in zip(ready, stages) if s.tied]

@@ -243,7 +243,7 @@ class Planner:
         return compiled, failed
 
     def _twins_of(self, c: Candidate) -> list[Candidate]:
-        """NOTE [zb1 twins]: a pipelined candidate's zb1 twin, and where the head's rows
+        """See NOTE [zb1 twins]: a pipelined candidate's zb1 twin, and where the head's rows
         split over its stages its vocabulary-parallel 1f1b and zb1 twins."""
         out = [replace(c, pipeline_schedule="zb1")]
         if c.zero < 3 and self.graphs.splits(c.pp):
@@ -296,15 +296,14 @@ class Planner:
 
     def _instance(self, c: Candidate, options, built: int, memory_only: bool = False):
         """The candidate's program holding `built` of its micro-batches."""
-        from ratrain.passes.pipeline import PIPELINE, run_pipeline
-        from ratrain.passes.plan_memory import plan_memory
+        from ratrain.passes.pipeline import MEMORY_PIPELINE, run_pipeline
         from ratrain.passes.program import Program
         from ratrain.sim.costs import bound_cost_model
         program = Program(self.graphs.get(c.micro_batch_size, c.pp if c.vocab_parallel else 0),
                           options,
                           built_micro_batches=None if built == options.micro_batches else built,
                           cost_model=bound_cost_model(self.search.profile))
-        return run_pipeline(program, PIPELINE + [plan_memory] if memory_only else None,
+        return run_pipeline(program, MEMORY_PIPELINE if memory_only else None,
                             verify=False, record=False)[0]
 
 

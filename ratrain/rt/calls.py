@@ -327,7 +327,7 @@ def _squares(grads, inverse: np.float32) -> list[float]:
 
 
 def _commit_or_roll_back(t: Transport, st: RankState, call, params: dict) -> None:
-    """NOTE [commit rule]: _global_norm's scalars from the UPDs' shares, summed in the
+    """See NOTE [commit rule]: _global_norm's scalars from the UPDs' shares, summed in the
     same order (stage layers, then parts); the step rolls back if clipped or overflowing.
     The gradients are unscaled already (by the speculative UPDs)."""
     shares = [st.norm_shares.get(layer) for layer in params["layers"]]
@@ -359,7 +359,7 @@ def _unscale_or_skip(st: RankState, grads, inverse: np.float32, overflow: bool) 
 
 
 def _tie_sum(t: Transport, st: RankState, call) -> None:
-    """NOTE [tied weights]: every copy of a tied weight's gradient on this rank becomes the
+    """See NOTE [tied weights]: every copy of a tied weight's gradient on this rank becomes the
     sum of all copies: those here, and (blocking) those of the other tie stages."""
     copies = [st.view(s) for s in call.inputs]  # the outputs are the same slots
     if "rows" in _params(call):
@@ -405,7 +405,7 @@ def _speculative_adamw(t: Transport, st: RankState, call, params: dict) -> None:
 
 
 def _redo_update(t: Transport, st: RankState, call) -> None:
-    """NOTE [commit rule]: on a rolled-back step, master, m and v back from undo.L, then
+    """See NOTE [commit rule]: on a rolled-back step, master, m and v back from undo.L, then
     after-norm's update (none if the step overflowed); nothing on a committed step."""
     if not st.rolled_back:
         return
@@ -452,7 +452,7 @@ def _prefetch_view(t: Transport, st: RankState, call) -> None:
 
 
 def _gather_view(t: Transport, st: RankState, call) -> None:
-    """NOTE [ZeRO-3 lifecycle]: all-gather the cast master shards into a view slot; the
+    """See NOTE [ZeRO-3 lifecycle]: all-gather the cast master shards into a view slot; the
     view is written when the gather completes (the hazard rule: before its first use)."""
     _start_gather(t, st, call)
 

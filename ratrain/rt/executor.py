@@ -223,7 +223,7 @@ class RankExecutor:
         for i, step in enumerate(row.steps):
             if isinstance(step, _Native):
                 self._run_native(row.task, step, clock and clock.at(i, len(step.calls)))
-            elif skips(self.state, step):  # NOTE [commit rule]: no wait for its buffers
+            elif skips(self.state, step):  # see NOTE [commit rule]: no wait for its buffers
                 pass
             else:
                 if clock:
@@ -355,7 +355,7 @@ class RankExecutor:
     def tie_sum(self, st: RankState, call, value: np.ndarray) -> None:
         comm.sum_tied_gradient(self.comms, value)
 
-    # NOTE [vocabulary-parallel head]: non-blocking over the replica's pipeline group,
+    # See NOTE [vocabulary-parallel head]: non-blocking over the replica's pipeline group,
     # completed by the hazard rule (a stage's reduce part, which touches no arena byte,
     # at the step's end with the sends)
 

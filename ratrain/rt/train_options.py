@@ -260,7 +260,7 @@ def learning_rate(args, step: int) -> float:
 
 def schedule_change(args, old_steps: int, step: int) -> str | None:
     """The line a run resumed after `step` prints when its --steps is no longer the
-    `old_steps` its schedule ran to: how the learning rate moves (NOTE [default
+    `old_steps` its schedule ran to: how the learning rate moves (see NOTE [default
     learning-rate schedule]: warm-up and cosine are functions of --steps); None when it
     does not move."""
     old = argparse.Namespace(**{**vars(args), "steps": old_steps})

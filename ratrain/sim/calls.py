@@ -294,7 +294,8 @@ class ProfileCosts:
         return [start] + self.host_steps(2 * cost.nbytes)
 
     def host_steps(self, nbytes: float) -> list[Step]:
-        """NOTE [link host cost]: compute the rank loses to moving `nbytes` over its link."""
+        """See NOTE [link host cost]: compute the rank loses to moving `nbytes` over its
+        link."""
         return [Compute(link_host_seconds(self.profile, nbytes))] if self.host_cost and nbytes \
             else []
 
@@ -361,7 +362,7 @@ def _global_norm(c: ProfileCosts, task, call) -> list[Step]:
 
 
 def _tie_sum(c: ProfileCosts, task, call) -> list[Step]:
-    """NOTE [tied weights]: add this stage's copies, all-reduce the sum with the other tie
+    """See NOTE [tied weights]: add this stage's copies, all-reduce the sum with the other tie
     stages (blocking, over the pipeline link) and write it into every copy."""
     nbytes = call.inputs[0].nbytes
     if "rows" in dict(call.params):  # the whole weight's rows (a vocabulary-parallel head)
@@ -404,7 +405,7 @@ def _prefetch_view(c: ProfileCosts, task, call) -> list[Step]:
 
 
 def _gather_view(c: ProfileCosts, task, call) -> list[Step]:
-    """NOTE [ZeRO-3 lifecycle]: a view gathered for one use (_view_gather)."""
+    """See NOTE [ZeRO-3 lifecycle]: a view gathered for one use (_view_gather)."""
     return _view_gather(c, task, call,
                         f"allgather {call.note} for {dict(call.params)['use']}")
 

@@ -107,7 +107,7 @@ def _ring_bytes(op: str, members: int, nbytes: float) -> float:
 
 
 def measured_row(op: str, members: int, node) -> tuple | None:
-    """NOTE [measured node collectives]: the node's timed row of `op` with every rank of
+    """See NOTE [measured node collectives]: the node's timed row of `op` with every rank of
     the node busy, members nearest to `members` (by ratio), the largest size; None
     without one."""
     rows = [r for r in node.collective_rows if r[0] == op and r[1] * r[2] == node.ranks

@@ -208,7 +208,7 @@ def norm_share_bytes(owned: float, grad_bytes: float, scaled: bool) -> float:
 
 
 def undo_copy_bytes(elements: float) -> float:
-    """NOTE [commit rule]: DDR bytes of a speculative update's undo copies of `elements`
+    """See NOTE [commit rule]: DDR bytes of a speculative update's undo copies of `elements`
     parameters: master, m and v (fp32) read and written into undo.L."""
     return 2 * 3 * 4 * elements
 
@@ -297,14 +297,14 @@ def norm_seconds(profile: dict, options, algorithm: str | None = None) -> float:
 
 
 def tie_local_bytes(copies: int, nbytes: float) -> float:
-    """NOTE [tied weights]: DDR bytes of a tie_sum on a stage holding `copies` copies of
+    """See NOTE [tied weights]: DDR bytes of a tie_sum on a stage holding `copies` copies of
     an `nbytes` gradient: each copy read for the sum and written with it."""
     return 2 * copies * nbytes
 
 
 def tie_sum_seconds(profile: dict, nbytes: float, members: int,
                     algorithm: str | None = None) -> float:
-    """NOTE [tied weights]: all-reduce a tied weight's gradient sum over its `members`
+    """See NOTE [tied weights]: all-reduce a tied weight's gradient sum over its `members`
     tie stages (blocking, alone on the link)."""
     return collective_seconds(profile, "allreduce", members, nbytes, algorithm)
 
@@ -361,7 +361,7 @@ class TaskCosts:
 
 
 def _tie_seconds(program, profile: dict, stage: int) -> float:
-    """NOTE [tied weights]: per tied weight, add the stage's copies of its gradient and
+    """See NOTE [tied weights]: per tied weight, add the stage's copies of its gradient and
     all-reduce the sum over the tie stages (one tie_sum call each, passes/lower_state.py)."""
     seconds, members = 0.0, len(tie_stages(program))
     for w in tied_weights(program):

@@ -95,7 +95,7 @@ def _period(facts: list[tuple]) -> int | None:
 
 
 def _absorbing(facts: list[tuple]) -> bool:
-    """The transient of NOTE [periodic steps]: the last three replays grow the step by one
+    """The transient (see NOTE [periodic steps]): the last three replays grow the step by one
     amount per micro-batch but some rank's busy time by more, so its idle time is still
     absorbing the extra and no window starting here can repeat (n doubles at once)."""
     if len(facts) < 3:

@@ -231,7 +231,7 @@ class _Replayer:
                 yield from self._complete(rank, state.in_flight[buffer], str(task))
         op = _Op(step, task, Signal(self.engine))
         now, late = self.engine.now, 0.0
-        if step.straggle > 0:  # NOTE [stragglers]: the bytes move once the latest arrives
+        if step.straggle > 0:  # see NOTE [stragglers]: the bytes move once the latest arrives
             late = step.straggle * (now - state.met_at)
             state.intervals.append(Interval(STRAGGLE_LANE, now, now + late,
                                             f"{step.what or task}: latest replica"))

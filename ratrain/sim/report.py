@@ -36,7 +36,7 @@ def summary(sim) -> dict:
 
 
 def _alone(sim) -> str:
-    """NOTE [steady state]: the step time is that of a step of a run; say what one step
+    """See NOTE [steady state]: the step time is that of a step of a run; say what one step
     timed alone (everything it started drained, the `end s` column) takes."""
     alone = max(sim.replay.ends.values(), default=0.0)
     if sim.replay.period is None or abs(alone - sim.step_time) < 1e-9 * alone:

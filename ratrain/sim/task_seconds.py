@@ -24,7 +24,7 @@ COMPUTE_KINDS = (Kind.F, Kind.B, Kind.BL, Kind.W, Kind.REC, Kind.S, Kind.T)
 # that rebuild the layer (residuals.rebuild_node_indices); W[L] the weight part of L's
 # backward (a split node its share of the whole one, kernels.graph_seconds); REC the
 # rebuilding nodes; S and T the forward and backward of the stage's shard of a
-# vocabulary-parallel head (NOTE [vocabulary-parallel head]: the fused cross-entropy's
+# vocabulary-parallel head (see NOTE [vocabulary-parallel head]: the fused cross-entropy's
 # kernels on the shard's rows). The simulator charges those calls from the same tables
 # (KernelTables), so for every compute task the passes' cost is the sum of
 # ProfileCosts.call_charges over its IR calls on a profile without cold costs (tested,

@@ -55,8 +55,8 @@ def vocab_hidden(c, task, call) -> list:
 
 
 def _shard_seconds(c, task, direction: str) -> float:
-    """The stage's shard's cross-entropy in `direction` (NOTE [a compute task's
-    seconds]: task_seconds charges S and T the same)."""
+    """The stage's shard's cross-entropy in `direction` (see NOTE [a compute task's
+    seconds]; task_seconds charges S and T the same)."""
     return c._warm.layer(stage_vocab_layer(c.program, task.stage), direction)
 
 

@@ -239,7 +239,7 @@ def test_program_options_need_a_program_dir(capsys):
 
 
 def test_compile_defaults_to_train_micro_batch_rule(tmp_path):
-    """NOTE [default micro-batches]: no global batch to divide, so 4, not 1."""
+    """See NOTE [default micro-batches]: no global batch to divide, so 4, not 1."""
     assert compile_to(tmp_path / "prog", "--pp", "2") == 0
     assert manifest_of(tmp_path / "prog")["options"]["micro_batches"] == 4
     assert compile_to(tmp_path / "one", "--pp", "2", "--micro-batches", "1") == 0
@@ -336,7 +336,7 @@ def test_update_rule_help_says_what_it_does(capsys):
 
 
 def test_a_long_step_is_written_as_a_periodic_program(tmp_path, capsys):
-    """NOTE [periodic programs]: 48 micro-batches on 2 stages compile from instances; the
+    """See NOTE [periodic programs]: 48 micro-batches on 2 stages compile from instances; the
     manifest holds each stage's period, the dumps say what they show, and --expand writes
     the whole step."""
     out = tmp_path / "periodic"
@@ -371,7 +371,7 @@ def test_the_report_dry_runs_a_periodic_program_as_its_whole_step():
 
 
 def test_a_program_directory_rebuilds_with_the_split_it_records(program_dir):
-    """NOTE [a recorded split is kept]: a directory compiled when the costs balanced the
+    """See NOTE [a recorded split is kept]: a directory compiled when the costs balanced the
     layers otherwise (another profile, an older cost model) rebuilds to the stages its
     program.json records, not to today's balance; a split that is not one is refused."""
     import copy

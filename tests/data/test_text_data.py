@@ -214,7 +214,7 @@ def test_bad_inputs_are_one_line_errors_naming_the_file(tmp_path, checkpoint):
 
 
 def test_pieces_encode_to_the_ids_of_the_whole_text(tmp_path):
-    """NOTE [pieces of a long text]: with a GPT-2 style byte-level BPE, blank lines, runs
+    """See NOTE [pieces of a long text]: with a GPT-2 style byte-level BPE, blank lines, runs
     of spaces and indentation, the pieces' ids joined are the whole file's ids."""
     lines = sample_text(300, 3).splitlines()
     text = "".join(line + rng_sep for line, rng_sep in

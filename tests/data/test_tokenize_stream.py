@@ -59,7 +59,7 @@ def stream_of(path, folder, vocab=400, field="text"):
 
 
 def test_small_pieces_give_the_format_2_ids(tmp_path, small_pieces):
-    """NOTE [pieces of a long text]: the pieces' ids are the whole file's, which is what
+    """See NOTE [pieces of a long text]: the pieces' ids are the whole file's, which is what
     format 2 wrote for a file under 4 MiB (one piece): old caches stay valid."""
     bpe = byte_level_bpe(tmp_path / "tok")
     text = source_text(600, 1)

@@ -82,7 +82,7 @@ def test_cases_cover_every_native_op_and_count_as_the_simulator(cases):
 
 
 def test_every_kernel_node_of_the_bench_programs_finds_its_case_by_shape(cases):
-    """NOTE [cases by shape]: the simulator looks a call up by kernel_shape of its node
+    """See NOTE [cases by shape]: the simulator looks a call up by kernel_shape of its node
     (the forward partner's for a backward node); the cases are named the same way, so
     every kernel node of tiny and tiny-gqa at bench/predict's shapes (T 256, micro-batches
     of 1 and 2) that some case's FLOPs and bytes match names a case that ran, with the
@@ -114,7 +114,7 @@ def test_every_kernel_node_of_the_bench_programs_finds_its_case_by_shape(cases):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_16_bit_gemm_cases_count_their_operands_in_their_format(cases, precision):
-    """NOTE [16-bit GEMM cases]: x, w, y, dy and dx in the 16-bit format, dw in fp32 (the
+    """See NOTE [16-bit GEMM cases]: x, w, y, dy and dx in the 16-bit format, dw in fp32 (the
     bytes the simulator counts for a 16-bit program's matmul nodes), the same FLOPs."""
     gemm = {c.op: c for c in cases if c.shape == "M=256 N=688 K=256" and
             c.precision == precision}
@@ -200,7 +200,7 @@ def test_probe_times_kernels_and_ping_pongs_under_mpiexec(capfd):
 
 
 def test_cold_times_and_the_cache_share_go_to_each_threads_entry(cases):
-    """NOTE [cache residency]: a probe run with cold times and a cache share gives its
+    """See NOTE [cache residency]: a probe run with cold times and a cache share gives its
     threads entry op_costs_cold (fitted on the cold times) and cache_bytes; one without
     them gives neither, and the simulator charges every call warm."""
     cold_run = made_up_run(cases, 1, PINGS)
@@ -247,7 +247,7 @@ def test_command_refuses_a_file_that_is_not_json(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag", [[], ["--evict"]])
 def test_probes_sweep_the_caches_only_under_evict(cases, tmp_path, monkeypatch, flag):
-    """NOTE [warm operands]: by default the probes time kernel calls back to back and sweep
+    """See NOTE [warm operands]: by default the probes time kernel calls back to back and sweep
     the last-level cache only before the runtime calls; --evict sweeps before every call,
     and the profile's sources say which. The run of several ranks also probes the node."""
     sweeps, nodes = [], []
@@ -268,7 +268,7 @@ def test_probes_sweep_the_caches_only_under_evict(cases, tmp_path, monkeypatch, 
 
 
 def test_ranks_sweeping_at_once_share_the_last_level_cache(cases, tmp_path, monkeypatch):
-    """NOTE [sweep share]: on a 16-core node with a 300 MiB cache, the 16 ranks that sweep
+    """See NOTE [sweep share]: on a 16-core node with a 300 MiB cache, the 16 ranks that sweep
     together stream twice the cache between them (37.5 MiB each), and the one rank of 16
     threads streams it whole, as one rank or two did before."""
     sweeps = {}
@@ -338,7 +338,7 @@ def test_probe_times_collectives_on_every_rank_and_beside_a_kernel_under_mpiexec
 
 
 def test_the_gather_view_case_runs_the_runtimes_gather_over_a_group_of_one():
-    """NOTE [gather start]: the case is the runtime's own gather_view (shard cast, MPI's
+    """See NOTE [gather start]: the case is the runtime's own gather_view (shard cast, MPI's
     all-gather started and completed over this rank alone), so the view ends up holding
     the master; every size is a case."""
     from ratrain.calibrate.rt_cases import SIZES, OneMemberGroup, _slot, _state, runtime_cases

@@ -1,4 +1,4 @@
-"""NOTE [this machine's profile]: where no --hw is given, ratrain uses a profile of this
+"""See NOTE [this machine's profile]: where no --hw is given, ratrain uses a profile of this
 machine, cached per CPU model and core count and made on first use by a quick
 calibration; the shipped cpu profile is a labelled fallback. The CPU identity and the
 quick probe are faked here, so these tests read the same numbers on every machine (the

@@ -1,4 +1,4 @@
-"""NOTE [B/W split]: a layer's backward as B (input gradient) then W (weight gradients)
+"""See NOTE [B/W split]: a layer's backward as B (input gradient) then W (weight gradients)
 computes bit for bit what the whole backward computes, B alone makes every input
 cotangent, and W holds the weight GEMMs."""
 import numpy as np

@@ -92,7 +92,7 @@ def test_tables_equal_transformers_to_the_ulp(rope_parameters, head_dim):
     config = hf_config(rope_parameters, head_dim=head_dim)
     hf = LlamaRotaryEmbedding(config)
     spec = rope_spec(config.to_dict())
-    # NOTE [RoPE tables in float32]: torch's float32 pow is 1 ulp off the correctly rounded
+    # See NOTE [RoPE tables in float32]: torch's float32 pow is 1 ulp off the correctly rounded
     # power for ~1% of exponents; everything after it is the same float32 arithmetic
     np.testing.assert_array_max_ulp(inv_freq(spec, head_dim), hf.inv_freq.numpy(), maxulp=1)
     assert attention_scaling(spec) == hf.attention_scaling

@@ -193,7 +193,7 @@ def test_cross_entropy_bf16(each_path, chunk):
     rdh, rdw = np.empty((N, C), np.float32), dw0.copy()
     call("ref_crossentropy_bwd", rdh, rdw, widen(h), widen(w), t, dl, N, V, C)
     assert dh.dtype == np.uint16 and dw.dtype == np.float32
-    # NOTE [bf16 logits gradient]: the softmax gradient G is rounded to bf16 (2^-9 relative)
+    # See NOTE [bf16 logits gradient]: the softmax gradient G is rounded to bf16 (2^-9 relative)
     # before both GEMMs, so dw (fp32 sums of bf16 products) is bf16-accurate, not fp32's
     assert_close(widen(dh), rdh, REL_BF16, "dh vs C")
     assert_close(dw, rdw, REL_BF16, "dw vs C")

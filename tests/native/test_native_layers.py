@@ -178,7 +178,7 @@ def test_cross_entropy(dtype, chunk):
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, "bf16"])
 @pytest.mark.parametrize("chunk", [64, 4096])
 def test_cross_entropy_halves_compute_the_fused_bits(dtype, chunk):
-    """NOTE [split logits gradient]: zb1's B (_input) then W (_weight) give the fused
+    """See NOTE [split logits gradient]: zb1's B (_input) then W (_weight) give the fused
     backward's dh and dw bit for bit, and B keeps G chunk by chunk as the kernel held it."""
     rng = np.random.default_rng(6)
     N, V, C = 45, 301, 70

@@ -68,7 +68,7 @@ def test_insert_recovery_places_nothing_in_the_baseline_or_without_recompute():
 # ---- insert_grad_sync -----------------------------------------------------------------
 
 def test_insert_grad_sync_splits_the_last_backward_and_syncs_after_each_piece():
-    """NOTE [sync issue point]: SYNC[L] right after L's piece of the step's last B; the
+    """See NOTE [sync issue point]: SYNC[L] right after L's piece of the step's last B; the
     stage's first layer after the SEND_B the previous stage waits for."""
     out = insert_grad_sync(program(SKELETON))
     assert text(out) == {
@@ -103,8 +103,8 @@ SYNCED = {0: "0B0 0B[L1]1 0SYNC[L1] 0B[L0]1 0SYNC[L0]",
 @pytest.mark.parametrize("options, tails", [
     ({}, ("0UPD[L1] 0UPD[L0]", "1UPD[L3] 1UPD[L2]")),             # in SYNC order
     ({"clip": 1.0}, ("0UPD[L1] 0UPD[L0] 0NORM", "1UPD[L3] 1UPD[L2] 1NORM")),  # commit
-    ({"clip": 1.0, "update_rule": "after-norm"},                 # NOTE [update order
-     ("0NORM 0UPD[L0] 0UPD[L1]", "1NORM 1UPD[L2] 1UPD[L3]")),    # after NORM]
+    ({"clip": 1.0, "update_rule": "after-norm"},                 # layer order, see
+     ("0NORM 0UPD[L0] 0UPD[L1]", "1NORM 1UPD[L2] 1UPD[L3]")),    # NOTE [update order after NORM]
     ({"clip": 1.0, "schedule": "baseline"},
      ("0NORM 0UPD[L1] 0UPD[L0]", "1NORM 1UPD[L3] 1UPD[L2]")),
 ], ids=["plain", "commit", "after-norm", "baseline"])
@@ -119,7 +119,7 @@ UPDATED = {0: SYNCED[0] + " 0UPD[L1] 0UPD[L0]", 1: SYNCED[1] + " 1UPD[L3] 1UPD[L
 
 
 def test_insert_tied_sum_moves_the_tied_sync_and_update_behind_a_tie():
-    """NOTE [tied weights]: L0 and L3 share the embedding; each stage's TIE sums the
+    """See NOTE [tied weights]: L0 and L3 share the embedding; each stage's TIE sums the
     copies after the other layers' updates, then syncs and updates its copy."""
     out = insert_tied_sum(program(UPDATED, tied=True))
     assert text(out) == {
@@ -151,7 +151,7 @@ def test_insert_prefetch_follows_each_update():
 
 
 def test_insert_prefetch_gathers_in_layer_order_after_speculative_updates():
-    """NOTE [gather order under the commit rule]: ZeRO 1 under the commit rule."""
+    """See NOTE [gather order under the commit rule]: ZeRO 1 under the commit rule."""
     tasks = {s: t + f" {s}NORM" for s, t in UPDATED.items()}
     out = insert_prefetch(program(tasks, dp=2, zero=1, clip=1.0))
     assert text(out) == {0: SYNCED[0] + " 0UPD[L1] 0UPD[L0] 0PREF[L0] 0PREF[L1] 0NORM",

@@ -90,7 +90,7 @@ def test_mixed_placement_computes_the_whole_model():
 
 
 def test_where_recovery_runs_repeats_with_the_micro_batches():
-    """NOTE [where recovery runs]: its two searches end inside a micro-batch, so a tie
+    """See NOTE [where recovery runs]: its two searches end inside a micro-batch, so a tie
     between them must not be broken by where they end, or a stage recovers in B at one
     micro-batch count and on the forward side at the next, and instances of a periodic
     step (NOTE [periodic steps]) stop repeating. Tiny, pp 3 on mt3000, under budgets from
@@ -108,7 +108,7 @@ def test_where_recovery_runs_repeats_with_the_micro_batches():
 
 
 def test_forward_side_recovery_pays_its_zero3_gathers():
-    """NOTE [where recovery runs]: under ZeRO-3 a REC apart from its B gathers its layer's
+    """See NOTE [where recovery runs]: under ZeRO-3 a REC apart from its B gathers its layer's
     view once more. Tiny, pp 3 x dp 2 on mt3000, just above full recompute's arena:
     recompute FLOPs alone send stage 1 to the forward side; with mt3000's cost model bound
     (as `ratrain compile` binds it) the gathers keep it in B, and that step simulates

@@ -80,7 +80,7 @@ def test_construction_rejects_tasks_without_text_form(kwargs, problem):
 
 
 def test_a_backward_piece_belongs_to_its_b():
-    """NOTE [sync issue point]: a per-layer piece names the B whose calls it runs."""
+    """See NOTE [sync issue point]: a per-layer piece names the B whose calls it runs."""
     assert backward_of(parse_task("1B[L5]3")) == parse_task("1B3")
     assert backward_of(parse_task("1B3")) == parse_task("1B3")
     assert GRAD_PRODUCERS >= {Kind.B, Kind.BL} and BACKWARDS == {Kind.B, Kind.BL}

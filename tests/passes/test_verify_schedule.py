@@ -42,7 +42,7 @@ def test_compiled_programs_verify():
     (STAGE0.replace("0F1 ", "0F1 0F1 "), "2 F tasks for micro-batch 1"),
     (STAGE0.replace("0SYNC[L0] ", ""), "layer 0 is synced 0 times"),
     (STAGE0.replace("0SYNC[L0] ", "0SYNC[L0] 0SYNC[L0] "), "synced 2 times"),
-    # NOTE [sync issue point]: a SYNC moved before the piece producing its gradient
+    # See NOTE [sync issue point]: a SYNC moved before the piece producing its gradient
     (STAGE0.replace("0B[L1]1 0SYNC[L1]", "0SYNC[L1] 0B[L1]1"),
      "0SYNC[L1] starts before 0B[L1]1, the last task producing layer 1's gradient"),
     (STAGE0.replace("0B[L0]1 0SYNC[L0]", "0SYNC[L0] 0B[L0]1"),

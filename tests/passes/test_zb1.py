@@ -153,10 +153,10 @@ def weight_operands(program, stage: int, micro_batch: int) -> int:
 @pytest.mark.parametrize("pp,dp,m,zero,schedule,recompute,grad_accum", CASES)
 def test_zb1_peak_is_1f1b_plus_one_micro_batchs_weight_operands_two_on_the_last_stage(
         pp, dp, m, zero, schedule, recompute, grad_accum):
-    """NOTE [zb1 schedule], NOTE [weight operands]: act.L.mb dies with B and a B waits for
-    older W's, so a stage but the last holds 1F1B's peak plus at most one micro-batch's W
-    operands; the last stage, whose B's run as soon as they can, one micro-batch's more
-    (there the LM head's kept logits gradient is most of them)."""
+    """Under NOTE [zb1 schedule] and NOTE [weight operands], act.L.mb dies with B and a B
+    waits for older W's, so a stage but the last holds 1F1B's peak plus at most one
+    micro-batch's W operands; the last stage, whose B's run as soon as they can, one
+    micro-batch's more (there the LM head's kept logits gradient is most of them)."""
     zb1 = compile_zb1(pp, dp, m, zero, schedule, "zb1", recompute, grad_accum=grad_accum)
     base = compile_zb1(pp, dp, m, zero, schedule, "1f1b", recompute, grad_accum=grad_accum)
     peaks = [[p.memory.stages[s].peak_bytes for s in range(pp)] for p in (zb1, base)]
@@ -229,7 +229,7 @@ def test_a_sync_before_its_layers_last_w_is_rejected(program):
 
 
 def test_scattered_gradients_are_reduce_scattered_by_w_from_what_b_hands_it():
-    """NOTE [weight operands]: under scatter accumulation B keeps the gradients it makes
+    """See NOTE [weight operands]: under scatter accumulation B keeps the gradients it makes
     (a decoder's norms', the LM head's final norm's) in wop.L.mb and W[L] starts the
     micro-batch's one reduce-scatter of them all; auto chooses scatter under zb1 as under
     1f1b."""

@@ -76,7 +76,7 @@ def with_cold_costs(profile: dict, slowdown: float, cache_bytes: int) -> dict:
 
 @pytest.mark.parametrize("c", LLAMA_SAMPLE[:2], ids=str)
 def test_the_estimate_charges_cold_operands_as_the_simulator_does(c):
-    """NOTE [estimated residency]: with cold costs twice the warm ones and a 2 MiB cache
+    """See NOTE [estimated residency]: with cold costs twice the warm ones and a 2 MiB cache
     share the simulator charges most calls between the two; the estimate, walking each
     layer's nodes, stays within 10% (3% and 6% here; warm only, 45% short)."""
     p = planner("llama3.2-1b", "cpu", 64)

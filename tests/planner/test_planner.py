@@ -74,7 +74,7 @@ def test_stage_estimate_bounds_plan_memorys_peak(layout, level):
 
 
 def test_fewer_micro_batches_have_the_same_peaks():
-    """NOTE [memory check]: min(M, pp) micro-batches stand for M in 1F1B."""
+    """See NOTE [memory check]: min(M, pp) micro-batches stand for M in 1F1B."""
     arenas = []
     for micro_batches in (3, 9):
         options = CompileOptions(pp=3, micro_batches=micro_batches, seq_len=32,
@@ -205,7 +205,7 @@ def test_smallest_cluster_count_matches_brute_force(budget):
 
 def test_a_candidate_the_commit_rule_does_not_fit_falls_back_to_after_norm(
         after_norm_only_budget):
-    """NOTE [update rule fallback]: fp16 on one rank, a budget between the after-norm
+    """See NOTE [update rule fallback]: fp16 on one rank, a budget between the after-norm
     program's arena and the commit rule's (its undo copies): the planner keeps the
     candidate under after-norm, and the row compiles within the budget."""
     budget = after_norm_only_budget
@@ -217,7 +217,7 @@ def test_a_candidate_the_commit_rule_does_not_fit_falls_back_to_after_norm(
 
 
 def test_a_simulated_pipeline_has_its_zb1_twin_beside_it():
-    """NOTE [zb1 twins]: a pipelined candidate the planner simulates is simulated again
+    """See NOTE [zb1 twins]: a pipelined candidate the planner simulates is simulated again
     under --pipeline-schedule zb1; the twin's row has its own compile's peak and step."""
     from ratrain.planner.candidates import Candidate
     seed = Candidate(2, 2, 0, 1, 4, "auto", "ratrain")

@@ -189,7 +189,7 @@ def test_one_strategy_plans_only_its_candidates(capsys):
 
 
 def test_compile_plan_takes_the_update_rule_of_the_best_row(tmp_path, after_norm_only_budget):
-    """NOTE [update rule fallback]: where only after-norm fits, the planned row says so and
+    """See NOTE [update rule fallback]: where only after-norm fits, the planned row says so and
     compile --plan compiles it that way (with commit it would not fit the budget)."""
     out = tmp_path / "prog"
     assert main(["compile", "tiny", "--plan", "--clusters", "1", "--global-batch", "8",

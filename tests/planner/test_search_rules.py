@@ -99,7 +99,7 @@ def test_llama2_7b_on_768_mt3000_clusters_scatters_instead_of_recomputing(monkey
 
 @pytest.mark.slow
 def test_the_estimate_charges_fused_accumulation_nothing_as_the_simulator_does(monkeypatch):
-    """NOTE [fused gradient accumulation]: the op that makes a weight's gradient adds it
+    """See NOTE [fused gradient accumulation]: the op that makes a weight's gradient adds it
     into the fp32 gradient, so local accumulation costs no pass of its own. The estimate
     charged one (10 bytes per parameter per micro-batch) and put every local candidate of
     LLaMA-2-7B on 768 mt3000 clusters 13-16% above its simulated step, behind scattered

@@ -122,7 +122,7 @@ def test_strategy_filters_and_texts():
 
 
 def test_seeds_are_simulated_beside_the_best_by_estimate():
-    """NOTE [seeded search]: a seed that the estimate does not rank first is simulated
+    """See NOTE [seeded search]: a seed that the estimate does not rank first is simulated
     too, and compare_strategies seeds ratrain's plan with the others' best configurations,
     so ratrain's best is at least as fast as each of theirs."""
     from dataclasses import replace as replaced

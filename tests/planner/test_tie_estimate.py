@@ -1,4 +1,4 @@
-"""NOTE [tied weights in the estimate]: the planner's estimate charges a tie stage's TIE
+"""See NOTE [tied weights in the estimate]: the planner's estimate charges a tie stage's TIE
 (its copies added, the blocking all-reduce with the other tie stages, the host's share)
 and the tied layers' SYNC and UPD after it, each term what the simulator charges the
 same task; on nodes of two ranks whose port is slow, where the TIE's all-reduce crosses

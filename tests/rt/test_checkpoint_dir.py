@@ -149,7 +149,7 @@ def test_checkpoint_problem_reads_headers_and_names_what_differs(tmp_path):
 
 
 def test_weights_files_are_checked_against_their_length(tmp_path):
-    """NOTE [checking a weights file]: each tensor's byte range holds its dtype x shape and
+    """See NOTE [checking a weights file]: each tensor's byte range holds its dtype x shape and
     lies inside the file; an index names only tensors its shards hold. Headers only."""
     from ratrain import models
     tiny = models.get_config("tiny")

@@ -45,7 +45,7 @@ def test_train_on_defaults_prints_progress_and_summary(trained):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("compiling tiny for 2 ranks (pp 2 x dp 1")
-    # NOTE [this machine's profile]: the tests pin the shipped one (tests/conftest.py)
+    # See NOTE [this machine's profile]: the tests pin the shipped one (tests/conftest.py)
     peak = load_profile("cpu")["threads"]["1"]["fp32_flops"] / 1e9
     assert lines[1] == ("MFU against the shipped cpu profile (measured on another machine): "
                         f"2 ranks x {peak:.1f} GFLOP/s fp32 peak")
@@ -70,7 +70,7 @@ def test_train_on_defaults_prints_progress_and_summary(trained):
 
 
 def test_train_log_holds_what_the_terminal_showed(trained):
-    """NOTE [the run's log]: RUN/train.log is the command's output, first line included."""
+    """See NOTE [the run's log]: RUN/train.log is the command's output, first line included."""
     run_dir, result = trained
     assert result.stderr == ""
     assert (run_dir / "train.log").read_text() == result.stdout

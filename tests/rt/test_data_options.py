@@ -52,7 +52,8 @@ def test_warmup_then_cosine_to_min_lr():
 
 
 def test_default_schedule_warms_up_10_percent_then_decays_to_a_tenth():
-    """NOTE [default learning-rate schedule]: warm-up min(100, steps // 10), cosine to lr/10."""
+    """See NOTE [default learning-rate schedule]: warm-up min(100, steps // 10), cosine to
+    lr/10."""
     args = parse("--lr", "1.0", "--steps", "50")
     lrs = [learning_rate(args, step) for step in range(1, 51)]
     assert lrs[:5] == [0.2, 0.4, 0.6, 0.8, 1.0]

@@ -203,7 +203,7 @@ def fuzz(program: Path, count: int, seed: int = 44):
 
 
 def test_mutated_tables_run_identically_or_are_refused_in_one_line(compiled, tmp_path):
-    """NOTE [tables are derived]: of 500 seeded mutants, every one a rank would read as
+    """See NOTE [tables are derived]: of 500 seeded mutants, every one a rank would read as
     another program is refused; the accepted ones read (and train) as the original."""
     source, expected = compiled
     program = tmp_path / "p"
@@ -254,7 +254,7 @@ def test_every_zero_stage_passes_the_checks(tmp_path, zero):
                          ids=["whole", "periodic"])
 def test_a_directory_this_user_has_not_checked_is_rebuilt_to_itself(tmp_path, monkeypatch,
                                                                      flags):
-    """NOTE [tables are derived]: in a fresh cache (a directory from someone else) `ratrain
+    """See NOTE [tables are derived]: in a fresh cache (a directory from someone else) `ratrain
     run`'s checks rebuild the directory from program.json and find it byte for byte what
     the compiler makes, whole or periodic; an edited row is refused."""
     from ratrain.cli.train import check_program

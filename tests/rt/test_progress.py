@@ -16,7 +16,7 @@ def tiny_graph(seq_len=32):
 
 
 def test_model_flops_are_6_n_tokens_plus_attention():
-    """NOTE [model FLOPs and MFU]: 3 x the forward = 6 x (matmul parameters, head
+    """See NOTE [model FLOPs and MFU]: 3 x the forward = 6 x (matmul parameters, head
     included) x tokens + 12 x layers x heads x head-dim x causal pairs, plus elementwise
     ops (RMSNorm, RoPE, SwiGLU, residual adds), which are under 1% here."""
     c, T = models.get_config("tiny"), 32
@@ -114,7 +114,8 @@ def test_loss_plot_is_a_png_beside_the_metrics(tmp_path):
 
 
 def test_elapsed_counts_on_from_the_checkpoint_and_the_summary_says_both(monkeypatch):
-    """NOTE [elapsed across resumes]: a job resumed from a checkpoint at 100 s of training."""
+    """See NOTE [elapsed across resumes]: a job resumed from a checkpoint at 100 s of
+    training."""
     now = iter([0.0, 10.0, 12.0])  # construction, then the end of steps 31 and 32
     monkeypatch.setattr("ratrain.rt.metrics.time.perf_counter", lambda: next(now))
     log = MetricsLog(None, steps=40, before=100.0)

@@ -3,7 +3,7 @@ cli/resume.py): a tied LLaMA with its weights and its own BPE tokenizer.json, tr
 text by `ratrain train --model DIR` (from DIR's weights, as --init-from DIR starts; DIR's
 tokenizer, not bytes), stopped after its step-3 checkpoint, continues with `ratrain train
 --resume RUN` and no other option, bit-exactly against an uninterrupted run and in one
-metrics.jsonl, also after it was copied or moved (NOTE [a run directory is
+metrics.jsonl, also after it was copied or moved (see NOTE [a run directory is
 self-contained]: a copy resumes from its own checkpoint and writes only into itself);
 `ratrain run RUN/program --resume CKPT --data train.txt` without the tokenizer gives the
 same losses, and other tokens are refused in one line."""
@@ -54,7 +54,7 @@ def reference(reference_run, workdir):
 
 
 def test_model_dir_weights_start_the_run_as_init_from_does(workdir, reference_run):
-    """NOTE [a model directory's weights]: --model DIR starts from DIR's model.safetensors
+    """See NOTE [a model directory's weights]: --model DIR starts from DIR's model.safetensors
     and says so; its first loss is --init-from DIR's, and not a seeded start's."""
     from ratrain import models
     from run_dir_fixtures import CONFIG
@@ -89,7 +89,7 @@ def test_model_dir_tokenizer_is_used_and_carried(workdir, reference):
 
 
 def test_copied_and_moved_runs_resume_into_themselves_bit_exactly(workdir, reference):
-    """NOTE [a run directory is self-contained]: a stopped run, copied, continues the copy
+    """See NOTE [a run directory is self-contained]: a stopped run, copied, continues the copy
     from the copy's checkpoint and leaves the original untouched; moved, it continues from
     its own checkpoint, without recreating its old path. Both end bit-exactly as the
     uninterrupted run, each in one metrics.jsonl."""
@@ -187,7 +187,7 @@ def test_options_given_again_override_and_are_recorded(workdir, reference):
     assert [r["step"] for r in records] == list(range(1, 8)) and records[:6] == whole
     record = json.loads((reference / "train_options.json").read_text())
     assert record["options"]["steps"] == 7 and record["options"]["resume"] is None
-    # as ratrain wrote records before NOTE [a run directory is self-contained]: read, and
+    # records as written before NOTE [a run directory is self-contained] held: read, and
     # a copy of the run resumes from its own checkpoints (step 6, not the original's 7)
     record["options"] |= {"save_dir": str(reference / "checkpoints"),
                           "metrics": str(reference / "metrics.jsonl")}

@@ -60,7 +60,7 @@ def test_a_rank_imports_neither_jax_nor_the_compiler(tmp_path, monkeypatch):
 
 
 def test_a_program_of_another_ratrain_version_runs_if_it_knows_the_format(tmp_path):
-    """NOTE [program format]: the format, not the version, decides."""
+    """See NOTE [program format]: the format, not the version, decides."""
     program, ranks = compile_program(tmp_path, "p", "--precision", "fp32")
     manifest = json.loads((program / "program.json").read_text())
     manifest["ratrain_version"] = "0.0.0-other"

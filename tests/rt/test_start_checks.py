@@ -99,7 +99,7 @@ CASES = {
     "missing data": (
         ["train", "--model", "model", "--data", "none.txt"],
         "--data none.txt does not exist"),
-    # NOTE [a tokenizer needs --data]: not byte ids under a BPE tokenizer's name
+    # See NOTE [a tokenizer needs --data]: not byte ids under a BPE tokenizer's name
     "model tokenizer without data": (
         ["train", "--model", "model"],
         "--model model has its own tokenizer (model/tokenizer.json), but without --data "
@@ -156,7 +156,7 @@ def assert_refused_writing_nothing(workdir, tmp_path, args, message, whole=False
 
 
 def test_a_start_whose_job_ends_before_a_step_is_undone(workdir, tmp_path, monkeypatch):
-    """NOTE [a failed start is undone]: a job that ends before it trains a step, here as a
+    """See NOTE [a failed start is undone]: a job that ends before it trains a step, here as a
     rank failing at set-up ends it (MPI_Abort: exit 1), leaves no run directory and no
     token cache behind, so the same command runs again (the job stands in for mpiexec)."""
     import ratrain.cli.train as train_command

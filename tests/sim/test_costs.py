@@ -120,7 +120,7 @@ def test_sync_compute_is_the_same_in_simulator_and_planner(zero):
 
 @pytest.mark.parametrize("flags", [dict(zero=0, clip=1.0), dict(zero=2, precision="fp16")])
 def test_speculative_update_costs_the_same_in_simulator_and_planner(flags):
-    """NOTE [commit rule]: a speculative UPD also takes its gradient's norm share and
+    """See NOTE [commit rule]: a speculative UPD also takes its gradient's norm share and
     copies master, m and v into undo."""
     profile, program = MT3000, compiled(schedule="ratrain", pp=2, dp=2, **flags)
     costs = ProfileCosts(program, profile)
@@ -178,7 +178,7 @@ def test_prefetch_costs_the_same_in_dry_run_simulator_and_planner(flags, in_plac
 
 @pytest.mark.parametrize("pp", [1, 2])
 def test_tie_costs_the_same_in_dry_run_and_simulator(pp):
-    """NOTE [tied weights]: one stage adds both copies in place; two stages add their
+    """See NOTE [tied weights]: one stage adds both copies in place; two stages add their
     copy each and all-reduce the sum."""
     profile, program = ALGORITHMS["tree"], compiled("tiny-tied", pp=pp, dp=2)
     costs, dry_run = ProfileCosts(program, profile), task_cost_model(program, profile)

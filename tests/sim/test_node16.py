@@ -83,7 +83,7 @@ def test_the_node_fields_come_from_what_the_profile_holds():
 #   (NOTE [streaming calls past the cases], sim/kernels.py) brings pp 2 within 5%.
 # pp 4 x dp 4 stays about 18% short. What it still lacks, measured there: MPICH's 65.5 MB
 # all-reduce in groups of 4 on the busy node took 78 ms where the copy-rate model charges
-# 11 (NOTE [measured node collectives]: a fresh calibration's rows give it; this profile
+# 11 (see NOTE [measured node collectives]: a fresh calibration's rows give it; this profile
 # has none), and the four replicas reach the embedding's all-reduce up to 0.4 s apart, so
 # it waits for the slowest pipeline, which a replay of replica 0 cannot see.
 LAYOUTS_NOT_YET = {(4, 4)}

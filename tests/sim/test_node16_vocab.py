@@ -63,6 +63,6 @@ def test_the_head_stage_no_longer_bounds_the_step(pp4_dp4):
 
 
 def test_vocab_parallel_zb1_gains_what_it_reaches_today(pp4_dp4):
-    """NOTE [vocabulary-parallel head on the node]: short of 1.40x, not of 1.35x."""
+    """See NOTE [vocabulary-parallel head on the node]: short of 1.40x, not of 1.35x."""
     today, split = pp4_dp4[("1f1b", False)].step_time, pp4_dp4[("zb1", True)].step_time
     assert today / split >= ZB1_REACHED, f"zb1 {split:.3f} s against 1f1b {today:.3f} s"

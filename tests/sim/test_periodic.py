@@ -102,7 +102,7 @@ def test_auto_recompute_under_a_budget():
 
 @pytest.mark.slow
 def test_a_transient_that_grows_like_a_period_is_not_taken_for_one():
-    """NOTE [periodic steps]: LLaMA-2-7B, pp 8, one sequence per micro-batch at 20 GB:
+    """See NOTE [periodic steps]: LLaMA-2-7B, pp 8, one sequence per micro-batch at 20 GB:
     stage 0 recomputes fully and sets the pace, but for the first micro-batches past P its
     idle time absorbs the extra work, and the step grows by one constant, smaller amount
     per micro-batch. Extending that would undercount the step; the extension must wait

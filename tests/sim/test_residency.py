@@ -1,4 +1,4 @@
-"""NOTE [cache residency]: which operands of a rank's calls are still cached, and what a
+"""See NOTE [cache residency]: which operands of a rank's calls are still cached, and what a
 profile with warm and cold kernel costs charges a step for it."""
 from functools import lru_cache
 

@@ -56,7 +56,7 @@ def test_errors_are_one_line(program_dir, tmp_path, capsys, argv, message):
 
 
 def test_a_periodic_program_simulates_as_its_whole_step(tmp_path, capsys):
-    """NOTE [periodic programs]: a long step is written as instances with periods; its
+    """See NOTE [periodic programs]: a long step is written as instances with periods; its
     simulation extends replays of instances and must equal the whole step's replay (the
     --trace path replays the whole step)."""
     out = tmp_path / "periodic"

@@ -99,7 +99,7 @@ def test_op_costs_replace_the_roofline_of_their_ops_only():
 
 
 def test_an_op_measured_only_in_fp32_costs_16_bit_programs_its_fp32_fit():
-    """NOTE [16-bit costs]: the fp32 fit at the node's own FLOPs and bytes, unless the
+    """See NOTE [16-bit costs]: the fp32 fit at the node's own FLOPs and bytes, unless the
     profile measured the op in that format too; an op measured in neither keeps the
     roofline."""
     cpu = load_profile("cpu")
@@ -144,7 +144,7 @@ def test_all_reduce_finishing_work_uses_its_measured_cost():
 
 @pytest.mark.parametrize("zero, task", [(3, "0GATH_F[L1]0"), (1, "0PREF[L1]")])
 def test_a_gathers_start_costs_its_measured_time(zero, task):
-    """NOTE [gather start]: a ZeRO-3 gather (and a ZeRO 1-2 prefetch's gather) charges the
+    """See NOTE [gather start]: a ZeRO-3 gather (and a ZeRO 1-2 prefetch's gather) charges the
     rank the `gather_view` case's time for its cast bytes instead of those bytes at DDR
     bandwidth; the estimate's PREF does the same."""
     options = CompileOptions(dp=2, zero=zero, micro_batches=2, micro_batch_size=1, seq_len=32)

@@ -138,7 +138,7 @@ def test_overlapping_collectives_shortens_the_step(name, at_most):
 
 
 def test_steady_state_period_hides_the_view_gathers_behind_the_next_forwards():
-    """NOTE [steady state]: after a NORM the ratrain schedule gathers views in layer order
+    """See NOTE [steady state]: after a NORM the ratrain schedule gathers views in layer order
     and the next step's forwards start behind them, so a step of a run is shorter than a
     step timed alone; unit tests of the replay: a run of two steps minus one."""
     program = compiled("pp1-dp2-zero2-fp16")
@@ -207,7 +207,7 @@ def one_micro_batch_dp2(schedule: str):
 
 @pytest.mark.parametrize("schedule", ["ratrain", "baseline"])
 def test_ratrain_starts_each_sync_inside_the_last_backward(schedule):
-    """NOTE [sync issue point]: as the runtime does, SYNC[L] starts where the task list
+    """See NOTE [sync issue point]: as the runtime does, SYNC[L] starts where the task list
     puts it, right after layer L's piece of the step's last B (ratrain), not after the
     whole B (baseline)."""
     program = one_micro_batch_dp2(schedule)
@@ -221,7 +221,7 @@ def test_ratrain_starts_each_sync_inside_the_last_backward(schedule):
 
 
 def test_a_sync_moved_in_the_task_list_starts_where_it_now_stands():
-    """NOTE [sync issue point]: the list is the truth. The first SYNC, right after its
+    """See NOTE [sync issue point]: the list is the truth. The first SYNC, right after its
     layer's piece, starts its transfer before the pieces end; moved behind the last
     piece, after them. Nothing but its place in the list decides it."""
     program = one_micro_batch_dp2("ratrain")
@@ -242,7 +242,7 @@ def test_a_sync_moved_in_the_task_list_starts_where_it_now_stands():
 
 @pytest.mark.parametrize("name", ["pp2", "pp1-dp2", "pp2-dp2-zero1-clip"])
 def test_link_host_cost_is_compute_per_byte_sent_or_received(name):
-    """NOTE [link host cost]: a profile's link_host_cost adds exactly that many compute
+    """See NOTE [link host cost]: a profile's link_host_cost adds exactly that many compute
     seconds per byte a task sends (a message, or a collective's port bytes) or receives
     (a message, or as many as a collective sends), and nothing else."""
     program, host = compiled(name), 1e-9

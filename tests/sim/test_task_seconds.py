@@ -1,4 +1,4 @@
-"""NOTE [a compute task's seconds]: the cost the passes weigh a compute task by (the
+"""See NOTE [a compute task's seconds]: the cost the passes weigh a compute task by (the
 program's cost model, which partition_stages, zb1's W order and where recovery runs ask)
 is what the simulator charges it: three compiled programs (1f1b, zb1, auto recompute)
 and a baseline whose B's rebuild. "The simulator's charge" here is the sum of
@@ -117,7 +117,7 @@ def test_the_partition_balances_the_simulators_forward_and_backward():
 
 
 def test_s_and_t_weigh_the_charges_of_their_shard_calls():
-    """NOTE [vocabulary-parallel head]: a stage's S and T cost what the simulator charges
+    """See NOTE [vocabulary-parallel head]: a stage's S and T cost what the simulator charges
     its vocab_stats and vocab_grad, the shard's cross-entropy forward and backward."""
     from ratrain.passes.pipeline import run_pipeline
     from ratrain.passes.program import Program

@@ -157,7 +157,7 @@ def test_calibrate_from_a_traced_run(programs, tmp_path):
 
 
 def test_expected_latest_arrival_against_a_sampled_one():
-    """NOTE [stragglers]: e(D) by quadrature against the mean largest of D normal samples
+    """See NOTE [stragglers]: e(D) by quadrature against the mean largest of D normal samples
     (200,000 draws each: standard error under 0.002)."""
     import numpy as np
     from ratrain.sim.costs import expected_largest_normal
@@ -192,7 +192,7 @@ def test_a_collective_waits_for_its_latest_replica(programs):
 
 
 def test_the_arrival_drift_is_the_replicas_waits_at_a_steps_first_upd(programs, tmp_path):
-    """NOTE [arrival drift]: at each step's first UPD the replicas waited 4 and 6 ms
+    """See NOTE [arrival drift]: at each step's first UPD the replicas waited 4 and 6 ms
     (the typical one 1 ms for the latest) after posting its SYNC about 100 ms after
     their last UPD of the step before: a drift of 1 ms / e(2) / that time, one sample
     per step from step 4 on (step 3 has no step before it in the traced steps); later
