@@ -94,8 +94,9 @@ def _vocab_loss(t, st, call) -> None:
 
 
 def _vocab_grad(t, st, call) -> None:
-    """See NOTE [vocabulary-parallel head]: the shard's weight gradient (set by micro-batch 0's, then added) and its part of hn's
-    gradient, summed over the pipeline group into the last stage's gin.mb."""
+    """See NOTE [vocabulary-parallel head]: the shard's weight gradient (set by micro-batch
+    0's, then added) and its part of hn's gradient, summed over the pipeline group into the
+    last stage's gin.mb."""
     hn, w, targets, stats = (st.view(s) for s in call.inputs)
     grad, *gin = (st.view(s) for s in call.outputs)
     params = _params(call)
