@@ -22,6 +22,7 @@ from ratrain.planner.estimate import Estimator
 from ratrain.planner.margin import SIMULATION_MARGIN
 from ratrain.planner.screen import Screen, compile_reason
 from ratrain.planner.strategies import Strategy
+from ratrain.program_format.placement import nodes_spanned
 from ratrain.sim.simulate import rank_profile
 
 # SIMULATION_MARGIN: NOTE [simulation margin] (margin.py); read here, so tests can patch it
@@ -398,7 +399,7 @@ def nodes_text(profile: dict, clusters: int) -> str:
     node = node_of(profile)
     if clusters <= node.ranks:
         return ""
-    return (f"{-(-clusters // node.ranks)} nodes of {node.ranks} ranks, each node's port "
+    return (f"{nodes_spanned(clusters, node.ranks)} nodes of {node.ranks} ranks, each node's port "
             f"{node.port_bandwidth / 1e9:.3g} GB/s")
 
 
