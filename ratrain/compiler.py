@@ -11,14 +11,13 @@ import sys
 from dataclasses import replace
 
 from ratrain.errors import UserError
+from ratrain.program_format.options import flag_fields
 from ratrain.units import format_budget
 
 
-# The flags a compile takes, by CompileOptions field: unset (None) ones are filled from
-# the model and the profile by resolve_options.
-FLAGS = ("pp", "dp", "micro_batches", "micro_batch_size", "seq_len", "schedule", "recompute",
-         "zero", "budget", "precision", "clip", "grad_accum", "zero3_prefetch", "update_rule",
-         "pipeline_schedule", "placement", "vocab_parallel")
+# The flags a compile takes, by CompileOptions field (every field but NOT_FLAGS): unset
+# (None) ones are filled from the model and the profile by resolve_options.
+FLAGS = flag_fields()
 
 
 def resolve_options(config: dict, profile: dict, **flags):

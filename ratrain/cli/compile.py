@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ratrain.cli.machine import describe_machine, planned_machine
-from ratrain.cli.options import DEFAULT_HW, HW_HELP, POLICY_FLAGS, add_options
+from ratrain.cli.options import (DEFAULT_HW, HW_HELP, LAYOUT_FLAGS, POLICY_FLAGS, add_options,
+                                 flag_of)
 from ratrain.cli.plan import add_search_options, apply_plan
-from ratrain.cli.train_inputs import MAX_DEFAULT_MICRO_BATCHES
 from ratrain.compiler import (FLAGS, compile_other_schedule, other_schedule, recompile,
                               resolve_options, simulate, simulated_step, trace_for)
 from ratrain.errors import UserError
@@ -24,6 +24,7 @@ from ratrain.hw.identity import profile_label
 from ratrain.inputs import load_model, read_hf_config
 from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.plan_memory import format_bytes
+from ratrain.program_format.options import default_micro_batches
 from ratrain.programs import (MANIFEST, check_output, compile_program_dir, pass_file,
                               rank_line, rank_lowered, read_manifest)
 from ratrain.units import SIZE_HELP, format_budget
@@ -107,7 +108,7 @@ def cmd_compile(args) -> None:
     # with --plan, the machine planned for (--hw may come from the --machine file)
     machine, base, profile = apply_plan(args) or planned_machine(args)
     if args.micro_batches is None:  # NOTE [default micro-batches]
-        args.micro_batches = MAX_DEFAULT_MICRO_BATCHES
+        args.micro_batches = default_micro_batches()
     options = resolve_options(config, profile, **{f: getattr(args, f) for f in FLAGS})
     graph = trace_for(config, name, options)
     record = machine.record(base)  # NOTE [recorded machine]
@@ -181,8 +182,9 @@ def add_compile_parser(sub, model_help: str) -> None:
                        "code/stage<N>.pyx with its rows, code/stage<N>.tasks.json (JSON, no "
                        f"pickle). Sizes: {SIZE_HELP}.")
     p.add_argument("model", help=f"the model: {model_help}")
-    add_options(p, "--pp", "--dp", "--micro-batches", "--micro-batch-size", "--seq-len",
-                *POLICY_FLAGS, "--hw", "--grad-accum", "--placement",
+    # the flag of every CompileOptions field (compiler.FLAGS), so a new option needs no line here
+    first = (*LAYOUT_FLAGS, *POLICY_FLAGS, "--hw")  # as --help lists them
+    add_options(p, *first, *[flag_of(f) for f in FLAGS if flag_of(f) not in first],
                 hw={"default": None, "help": f"{HW_HELP} (default: the --machine file's with "
                     f"--plan, else {DEFAULT_HW})"})
     p.add_argument("-o", "--output", required=True, metavar="DIR",

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from ratrain.cli.options import (DEFAULT_HW, MACHINE_FLAGS, OPTIONS, OneLineErrors, dest,
-                                 planned_values)
+                                 flag_of, planned_values)
 from ratrain.cli.train import add_run_parser, cmd_run
 from ratrain.errors import UserError
 from ratrain.planner.measure import (WARMUP_STEPS, Measurement, RunFailed, fastest,
@@ -95,7 +95,7 @@ class MpiRunner:
         from ratrain.inputs import load_model, read_hf_config
         from ratrain.programs import compile_program_dir
         given = {dest(flag): value for flag, value in compile_flags(row, self.args).items()}
-        values = {f: given.get(f, OPTIONS["--" + f.replace("_", "-")].default) for f in FLAGS}
+        values = {f: given.get(f, OPTIONS[flag_of(f)].default) for f in FLAGS}
         try:
             config, name = load_model(self.args.model)
             options = resolve_options(config, self.profile, **values)

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from ratrain.models.config import SEQ_LEN_HELP
 from ratrain.planner.margin import SIMULATION_MARGIN
-from ratrain.program_format.options import (GRAD_ACCUMULATION, PRECISION_HELP, PRECISIONS,
+from ratrain.program_format.options import (GRAD_ACCUMULATION, MAX_DEFAULT_MICRO_BATCHES,
+                                            PRECISION_HELP, PRECISIONS,
                                             PIPELINE_SCHEDULES, RECOMPUTE_POLICIES,
                                             SCHEDULES, UPDATE_RULES,
                                             CompileOptions)
@@ -84,8 +85,9 @@ OPTIONS = {o.flag: o for o in (
            "most that divide G, leave 2 micro-batches per replica and fit pp x dp ranks on "
            "the cores)", positive_int, None, metavar="D"),
     Option("--micro-batches", "micro-batches per step and replica (default: the largest "
-           "divisor of the replica's sequences up to 4, at least 2 where they allow; "
-           "compile, which takes no global batch, 4; NOTE [default micro-batches])",
+           f"divisor of the replica's sequences up to {MAX_DEFAULT_MICRO_BATCHES}, at least "
+           "2 where they allow; compile, which takes no global batch, "
+           f"{MAX_DEFAULT_MICRO_BATCHES}; NOTE [default micro-batches])",
            positive_int, None, metavar="M"),
     Option("--micro-batch-size", "sequences per micro-batch (default: "
            f"{DEFAULTS.micro_batch_size})", positive_int, DEFAULTS.micro_batch_size,
@@ -210,6 +212,12 @@ def dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
+def flag_of(name: str) -> str:
+    """The flag of a CompileOptions field (or another dest): "seq_len" -> "--seq-len";
+    the inverse of `dest`."""
+    return "--" + name.replace("_", "-")
+
+
 def add_options(parser, *flags: str, **changes) -> None:
     """Add OPTIONS[flag] for each flag. `changes` (keyword: a dict of Option fields) adapt
     one option to a command where its meaning widens, e.g. plan's --schedule, which also
@@ -224,6 +232,9 @@ def add_options(parser, *flags: str, **changes) -> None:
         parser.add_argument(option.flag, type=option.type, default=option.default,
                             required=option.required, help=option.help, **extra)
 
+
+# the layout flags compile takes (as --help lists them)
+LAYOUT_FLAGS = ("--pp", "--dp", "--micro-batches", "--micro-batch-size", "--seq-len")
 
 # the policy flags compile and train both take (compile adds --hw and --grad-accum; train
 # runs on this machine's cpu profile)

@@ -356,11 +356,11 @@ def add_plan_parser(sub, model_help: str) -> None:
                    help="show the K best rows that fit (default: 10)")
     p.add_argument("--json", action="store_true", help="print the search and its rows as "
                    "one JSON object (rows: pp, dp, zero, micro_batch_size, micro_batches, "
-                   "recompute, schedule, zero3_prefetch, update_rule, grad_accum, feasible, "
-                   "reason, peak_bytes, step_time_s, tokens_per_s (simulated), "
-                   "estimated_step_s, placement, bound, pipeline_schedule (zb1: the "
-                   "simulated twin of a pipelined row), vocab_parallel (true: the twin "
-                   "with the LM head's rows over the stages); with --schedule all, "
+                   "recompute, schedule, zero3_prefetch, update_rule, grad_accum, placement, "
+                   "pipeline_schedule (zb1: the simulated twin of a pipelined row), vocab_parallel "
+                   "(true: the twin with the LM head's rows over the stages), "
+                   "feasible, reason, peak_bytes, step_time_s, tokens_per_s (simulated), "
+                   "estimated_step_s, bound; with --schedule all, "
                    "strategies: strategy, "
                    "paper, best (a row or null), note, speedup)")
     p.set_defaults(func=cmd_plan)

@@ -137,16 +137,13 @@ def check_save_dir_option(args) -> None:
 # The checks of its inputs, the layout rules and the run directory: cli/train_inputs.py.
 
 def compile_options(args, config: dict, layout, profile: dict):
-    """CompileOptions of a train run on `profile` (the compile command's rules for unset
-    flags)."""
-    from ratrain.compiler import resolve_options
-    return resolve_options(
-        config, profile, pp=layout.pp, dp=layout.dp,
-        micro_batches=layout.micro_batches, micro_batch_size=layout.micro_batch_size,
-        seq_len=args.seq_len, schedule=args.schedule, recompute=args.recompute,
-        zero=args.zero, budget=args.budget, precision=args.precision, clip=args.clip,
-        zero3_prefetch=args.zero3_prefetch, update_rule=args.update_rule,
-        pipeline_schedule=args.pipeline_schedule, vocab_parallel=args.vocab_parallel)
+    """CompileOptions of a train run on `profile`: the layout's, and every compile flag
+    (compiler.FLAGS) train takes (the compile command's rules for unset ones)."""
+    from ratrain.compiler import FLAGS, resolve_options
+    flags = {f: getattr(args, f, None) for f in FLAGS}
+    return resolve_options(config, profile, **flags | {
+        "pp": layout.pp, "dp": layout.dp, "micro_batches": layout.micro_batches,
+        "micro_batch_size": layout.micro_batch_size})
 
 
 def compile_program(config: dict, name: str, options, hw: str, profile: dict):

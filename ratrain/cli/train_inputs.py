@@ -12,11 +12,11 @@ from pathlib import Path
 
 from ratrain.errors import UserError
 from ratrain.inputs import load_model
+from ratrain.program_format.options import default_micro_batches
 from ratrain.rt.threads import thread_environment
 from ratrain.rt.train_options import RUN_RECORD
 
 DEFAULT_GLOBAL_BATCH = 8
-MAX_DEFAULT_MICRO_BATCHES = 4   # more, smaller micro-batches only add per-call overhead
 
 
 def check_layout_numbers(args) -> None:
@@ -251,24 +251,10 @@ def resolve_batch(batch: int, dp: int, micro_batches: int | None,
     if rest or per_replica == 0:  # only a given --dp can: the default divides the batch
         raise UserError(f"--dp {dp} does not divide {batch_text}: choose a --dp that "
                           f"divides it{'' if batch_given else ' or pass --global-batch'}")
-    m = micro_batches or _default_micro_batches(per_replica)
+    m = micro_batches or default_micro_batches(per_replica)
     if per_replica % m:  # only a given --micro-batches can
         share = f"{batch_text}" if dp == 1 else \
             f"the {per_replica} sequences of each replica ({batch_text} / --dp {dp})"
         raise UserError(f"--micro-batches {m} does not divide {share}: choose a divisor "
                           f"of {per_replica}")
     return m, per_replica // m
-
-
-# NOTE [default micro-batches]: a step of one micro-batch leaves a pipeline idle most of
-# the time (pp 2: a bubble of 1/2, pp 4: 3/4), and more, smaller micro-batches only add
-# per-call overhead; so without --micro-batches a replica's sequences are split into the
-# most micro-batches up to MAX_DEFAULT_MICRO_BATCHES that divide them, at least 2 where
-# they allow. `ratrain compile` takes no global batch (--micro-batch-size is what it gets),
-# so it has nothing to divide and takes MAX_DEFAULT_MICRO_BATCHES micro-batches.
-
-def _default_micro_batches(per_replica: int) -> int:
-    """The largest divisor up to MAX_DEFAULT_MICRO_BATCHES, or one sequence each when
-    that would be a single micro-batch (an odd prime count)."""
-    best = max(m for m in range(1, MAX_DEFAULT_MICRO_BATCHES + 1) if per_replica % m == 0)
-    return best if best >= 2 or per_replica == 1 else per_replica

@@ -20,6 +20,7 @@ from pathlib import Path
 from ratrain.cluster import netns
 from ratrain.rt.hosts import hydra_hosts_option, rank_hosts
 from ratrain.hw.topology import node_per_rank
+from ratrain.program_format.placement import nodes_spanned
 from ratrain.rt.launch import find_mpiexec, rank_python
 
 PREFIX = "rtc"
@@ -86,7 +87,7 @@ class Cluster:
                     f"ranks; a job of {ranks} ranks does not fill whole nodes of it: "
                     f"`ratrain cluster down {self.name}` and up with --nodes and "
                     f"--ranks-per-node that multiply to {ranks}, or give --hosts")
-            return self.addresses[:ranks // self.ranks_per_node]
+            return self.addresses[:nodes_spanned(ranks, self.ranks_per_node)]
         strangers = [h for h in hosts if h not in self.addresses]
         if strangers:
             raise ClusterError(f"host {strangers[0]} is not a node of cluster {self.name}: "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ratrain.program_format.placement import Placement
+from ratrain.program_format.placement import Placement, node_of_rank
 
 # NOTE [node memory]: a transfer between two ranks of one node is a copy through shared
 # memory: the sender's bytes are read from its buffer and written into the receiver's
@@ -97,12 +97,6 @@ def node_of(profile: dict) -> Node:
                               .get("kernel_slowdown_beside", 1.0)),
         collective_rows=tuple(tuple(row) for row in
                               profile.get("node_collectives", {}).get("rows", ())))
-
-
-def node_of_rank(rank: int, ranks: int) -> int:
-    """The node a rank runs on: nodes hold `ranks` consecutive ranks (NOTE [placement],
-    program_format/placement.py)."""
-    return rank // max(1, ranks)
 
 
 @lru_cache(maxsize=4096)

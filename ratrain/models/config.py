@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ratrain.models.rope import RopeSpec, rope_spec
+from ratrain.program_format.options import DEFAULT_SEQ_LEN
 
 PRESET_DIR = Path(__file__).parent / "presets"
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "baichuan")
@@ -264,9 +265,6 @@ def _sliding_window(c: dict) -> int | None:
     return c.get("sliding_window") if c["model_type"] == "mistral" else None
 
 
-# Every command's default --seq-len (compile, plan, train, info, the tracer): short enough
-# to train on a CPU, and any longer sequence is one flag away.
-DEFAULT_SEQ_LEN = 128
 SEQ_LEN_HELP = f"tokens per sequence (default: {DEFAULT_SEQ_LEN}, or the model's context if smaller)"
 
 

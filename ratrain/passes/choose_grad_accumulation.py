@@ -11,6 +11,22 @@ bandwidth for memory; for the largest models under 20 GB it decides feasibility.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
+
+
+def accumulates_locally(options, fits_locally: Callable[[], bool]) -> bool:
+    """Does a stage keep its full fp32 gradient (local) rather than reduce-scatter each
+    micro-batch's (NOTE [gradient accumulation])? The one rule, which the compiler runs
+    on its program and the planner's estimate (planner/memory_estimate.py) on its closed
+    form. Requires: `fits_locally()` says whether the stage fits the budget with local
+    accumulation under full recompute, asked only under `auto` with a budget.
+    Guarantees: yes below ZeRO-2 and under `local`, no under `scatter`; under `auto` yes
+    without a budget, else fits_locally()."""
+    if options.zero < 2 or options.grad_accum == "local":
+        return True
+    if options.grad_accum == "scatter":
+        return False
+    return options.budget is None or fits_locally()
 
 from ratrain.passes import what_if
 from ratrain.passes.buffers import stage_peak
@@ -32,15 +48,8 @@ def choose_grad_accumulation(program):
     [tied weights]). Under zb1 a layer's W[L] starts its reduce-scatter (NOTE [weight
     operands]).
     """
-    o = program.options
-    if o.zero < 2 or o.grad_accum == "local":
-        return replace(program, scatter_grads=frozenset())
     tied = {l for layers in program.graph.tied.values() for l in layers}
-    layers = lambda stages: frozenset(l for s in stages for l in program.stages[s]
-                                      if l not in tied)
-    if o.grad_accum == "scatter":
-        return replace(program, scatter_grads=layers(range(len(program.stages))))
-    if o.budget is None:
-        return replace(program, scatter_grads=frozenset())
-    tight = [s for s in range(len(program.stages)) if not _fits_locally(program, s)]
-    return replace(program, scatter_grads=layers(tight))
+    scattered = [s for s in range(len(program.stages)) if not accumulates_locally(
+        program.options, lambda s=s: _fits_locally(program, s))]
+    return replace(program, scatter_grads=frozenset(
+        l for s in scattered for l in program.stages[s] if l not in tied))

@@ -11,6 +11,7 @@ and UPDs of later passes placed early (what_if.py).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from ratrain.ir.tasks import Kind, Task
 from ratrain.passes import what_if
@@ -19,6 +20,19 @@ from ratrain.passes.layer_buffers import stage_recovers_in_backward
 from ratrain.passes.plan_memory import stage_arena_bytes
 from ratrain.passes.recovery_tasks import recompute_all_pairs, stage_keys, with_recovery
 from ratrain.passes.residuals import recompute_flops
+
+RECOMPUTE_LEVELS = ("none", "selective", "full")  # least recompute first
+
+
+def auto_recompute_level(fits: Callable[[str], bool]) -> str:
+    """The level auto recomputes a stage's pairs at: the least of RECOMPUTE_LEVELS at
+    which the stage fits, else full (which then recomputes the most it can). The one
+    rule: the compiler asks its searched programs (_escalate), the planner's estimate its
+    closed form (planner/memory_estimate.py); within the level each keeps the pairs it
+    can one level lower. Requires: `fits(level)` says whether the stage fits with its
+    pairs escalated to `level`; asked in order, none then selective."""
+    return next((level for level in RECOMPUTE_LEVELS[:-1] if fits(level)),
+                RECOMPUTE_LEVELS[-1])
 
 
 def _stage_fits(program, stage: int, choices: dict, exact: bool) -> bool:
@@ -32,23 +46,32 @@ def _stage_fits(program, stage: int, choices: dict, exact: bool) -> bool:
 
 def _escalate(program, stage: int, base: dict) -> dict:
     """The least recompute of one stage that fits: (layer, mb) pairs escalate none ->
-    selective -> full in a fixed order; bisection on the live-bytes peak finds the
-    shortest prefix, then the prefix grows until the packed arena fits too."""
+    selective -> full in a fixed order, to the level auto_recompute_level picks; within
+    it the shortest prefix of pairs at the level (_least_prefix)."""
     keys = stage_keys(program, stage)
-    choices = base
-    for mode in ("selective", "full"):
-        trial = lambda n: {**base, **{k: mode for k in keys[:n]},
-                           **{k: "selective" for k in keys[n:] if mode == "full"}}
-        if _stage_fits(program, stage, choices, exact=True):
-            return choices
-        lo, hi = 0, len(keys)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if _stage_fits(program, stage, trial(mid), False) else (mid + 1, hi)
-        while lo < len(keys) and not _stage_fits(program, stage, trial(lo), exact=True):
-            lo += 1
-        choices = trial(lo)
-    return choices
+    searched = {"none": base}
+
+    def least(level: str) -> dict:
+        if level not in searched:
+            searched[level] = _least_prefix(program, stage, keys, base, level)
+        return searched[level]
+    return least(auto_recompute_level(
+        lambda level: _stage_fits(program, stage, least(level), exact=True)))
+
+
+def _least_prefix(program, stage: int, keys: list, base: dict, level: str) -> dict:
+    """`base` with the shortest prefix of `keys` at `level` (the rest one level lower)
+    that fits: bisection on the live-bytes peak, then the prefix grows until the packed
+    arena fits too (all of `keys` at `level` if none does)."""
+    trial = lambda n: {**base, **{k: level for k in keys[:n]},
+                       **{k: "selective" for k in keys[n:] if level == "full"}}
+    lo, hi = 0, len(keys)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _stage_fits(program, stage, trial(mid), False) else (mid + 1, hi)
+    while lo < len(keys) and not _stage_fits(program, stage, trial(lo), exact=True):
+        lo += 1
+    return trial(lo)
 
 
 # NOTE [where recovery runs]: auto decides, per stage, whether recovery runs on the

@@ -16,11 +16,12 @@ from ratrain.ir.graph import HIDDEN_COTANGENT, Literal, is_cotangent_role, is_gr
 from ratrain.passes.layout import align_up, graph_workspace, pack
 from ratrain.passes.residuals import kept_mask
 from ratrain.passes.vocab_buffers import holds_loss
+from ratrain.program_format.shards import shard_size
 
 
 def shard_elements(n: int, program, sharded: bool) -> int:
     """Elements of a flat fp32 state of n elements on one rank (ZeRO shards round up)."""
-    return -(-n // program.options.dp) if sharded else n
+    return shard_size(n, program.options.dp) if sharded else n
 
 
 def layer_param_count(program, layer: int) -> int:

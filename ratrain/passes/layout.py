@@ -1,9 +1,11 @@
-"""Layouts inside buffers: where each tensor of a buffer sits, in bytes from its start.
+"""Layouts inside buffers and of the arena: where each tensor of a buffer sits, in bytes
+from its start, and the alignments both keep (the one place they are set).
 
 buffers.py and layer_buffers.py size buffers from these layouts and lower.py addresses
 tensors through them, so the memory plan and the lowered calls agree byte for byte.
-Tensors are packed in a fixed order at ALIGN-byte boundaries; a layer's workspace places
-its intermediates by first fit over their live ranges inside the graph.
+Tensors are packed in a fixed order at TENSOR_ALIGN-byte boundaries; a layer's workspace
+places its intermediates by first fit over their live ranges inside the graph;
+plan_memory places whole buffers in a stage's arena at ARENA_ALIGN-byte offsets.
 """
 from __future__ import annotations
 
@@ -11,11 +13,21 @@ from functools import lru_cache
 
 from ratrain.ir.graph import LayerGraph, Literal
 
-ALIGN = 16  # bytes; keeps every tensor aligned for its dtype and for 128-bit loads
+TENSOR_ALIGN = 16  # bytes between tensors inside a buffer: every tensor aligned for its
+                   # dtype and for 128-bit loads
+ARENA_ALIGN = 64   # bytes; every buffer's arena offset is a multiple of it (plan_memory):
+                   # a buffer starts on a cache line of its own
 
 
-def align_up(nbytes: int, to: int = ALIGN) -> int:
+def align_up(nbytes: int, to: int = TENSOR_ALIGN) -> int:
+    """The least multiple of `to` that holds `nbytes`."""
     return -(-nbytes // to) * to
+
+
+def arena_align(nbytes: int) -> int:
+    """The least multiple of ARENA_ALIGN that holds `nbytes`: where the next buffer of
+    the arena may start."""
+    return align_up(nbytes, ARENA_ALIGN)
 
 
 def pack(sizes) -> tuple[tuple[int, ...], int]:

@@ -34,7 +34,7 @@ from ratrain.program_format.lowered import (RECOMPUTE_TAG, Call, LoweredTask, Sl
                                             flat_slot, message_tag, var_slot)
 
 
-class _Placement:
+class _GraphSlots:
     """Var id -> Slot for one execution of one layer graph."""
 
     def __init__(self, graph, pinned, workspace: str, base: int = 0):
@@ -60,11 +60,11 @@ def _kind(program, layer: int):
     return program.graph.kinds[program.graph.layers[layer].kind]
 
 
-def _bind_params(placement: _Placement, program, task: Task, layer: int, graph) -> None:
+def _bind_params(graph_slots: _GraphSlots, program, task: Task, layer: int, graph) -> None:
     offsets, _ = view_layout(program, layer)
     view = view_buffer(program, task, layer)  # view.L, or a ZeRO-3 view slot
     for var, offset in zip(graph.params, offsets):
-        placement.bind(var, var_slot(view, offset, var))
+        graph_slots.bind(var, var_slot(view, offset, var))
 
 
 def residual_slot(program, layer: int, micro_batch: int, index: int,
@@ -91,11 +91,11 @@ def _input_index(kind, position: int) -> int:
                               "read by the backward, so it has no buffer; lowering needs it")
 
 
-def _bind_residuals(placement: _Placement, program, layer: int, m: int, keep,
+def _bind_residuals(graph_slots: _GraphSlots, program, layer: int, m: int, keep,
                     rebuilt: tuple[str, int] | None = None) -> None:
     for i, var in enumerate(_kind(program, layer).residuals):
         if keep(i):
-            placement.bind(var, residual_slot(program, layer, m, i, rebuilt))
+            graph_slots.bind(var, residual_slot(program, layer, m, i, rebuilt))
 
 
 def _is_kept(program, layer: int, m: int):
@@ -124,19 +124,19 @@ def _lower_forward(program, task: Task) -> list[Call]:
     for i, layer in enumerate(layers):
         kind = _kind(program, layer)
         mode = program.recompute.get((layer, m), "none")
-        placement = _Placement(kind.fwd, pinned_values(kind, "F", mode),
+        graph_slots = _GraphSlots(kind.fwd, pinned_values(kind, "F", mode),
                                buffer_name(BufferKind.WS, task=task))
-        _bind_params(placement, program, task, layer, kind.fwd)
-        _bind_residuals(placement, program, layer, m, _is_kept(program, layer, m))
+        _bind_params(graph_slots, program, task, layer, kind.fwd)
+        _bind_residuals(graph_slots, program, layer, m, _is_kept(program, layer, m))
         out = kind.fwd.outputs[0]
         if kind.kind != "head" and i + 1 < len(layers):
             nxt = _kind(program, layers[i + 1])
-            placement.bind(out, residual_slot(program, layers[i + 1], m, _input_index(nxt, 0)))
+            graph_slots.bind(out, residual_slot(program, layers[i + 1], m, _input_index(nxt, 0)))
         elif kind.kind != "head":
-            placement.bind(out, var_slot(buffer_name(BufferKind.OUT, micro_batch=m), 0, out))
-        calls += _forward_inputs(program, task, layer) + placement.calls(layer)
+            graph_slots.bind(out, var_slot(buffer_name(BufferKind.OUT, micro_batch=m), 0, out))
+        calls += _forward_inputs(program, task, layer) + graph_slots.calls(layer)
         if kind.kind == "head":
-            calls.append(Call(CallOp.RECORD_LOSS, (), (placement.slots[out.id],),
+            calls.append(Call(CallOp.RECORD_LOSS, (), (graph_slots.slots[out.id],),
                               (("micro_batch", m),), f"L{layer} loss", layer=layer))
     return calls
 
@@ -152,11 +152,11 @@ def _recompute_calls(program, task: Task, layer: int, m: int, workspace: str, ba
     at (buffer, offset) `rebuilt_in`), with intermediates in `workspace` from `base` on."""
     kind = _kind(program, layer)
     mode = program.recompute[(layer, m)]
-    placement = _Placement(kind.fwd, pinned_values(kind, "REC", mode), workspace, base)
-    _bind_params(placement, program, task, layer, kind.fwd)
-    _bind_residuals(placement, program, layer, m, lambda i: True, rebuilt_in)
+    graph_slots = _GraphSlots(kind.fwd, pinned_values(kind, "REC", mode), workspace, base)
+    _bind_params(graph_slots, program, task, layer, kind.fwd)
+    _bind_residuals(graph_slots, program, layer, m, lambda i: True, rebuilt_in)
     needed = set(rebuild_node_indices(kind, mode))
-    calls = placement.calls(layer, RECOMPUTE_TAG if rebuilt_in else "")
+    calls = graph_slots.calls(layer, RECOMPUTE_TAG if rebuilt_in else "")
     return [c for i, c in enumerate(calls) if i in needed]
 
 
@@ -166,7 +166,7 @@ def _cotangent_slots(program, task: Task, var) -> tuple[Slot, Slot]:
     return var_slot(workspace, 0, var), var_slot(workspace, size, var)
 
 
-def _accumulate_grads(program, task: Task, layer: int, placement: _Placement,
+def _accumulate_grads(program, task: Task, layer: int, graph_slots: _GraphSlots,
                       graph=None, handed: dict | None = None) -> list[Call]:
     """Accumulate the gradients `graph` (default: the whole backward) makes; `handed`:
     W's operands in wop.L.mb (zb1)."""
@@ -176,7 +176,7 @@ def _accumulate_grads(program, task: Task, layer: int, placement: _Placement,
     if layer in program.scatter_grads:  # NOTE [gradient accumulation]
         if graph is not None and (graph is kind.split.input_part) == scatters_in_weight(kind):
             return []  # zb1: the other part reduce-scatters them all (NOTE [weight operands])
-        slots = {**(handed or {}), **placement.slots}
+        slots = {**(handed or {}), **graph_slots.slots}
         grads = tuple(slots[kind.bwd.output(grad_role(n)).id] for n in kind.fwd.param_names)
         shard = state_slots(program, layer)[4]
         return [Call(CallOp.GRAD_SCATTER, (flat_slot(grad_accumulator(layer, True), shard),),
@@ -184,7 +184,7 @@ def _accumulate_grads(program, task: Task, layer: int, placement: _Placement,
                      (("first", task.micro_batch == first_b), ("micro_batch", task.micro_batch)),
                      f"L{layer}", layer=layer)]
     targets = _grad_slots(program, layer)
-    return [Call(CallOp.ACCUMULATE_GRAD, (targets[grad.id],), (placement.slots[grad.id],),
+    return [Call(CallOp.ACCUMULATE_GRAD, (targets[grad.id],), (graph_slots.slots[grad.id],),
                  (("first", task.micro_batch == first_b),), f"L{layer} {name}", layer=layer)
             for name in kind.fwd.param_names if grad_role(name) in made
             for grad in [kind.bwd.output(grad_role(name))]]
@@ -198,11 +198,11 @@ def _grad_slots(program, layer: int) -> dict:
             for name, var, offset in zip(kind.fwd.param_names, kind.fwd.params, offsets)}
 
 
-def _bind_fused_grads(placement: _Placement, program, layer: int) -> None:
+def _bind_fused_grads(graph_slots: _GraphSlots, program, layer: int) -> None:
     kind, targets = _kind(program, layer), _grad_slots(program, layer)
     for var in kind.bwd.outputs:
         if var.id in fused_grad_ids(kind):
-            placement.bind(var, targets[var.id])
+            graph_slots.bind(var, targets[var.id])
 
 
 def _lower_backward(program, task: Task) -> list[Call]:
@@ -249,27 +249,27 @@ def _backward_layers(program, task: Task, use) -> list[tuple[int, list[Call]]]:
             calls += _recompute_calls(program, use(layer), layer, m, workspace, base, rebuilt)
         fused = layer not in program.scatter_grads
         graph = backward_graph(kind, split)
-        placement = _Placement(graph, backward_pinned(kind, split, fused), workspace,
+        graph_slots = _GraphSlots(graph, backward_pinned(kind, split, fused), workspace,
                                base=base)
-        _bind_params(placement, program, use(layer), layer, graph)
+        _bind_params(graph_slots, program, use(layer), layer, graph)
         if fused:
-            _bind_fused_grads(placement, program, layer)
+            _bind_fused_grads(graph_slots, program, layer)
         n_res = len(kind.residuals)
         for i, var in enumerate(kind.bwd.inputs[:n_res]):
-            placement.bind(var, residual_slot(program, layer, m, i, rebuilt))
+            graph_slots.bind(var, residual_slot(program, layer, m, i, rebuilt))
         for var in kind.bwd.inputs[n_res:]:
-            placement.bind(var, replace(current, dtype=var.dtype, shape=tuple(var.shape)))
+            graph_slots.bind(var, replace(current, dtype=var.dtype, shape=tuple(var.shape)))
         if HIDDEN_COTANGENT in kind.bwd.output_names:
             out = kind.bwd.output(HIDDEN_COTANGENT)
             first_layer = j == len(layers) - 1
             current = var_slot(buffer_name(BufferKind.GOUT, micro_batch=m), 0, out) \
                 if first_layer else \
                 replace(ping_pong[turn % 2], dtype=out.dtype, shape=tuple(out.shape))
-            placement.bind(out, current)
+            graph_slots.bind(out, current)
             turn += 1
-        handed = _hand_to_weight(program, placement, layer, m) if split else []
-        calls += fuse_grad_accumulation(placement.calls(layer) + handed + _accumulate_grads(
-            program, task, layer, placement, graph if split else None))
+        handed = _hand_to_weight(program, graph_slots, layer, m) if split else []
+        calls += fuse_grad_accumulation(graph_slots.calls(layer) + handed + _accumulate_grads(
+            program, task, layer, graph_slots, graph if split else None))
         per_layer.append((layer, calls))
         calls = []
     return per_layer
@@ -284,16 +284,16 @@ def _weight_operands(program, layer: int, m: int) -> dict:
     return {i: var_slot(wop, o, values[i]) for i, o in offsets.items()}
 
 
-def _hand_to_weight(program, placement: _Placement, layer: int, m: int) -> list[Call]:
+def _hand_to_weight(program, graph_slots: _GraphSlots, layer: int, m: int) -> list[Call]:
     """Bind the values B makes for W to wop.L.mb; copy there those B receives (its output
     cotangent, the rebuilt residuals W reads: NOTE [weight operands])."""
     kind, calls = _kind(program, layer), []
     made = {o.id: o for n in kind.split.input_part.nodes for o in n.outputs}
     for var_id, slot in _weight_operands(program, layer, m).items():
         if var_id in made:
-            placement.bind(made[var_id], slot)
+            graph_slots.bind(made[var_id], slot)
         else:
-            calls.append(Call(CallOp.COPY, (slot,), (placement.slots[var_id],), (),
+            calls.append(Call(CallOp.COPY, (slot,), (graph_slots.slots[var_id],), (),
                               f"L{layer} W operand", layer=layer))
     return calls
 
@@ -303,17 +303,17 @@ def _lower_weight(program, task: Task) -> list[Call]:
     layer, m = task.layer, task.micro_batch
     kind, fused = _kind(program, layer), task.layer not in program.scatter_grads
     graph = kind.split.weight_part
-    placement = _Placement(graph, weight_pinned(kind, fused), buffer_name(BufferKind.WS,
+    graph_slots = _GraphSlots(graph, weight_pinned(kind, fused), buffer_name(BufferKind.WS,
                                                                           task=task))
     if fused:
-        _bind_fused_grads(placement, program, layer)
+        _bind_fused_grads(graph_slots, program, layer)
     handed = _weight_operands(program, layer, m)
     for var, index in zip(graph.inputs, kind.split.weight_residuals(kind)):
-        placement.bind(var, handed.get(var.id) or residual_slot(program, layer, m, index))
+        graph_slots.bind(var, handed.get(var.id) or residual_slot(program, layer, m, index))
     for var in kind.split.carried:
-        placement.bind(var, handed[var.id])
-    return fuse_grad_accumulation(placement.calls(layer) + _accumulate_grads(
-        program, task, layer, placement, graph, handed))
+        graph_slots.bind(var, handed[var.id])
+    return fuse_grad_accumulation(graph_slots.calls(layer) + _accumulate_grads(
+        program, task, layer, graph_slots, graph, handed))
 
 
 def fuse_grad_accumulation(calls: list[Call]) -> list[Call]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ratrain.ir.vocab import is_vocab_parallel, pipeline_layer_count
 from ratrain.passes.program import Program
+from ratrain.program_format.shards import shard_size
 from ratrain.units import format_bytes
 
 STATE_CATEGORIES = ("params", "optimizer", "views", "grads")   # per layer, step-long
@@ -144,7 +145,7 @@ def _layer_memory_terms(program: Program, layer: int) -> dict[str, int]:
 
 def _shard(program: Program, nbytes: int, sharded: bool) -> int:
     """This rank's part of a per-layer buffer: 1/D of it (rounded up) when ZeRO shards it."""
-    return -(-nbytes // program.options.dp) if sharded else nbytes
+    return shard_size(nbytes, program.options.dp) if sharded else nbytes
 
 
 def _kept_activation_bytes(program: Program, layer: int) -> int:

@@ -15,8 +15,8 @@ from ratrain.units import format_bytes  # noqa: F401  (re-exported)
 from ratrain.passes import what_if
 from ratrain.passes.buffers import CATEGORIES, Buffer, persistent_buffers, task_effects
 from ratrain.ir.buffers import BufferKind, arena_name, parse_buffer
-
-ALIGNMENT = 64                          # bytes; every arena offset is a multiple of it
+# the arena's alignment is layout.py's (set there, with the tensors' inside buffers)
+from ratrain.passes.layout import ARENA_ALIGN as ALIGNMENT, arena_align as align
 
 
 class MemoryBudgetError(ValueError):
@@ -76,10 +76,6 @@ class MemoryPlan:
                          f"{m.peak_task} ({m.peak_task_name}), arena {format_bytes(m.arena_bytes)}")
             lines.append("  " + m.breakdown())
         return "\n".join(lines)
-
-
-def align(nbytes: int) -> int:
-    return -(-nbytes // ALIGNMENT) * ALIGNMENT
 
 
 def plan_memory(program):

@@ -12,7 +12,7 @@ count), so GraphCache traces each once for all candidates.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ratrain.hw.topology import placements
 from ratrain.program_format.options import GRAPH_DTYPE, RECOMPUTE_POLICIES, CompileOptions
@@ -25,6 +25,8 @@ assert sorted(POLICIES_BY_MEMORY) == sorted(RECOMPUTE_POLICIES)
 
 @dataclass(frozen=True)
 class Candidate:
+    """The options a plan chooses: each field is the CompileOptions field of its name
+    (None: the compiler's default); the search supplies the rest (options)."""
     pp: int                             # pipeline stages
     dp: int                             # data-parallel replicas
     zero: int                           # ZeRO stage over the DP group
@@ -48,22 +50,14 @@ class Candidate:
                                         # twin too (NOTE [zb1 twins], search.py)
 
     def options(self, search) -> CompileOptions:
-        """The CompileOptions of this candidate in `search` (search.Search)."""
-        extra = {name: value for name, value in (("zero3_prefetch", self.zero3_prefetch),
-                                                 ("update_rule", self.update_rule),
-                                                 ("grad_accum", self.grad_accum))
-                 if value is not None}
-        extra["placement"] = self.placement
-        extra["pipeline_schedule"] = self.pipeline_schedule
-        extra["vocab_parallel"] = self.vocab_parallel
+        """The CompileOptions of this candidate in `search` (search.Search): its fields
+        that are set, and the search's sequence length, budget, profile and precision."""
+        chosen = {f.name: getattr(self, f.name) for f in fields(self)
+                  if getattr(self, f.name) is not None}
         if self.pipeline_schedule == "zb1":  # a twin keeps gradients local (NOTE [zb1 twins])
-            extra["grad_accum"] = "local"
-        return CompileOptions(
-            pp=self.pp, dp=self.dp, micro_batches=self.micro_batches,
-            micro_batch_size=self.micro_batch_size, seq_len=search.seq_len,
-            schedule=self.schedule, recompute=self.recompute, zero=self.zero,
-            budget=search.budget, hw=search.profile["name"], precision=search.precision,
-            **extra)
+            chosen["grad_accum"] = "local"
+        return CompileOptions(**chosen, seq_len=search.seq_len, budget=search.budget,
+                              hw=search.profile["name"], precision=search.precision)
 
     @property
     def batching(self) -> str:

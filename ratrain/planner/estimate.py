@@ -28,7 +28,8 @@ from ratrain.ir.graph import Var
 from ratrain.sim.kernels import cold_profile, graph_seconds
 from ratrain.sim.simulate import rank_profile
 from ratrain.hw.topology import ranks_per_node
-from ratrain.planner.memory_estimate import (LEVELS, StagePlan, neighbours, stage_message_bytes,
+from ratrain.passes.insert_recovery import RECOMPUTE_LEVELS as LEVELS
+from ratrain.planner.memory_estimate import (StagePlan, neighbours, stage_message_bytes,
                                              stage_plan)
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ratrain.passes.buffers import CATEGORIES, persistent_buffers, undo_buffer
+from ratrain.passes.choose_grad_accumulation import accumulates_locally
+from ratrain.passes.insert_recovery import RECOMPUTE_LEVELS as LEVELS, auto_recompute_level
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.layer_buffers import (backward_workspace, layer_param_count, message_bytes,
                                           recovers_in_backward, shard_elements)
 from ratrain.passes.partition_stages import in_flight_micro_batches
-
-LEVELS = ("none", "selective", "full")  # recompute levels, least recompute first
 
 
 @dataclass(frozen=True)
@@ -114,12 +114,12 @@ def stage_plan(est, program, stage: int) -> StagePlan:
     """What choose_grad_accumulation and insert_recovery will likely pick, and the peak."""
     o = program.options
     budget = np.inf if o.budget is None else o.budget
-    local = o.zero < 2 or o.grad_accum == "local" or (
-        o.grad_accum == "auto" and total(stage_bytes(est, program, stage, "full", True)) <= budget)
+    local = accumulates_locally(  # the compiler's rule, on the estimated bytes
+        o, lambda: total(stage_bytes(est, program, stage, "full", True)) <= budget)
     need = lambda level: stage_bytes(est, program, stage, level, local)
     if o.recompute != "auto":
         return StagePlan(local, o.recompute, 0, need(o.recompute))
-    level = next((lv for lv in LEVELS if total(need(lv)) <= budget), "full")
+    level = auto_recompute_level(lambda lv: total(need(lv)) <= budget)  # the compiler's rule
     if level == "none":
         return StagePlan(local, level, 0, need(level))
     return _auto_plan(est, program, stage, local, level, need(level))

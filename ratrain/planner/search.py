@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
 from ratrain.hw.topology import node_of, ranks_per_node
 from ratrain.passes.insert_update import commits_updates
@@ -22,6 +22,7 @@ from ratrain.planner.estimate import Estimator
 from ratrain.planner.margin import SIMULATION_MARGIN
 from ratrain.planner.screen import Screen, compile_reason
 from ratrain.planner.strategies import Strategy
+from ratrain.program_format.placement import nodes_spanned
 from ratrain.sim.simulate import rank_profile
 
 # SIMULATION_MARGIN: NOTE [simulation margin] (margin.py); read here, so tests can patch it
@@ -38,20 +39,15 @@ from ratrain.sim.simulate import rank_profile
 SIBLING_TIE = 0.01
 
 
-@dataclass(frozen=True)
+CANDIDATE_FIELDS = frozenset(f.name for f in fields(Candidate))
+
+
+@dataclass(frozen=True, init=False)
 class Row:
-    """One candidate's outcome: the JSON record of `ratrain plan --json`."""
-    pp: int
-    dp: int
-    zero: int
-    micro_batch_size: int
-    micro_batches: int
-    recompute: str
-    schedule: str
-    zero3_prefetch: int | None          # ZeRO-3 gathers ahead (0: at use); None: default
-    update_rule: str | None             # "after-norm" where commit's undo copies do not fit
-    grad_accum: str | None              # "scatter" (NOTE [planned gradient accumulation]);
-                                        # None: the compiler's auto
+    """One candidate and its outcome. Its candidate's fields read as its own (row.pp);
+    its JSON record (`ratrain plan --json`) is the candidate's fields then the outcome's,
+    and reads back as Row(**record)."""
+    candidate: Candidate                # the configuration
     feasible: bool                      # fits the budget (compiled, or estimated)
     reason: str | None                  # why not, or why it was not simulated
     peak_bytes: int                     # compiled peak, else estimated (a dominated
@@ -60,25 +56,37 @@ class Row:
     tokens_per_s: float | None          # simulated tokens/s
     estimated_step_s: float | None      # the closed-form estimate (estimate.py) of a row
                                         # that may fit, simulated or not
-    placement: str = "pipeline"         # rank order (NOTE [placement])
     bound: str | None = None            # what bounds its estimated step: compute, port,
                                         # node-memory or link (NOTE [bound], estimate.py)
-    pipeline_schedule: str = "1f1b"     # "zb1" for a simulated twin (NOTE [zb1 twins])
-    vocab_parallel: bool = False        # the LM head's rows over the stages (a twin too)
 
-    @property
-    def candidate(self) -> Candidate:
-        return Candidate(self.pp, self.dp, self.zero, self.micro_batch_size,
-                         self.micro_batches, self.recompute, self.schedule,
-                         self.zero3_prefetch, self.update_rule, self.grad_accum,
-                         self.placement, self.pipeline_schedule, self.vocab_parallel)
+    def __init__(self, candidate: Candidate | None = None, **given):
+        """Row(candidate, feasible=..., ...), or with the candidate's fields by name in
+        its place (or over it) as the JSON record holds them. Requires: every outcome
+        field without a default."""
+        chosen = {name: given.pop(name) for name in CANDIDATE_FIELDS & given.keys()}
+        candidate = Candidate(**chosen) if candidate is None else replace(candidate, **chosen)
+        object.__setattr__(self, "candidate", candidate)
+        for f in fields(self)[1:]:
+            if f.name not in given and f.default is MISSING:
+                raise TypeError(f"Row() needs {f.name}")
+            object.__setattr__(self, f.name, given.pop(f.name, f.default))
+        if given:
+            raise TypeError(f"Row() takes no {', '.join(sorted(given))}")
+
+    def __getattr__(self, name: str):
+        """A candidate field read through the row (only called when no attribute of the
+        row's own has the name)."""
+        if name in CANDIDATE_FIELDS:
+            return getattr(self.candidate, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def simulated(self) -> bool:
         return self.step_time_s is not None
 
     def to_json(self) -> dict:
-        return asdict(self)
+        outcome = {f.name: getattr(self, f.name) for f in fields(self)[1:]}
+        return asdict(self.candidate) | outcome
 
 
 @dataclass(frozen=True)
@@ -397,7 +405,7 @@ def nodes_text(profile: dict, clusters: int) -> str:
     node = node_of(profile)
     if clusters <= node.ranks:
         return ""
-    return (f"{-(-clusters // node.ranks)} nodes of {node.ranks} ranks, each node's port "
+    return (f"{nodes_spanned(clusters, node.ranks)} nodes of {node.ranks} ranks, each node's port "
             f"{node.port_bandwidth / 1e9:.3g} GB/s")
 
 
@@ -425,29 +433,25 @@ def _row(c: Candidate, verdict, estimates, compiled, failed, best, policy: str,
          skipped: str | None = None) -> Row:
     """The row of `c`; `policy` is the recompute policy whose candidates were compiled;
     `skipped`: why its gradient accumulation was not compiled (grad_accumulation_skips)."""
-    base = dict(pp=c.pp, dp=c.dp, zero=c.zero, micro_batch_size=c.micro_batch_size,
-                micro_batches=c.micro_batches, recompute=c.recompute, schedule=c.schedule,
-                zero3_prefetch=c.zero3_prefetch, update_rule=c.update_rule,
-                grad_accum=c.grad_accum, placement=c.placement,
-                pipeline_schedule=c.pipeline_schedule, vocab_parallel=c.vocab_parallel)
     auto = replace(c, recompute=policy)
-    base["estimated_step_s"] = None if auto in failed else estimates.get(c)  # fits: estimated
+    estimated = None if auto in failed else estimates.get(c)  # fits: estimated
+    row = lambda **outcome: Row(c, estimated_step_s=estimated, **outcome)
     if c in compiled:
         r = compiled[c]
         reason = None if r.checked_with is None else (
             f"not simulated: memory checked with {r.checked_with} micro-batches; 1F1B holds "
             f"at most pp in flight, so {c.micro_batches} fit alike")
-        return Row(**base, feasible=True, reason=reason, peak_bytes=r.peak_bytes,
+        return row(feasible=True, reason=reason, peak_bytes=r.peak_bytes,
                    step_time_s=r.step_time_s, tokens_per_s=r.tokens_per_s)
     if not verdict.fits:
-        return Row(**base, feasible=False, reason=verdict.reason, peak_bytes=verdict.peak,
+        return row(feasible=False, reason=verdict.reason, peak_bytes=verdict.peak,
                    step_time_s=None, tokens_per_s=None)
     if auto in failed:
         reason = failed[auto] if c == auto else \
             f"needs more than with recompute {policy}, which does not fit: {failed[auto]}"
-        return Row(**base, feasible=False, reason=reason, peak_bytes=verdict.peak,
+        return row(feasible=False, reason=reason, peak_bytes=verdict.peak,
                    step_time_s=None, tokens_per_s=None)
-    return Row(**base, feasible=True,
+    return row(feasible=True,
                reason=_not_simulated(c, estimates, best, policy, compiled, skipped),
                peak_bytes=verdict.peak, step_time_s=None, tokens_per_s=None)
 

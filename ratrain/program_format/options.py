@@ -1,11 +1,14 @@
-"""CompileOptions: what a user asks the compiler for, checked on construction.
+"""CompileOptions: what a user asks the compiler for, checked on construction; the one
+description of a configuration (docs/DESIGN.md section 10). The planner's Candidate names
+a subset of its fields, the compiler's FLAGS are its fields, and the defaults the
+commands share are set here.
 
 Kept free of jax and of the IR so the command line can build its parser and validate
 flags without importing them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ratrain.program_format.placement import Placement, parse_placement
 
@@ -21,14 +24,21 @@ PRECISION_HELP = ("fp32 exact mode; fp16 mixed precision (fp16 activations and v
 GRAD_ACCUMULATION = ("auto", "local", "scatter")
 UPDATE_RULES = ("commit", "after-norm")  # NOTE [commit rule] (passes/insert_update.py)
 
+# Every command's default --seq-len (compile, plan, train, info, the tracer), cut to the
+# model's context by models/config.default_seq_len: short enough to train on a CPU, and
+# any longer sequence is one flag away.
+DEFAULT_SEQ_LEN = 128
+MAX_DEFAULT_MICRO_BATCHES = 4   # more, smaller micro-batches only add per-call overhead
+
 
 @dataclass(frozen=True)
 class CompileOptions:
     pp: int = 1                         # pipeline stages
     dp: int = 1                         # data-parallel replicas of every stage
-    micro_batches: int = 1              # M micro-batches per step
+    micro_batches: int = 1              # M micro-batches per step (a command without
+                                        # --micro-batches: default_micro_batches)
     micro_batch_size: int = 1           # sequences per micro-batch
-    seq_len: int = 128                  # tokens per sequence
+    seq_len: int = DEFAULT_SEQ_LEN      # tokens per sequence
     schedule: str = "ratrain"           # "ratrain" (lifecycle scheduling) or "baseline"
     recompute: str = "auto"             # activation recovery policy, RECOMPUTE_POLICIES
     zero: int = 0                       # ZeRO stage 0, 1, 2 or 3 over the DP group
@@ -67,6 +77,36 @@ class CompileOptions:
         """The options a manifest or runtime.json holds (asdict of them, through JSON)."""
         speeds = fields.get("stage_speeds")
         return cls(**{**fields, "stage_speeds": None if speeds is None else tuple(speeds)})
+
+
+# fields no compile flag sets: the profile's name (--hw names the profile, which fills
+# other fields too: compiler.resolve_options) and the stages' relative speeds (built in
+# code for heterogeneous ranks)
+NOT_FLAGS = ("hw", "stage_speeds")
+
+
+def flag_fields() -> tuple[str, ...]:
+    """The CompileOptions fields a compile flag sets (`seq_len` is --seq-len), in field
+    order: compiler.FLAGS."""
+    return tuple(f.name for f in fields(CompileOptions) if f.name not in NOT_FLAGS)
+
+
+# NOTE [default micro-batches]: a step of one micro-batch leaves a pipeline idle most of
+# the time (pp 2: a bubble of 1/2, pp 4: 3/4), and more, smaller micro-batches only add
+# per-call overhead; so without --micro-batches a replica's sequences are split into the
+# most micro-batches up to MAX_DEFAULT_MICRO_BATCHES that divide them, at least 2 where
+# they allow. `ratrain compile` takes no global batch (--micro-batch-size is what it gets),
+# so it has nothing to divide and takes MAX_DEFAULT_MICRO_BATCHES micro-batches.
+def default_micro_batches(per_replica: int | None = None) -> int:
+    """Micro-batches of a step whose command was given no --micro-batches (NOTE [default
+    micro-batches]): of `per_replica` sequences, the largest divisor up to
+    MAX_DEFAULT_MICRO_BATCHES, or one sequence each when that would be a single
+    micro-batch (an odd prime count); with no sequence count (compile),
+    MAX_DEFAULT_MICRO_BATCHES."""
+    if per_replica is None:
+        return MAX_DEFAULT_MICRO_BATCHES
+    best = max(m for m in range(1, MAX_DEFAULT_MICRO_BATCHES + 1) if per_replica % m == 0)
+    return best if best >= 2 or per_replica == 1 else per_replica
 
 
 def _check_options(o: CompileOptions) -> None:

@@ -60,3 +60,17 @@ def parse_placement(text: str, pp: int, dp: int) -> Placement:
         raise ValueError(f"--placement must be one of {', '.join(PLACEMENT_FORMS)} "
                          f"(got {text!r})")
     return Placement(pp, dp, int(block))
+
+
+def node_of_rank(rank: int, ranks_per_node: int) -> int:
+    """The node (host) a rank runs on: nodes hold `ranks_per_node` consecutive ranks
+    (NOTE [placement]). The one statement of that rule: the simulator's nodes
+    (hw/topology.py), `ratrain run --hosts` (rt/hosts.py) and the test cluster
+    (cluster/harness.py) all place ranks by it."""
+    return rank // max(1, ranks_per_node)
+
+
+def nodes_spanned(ranks: int, ranks_per_node: int) -> int:
+    """Nodes that `ranks` ranks fill under node_of_rank: the last rank's node and those
+    before it."""
+    return node_of_rank(ranks - 1, ranks_per_node) + 1 if ranks > 0 else 0

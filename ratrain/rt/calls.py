@@ -19,13 +19,8 @@ from ratrain.ir.vocab import param_value
 from ratrain.optim import AdamW, LossScaler
 from ratrain.program_format.call_ops import CallOp, registered
 from ratrain.program_format.lowered import rollback_only
+from ratrain.program_format.shards import shard_bounds
 from ratrain.rt.vocab_calls import VOCAB_CALLS, tie_sum_rows
-
-
-def shard_bounds(n: int, dp: int, replica: int) -> tuple[int, int]:
-    """[lo, hi) of replica's ZeRO shard of n elements: ceil(n/dp) each, the last shorter."""
-    size = -(-n // dp)
-    return min(n, replica * size), min(n, (replica + 1) * size)
 
 
 @dataclass

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from ratrain.errors import UserError
+from ratrain.program_format.placement import node_of_rank
 
 # letters, digits, '.', '-', '_': host names and IPv4 addresses; ':' and ',' are hydra's
 # separators (`-hosts a:2,b:2`), so an IPv6 address cannot be given here
@@ -89,16 +90,17 @@ def rank_hosts(world_size: int, hosts: tuple[str, ...]) -> tuple[str, ...]:
     ranks per host, in the order given. Requires: ranks_per_host(world_size, hosts)
     accepted them."""
     per_host = world_size // len(hosts)
-    return tuple(hosts[rank // per_host] for rank in range(world_size))
+    return tuple(hosts[node_of_rank(rank, per_host)] for rank in range(world_size))
 
 
 # NOTE [ranks on hosts]: each host runs a block of consecutive ranks, as the planner's
-# and the simulator's nodes hold them (hw/topology.node_of_rank); which (stage, replica)
+# and the simulator's nodes hold them (program_format/placement.node_of_rank, the one
+# statement of the rule); which (stage, replica)
 # each rank is, and so what shares a host, is the program's placement (NOTE [placement],
 # program_format/placement.py): pipeline-major keeps a pipeline on one host when its
 # ranks per host are a multiple of pp and spreads each DP group over the hosts, DP-major
-# keeps a stage's DP group on one host. `rank_hosts` is the only place the host rule is
-# written: hydra is told it explicitly (`-hosts h:count,...`, one entry per run of
+# keeps a stage's DP group on one host. `rank_hosts` is the only place hosts are given
+# ranks by that rule: hydra is told it explicitly (`-hosts h:count,...`, one entry per run of
 # consecutive ranks on a host).
 
 
