@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ratrain.hw.profiles import Profile
 from ratrain.hw.topology import placements
 from ratrain.program_format.options import GRAPH_DTYPE, RECOMPUTE_POLICIES, CompileOptions
 
@@ -62,7 +63,7 @@ class Candidate:
             pp=self.pp, dp=self.dp, micro_batches=self.micro_batches,
             micro_batch_size=self.micro_batch_size, seq_len=search.seq_len,
             schedule=self.schedule, recompute=self.recompute, zero=self.zero,
-            budget=search.budget, hw=search.profile["name"], precision=search.precision,
+            budget=search.budget, hw=Profile.of(search.profile).name, precision=search.precision,
             **extra)
 
     @property
