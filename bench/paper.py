@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ratrain.hw.topology import ranks_per_node
 from ratrain.inputs import load_hw, load_model
 from ratrain.units import format_budget, parse_size
 from ratrain.ir.tasks import BACKWARDS, Kind
@@ -92,7 +91,7 @@ class Runs:
         if (model, schedule) not in self.planners:
             config, name = load_model(model)
             search = Search(config, name, GLOBAL_BATCH, SEQ_LEN, self.profile, BUDGET,
-                            (schedule,), self.profile["default_precision"], self.simulate_best)
+                            (schedule,), self.profile.default_precision, self.simulate_best)
             self.planners[model, schedule] = Planner(search)
         return self.planners[model, schedule]
 
@@ -204,8 +203,8 @@ def port_line(runs: Runs, label: str, o: Outcome) -> str:
     own = simulate(o.sim.program, runs.profile | {"ranks_per_node": 1}).step_time
     shared, p = o.sim.step_time, runs.profile
     return (f"  shared port, {label} ({config_text(o.candidate)}): step {shared:.4g} s with "
-            f"{ranks_per_node(p)} clusters a node sharing one "
-            f"{p['inter_node_bandwidth'] / 1e9:.3g} GB/s port, {own:.4g} s with a port per "
+            f"{p.ranks_per_node} clusters a node sharing one "
+            f"{p.inter_node_bandwidth / 1e9:.3g} GB/s port, {own:.4g} s with a port per "
             f"cluster ({shared / own - 1:+.1%})")
 
 

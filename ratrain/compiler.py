@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 
 from ratrain.errors import UserError
+from ratrain.hw.profiles import Profile
 from ratrain.program_format.options import flag_fields
 from ratrain.units import format_budget
 
@@ -26,16 +27,16 @@ def resolve_options(config: dict, profile: dict, **flags):
     defaults (ZeRO only with dp > 1), the budget the profile's usable memory."""
     from ratrain.models.config import check_sequence_length, default_seq_len
     from ratrain.passes.program import CompileOptions
-    flags = {k: v for k, v in flags.items() if v is not None}
+    flags, profile = {k: v for k, v in flags.items() if v is not None}, Profile.of(profile)
     defaults = {"seq_len": default_seq_len(config),
-                "precision": profile.get("default_precision", "fp32"),
-                "zero": profile.get("default_zero", 0) if flags.get("dp", 1) > 1 else 0,
-                "budget": int(profile["usable_memory"])}
+                "precision": profile.default_precision,
+                "zero": profile.default_zero if flags.get("dp", 1) > 1 else 0,
+                "budget": int(profile.usable_memory)}
     if "clip" in flags and not (math.isfinite(flags["clip"]) and flags["clip"] > 0):
         raise UserError(f"--clip must be a positive gradient norm, e.g. 1.0; got "
                         f"{flags['clip']:g} (leave it out for no clipping)")
     try:
-        options = CompileOptions(**(defaults | flags), hw=profile["name"])
+        options = CompileOptions(**(defaults | flags), hw=profile.name)
         check_sequence_length(config, options.seq_len)  # a sliding window is refused here
     except ValueError as e:
         raise UserError(str(e)) from None

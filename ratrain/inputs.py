@@ -8,7 +8,7 @@ import json
 
 from ratrain import models
 from ratrain.errors import UserError
-from ratrain.hw import ProfileError, load_profile
+from ratrain.hw import Profile, ProfileError, load_profile
 from ratrain.models.config import _config_file
 
 
@@ -31,7 +31,7 @@ def read_hf_config(model: str) -> dict | None:
     return raw if isinstance(raw, dict) else None
 
 
-def load_hw(name_or_path: str) -> dict:
+def load_hw(name_or_path: str) -> Profile:
     try:
         return load_profile(name_or_path)
     except ProfileError as e:

@@ -58,7 +58,7 @@ def build_manifest(program, records, profile: dict, hashes: dict[str, str],
     return {
         "format": FORMAT, "ratrain_version": ratrain_version(),
         "model": model | ({"hf_config": hf_config} if hf_config is not None else {}),
-        "options": asdict(o), "hw": profile, "machine": machine or {},
+        "options": asdict(o), "hw": dict(profile), "machine": machine or {},
         "world_size": o.world_size,
         "ranks": {str(r): dict(zip(("stage", "replica"), program.coords(r)))
                   for r in range(o.world_size)},

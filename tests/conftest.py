@@ -1,5 +1,6 @@
 """Suite-wide test plumbing: the one way golden files are compared and rewritten, and the
-profile every test reads where no --hw is given.
+profile every test reads where no --hw is given. (The tiny model configs tests share are
+tests/tiny_model.py's: this directory is on sys.path, so any test imports it.)
 
 `pytest --update-goldens` (or RATRAIN_UPDATE_GOLDEN=1) rewrites every golden file a test
 compares with; without it a mismatch fails and prints the actual text to review.

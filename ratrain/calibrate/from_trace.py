@@ -255,7 +255,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
     for run in runs:
         progress(f"reading {run.trace} (the traces of {run.program})")
         samples = call_samples(run, profile, skip)
-        entry = rank_profile(profile, samples.world).get("rank_threads")
+        entry = rank_profile(profile, samples.world).rank_threads
         for key, values in samples.calls.items():
             by_entry[entry][key_text(key)].extend(values)
         spreads[entry] += drift_samples(samples.drifts, samples.dp)
@@ -263,7 +263,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
         overheads[entry][1] += samples.lowered_calls
         for op, values in samples.ratios.items():
             speeds[entry][key_text(op)].extend(values)
-    out = json.loads(json.dumps(profile))
+    out = json.loads(json.dumps(dict(profile)))
     source = {"programs": [str(r.program) for r in runs], "traces": [str(r.trace) for r in runs],
               "date": datetime.date.today().isoformat(), "machine": platform.node()}
     for entry, rows in by_entry.items():

@@ -14,6 +14,7 @@ from typing import Callable
 
 from ratrain.calibrate.profile import (ddr_bandwidth_of, gemm_rate, machine_facts, rounded,
                                        run_probe)
+from ratrain.hw.profiles import Profile
 
 FORMATS = ("fp32", "bf16", "fp16")      # the GEMM peaks measured (cases.quick_cases)
 
@@ -32,7 +33,7 @@ def quick_profile(base: dict, runs: list[dict], machine: dict) -> dict:
     this machine's facts (`machine_facts`: CPU model, cores, memory, caches). Of base's
     `threads` entries only the counts measured here stay, each with these rates over its
     other fields (NOTE [this machine's profile])."""
-    table = base.get("threads", {})
+    table = Profile.of(base).threads
     threads = {str(r["threads"]): table.get(str(r["threads"]), {}) | measured_rates(r)
                for r in sorted(runs, key=lambda r: r["threads"])}
     whole = measured_rates(max(runs, key=lambda r: r["threads"]))
@@ -45,7 +46,7 @@ def quick_profile(base: dict, runs: list[dict], machine: dict) -> dict:
         "cores": cores, "node_cores": cores, "usable_memory": machine["memory_bytes"] // cores,
         "gsm_bytes": machine["last_level_cache"], "am_bytes": machine["l1_data_cache"],
         "sm_bytes": machine["l1_data_cache"], "threads": threads,
-        "sources": base.get("sources", {}) | _sources(sorted(threads, key=int))})
+        "sources": Profile.of(base).sources | _sources(sorted(threads, key=int))})
 
 
 def _sources(counts: list[str]) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ratrain.cli.options import add_options
 from ratrain.errors import UserError
 from ratrain.hw.identity import cached_profile_path, this_cpu
+from ratrain.hw.profiles import Profile
 
 def cmd_calibrate(args) -> None:
     from ratrain.calibrate import calibrate
@@ -42,8 +43,7 @@ def cmd_calibrate(args) -> None:
     except (RuntimeError, ValueError) as e:
         raise UserError(str(e)) from None
     write_profile(profile, out)
-    load_profile(out)
-    print(summary(profile, out, time.perf_counter() - started))
+    print(summary(load_profile(out), out, time.perf_counter() - started))
 
 
 def _calibrate_from(args, out: Path) -> None:
@@ -60,12 +60,14 @@ def _calibrate_from(args, out: Path) -> None:
         base = read_manifest(runs[0].program)["hw"]
     else:
         raise UserError(f"{runs[0].program} is not a program directory; pass --program DIR")
-    profile = traced_profile(base, runs, args.skip_steps,
-                             lambda line: print(line, flush=True))
-    write_profile(profile, out)
-    print(f"wrote {out}: {base.get('name', 'the base profile')}'s profile with what "
+    profile = Profile.from_dict(traced_profile(base, runs, args.skip_steps,
+                                               lambda line: print(line, flush=True)))
+    write_profile(profile.to_dict(), out)
+    print(f"wrote {out}: {Profile.of(base).name}'s profile with what "
           f"{len(runs)} traced run{'s' * (len(runs) != 1)} measured")
-    for threads, entry in [(None, profile), *profile.get("threads", {}).items()]:
+    if profile.traced:
+        print("  " + traced_summary(profile.traced, None))
+    for threads, entry in profile.threads.items():
         if "traced" in entry:
             print("  " + traced_summary(entry["traced"], threads))
 
@@ -82,10 +84,10 @@ def traced_summary(traced: dict, threads: str | None) -> str:
                "waited at)"))
 
 
-def summary(profile: dict, path: Path, seconds: float) -> str:
-    lines = [f"wrote {path} in {seconds:.0f} s: link {profile['link_latency'] * 1e6:.2f} us + "
-             f"{profile['link_bandwidth'] / 1e9:.2f} GB/s"]
-    for threads, fields in sorted(profile["threads"].items(), key=lambda kv: int(kv[0])):
+def summary(profile: Profile, path: Path, seconds: float) -> str:
+    lines = [f"wrote {path} in {seconds:.0f} s: link {profile.link_latency * 1e6:.2f} us + "
+             f"{profile.link_bandwidth / 1e9:.2f} GB/s"]
+    for threads, fields in sorted(profile.threads.items(), key=lambda kv: int(kv[0])):
         sixteen = "".join(f" ({p} {fields[f'{p}_flops'] / 1e9:.1f})" for p in ("bf16", "fp16")
                           if f"{p}_flops" in fields)
         lines.append(f"  {threads} thread{'s' * (threads != '1')} per rank: GEMM up to "

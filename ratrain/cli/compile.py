@@ -21,6 +21,7 @@ from ratrain.compiler import (FLAGS, compile_other_schedule, other_schedule, rec
                               resolve_options, simulate, simulated_step, trace_for)
 from ratrain.errors import UserError
 from ratrain.hw.identity import profile_label
+from ratrain.hw.profiles import Profile
 from ratrain.inputs import load_model, read_hf_config
 from ratrain.passes.buffers import CATEGORIES
 from ratrain.passes.plan_memory import format_bytes
@@ -58,8 +59,9 @@ def format_simulated_step(sim, machine: str) -> list[str]:
 
 
 def format_dry_run(program, profile: dict, result) -> list[str]:
-    lines = [f"dry run (ordering check, not the step time) on {profile['name']} "
-             f"({'calibrated' if profile.get('calibrated') else 'uncalibrated'} profile): "
+    profile = Profile.of(profile)
+    lines = [f"dry run (ordering check, not the step time) on {profile.name} "
+             f"({'calibrated' if profile.calibrated else 'uncalibrated'} profile): "
              f"dry-run step {result.makespan:.4g} s, bubble {result.bubble_fraction:.1%}",
              f"  {'stage':>5} {'busy s':>10} {'exposed tail s':>15}"]
     lines += [f"  {s:>5} {result.busy[s]:>10.4g} {result.exposed_tail.get(s, 0.0):>15.4g}"
@@ -163,8 +165,8 @@ def write_pictures(program, profile: dict, args) -> None:
         bars = schedule_png(program, args.schedule_png, cost=task_cost_model(program, profile),
                             unit="s")
         print(f"wrote {args.schedule_png} ({bars} task bars, a dry run's times from the "
-              f"{profile['name']} profile in seconds; `ratrain simulate DIR --schedule-png` "
-              "draws the simulated step)")
+              f"{Profile.of(profile).name} profile in seconds; `ratrain simulate DIR "
+              "--schedule-png` draws the simulated step)")
     if args.memory_png:
         stages = memory_png(program, args.memory_png)
         print(f"wrote {args.memory_png} ({stages} stages)")

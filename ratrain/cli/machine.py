@@ -10,7 +10,7 @@ from ratrain.calibrate.this_machine import default_hw
 from ratrain.cli.options import MACHINE_FLAGS, dest
 from ratrain.errors import UserError
 from ratrain.hw.machine import Machine, profile_identity, profile_sha256, read_machine
-from ratrain.hw.profiles import ProfileError
+from ratrain.hw.profiles import Profile, ProfileError
 from ratrain.inputs import load_hw
 
 # the Machine fields a flag sets (node_memory_bandwidth only a machine file does)
@@ -91,7 +91,7 @@ def describe_machine(record: dict, profile: dict, world_size: int) -> str:
     """`mt3000 (sha256 1a2b3c4d5e6f), 4 nodes of 8 ranks, each node's port 1.25 GB/s`."""
     from ratrain.planner.search import nodes_text
     from ratrain.sim.simulate import rank_profile
-    name = record.get("profile", profile["name"])
+    name = record.get("profile", Profile.of(profile).name)
     sha = f" (sha256 {record['profile_sha256'][:12]})" if "profile_sha256" in record else ""
     nodes = nodes_text(rank_profile(profile, world_size), world_size)
     return f"{name}{sha}" + (f", {nodes}" if nodes else ", one node")

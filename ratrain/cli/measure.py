@@ -19,6 +19,7 @@ from ratrain.cli.options import (DEFAULT_HW, MACHINE_FLAGS, OPTIONS, OneLineErro
                                  flag_of, planned_values)
 from ratrain.cli.train import add_run_parser, cmd_run
 from ratrain.errors import UserError
+from ratrain.hw.profiles import Profile
 from ratrain.planner.measure import (WARMUP_STEPS, Measurement, RunFailed, fastest,
                                      measure_rows, predicted_step, timed)
 from ratrain.rt.stop import Stopped
@@ -41,9 +42,9 @@ def measure_refusal(args, profile: dict, ranks: int | None) -> str | None:
         return (f"--measure runs the rows on this machine, and {', '.join(given)} "
                 f"describe{'s' * (len(given) == 1)} another machine: plan without "
                 f"{'it' if len(given) == 1 else 'them'} to measure here")
-    if profile.get("name") != "cpu":
+    if Profile.of(profile).name != "cpu":
         return (f"--measure runs the rows on this machine's CPU, and the plan is for "
-                f"{profile.get('name')} ranks (--hw {args.hw}): plan with a cpu profile to "
+                f"{Profile.of(profile).name} ranks (--hw {args.hw}): plan with a cpu profile to "
                 "measure here")
     cores = this_machine_cores()
     if ranks is not None and ranks > cores:

@@ -17,6 +17,7 @@ from ratrain.cli.options import (DEFAULT_HW, DEFAULT_SIMULATE, HW_HELP, MACHINE_
                                  positive_int)
 from ratrain.errors import UserError
 from ratrain.hw.identity import profile_label
+from ratrain.hw.profiles import Profile
 from ratrain.inputs import load_model
 from ratrain.models.config import default_seq_len
 from ratrain.planner.strategies import STRATEGIES
@@ -39,10 +40,10 @@ def search_for(args, schedules: tuple[str, ...], profile: dict):
     """The planner's Search from the command's model and batch flags on `profile`, the
     machine's (cli/machine.planned_machine)."""
     from ratrain.planner import Search
-    config, name = load_model(args.model)
+    config, name, profile = *load_model(args.model), Profile.of(profile)
     return Search(config, name, args.global_batch, args.seq_len or default_seq_len(config),
-                  profile, args.budget or int(profile["usable_memory"]), schedules,
-                  args.precision or profile.get("default_precision", "fp32"),
+                  profile, args.budget or int(profile.usable_memory), schedules,
+                  args.precision or profile.default_precision,
                   args.simulate or DEFAULT_SIMULATE)
 
 

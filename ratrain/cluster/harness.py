@@ -19,7 +19,6 @@ from pathlib import Path
 
 from ratrain.cluster import netns
 from ratrain.rt.hosts import hydra_hosts_option, rank_hosts
-from ratrain.hw.topology import node_per_rank
 from ratrain.program_format.placement import nodes_spanned
 from ratrain.rt.launch import find_mpiexec, rank_python
 
@@ -327,7 +326,9 @@ def link_fields(cluster: Cluster) -> dict:
     link = cluster.probed or {"link_bandwidth": cluster.bandwidth,
                               "link_latency": cluster.latency, "link_host_cost": 0.0}
     if cluster.ranks_per_node == 1:
-        return node_per_rank(link) | {"collective_progress_share": 1.0}
+        return link | {"ranks_per_node": 1, "inter_node_bandwidth": link["link_bandwidth"],
+                       "inter_node_latency": link["link_latency"],
+                       "collective_progress_share": 1.0}
     return {"ranks_per_node": cluster.ranks_per_node,
             "inter_node_bandwidth": link["link_bandwidth"],
             "inter_node_latency": link["link_latency"],

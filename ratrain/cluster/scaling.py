@@ -4,7 +4,10 @@ bandwidths and latencies users write are read by ratrain/units.py).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ratrain.calibrate.this_machine import default_hw
+from ratrain.hw.profiles import Profile
 
 MT3000_LINK_BANDWIDTH = 3.7e9           # B/s of a node's port (DESIGN section 7)
 MT3000_SUSTAINED_FLOPS = 0.70 * 8.1e12  # hand-written FP16 GEMM: ~70% of the peak
@@ -22,12 +25,13 @@ RANK_THREADS = 1                        # one rank per core on the cluster
 # own.
 
 
-def rank_compute_rate(profile: dict, threads: int = RANK_THREADS) -> float:
+def rank_compute_rate(profile: Profile | Mapping, threads: int = RANK_THREADS) -> float:
     """Sustained FLOP/s of one rank running `threads` threads (the profile's measured
     entry for that count, if any)."""
     from ratrain.sim.costs import compute_rate
-    narrowed = {**profile, **profile.get("threads", {}).get(str(threads), {})}
-    return compute_rate(narrowed, profile.get("default_precision", "fp32"))
+    profile = Profile.of(profile)
+    narrowed = profile.with_fields(**profile.threads.get(str(threads), {}))
+    return compute_rate(narrowed, profile.default_precision)
 
 
 def scaled_link(cpu: str | None = None, reference: str = "mt3000") -> tuple[float, float]:
@@ -48,10 +52,11 @@ def link_source(cpu: str | None = None) -> str:
     return f"scaled from {profile_label(load_profile(hw), hw)}"
 
 
-def with_link(profile: dict, bandwidth: float | None = None, latency: float | None = None,
-              host_cost: float | None = None) -> dict:
-    """A copy of `profile` whose link_bandwidth / link_latency / link_host_cost are
-    replaced where given."""
+def with_link(profile: Profile | Mapping, bandwidth: float | None = None,
+              latency: float | None = None, host_cost: float | None = None) -> Profile:
+    """`profile` with its link_bandwidth / link_latency / link_host_cost replaced where
+    given."""
     override = {"link_bandwidth": bandwidth, "link_latency": latency,
                 "link_host_cost": host_cost}
-    return {**profile, **{k: float(v) for k, v in override.items() if v is not None}}
+    return Profile.of(profile).with_fields(
+        **{k: float(v) for k, v in override.items() if v is not None})

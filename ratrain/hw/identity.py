@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 import platform
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ratrain.hw.profiles import PROFILE_DIR
+from ratrain.hw.profiles import PROFILE_DIR, Profile
 from ratrain.settings import cache_root
 
 SHIPPED = "cpu"                         # the shipped cpu.json's name: the labelled fallback
@@ -59,17 +60,18 @@ def is_shipped(identity: str | None) -> bool:
                                    and path.resolve() == (PROFILE_DIR / "cpu.json").resolve())
 
 
-def profile_label(profile: dict, identity: str | None = None) -> str:
+def profile_label(profile: Profile | Mapping, identity: str | None = None) -> str:
     """What a profile is, for the outputs that use it: `this machine's profile (quick
     calibration, <CPU model>, N cores)`, `the shipped cpu profile (measured on another
     machine)`, `the mt3000 profile`; `identity` is the --hw name or path it was read by."""
     if is_shipped(identity):
         return SHIPPED_LABEL
-    if "cpu_model" not in profile:
-        where = f" ({identity})" if identity and identity != profile["name"] else ""
-        return f"the {profile['name']} profile{where}"
-    cores = int(profile.get("node_cores", profile["cores"]))
-    whose = "this machine's" if Cpu(profile["cpu_model"], cores) == this_cpu() \
+    profile = Profile.of(profile)
+    if profile.cpu_model is None:
+        where = f" ({identity})" if identity and identity != profile.name else ""
+        return f"the {profile.name} profile{where}"
+    cores = int(profile.cores if profile.node_cores is None else profile.node_cores)
+    whose = "this machine's" if Cpu(profile.cpu_model, cores) == this_cpu() \
         else "another machine's"
-    how = "quick calibration" if profile.get("calibration") == "quick" else "calibrated"
-    return f"{whose} profile ({how}, {profile['cpu_model']}, {cores} cores)"
+    how = "quick calibration" if profile.calibration == "quick" else "calibrated"
+    return f"{whose} profile ({how}, {profile.cpu_model}, {cores} cores)"

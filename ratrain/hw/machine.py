@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from ratrain.hw.profiles import ProfileError
-from ratrain.hw.topology import ranks_per_node
+from ratrain.hw.profiles import Profile, ProfileError
 
 # NOTE [machine file]: a small JSON object, every field optional:
 #     {"profile": "cpu", "nodes": 4, "ranks_per_node": 8,
@@ -51,16 +51,16 @@ class Machine:
     link_bandwidth: float | None = None  # B/s between two ranks of a node
     link_latency: float | None = None   # s per message within a node
 
-    def over(self, profile: dict) -> dict:
+    def over(self, profile: Profile | Mapping) -> Profile:
         """`profile` with this machine's node and link fields where given."""
         given = {name: getattr(self, name) for name in PROFILE_FIELDS
                  if getattr(self, name) is not None}
-        return profile | given
+        return Profile.of(profile).with_fields(**given)
 
-    def ranks(self, profile: dict) -> int | None:
+    def ranks(self, profile: Profile | Mapping) -> int | None:
         """Ranks of `nodes` nodes of the (overlaid) profile's ranks_per_node; None
         without nodes."""
-        return None if self.nodes is None else self.nodes * ranks_per_node(self.over(profile))
+        return None if self.nodes is None else self.nodes * int(self.over(profile).ranks_per_node)
 
     def updated(self, **given) -> Machine:
         """This machine with the fields given (not None) replaced: flags over a file."""
@@ -70,7 +70,7 @@ class Machine:
         """The fields given (not None), as a machine file holds them."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
-    def record(self, base: dict) -> dict:
+    def record(self, base: Mapping) -> dict:
         """program.json's "machine" (NOTE [recorded machine]); `base`: the profile
         `self.profile` names, as read."""
         return self.given() | {"profile_sha256": profile_sha256(base)}
@@ -88,9 +88,9 @@ def profile_identity(name_or_path: str) -> str:
     return str(path.resolve()) if path.suffix == ".json" and path.is_file() else name_or_path
 
 
-def profile_sha256(profile: dict) -> str:
+def profile_sha256(profile: Mapping) -> str:
     """The hash of a profile's content: its canonical JSON (sorted keys)."""
-    return hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(dict(profile), sort_keys=True).encode()).hexdigest()
 
 
 def read_machine(path: str) -> Machine:

@@ -1,12 +1,14 @@
 """A profile's node: how many ranks share one node's memory and one network port, and
-where each rank sits. Pure functions over a loaded profile dict (hw/profiles.py lists the
-fields and their defaults); the simulator's collectives (sim/collectives.py) cost from it.
+where each rank sits. Pure functions over a loaded Profile (hw/profiles.py fills the
+node's defaults); the simulator's collectives (sim/collectives.py) cost from it.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ratrain.hw.profiles import Profile
 from ratrain.program_format.placement import Placement, node_of_rank
 
 # NOTE [node memory]: a transfer between two ranks of one node is a copy through shared
@@ -45,58 +47,20 @@ class Node:
         return min(self.link_bandwidth, shared)
 
 
-def rank_threads(profile: dict) -> int:
-    """Threads each rank runs: `rank_threads` once narrowed to a job
-    (sim/kernels.rank_profile), else the profile's `cores`."""
-    return int(profile.get("rank_threads") or profile.get("cores") or 1)
-
-
-def ranks_per_node(profile: dict) -> int:
-    """`ranks_per_node` if given, else node_cores // threads per rank (a calibrated
-    profile narrowed to a job), else 1 (each rank its own node)."""
-    if "ranks_per_node" in profile:
-        return int(profile["ranks_per_node"])
-    if "node_cores" in profile:
-        return max(1, int(profile["node_cores"]) // rank_threads(profile))
-    return 1
-
-
-def default_memory_bandwidth(profile: dict, ranks: int) -> float:
-    """The node's memory bandwidth when the profile does not say: the per-rank DDR rate
-    of the `threads` entry measured with one rank per core (all ranks streaming at once,
-    `ratrain calibrate`) times node_cores; else the profile's own ddr_bandwidth per rank
-    times the node's ranks (each rank its own memory, as an MT-3000 cluster's DDR)."""
-    one = profile.get("threads", {}).get("1")
-    if one and "node_cores" in profile:
-        return one["ddr_bandwidth"] * int(profile["node_cores"])
-    return profile["ddr_bandwidth"] * ranks
-
-
-def default_progress_share(profile: dict) -> float:
-    """0 for a profile measured by `ratrain calibrate`: its ranks talk through the mpich
-    wheel's shared memory, which moves bytes only inside MPI calls (NOTE [progress while
-    kernels run], rt/comm.py); 1 for devices whose links are driven by DMA engines."""
-    return 0.0 if profile.get("calibrated") else 1.0
-
-
-def node_of(profile: dict) -> Node:
-    """The node of a (narrowed) profile, its optional fields filled with their defaults
-    (hw/profiles.py lists them)."""
-    ranks = ranks_per_node(profile)
+def node_of(profile: Profile | Mapping) -> Node:
+    """The node of a (narrowed) profile, its defaults filled (NOTE [node defaults],
+    hw/profiles.py)."""
+    profile = Profile.of(profile)
     return Node(
-        ranks=ranks,
-        memory_bandwidth=float(profile.get("node_memory_bandwidth")
-                               or default_memory_bandwidth(profile, ranks)),
-        port_bandwidth=float(profile.get("inter_node_bandwidth", profile["link_bandwidth"])),
-        port_latency=float(profile.get("inter_node_latency", profile["link_latency"])),
-        link_bandwidth=float(profile["link_bandwidth"]),
-        link_latency=float(profile["link_latency"]),
-        progress_share=float(profile.get("collective_progress_share",
-                                         default_progress_share(profile))),
-        kernel_slowdown=float(profile.get("node_collectives", {})
-                              .get("kernel_slowdown_beside", 1.0)),
-        collective_rows=tuple(tuple(row) for row in
-                              profile.get("node_collectives", {}).get("rows", ())))
+        ranks=int(profile.ranks_per_node),
+        memory_bandwidth=float(profile.node_memory_bandwidth),
+        port_bandwidth=float(profile.inter_node_bandwidth),
+        port_latency=float(profile.inter_node_latency),
+        link_bandwidth=float(profile.link_bandwidth),
+        link_latency=float(profile.link_latency),
+        progress_share=float(profile.collective_progress_share),
+        kernel_slowdown=float(profile.node_collectives.get("kernel_slowdown_beside", 1.0)),
+        collective_rows=tuple(tuple(row) for row in profile.node_collectives.get("rows", ())))
 
 
 @lru_cache(maxsize=4096)
@@ -131,8 +95,9 @@ def placements(pp: int, dp: int, ranks: int) -> list[Placement]:
     return out
 
 
-def node_per_rank(profile: dict) -> dict:
+def node_per_rank(profile: Profile | Mapping) -> Profile:
     """`profile` as a node per rank whose one link is its port (the model before nodes):
     what a test of the links alone, or a user describing one rank per host, wants."""
-    return profile | {"ranks_per_node": 1, "inter_node_bandwidth": profile["link_bandwidth"],
-                      "inter_node_latency": profile["link_latency"]}
+    profile = Profile.of(profile)
+    return profile.with_fields(ranks_per_node=1, inter_node_bandwidth=profile.link_bandwidth,
+                               inter_node_latency=profile.link_latency)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ratrain.hw.profiles import Profile
 from ratrain.hw.topology import placements
 from ratrain.program_format.options import GRAPH_DTYPE, RECOMPUTE_POLICIES, CompileOptions
 
@@ -57,7 +58,7 @@ class Candidate:
         if self.pipeline_schedule == "zb1":  # a twin keeps gradients local (NOTE [zb1 twins])
             chosen["grad_accum"] = "local"
         return CompileOptions(**chosen, seq_len=search.seq_len, budget=search.budget,
-                              hw=search.profile["name"], precision=search.precision)
+                              hw=Profile.of(search.profile).name, precision=search.precision)
 
     @property
     def batching(self) -> str:

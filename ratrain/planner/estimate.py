@@ -27,7 +27,7 @@ from ratrain.sim.costs import (collective_port_bytes, collective_seconds, crosse
 from ratrain.ir.graph import Var
 from ratrain.sim.kernels import cold_profile, graph_seconds
 from ratrain.sim.simulate import rank_profile
-from ratrain.hw.topology import ranks_per_node
+from ratrain.hw.profiles import Profile
 from ratrain.passes.insert_recovery import RECOMPUTE_LEVELS as LEVELS
 from ratrain.planner.memory_estimate import (StagePlan, neighbours, stage_message_bytes,
                                              stage_plan)
@@ -59,10 +59,10 @@ def _graph_seconds(kind, direction: str, profile: dict, precision: str) -> tuple
     with cold costs and a cache size, as the simulator's calls."""
     warm = graph_seconds(kind, direction, profile, precision)
     cold = cold_profile(profile, precision)
-    if cold is None or not profile.get("cache_bytes"):
+    if cold is None or not profile.cache_bytes:
         return warm
     graph = kind.fwd if direction == "fwd" else kind.bwd
-    fractions = node_cold_fractions(graph, int(profile["cache_bytes"]))
+    fractions = node_cold_fractions(graph, int(profile.cache_bytes))
     return tuple(w + f * (c - w) for w, c, f in
                  zip(warm, graph_seconds(kind, direction, cold, precision), fractions))
 
@@ -132,7 +132,7 @@ class Estimator:
     def times(self, program, layer: int) -> KindTimes:
         kind = program.graph.kinds[program.graph.layers[layer].kind]
         profile = self.rank_profile(program)
-        key = (id(kind), program.options.precision, profile.get("rank_threads"))
+        key = (id(kind), program.options.precision, profile.rank_threads)
         if key not in self._times:  # the kind is kept alive with its times: ids stay unique
             self._times[key] = (kind, kind_times(kind, profile, program.options.precision))
         return self._times[key][1]
@@ -203,7 +203,7 @@ class _StageModel:
         host = link_host_seconds(p, 2 * sends * message + 2 * sum(
             collective_port_bytes(p, "reduce_scatter", o.dp, g.reduced) for g in scatters))
         self.compute = (self.forward + self.backward + self.recompute + host
-                        + (accumulate + 2 * sends * message) / p["ddr_bandwidth"])
+                        + (accumulate + 2 * sends * message) / p.ddr_bandwidth)
         # a message to a stage on another node goes on the node's port (sim/calls _send)
         across = any(crosses_node(p, o, stage, peer) for peer in (stage - 1, stage + 1)
                      if 0 <= peer < o.pp)
@@ -231,7 +231,7 @@ class _StageModel:
         self.tied_sync = sum(syncs.get(l, 0.0) + finishes.get(l, 0.0) for l in self.tied)
         self.tied_update = sum(updates[l] for l in self.tied)
         self.norm_share = 0.0 if commits_updates(o) or not needs_global_norm(o) else \
-            sum(_norm_share_bytes(program, n) for n in params) / p["ddr_bandwidth"]
+            sum(_norm_share_bytes(program, n) for n in params) / p.ddr_bandwidth
         self.prefetch = 0.0 if o.zero == 3 else sum(
             prefetch_seconds(program, p, l, gathers_in_place(program, l)) for l in layers)
 
@@ -249,7 +249,7 @@ class _StageModel:
             nbytes = 4 * program.graph.param_types()[w.name].size
             if not copies:
                 continue
-            self.tie_local += tie_local_bytes(copies, nbytes) / p["ddr_bandwidth"]
+            self.tie_local += tie_local_bytes(copies, nbytes) / p.ddr_bandwidth
             if members > 1:
                 self.tie_sum += tie_sum_seconds(p, nbytes, members)
                 self.tie_host += link_host_seconds(
@@ -318,7 +318,7 @@ def _update_seconds(profile: dict, program, params: int) -> float:
     seconds = update_seconds(profile, elements, o.precision)
     if commits_updates(o):
         seconds += (_norm_share_bytes(program, params) + undo_copy_bytes(elements)) \
-            / profile["ddr_bandwidth"]
+            / profile.ddr_bandwidth
     return seconds
 
 
@@ -364,7 +364,7 @@ def step_bound(stages: list[_StageModel], program, profile: dict) -> str:
         return "compute"
     if len(busiest.group) > 1 or busiest.across or busiest.tie_sum:
         return "port"
-    return "node-memory" if ranks_per_node(profile) > 1 else "link"
+    return "node-memory" if Profile.of(profile).ranks_per_node > 1 else "link"
 
 
 def _step(stages: list[_StageModel], program, profile: dict) -> float:

@@ -12,7 +12,8 @@ import time
 from collections import Counter
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
-from ratrain.hw.topology import node_of, ranks_per_node
+from ratrain.hw.profiles import Profile
+from ratrain.hw.topology import node_of
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.partition_stages import PartitionError
 from ratrain.passes.plan_memory import MemoryBudgetError
@@ -147,7 +148,7 @@ class Planner:
     def candidates(self, clusters: int, strategy: Strategy | None = None) -> list[Candidate]:
         """The search's candidates, or only those `strategy` allows (its schedule)."""
         s = self.search
-        ranks = ranks_per_node(rank_profile(s.profile, clusters))
+        ranks = rank_profile(s.profile, clusters).ranks_per_node
         if strategy is None:
             return candidates(clusters, s.global_batch, s.num_layers, s.schedules, ranks)
         return strategy.candidates(candidates(clusters, s.global_batch, s.num_layers,
@@ -183,7 +184,8 @@ class Planner:
         bounds |= {t: bounds.get(twinned(t)) for t, _ in twins}
         rows = _rows(judged, estimates, compiled, failed, policy, skipped, bounds)
         best = rows[0] if rows and rows[0].candidate in compiled else None
-        return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget, s.profile["name"],
+        return Plan(s.name, clusters, s.global_batch, s.seq_len, s.budget,
+                    Profile.of(s.profile).name,
                     rows, best, {c: r.note for c, r in compiled.items()},
                     time.perf_counter() - start, strategy.name if strategy else None,
                     nodes_text(rank_profile(s.profile, clusters), clusters))

@@ -22,6 +22,7 @@ from ratrain.rt.checkpoint import (check_save_dir, checkpoint_name, export_confi
 from ratrain.rt.data import (Batches, DataError, prepare_program_text_data, text_settings,
                              token_stream_identity, training_rows)
 from ratrain.rt.evaluate import due, evaluate, held_out
+from ratrain.rt.job import Job, Weights, with_resume
 from ratrain.rt.load import SetupError, open_program
 from ratrain.rt.loggers import loggers_problem, open_loggers
 from ratrain.rt.loss_plot import write_loss_plot
@@ -65,8 +66,9 @@ def initial_state(args, config: dict, names=None):
         raise SetupError(f"cannot load {flag} {source}: {e}") from None
 
 
-def prepare(args, world_size: int, rank: int = 0) -> dict:
-    """Everything a job starts from (program, initial state, batches), or a SetupError."""
+def prepare(args, world_size: int, rank: int = 0) -> Job:
+    """Everything a job starts from (program, initial state, batches), or a SetupError;
+    `args` is left alone (the job's `resume` is --resume resolved)."""
     if (problem := check_run_length(args) or check_run_numbers(args) or
             loggers_problem(args.log_to, args.metrics)) is not None:
         raise SetupError(problem)
@@ -77,11 +79,7 @@ def prepare(args, world_size: int, rank: int = 0) -> dict:
         stage_code(program, stage, args.trust_program_code)
     except CodeError as e:
         raise SetupError(str(e)) from None
-    if args.resume:
-        try:
-            args.resume = str(find_resume_checkpoint(args.resume))
-        except ValueError as e:
-            raise SetupError(str(e)) from None
+    args = with_resume(args, resolved_resume(args.resume))
     if (problem := checkpoints_problem(args, config)) is not None:
         raise SetupError(problem)
     params, moments, state = initial_state(args, config, {
@@ -99,14 +97,25 @@ def prepare(args, world_size: int, rank: int = 0) -> dict:
         raise SetupError(str(e)) from None
     shuffle, seed = data_order(args, state)
     batches = Batches(rows, global_batch, shuffle, seed)
-    return {"program": program, "params": params, "moments": moments, "batches": batches,
-            "held_out": held,
-            "step": state.get("step", 0), "data_order": {"shuffle": shuffle, "seed": seed},
-            "scaler": loss_scaler(args, o.precision, state),
-            "skipped_steps": state.get("skipped_steps", 0),
-            "elapsed": float(state.get("elapsed_s", 0.0)),  # NOTE [elapsed across resumes]
-            "checkpoint": checkpoint_contents(args, manifest, config, stream),
-            "throughput": Throughput.of_manifest(manifest)}
+    return Job(program=program, weights=Weights(params, moments), batches=batches,
+               held_out=held, step=state.get("step", 0),
+               data_order={"shuffle": shuffle, "seed": seed},
+               scaler=loss_scaler(args, o.precision, state),
+               skipped_steps=state.get("skipped_steps", 0),
+               elapsed=float(state.get("elapsed_s", 0.0)),  # NOTE [elapsed across resumes]
+               checkpoint=checkpoint_contents(args, manifest, config, stream),
+               throughput=Throughput.of_manifest(manifest), resume=args.resume)
+
+
+def resolved_resume(resume: str | None) -> str | None:
+    """The checkpoint directory --resume names (rt/checkpoint.find_resume_checkpoint), or
+    a SetupError; None without --resume."""
+    if not resume:
+        return resume
+    try:
+        return str(find_resume_checkpoint(resume))
+    except ValueError as e:
+        raise SetupError(str(e)) from None
 
 
 def checkpoint_contents(args, manifest: dict, config: dict, stream: dict) -> dict:
@@ -183,7 +192,7 @@ def main(argv=None) -> int:
     return 2 if job is None else train(args, comms, job)
 
 
-def _set_up(args, comms) -> dict:
+def _set_up(args, comms) -> Job:
     job = prepare(args, comms.size, comms.rank)
     if comms.rank == 0:
         check_writable(args.metrics, "--metrics")
@@ -212,35 +221,35 @@ def agreed_setup(comms, set_up, user_errors=(SetupError,)):
     return job
 
 
-def train(args, comms, job: dict) -> int:
+def train(args, comms, job: Job) -> int:
     """Run the steps from job's to --steps, or until a stop signal (NOTE [stopping at one
     step], rt/stop.py); the exit code: 0, or 128 + the signal after a stop."""
     from ratrain.rt import comm
     from ratrain.rt.executor import RankExecutor
-    program, batches = job["program"], job["batches"]
+    args, program, batches = job.options(args), job.program, job.batches
     if comms.rank == 0 and not args.quiet:
         print(f"{comms.size} ranks up: building the stage code (cached after the first "
               "build) and the arenas", flush=True)
     try:
-        executor = RankExecutor(program, comms, job.pop("params"), job.pop("moments"),
-                                job["step"], args.progress_us * 1e-6)
+        executor = RankExecutor(program, comms, *job.weights.take(), job.step,
+                                args.progress_us * 1e-6)
     except Exception as e:
         comm.abort_job(f"ratrain: rank {comms.rank} failed at set-up (arena and initial "
                        f"state): {type(e).__name__}: {e}")
     st = executor.state
-    st.scaler, st.skipped_steps = job["scaler"], job["skipped_steps"]
+    st.scaler, st.skipped_steps = job.scaler, job.skipped_steps
     if program.options.precision == "fp16":  # overflow is expected: the scaler skips the step
         np.seterr(over="ignore", invalid="ignore")
     if args.trace:
         executor.trace = TaskTrace(comms.rank, st.stage, args.program)
     log = MetricsLog(args.metrics if comms.rank == 0 else None, args.steps,
-                     job["throughput"], job["elapsed"],
+                     job.throughput, job.elapsed,
                      _loggers(args) if comms.rank == 0 else ())
     tokens_per_step = batches.global_batch * program.options.seq_len
-    if comms.rank == 0 and not args.quiet and job["step"] < args.steps:
-        print(f"first step: {job['step'] + 1}/{args.steps} (it also warms up)", flush=True)
+    if comms.rank == 0 and not args.quiet and job.step < args.steps:
+        print(f"first step: {job.step + 1}/{args.steps} (it also warms up)", flush=True)
     stop, saved = 0, None
-    for k in range(job["step"], args.steps):
+    for k in range(job.step, args.steps):
         if stop := comms.agree_on_stop(received()):
             break
         start, scale = time.perf_counter(), st.scaler.scale
@@ -248,8 +257,8 @@ def train(args, comms, job: dict) -> int:
         gathered = comms.gather_to_root((losses, executor.arena_bytes, rss_bytes(),
                                          executor.peak_bytes, executor.planned_peak_bytes))
         seconds = time.perf_counter() - start
-        eval_loss = evaluate(executor, comms, job["held_out"]) \
-            if due(job["held_out"], k + 1, args.steps) else None
+        eval_loss = evaluate(executor, comms, job.held_out) \
+            if due(job.held_out, k + 1, args.steps) else None
         if comms.rank == 0:
             try:
                 _log_step(args, log, k + 1, gathered, tokens_per_step, seconds,
@@ -259,7 +268,7 @@ def train(args, comms, job: dict) -> int:
         if args.save_dir and (k + 1 == args.steps or args.save_every and
                               (k + 1) % args.save_every == 0):
             saved = _save(args, comms, executor, job, log.elapsed())
-    if stop and args.save_dir and executor.step > job["step"] and saved != executor.step:
+    if stop and args.save_dir and executor.step > job.step and saved != executor.step:
         saved = _save(args, comms, executor, job, log.elapsed())
     executor.finish()
     if executor.trace is not None:
@@ -267,7 +276,7 @@ def train(args, comms, job: dict) -> int:
     if comms.rank == 0:
         _finish_log(args, log)
     if comms.rank == 0 and stop:
-        print(stop_line(args, comms.size, stop, executor.step, job["step"], saved),
+        print(stop_line(args, comms.size, stop, executor.step, job.step, saved),
               file=sys.stderr, flush=True)
     return exit_code(stop) if stop else 0
 
@@ -310,13 +319,13 @@ def _run_step(executor, tokens, optimizer) -> list[float]:
                        f"{where}): {type(e).__name__}: {e}")
 
 
-def _save(args, comms, executor, job: dict, elapsed: float) -> int:
+def _save(args, comms, executor, job: Job, elapsed: float) -> int:
     """Write a checkpoint, every stage its own files (NOTE [checkpoints without
     gathering]); then remove the ones --keep-last no longer keeps. The step saved."""
     from ratrain.rt import comm
     from ratrain.rt.checkpoint import (finish_checkpoint, prune_checkpoints, staging_dir,
                                        write_stage)
-    path, contents = Path(args.save_dir) / checkpoint_name(executor.step), job["checkpoint"]
+    path, contents = Path(args.save_dir) / checkpoint_name(executor.step), job.checkpoint
     staging, error = None, None
     if comms.rank == 0:
         try:
@@ -337,7 +346,7 @@ def _save(args, comms, executor, job: dict, elapsed: float) -> int:
         if errors:
             raise RuntimeError("; ".join(errors))
         finish_checkpoint(executor.program, Path(staging), path, contents["config"],
-                          {"step": executor.step, **job["data_order"], "data": args.data,
+                          {"step": executor.step, **job.data_order, "data": args.data,
                            "token_stream": contents["token_stream"], "elapsed_s": elapsed,
                            **_scaler_state(executor)}, contents["tokenizer"])
         removed = prune_checkpoints(args.save_dir, args.keep_last, path)

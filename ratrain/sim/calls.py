@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ratrain.hw.profiles import Profile
 from ratrain.ir.buffers import is_grad_shard
 from ratrain.ir.rules import lookup_rule
 from ratrain.ir.tasks import GRAD_PRODUCERS, Kind, counterpart
@@ -109,12 +110,12 @@ class ProfileCosts:
     def __init__(self, program, profile: dict, algorithm: str | None = None):
         if program.lowered is None:
             raise ValueError("ProfileCosts needs a lowered program (the whole pass pipeline)")
-        o = program.options
+        o, profile = program.options, Profile.of(profile)
         self.program, self.profile, self.options = program, profile, o
-        self.algorithm = algorithm or profile.get("collective_algorithm", "ring")
+        self.algorithm = algorithm or profile.collective_algorithm
         self.speeds = o.stage_speeds or (1.0,) * o.pp
-        self.ddr = profile["ddr_bandwidth"]
-        self.host_cost = float(profile.get("link_host_cost", 0.0))  # NOTE [link host cost]
+        self.ddr = profile.ddr_bandwidth
+        self.host_cost = float(profile.link_host_cost)  # NOTE [link host cost]
         self._calls = {s: {lt.task: lt.calls for lt in lowered}
                        for s, lowered in program.lowered.items()}
         self._async = {s.buffer for lowered in program.lowered.values() for lt in lowered
@@ -133,13 +134,13 @@ class ProfileCosts:
         (NOTE [cache residency]), for profiles with cold kernel costs and a cache size;
         empty otherwise (every call warm)."""
         p = self.profile
-        if not p.get("op_costs_cold") or not p.get("cache_bytes") or self.program.memory is None:
+        if not p.op_costs_cold or not p.cache_bytes or self.program.memory is None:
             return {}
         out = {}
         for stage, tasks in self.program.tasks.items():
             out.update(cold_fractions(tasks, self._calls[stage],
                                       self.program.memory.stages[stage].offsets,
-                                      int(p["cache_bytes"])))
+                                      int(p.cache_bytes)))
         return out
 
     def steps(self, task) -> tuple[Step, ...]:
@@ -150,7 +151,7 @@ class ProfileCosts:
     def _task_steps(self, task):
         speed, cursor, touched = self.speeds[task.stage], {}, set()
         yield from waits_for_hidden_grad(self, task)  # NOTE [shard messages]
-        overhead = self.profile.get("traced", {}).get("call_overhead")
+        overhead = self.profile.traced.get("call_overhead")
         if overhead:  # NOTE [traced rows] 4 (calibrate/from_trace.py)
             runs = sum(not rollback_only(c) for c in self._calls[task.stage][task])
             yield Compute(overhead[0] * runs / speed)
@@ -183,7 +184,7 @@ class ProfileCosts:
     def _traced_runtime(self, call, steps) -> float | None:
         """A traced run's time of a runtime call that only computes: its row, else its
         steps at its op's traced speed (NOTE [traced rows] 1, 5)."""
-        if "traced" not in self.profile or not all(isinstance(s, Compute) for s in steps) \
+        if not self.profile.traced or not all(isinstance(s, Compute) for s in steps) \
                 or call.op in UNTRACED_RUNTIME_CALLS:
             return None
         row = traced_seconds(self.profile, runtime_key(call, self.options.precision))
@@ -372,7 +373,7 @@ def _tie_sum(c: ProfileCosts, task, call) -> list[Step]:
     if members == 1:
         return [local]
     p = c.profile
-    port = collective_cost("allreduce", members, nbytes, p["link_latency"], p["link_bandwidth"],
+    port = collective_cost("allreduce", members, nbytes, p.link_latency, p.link_bandwidth,
                            c.algorithm).nbytes
     return [local, TieSum(tie_sum_seconds(p, nbytes, members, c.algorithm)),
             *c.host_steps(2 * port)]

@@ -22,7 +22,8 @@ from ratrain.passes.layer_buffers import (gathers_in_place, layer_param_count, m
                                           shard_elements)
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.program_format.call_ops import CallOp
-from ratrain.hw.topology import dp_group_nodes, node_of, node_of_rank, ranks_per_node
+from ratrain.hw.profiles import Profile
+from ratrain.hw.topology import dp_group_nodes, node_of, node_of_rank
 from ratrain.sim.collectives import Timed, node_collective
 from ratrain.sim.kernels import fitted_seconds, op_costs, peak_flops, rank_profile
 from ratrain.sim.task_seconds import COMPUTE_KINDS, TaskSeconds
@@ -35,19 +36,19 @@ NORM_BYTES = 8  # the global norm sums one float64 over the world
 
 def compute_rate(profile: dict, precision: str) -> float:
     """FLOP/s a layer's kernels reach: the precision's peak times the GEMM efficiency."""
-    return peak_flops(profile, precision) * profile["gemm_efficiency"]
+    return peak_flops(profile, precision) * Profile.of(profile).gemm_efficiency
 
 
 def profile_algorithm(profile: dict) -> str:
     """How the profile's DP collectives are costed (sim/collectives.py)."""
-    return profile.get("collective_algorithm", "ring")
+    return Profile.of(profile).collective_algorithm
 
 
 def dp_group(profile: dict, options, stage: int = 0) -> tuple[int, ...]:
     """Members of `stage`'s DP group on each node it spans (hw/topology.py: the nodes
     hold the profile's ranks_per_node consecutive ranks, the options' placement says
     which)."""
-    return dp_group_nodes(options.rank_placement, stage, ranks_per_node(profile))
+    return dp_group_nodes(options.rank_placement, stage, Profile.of(profile).ranks_per_node)
 
 
 def collective_timed(profile: dict, op: str, nbytes: float, group: tuple[int, ...],
@@ -86,7 +87,7 @@ def expected_largest_normal(members: int) -> float:
 def straggle_rate(profile: dict, members: int) -> float:
     """Seconds a collective over `members` replicas waits, in expectation, for the latest
     of them, per second since the rank's last collective ended (NOTE [stragglers])."""
-    drift = profile.get("traced", {}).get("arrival_drift")
+    drift = Profile.of(profile).traced.get("arrival_drift")
     return drift[0] * expected_largest_normal(members) if drift else 0.0
 
 
@@ -111,13 +112,13 @@ def collective_port_bytes(profile: dict, op: str, members: int, nbytes: float,
 def link_host_seconds(profile: dict, nbytes: float) -> float:
     """NOTE [link host cost] (calls.py): compute a rank loses to moving `nbytes` over its
     link (sent or received); 0 on DMA links."""
-    return nbytes * float(profile.get("link_host_cost", 0.0))
+    return nbytes * float(Profile.of(profile).link_host_cost)
 
 
 def crosses_node(profile: dict, options, stage: int, peer: int) -> bool:
     """Whether stage `stage` and `peer` of DP replica 0 run on different nodes (under
     the options' placement, NOTE [placement])."""
-    ranks, placement = ranks_per_node(profile), options.rank_placement
+    ranks, placement = Profile.of(profile).ranks_per_node, options.rank_placement
     return node_of_rank(placement.rank(stage, 0), ranks) != \
         node_of_rank(placement.rank(peer, 0), ranks)
 
@@ -139,8 +140,9 @@ def message_seconds(profile: dict, nbytes: float, across: bool = False) -> float
 def memory_seconds(profile: dict, precision: str, op: str, nbytes: float) -> float:
     """A memory-bound runtime call moving `nbytes`: the profile's measured cost of `op`
     (`ratrain calibrate` times the runtime's own calls), else DDR bandwidth."""
+    profile = Profile.of(profile)
     measured = op_costs(profile, precision, op)
-    return nbytes / profile["ddr_bandwidth"] if measured is None else \
+    return nbytes / profile.ddr_bandwidth if measured is None else \
         fitted_seconds(measured, 0, nbytes)
 
 
@@ -221,7 +223,7 @@ def update_bytes(elements: float) -> float:
 def update_seconds(profile: dict, elements: float, precision: str | None = None) -> float:
     """One AdamW update of `elements` parameters: measured (with `precision`) or DDR."""
     if precision is None:
-        return update_bytes(elements) / profile["ddr_bandwidth"]
+        return update_bytes(elements) / Profile.of(profile).ddr_bandwidth
     return memory_seconds(profile, precision, CallOp.ADAMW, update_bytes(elements))
 
 
@@ -259,15 +261,17 @@ def view_gather(shard: int, itemsize: int, dp: int, view_bytes: int,
 # the case charges the cast's bytes at DDR bandwidth.
 def gather_start_seconds(profile: dict, precision: str, g: ViewGather) -> float:
     """The compute of starting the view_gather `g` (NOTE [gather start])."""
+    profile = Profile.of(profile)
     measured = op_costs(profile, precision, CallOp.GATHER_VIEW)
-    return g.cast / profile["ddr_bandwidth"] if measured is None else \
+    return g.cast / profile.ddr_bandwidth if measured is None else \
         fitted_seconds(measured, 0, g.cast)
 
 
 def gather_local_seconds(profile: dict, precision: str, g: ViewGather) -> float:
     """The rank's own compute for the view_gather `g`: its start and, unless gathered in
     place, the copy into the view (the simulator charges the two apart: sim/calls.py)."""
-    return gather_start_seconds(profile, precision, g) + g.unpack / profile["ddr_bandwidth"]
+    return gather_start_seconds(profile, precision, g) + \
+        g.unpack / Profile.of(profile).ddr_bandwidth
 
 
 def layer_view_gather(program, layer: int, in_place: bool) -> ViewGather:
@@ -368,6 +372,6 @@ def _tie_seconds(program, profile: dict, stage: int) -> float:
         copies = sum(program.stage_of_layer(l) == stage for l in w.layers)
         nbytes = 4 * program.graph.param_types()[w.name].size
         if copies:
-            seconds += tie_local_bytes(copies, nbytes) / profile["ddr_bandwidth"] + \
+            seconds += tie_local_bytes(copies, nbytes) / Profile.of(profile).ddr_bandwidth + \
                 tie_sum_seconds(profile, nbytes, members)
     return seconds

@@ -16,7 +16,9 @@ else the fit s + FLOPs / F + bytes / B (a missing rate charges nothing for that 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
+from ratrain.hw.profiles import Profile
 from ratrain.ir.costs import coarse_bwd_flops, node_flops
 from ratrain.ir.graph import LayerGraph, Literal, Node, Var
 from ratrain.ir.rules import lookup_rule
@@ -25,18 +27,19 @@ from ratrain.rt.threads import threads_per_rank
 GEMM_CLASS = ("gemm", "attention")
 
 
-def peak_flops(profile: dict, precision: str) -> float:
+def peak_flops(profile: Profile | Mapping, precision: str) -> float:
     """The profile's peak for the precision: its bf16 peak if it has one, else the 16-bit
     (fp16) peak for both 16-bit formats."""
-    if precision == "bf16" and "bf16_flops" in profile:
-        return profile["bf16_flops"]
-    return profile["fp16_flops" if precision in ("fp16", "bf16") else "fp32_flops"]
+    profile = Profile.of(profile)
+    if precision == "bf16" and profile.bf16_flops is not None:
+        return profile.bf16_flops
+    return profile.fp16_flops if precision in ("fp16", "bf16") else profile.fp32_flops
 
 
-def shape_factor(profile: dict, min_dim: int) -> float:
+def shape_factor(profile: Profile | Mapping, min_dim: int) -> float:
     """The profile's gemm_shape_curve at `min_dim`: linear in log2(dim) between its
     points, flat beyond the first and the last; 1 without a curve."""
-    points = sorted(profile.get("gemm_shape_curve") or [])
+    points = sorted(Profile.of(profile).gemm_shape_curve or [])
     if not points:
         return 1.0
     if min_dim <= points[0][0]:
@@ -99,9 +102,10 @@ def kernel_shape(node: Node) -> str | None:
     return None
 
 
-def efficiency(profile: dict, node: Node) -> float:
+def efficiency(profile: Profile | Mapping, node: Node) -> float:
+    profile = Profile.of(profile)
     dim = kernel_min_dim(node)
-    base = profile["gemm_efficiency"]
+    base = profile.gemm_efficiency
     return base if dim is None else base * shape_factor(profile, dim)
 
 
@@ -130,43 +134,45 @@ MEASURED_PRECISION = "fp32"             # every op calibrate times is timed in i
 # roofline: a tiny-gqa pp 2 bf16 step's AdamWs took 3.25 ms on stage 0 where DDR bandwidth
 # charged 0.72 ms, and its GEMMs ran at the bf16 rate where the roofline charged
 # `fp16_flops`.
-def measured_at(profile: dict, precision: str, op: str) -> tuple[str, dict] | None:
+def measured_at(profile: Profile, precision: str, op: str) -> tuple[str, dict] | None:
     """(the format it was measured in, the entry): the profile's measured cost of `op` at
     `precision`, else its fp32 one (NOTE [16-bit costs]); None if it measured neither."""
-    costs = profile.get("op_costs", {})
+    costs = profile.op_costs
     return next(((p, costs[p][op]) for p in (precision, MEASURED_PRECISION)
                  if op in costs.get(p, {})), None)
 
 
-def op_costs(profile: dict, precision: str, op: str) -> dict | None:
+def op_costs(profile: Profile, precision: str, op: str) -> dict | None:
     """The entry of measured_at (what a call of `op` in a `precision` program costs)."""
     found = measured_at(profile, precision, op)
     return found and found[1]
 
 
-def cold_profile(profile: dict, precision: str) -> dict | None:
+def cold_profile(profile: Profile, precision: str) -> Profile | None:
     """The profile whose `op_costs` are its cold ones (`op_costs_cold` over the warm ones
     it lacks, at every precision), None without cold costs at `precision` or fp32 (NOTE
     [cache residency])."""
-    cold, warm = profile.get("op_costs_cold", {}), profile.get("op_costs", {})
+    cold, warm = profile.op_costs_cold, profile.op_costs
     if not cold.get(precision) and not cold.get(MEASURED_PRECISION):
         return None
-    return profile | {"op_costs": {p: {**warm.get(p, {}), **cold.get(p, {})}
-                                   for p in {*warm, *cold}}}
+    return profile.with_fields(op_costs={p: {**warm.get(p, {}), **cold.get(p, {})}
+                                         for p in {*warm, *cold}})
 
 
-def rank_profile(profile: dict, world_size: int) -> dict:
+def rank_profile(profile: Profile | Mapping, world_size: int) -> Profile:
     """The profile of one rank of a `world_size`-rank job on one node of `node_cores`
-    cores: its `threads` entry for the threads the runtime gives each rank
+    cores, narrowed: its `threads` entry for the threads the runtime gives each rank
     (NOTE [threads per rank]; the nearest measured count below, else the smallest) over
-    the profile's own fields. Without `threads`, as is."""
-    table = profile.get("threads")
+    the profile's own fields, and that count as `rank_threads`. Without `threads`, as is."""
+    profile = Profile.of(profile)
+    table = profile.threads
     if not table:
         return profile
-    wanted = threads_per_rank(int(profile.get("node_cores", profile["cores"])), world_size)
+    cores = profile.cores if profile.node_cores is None else profile.node_cores
+    wanted = threads_per_rank(int(cores), world_size)
     counts = sorted(int(k) for k in table)
     chosen = max((c for c in counts if c <= wanted), default=counts[0])
-    return {**profile, **table[str(chosen)], "rank_threads": chosen}
+    return profile.with_fields(**{**table[str(chosen)], "rank_threads": chosen})
 
 
 def fitted_seconds(costs: dict, flops: float, nbytes: float, shape: str | None = None) -> float:
@@ -224,18 +230,18 @@ def node_key(node: Node, precision: str, forward: Node | None = None) -> tuple:
     return precision, node.op, flops, node_bytes(node), kernel_shape(shaped)
 
 
-def traced_seconds(profile: dict, key: tuple) -> float | None:
+def traced_seconds(profile: Profile, key: tuple) -> float | None:
     """What a traced run measured for a call of `key` (node_key's, or a runtime call's
     runtime_key), None if no trace calibrated the profile had it (NOTE [traced rows])."""
-    return profile.get("traced", {}).get("calls", {}).get(key_text(key), (None,))[0]
+    return profile.traced.get("calls", {}).get(key_text(key), (None,))[0]
 
 
 def op_speed_factor(profile: dict, precision: str, op: str) -> float:
     """How much longer an untraced call of `op` takes in a traced run than the
     microbenchmark rows charge it: the median ratio over the traced calls of that op
     (NOTE [traced rows] 5, calibrate/from_trace.py); 1 where no trace had it."""
-    return profile.get("traced", {}).get("op_speed", {}).get(key_text((precision, op)),
-                                                             (1.0,))[0]
+    return Profile.of(profile).traced.get("op_speed", {}).get(key_text((precision, op)),
+                                                              (1.0,))[0]
 
 
 def key_text(key: tuple) -> str:
@@ -243,10 +249,12 @@ def key_text(key: tuple) -> str:
     return " ".join(str(part) for part in key)
 
 
-def node_seconds(node: Node, profile: dict, precision: str, forward: Node | None = None) -> float:
+def node_seconds(node: Node, profile: Profile | Mapping, precision: str,
+                 forward: Node | None = None) -> float:
     """Seconds of `node` (traced in a run, else measured cost, else roofline); `forward`
     is the partner of a `<op>_bwd` node."""
-    if "traced" in profile:
+    profile = Profile.of(profile)
+    if profile.traced:
         traced = traced_seconds(profile, node_key(node, precision, forward))
         if traced is not None:
             return traced
@@ -265,7 +273,7 @@ def _untraced_seconds(node: Node, profile: dict, precision: str, shaped: Node,
         return fitted_seconds(measured, flops, node_bytes(node, widened=measured_in != precision),
                               kernel_shape(shaped))
     compute = flops / (peak_flops(profile, precision) * efficiency(profile, shaped))
-    return max(compute, node_bytes(node) / profile["ddr_bandwidth"])
+    return max(compute, node_bytes(node) / profile.ddr_bandwidth)
 
 
 # NOTE [backward partners]: autodiff feeds each `<op>_bwd` node the residuals its forward
@@ -299,10 +307,12 @@ def backward_partners(fwd: LayerGraph, bwd: LayerGraph) -> list[Node | None]:
     return partners
 
 
-def graph_seconds(kind, direction: str, profile: dict, precision: str) -> tuple[float, ...]:
+def graph_seconds(kind, direction: str, profile: Profile | Mapping,
+                  precision: str) -> tuple[float, ...]:
     """Seconds of every node of a layer kind's forward ("fwd") or backward graph ("bwd"),
     or of zb1's input ("bwd_input") or weight ("bwd_weight") part of it: each node its
     share of the backward node it comes from (a split GEMM half of matmul_bwd's)."""
+    profile = Profile.of(profile)
     if direction == "fwd":
         return tuple(node_seconds(n, profile, precision) for n in kind.fwd.nodes)
     partners = backward_partners(kind.fwd, kind.bwd)

@@ -20,7 +20,7 @@ def stage_rows(sim) -> list[dict]:
 def _record(sim, profile: dict) -> dict:
     """What a simulation's JSON record says of the program it replayed."""
     o = sim.program.options
-    return {"model": sim.program.graph.name, "hw": profile["name"], "pp": o.pp, "dp": o.dp,
+    return {"model": sim.program.graph.name, "hw": profile.name, "pp": o.pp, "dp": o.dp,
             "zero": o.zero, "micro_batches": o.micro_batches,
             "micro_batch_size": o.micro_batch_size, "seq_len": o.seq_len,
             "schedule": o.schedule, "precision": o.precision}
@@ -48,8 +48,8 @@ def _alone(sim) -> str:
 def _headline(sim, profile: dict, tokens_per_step: int) -> list[str]:
     o = sim.program.options
     return [
-        f"simulated {sim.program.graph.name} on {profile['name']} "
-        f"({'calibrated' if profile.get('calibrated') else 'uncalibrated'} profile): pp "
+        f"simulated {sim.program.graph.name} on {profile.name} "
+        f"({'calibrated' if profile.calibrated else 'uncalibrated'} profile): pp "
         f"{o.pp} x dp {o.dp} = {o.world_size} ranks, {o.micro_batches} micro-batches of "
         f"{o.micro_batch_size} x {o.seq_len} tokens, schedule {o.schedule} ({o.pipeline_schedule}), zero {o.zero}, "
         f"{o.precision}",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ratrain.hw.profiles import Profile
 from ratrain.hw.topology import node_of
 from ratrain.sim.calls import ProfileCosts
 from ratrain.sim.kernels import rank_profile  # noqa: F401  (callers import it from here)
@@ -20,7 +21,7 @@ from ratrain.sim.replay import Replay, replay
 @dataclass(frozen=True)
 class Simulation:
     program: object                     # the compiled Program
-    profile: dict                       # the hardware profile it ran on
+    profile: Profile                    # the hardware profile it ran on, narrowed
     replay: Replay                      # times of every task, compute and transfer
 
     @property
@@ -74,7 +75,7 @@ def simulate(program, profile: dict, *, overlap: bool = True,
     costs = ProfileCosts(program, profile, algorithm)
     pipeline = {program.rank(stage, 0): tasks for stage, tasks in program.tasks.items()}
     node = node_of(profile)
-    result = replay(pipeline, costs, bandwidth=profile["link_bandwidth"], overlap=overlap,
+    result = replay(pipeline, costs, bandwidth=profile.link_bandwidth, overlap=overlap,
                     steady=steady, progress_share=node.progress_share,
                     kernel_slowdown=node.kernel_slowdown)
     return Simulation(program, profile, result)

@@ -20,16 +20,15 @@ from ratrain.rt.reference import Executor
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 from ratrain.rt.calls import run_call
+from tiny_model import tiny_config
 
 GOLDEN = Path(__file__).parent / "golden" / "two_layer_stage0.pyx"
 B, T = 2, 8
 
 
 def config(model_type="llama", layers=2, kv_heads=2, **extra):
-    return models.fill_defaults({
-        "model_type": model_type, "hidden_size": 32, "intermediate_size": 48,
-        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": kv_heads,
-        "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1, **extra})
+    return tiny_config(model_type=model_type, num_hidden_layers=layers,
+                       num_key_value_heads=kv_heads, **extra)
 
 
 @lru_cache(maxsize=None)

@@ -9,11 +9,10 @@ import pytest
 
 from ratrain import models
 from ratrain.models.trace import trace_model
+from tiny_model import MINI, tiny_config
 
 GOLDEN = Path(__file__).parent / "golden"
-ONE_LAYER = {"model_type": "llama", "hidden_size": 16, "intermediate_size": 24,
-             "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-             "vocab_size": 32, "max_position_embeddings": 8}
+ONE_LAYER = tiny_config(MINI, filled=False, num_hidden_layers=1)
 
 
 @pytest.mark.parametrize("kind", ["embed", "decoder", "head"])

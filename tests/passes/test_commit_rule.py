@@ -19,11 +19,9 @@ from ratrain.passes.lower_state import state_slots
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 from ratrain.passes.verify_schedule import ScheduleInvariantError, verify_schedule
+from tiny_model import tiny_config
 
-CONFIG = models.fill_defaults({
-    "model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1})
+CONFIG = tiny_config()
 TIED = {**CONFIG, "tie_word_embeddings": True}
 B, T, STEPS = 2, 8, 5
 OPTIMIZER = AdamW(lr=1e-2, weight_decay=0.1, eps=1e-3)

@@ -15,11 +15,9 @@ from ratrain.optim import AdamW, adamw_step
 from ratrain.rt.reference import Executor
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
+from tiny_model import tiny_config
 
-CONFIG = models.fill_defaults({
-    "model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
-    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1})
+CONFIG = tiny_config(num_hidden_layers=3)
 # the same model with llama3 RoPE scaling (original context 4 of T = 8: every band used),
 # and with plain RoPE of its theta
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,

@@ -12,11 +12,9 @@ from ratrain.passes.insert_gathers import GatherError, gather_plan, verify_gathe
 from ratrain.program_format.lowered import Slot
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
+from tiny_model import MINI, tiny_config
 
-CONFIG = models.fill_defaults({
-    "model_type": "llama", "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 4,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 32,
-    "max_position_embeddings": 8})
+CONFIG = tiny_config(MINI, num_hidden_layers=4)
 
 
 def compiled(config=CONFIG, **flags):

@@ -18,10 +18,9 @@ from ratrain.passes.insert_tied_sum import insert_tied_sum
 from ratrain.passes.insert_update import insert_update
 from ratrain.passes.program import CompileOptions, Program
 from ratrain.passes.verify_schedule import verify_schedule
+from tiny_model import MINI, tiny_config
 
-CONFIG = {"model_type": "llama", "hidden_size": 16, "intermediate_size": 24,
-          "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 32,
-          "max_position_embeddings": 8}
+CONFIG = tiny_config(MINI, filled=False, num_key_value_heads=None)
 
 # the 1F1B lists lower_comms leaves (schedule_1f1b, then a POST before each receive)
 SKELETON = {0: "0F0 0SEND_F0 0POST_B0 0F1 0SEND_F1 0RECV_B0 0POST_B1 0B0 0RECV_B1 0B1",

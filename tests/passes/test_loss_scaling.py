@@ -16,11 +16,9 @@ from ratrain.passes.lower_state import state_slots
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 from ratrain.rt import calls
+from tiny_model import tiny_config
 
-CONFIG = models.fill_defaults({
-    "model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
-    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1})
+CONFIG = tiny_config(num_hidden_layers=3)
 B, T = 2, 8
 # eps near the gradients' size makes AdamW's update depend on the gradient's scale, so a
 # gradient left scaled (or unscaled twice) would move the parameters visibly differently.

@@ -5,19 +5,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ratrain import models
 from ratrain.ir.tasks import format_schedule
 from ratrain.models.trace import trace_model
 from ratrain.passes.lower import format_lowered
 from ratrain.program_format.lowered import Slot
 from ratrain.passes.pipeline import run_pipeline
 from ratrain.passes.program import CompileOptions, Program
+from tiny_model import MINI, tiny_config
 
 GOLDEN = Path(__file__).parent / "golden"
-CONFIG = models.fill_defaults({
-    "model_type": "llama", "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 32,
-    "max_position_embeddings": 8})
+CONFIG = tiny_config(MINI)
 
 
 def toy(recompute="none", micro_batches=1, zero=0, dp=1):

@@ -103,11 +103,12 @@ def test_the_expanded_periodic_program_is_the_whole_step(case, micro_batches):
 
 
 @pytest.mark.slow
-def test_auto_recompute_under_a_budget():
+def test_auto_recompute_under_a_budget(monkeypatch):
     """LLaMA-2-7B, pp 4, mt3000 at 20 GB: auto recovery fits the arena exactly, choosing
     per instance; the pumped rows are still the whole step's."""
-    CASES["llama2-7b-pp4-auto"] = dict(model="llama2-7b", hw="mt3000", pp=4, dp=8, zero=2,
-                                       precision="fp16", budget=20 * 10**9)
+    monkeypatch.setitem(CASES, "llama2-7b-pp4-auto", dict(
+        model="llama2-7b", hw="mt3000", pp=4, dp=8, zero=2, precision="fp16",
+        budget=20 * 10**9))
     test_the_expanded_periodic_program_is_the_whole_step("llama2-7b-pp4-auto", 48)
 
 

@@ -3,17 +3,15 @@ from dataclasses import replace
 
 import pytest
 
-from ratrain import models
 from ratrain.ir.tasks import parse_tasks
 from ratrain.models.trace import trace_model
 from ratrain.passes.dryrun import ScheduleDeadlock, UnmatchedComm
 from ratrain.passes.pipeline import PIPELINE, run_pipeline
 from ratrain.passes.program import CompileOptions, Program
 from ratrain.passes.verify_schedule import ScheduleInvariantError, verify_schedule
+from tiny_model import MINI, tiny_config
 
-CONFIG = models.fill_defaults({
-    "model_type": "llama", "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "vocab_size": 32, "max_position_embeddings": 8})
+CONFIG = tiny_config(MINI, num_key_value_heads=None)
 
 
 def compiled(schedule="ratrain", recompute="full"):

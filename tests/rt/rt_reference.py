@@ -12,11 +12,9 @@ import numpy as np
 
 from ratrain import models
 from ratrain.optim import AdamW, adamw_step
+from tiny_model import tiny_config
 
-CONFIG = models.fill_defaults({
-    "model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "vocab_size": 64, "max_position_embeddings": 16, "initializer_range": 0.1})
+CONFIG = tiny_config()
 SEED = 3
 OPTIMIZER = AdamW(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-6, weight_decay=0.1)
 HYPER = ["--lr", "0.01", "--lr-schedule", "constant", "--eps", "1e-6", "--weight-decay", "0.1",

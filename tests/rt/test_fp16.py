@@ -11,18 +11,16 @@ import sys
 import numpy as np
 import pytest
 
-from ratrain import models
 from ratrain.cli import main as ratrain_main
 from ratrain.rt.load import SetupError
 from ratrain.rt.run import build_parser, loss_scaler, prepare
 from ratrain.rt.train_options import check_run_numbers
+from tiny_model import tiny_config
 
 pytestmark = pytest.mark.mpi
 
-CONFIG = models.fill_defaults({
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "vocab_size": 64, "max_position_embeddings": 64, "initializer_range": 0.02})
+CONFIG = tiny_config(hidden_size=64, intermediate_size=128, max_position_embeddings=64,
+                     initializer_range=0.02)
 T, M, B, STEPS, ROWS = 32, 4, 2, 200, 512
 # 2**24 overflows the first steps (the logits' cotangent is about 2**24 / (M*B*T) = 2**16
 # where a target is unlikely), and a short window lets the scale grow back during the run.

@@ -20,14 +20,13 @@ from pathlib import Path
 import pytest
 
 from ratrain.cli import main as ratrain_main
+from tiny_model import tiny_config
 from ratrain.errors import UserError
 from ratrain.program_format.build import build_key, module_name
 
 pytestmark = pytest.mark.mpi
 
-CONFIG = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
-          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "vocab_size": 256, "max_position_embeddings": 16}
+CONFIG = tiny_config(filled=False, vocab_size=256, initializer_range=None)
 
 # a module whose init only writes a file, then fails to import
 PLANTED_C = r"""

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from ratrain.cli import main as ratrain_main
+from tiny_model import tiny_config
 
 pytestmark = pytest.mark.mpi
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 FIXTURE_LOSSES = [5.518395304679871, 5.516389846801758]  # as it ran when checked in
 
-CONFIG = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
-          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "vocab_size": 256, "max_position_embeddings": 16}
+CONFIG = tiny_config(filled=False, num_hidden_layers=4, vocab_size=256,
+                     initializer_range=None)
 
 PROBE = """
 import runpy, sys

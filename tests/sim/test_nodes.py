@@ -2,16 +2,21 @@
 the node's shared memory and port in the collectives' costs (NOTE [node memory]), DP
 transfers stalled while their rank computes (NOTE [manual progress]), and the node fields
 of a profile validated by name."""
+import importlib
 import json
 from dataclasses import replace
 
 import pytest
 
+from ratrain import models
+from ratrain.calibrate.node_fit import node_fields
+from ratrain.compiler import compile_graph, trace_for
 from ratrain.hw import ProfileError, load_profile
 from ratrain.hw.topology import Node, dp_group_nodes, node_of, node_per_rank
+from ratrain.passes.program import CompileOptions
 from ratrain.program_format.placement import Placement
 from ratrain.ir.tasks import parse_schedule
-from ratrain.sim import replay
+from ratrain.sim import replay, simulate
 from ratrain.sim.collectives import collective_cost, node_collective
 from ratrain.sim.steps import Compute, Start, Touch
 
@@ -139,11 +144,23 @@ def test_the_compute_beside_a_moving_collective_runs_at_one_over_the_slowdown(sh
     assert f.end == pytest.approx({0.5: 5.0, 0.0: 3.0, 1.0: 4.0}[share])
 
 
-def test_the_kernel_slowdown_comes_from_the_calibrated_beside_probe():
-    profile = load_profile("cpu")
-    assert node_of(profile).kernel_slowdown == 1.0  # no node probe in it: nothing slowed
-    probed = profile | {"node_collectives": {"rows": [], "kernel_slowdown_beside": 1.98}}
-    assert node_of(probed).kernel_slowdown == 1.98
+def test_the_simulator_slows_kernels_by_what_the_calibrated_beside_probe_timed(monkeypatch):
+    """See NOTE [kernels beside collectives]: `ratrain calibrate` times a GEMM loop alone
+    (1.0 s) and beside streaming all-reduces (1.98 s); the profile it writes makes the
+    simulator run compute beside a moving collective at 1 / 1.98 (what the replay does
+    with that: the test above), and an unprobed profile slows nothing."""
+    probe = {"collectives": [], "beside_kernel": {
+        "kernel_seconds": 1.0, "kernel_seconds_beside": 1.98, "allreduces_done": 0,
+        "allreduce_bytes": 32 << 20}}
+    engine, slowdowns = importlib.import_module("ratrain.sim.simulate"), []
+    replayed = engine.replay
+    monkeypatch.setattr(engine, "replay", lambda *args, **how: slowdowns.append(
+        how["kernel_slowdown"]) or replayed(*args, **how))
+    options = CompileOptions(dp=2, micro_batches=1, micro_batch_size=2, seq_len=32)
+    program = compile_graph(trace_for(models.get_config("tiny"), "tiny", options), options)[0]
+    for profile in (load_profile("cpu") | node_fields(probe, ranks=2), load_profile("cpu")):
+        simulate(program, profile)
+    assert slowdowns == [pytest.approx(1.98), 1.0]
 
 
 def test_profiles_default_to_a_node_per_rank_and_name_a_bad_node_field(tmp_path):
