@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ratrain.codegen.emit import EMITTERS, ITEMSIZE
 from ratrain.codegen.module import render_stage
+import ratrain.ir.lax_rules  # noqa: F401  (registers the lax rules _check_call looks up: slice)
 from ratrain.ir.rules import lookup_rule
 from ratrain.program_format.build import BuildError, CacheError, build_module, load_module
 from ratrain.program_format.call_ops import CALL_OPS, CallContext, check_call, is_call_op
