@@ -27,7 +27,18 @@ from ratrain.passes.program import CompileOptions
 # past the cases], sim/kernels.py). A fit of sizes up to 1M put AdamW of 16.4M
 # parameters at 0.31x of its time on a 16-core node (every rank at once), 0.63x on a
 # 2-core machine, and the all-reduce finish at 0.64x and 0.23x.
-SIZES = (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)
+# NOTE [no power-of-two strides]: a case's buffers sit in its arena as a layer's do in a
+# step's: master, then opt.L = [m | v], then the gradient, each right after the last. At a
+# power-of-two n they would start exactly a multiple of 4n bytes apart, and on this
+# machine's cores a call streaming buffers a multiple of 1 MiB apart runs about 7x slower
+# (AdamW of 2^20 parameters: 30-46 ms, 1 GB/s; the same with m and v 64 bytes or a page
+# further apart, or n = 791,040 as in the tiny model's layers: 4.1-5.9 ms). Every case
+# above 2^18 parameters measured that, and the simulator charged the tiny model's UPD
+# 108 ms where its runs took 22 ms. So each size is a power of two plus a page of
+# parameters (4 KiB apart from the power of two), as no layer of a real model is exactly a
+# power of two times 1 MiB. (A model whose layer is, say an embedding of 2^15 x 512, does
+# pay that in its UPD; `simulate --against` a trace of it shows it.)
+SIZES = tuple((1 << k) + 1024 for k in (16, 18, 20, 22, 24))
 WEIGHT_SHARE = 0.99                     # of a decoder layer's parameters, in matrices
 
 
@@ -70,14 +81,20 @@ def _case(op: str, n: int, nbytes: int, call: Call, st) -> Case:
                 cold=True)
 
 
+def layer_state(n: int):
+    """A layer of `n` parameters as a step's arena holds it (NOTE [no power-of-two
+    strides]): (RankState, master, m, v, grad, view slots)."""
+    names = [buffer_name(kind, layer=1) for kind in (BufferKind.MASTER, BufferKind.OPT,
+                                                      BufferKind.GRAD, BufferKind.VIEW)]
+    st = _state(n, {**dict.fromkeys(names, n), names[1]: 2 * n})  # opt.L: [m | v]
+    master, m, grad, view = (_slot(name, n) for name in names)
+    return st, master, m, Slot(names[1], 4 * n, "float32", (n,)), grad, view
+
+
 def runtime_cases(kernels=None, rng=None) -> list[Case]:
     cases = []
     for n in SIZES:
-        names = [buffer_name(kind, layer=1) for kind in (BufferKind.MASTER, BufferKind.OPT,
-                                                          BufferKind.GRAD, BufferKind.VIEW)]
-        st = _state(n, {**dict.fromkeys(names, n), names[1]: 2 * n})  # opt.L: [m | v]
-        master, m, grad, view = (_slot(name, n) for name in names)
-        v = Slot(names[1], 4 * n, "float32", (n,))
+        st, master, m, v, grad, view = layer_state(n)
         cases += [
             _case(CallOp.ADAMW, n, UPDATE_BYTES_PER_PARAM * n,
                   Call(CallOp.ADAMW, (master, m, v), (grad,), (("zero", 0),), layer=1), st),

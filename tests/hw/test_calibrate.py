@@ -355,3 +355,23 @@ def test_the_gather_view_case_runs_the_runtimes_gather_over_a_group_of_one():
     np.testing.assert_array_equal(st.view(view), st.view(master))
     assert [c.shape for c in runtime_cases() if c.op == "gather_view"] == \
         [f"n={size}" for size in SIZES]
+
+
+def test_no_two_buffers_of_a_runtime_case_start_a_multiple_of_1_mib_apart():
+    """See NOTE [no power-of-two strides]: AdamW over master, m, v and a gradient that
+    start a multiple of 1 MiB apart ran about 7x slower than in any step's arena."""
+    from ratrain.calibrate.rt_cases import SIZES, layer_state
+    for n in SIZES:
+        st, *slots = layer_state(n)
+        starts = [st.offsets[s.buffer][0] + s.offset for s in slots]
+        assert all((a - b) % (1 << 20) for a in starts for b in starts if a != b), n
+
+
+def test_the_cache_share_ends_where_copies_come_down_to_memory_speed():
+    """See NOTE [cache share]: a curve with a fast 2 MiB L2, a 16 MiB L3 share and DDR
+    beyond (this machine's, one rank) gives the L3's share, not the L2's."""
+    from ratrain.calibrate.probe import CACHE_SWEEP, cache_share_of
+    gb = [64.1, 38.3, 23.7, 21.8, 20.1, 17.0, 20.9, 20.3, 15.3, 15.6, 13.2, 13.2]
+    assert len(gb) == len(CACHE_SWEEP)
+    assert cache_share_of([r * 1e9 for r in gb]) == 16 << 20
+    assert cache_share_of([10e9] * len(CACHE_SWEEP)) == CACHE_SWEEP[0]  # no cache at all
