@@ -7,6 +7,7 @@ traces.tar.gz and programs.tar.gz, as bench/node16-h200/ holds), so it runs anyw
 The calibrated-from layout is printed last and marked: it is never scored against its own
 trace. Usage: python bench/node16_from_trace.py [DIR] [--from LAYOUT]."""
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -15,6 +16,26 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+
+def program_digest(program: Path) -> str:
+    """What a program directory runs: its runtime.json and generated code, hashed."""
+    files = [program / "runtime.json", *sorted((program / "code").iterdir())]
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+
+
+def repeat_spread(steps: dict, programs: Path) -> list[str]:
+    """A line for each program measured more than once under different names (the
+    node's own run-to-run spread, the floor under any prediction's error)."""
+    groups = {}
+    for name in steps:
+        groups.setdefault(program_digest(programs / name), []).append(name)
+    lines = []
+    for names in (g for g in groups.values() if len(g) > 1):
+        times = [steps[n] for n in names]
+        lines.append(f"# the same program measured {' and '.join(f'{t:.3f} s' for t in times)} "
+                     f"({', '.join(names)}): {max(times) / min(times) - 1:.1%} apart")
+    return lines
 
 
 def ratrain(*argv) -> str:
@@ -61,6 +82,7 @@ def main():
                   + ("  [calibrated from: its own trace, not scored]" if own else ""))
         print(f"# traced profile, the other layouts: mean |error| {sum(errors) / len(errors):.1%}, "
               f"largest {max(errors):.1%} (target: each within 5%)")
+        print("\n".join(repeat_spread(steps, work / "programs")))
 
 
 if __name__ == "__main__":

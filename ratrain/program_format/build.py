@@ -12,11 +12,13 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,6 +33,10 @@ class BuildError(RuntimeError):
 
 class CacheError(BuildError):
     """The build cache is not this user's own; the message is one line saying what to do."""
+
+
+class BuildCancelled(BuildError):
+    """The build was called off (`cancel` set) before it finished; nothing was cached."""
 
 
 def _package_root() -> Path:
@@ -71,18 +77,18 @@ setup(ext_modules=cythonize([Extension({name!r}, [{name!r} + ".pyx"],
 """
 
 
-def _compile(source: str, name: str, into: Path) -> Path:
-    """Cythonize and compile in a scratch directory; move the .so and .pyx into `into`."""
+def _compile(source: str, name: str, into: Path, cancel: threading.Event | None) -> Path:
+    """Cythonize and compile in a scratch directory; move the .so and .pyx into `into`.
+    `cancel`: when set, the compiler (its whole process group) is killed and
+    BuildCancelled raised."""
     with tempfile.TemporaryDirectory(prefix="ratrain-build-") as scratch:
         work = Path(scratch)
         (work / f"{name}.pyx").write_text(source)
         (work / "setup.py").write_text(_SETUP.format(name=name, root=str(_package_root())))
-        done = subprocess.run([sys.executable, "setup.py"], cwd=work, capture_output=True,
-                              text=True)
+        returncode, out = _run_setup(work, cancel)
         built = _built(work, name)
-        if done.returncode != 0 or built is None:
-            raise BuildError(f"building generated module {name} failed:\n"
-                             f"{done.stdout[-4000:]}{done.stderr[-4000:]}")
+        if returncode != 0 or built is None:
+            raise BuildError(f"building generated module {name} failed:\n{out[-8000:]}")
         into.mkdir(parents=True, exist_ok=True)
         partial = into / f"{built.name}.{os.getpid()}.tmp"
         shutil.copy2(built, partial)
@@ -91,16 +97,59 @@ def _compile(source: str, name: str, into: Path) -> Path:
         return into / built.name
 
 
-def build_module(source: str) -> Path:
+def _run_setup(work: Path, cancel: threading.Event | None) -> tuple[int, str]:
+    """(exit code, output) of the scratch directory's setup.py, in a session of its own
+    so that a cancel kills the C compiler it started too."""
+    proc = subprocess.Popen([sys.executable, "setup.py"], cwd=work, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=0.05)
+            return proc.returncode, out
+        except subprocess.TimeoutExpired:
+            if cancel is not None and cancel.is_set():
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise BuildCancelled("the build was cancelled") from None
+
+
+def build_module(source: str, cancel: threading.Event | None = None) -> Path:
     """Path of the compiled module for `source` in the user cache, built when missing (the
-    ranks of one job build it once)."""
+    ranks of one job build it once); `cancel`: see _compile."""
     key = build_key(source)
     name, root = module_name(key), private_dir(user_cache())
     with _locked(root / f"{key[:20]}.lock"):
         found = _built(root / key[:20], name)
         if found is None:
-            found = _compile(source, name, private_dir(root / key[:20]))
+            if cancel is not None and cancel.is_set():
+                raise BuildCancelled("the build was cancelled")
+            found = _compile(source, name, private_dir(root / key[:20]), cancel)
     return found
+
+
+@contextmanager
+def built_beside(sources):
+    """Build the distinct `sources` in a thread while the body runs (NOTE [build beside
+    the check], cli/train.py); wait for them when it returns, cancel them (the compilers
+    killed, nothing cached) when it raises. A build that fails is left to the ranks,
+    which build the same sources and say why."""
+    cancel = threading.Event()
+
+    def build_all():
+        for source in sorted(set(sources)):
+            try:
+                build_module(source, cancel)
+            except BuildError:
+                return
+    thread = threading.Thread(target=build_all, name="ratrain-build", daemon=True)
+    thread.start()
+    try:
+        yield
+    except BaseException:
+        cancel.set()
+        raise
+    finally:
+        thread.join()
 
 
 def private_dir(path: Path) -> Path:

@@ -255,9 +255,12 @@ def test_a_directory_this_user_has_not_checked_is_rebuilt_to_itself(tmp_path, mo
                                                                      flags):
     """See NOTE [tables are derived]: in a fresh cache (a directory from someone else) `ratrain
     run`'s checks rebuild the directory from program.json and find it byte for byte what
-    the compiler makes, whole or periodic; an edited row is refused."""
+    the compiler makes, whole or periodic, and meanwhile build the code its tables render
+    (NOTE [build beside the check]); an edited row is refused, and the build of what it
+    renders is cancelled: nothing of it is cached."""
     from ratrain.cli.train import check_program
-    from ratrain.programs import _is_verified
+    from ratrain.program_format.build import build_key, user_cache
+    from ratrain.programs import _is_verified, verified_dir
     from ratrain.rt import program as rt_program
     program = tmp_path / "p"
     assert ratrain_main(["compile", "tiny", *flags, "--micro-batch-size", "1", "--seq-len",
@@ -266,7 +269,10 @@ def test_a_directory_this_user_has_not_checked_is_rebuilt_to_itself(tmp_path, mo
     assert not _is_verified(program)
     rt_program._SOURCES.clear()
     check_program(program, None, False)
-    assert not (tmp_path / "cache").exists()  # recorded only once a job ran it
+    assert not verified_dir().exists()  # recorded only once a job ran it
+    built = lambda source: any((user_cache() / build_key(source)[:20]).glob("*.so"))
+    sources = [(program / "code" / f"stage{s}.pyx").read_text() for s in range(2)]
+    assert all(built(source) for source in sources)  # the ranks will find them built
     rows = program / "code" / "stage1.tasks.json"
     # a message's tag, still one of the step's: the ranks' checks pass it
     rows.write_text(re.sub(r'\["tag",(\d+)\]', lambda m: f'["tag",{int(m[1]) ^ 2}]',
@@ -276,3 +282,28 @@ def test_a_directory_this_user_has_not_checked_is_rebuilt_to_itself(tmp_path, mo
     with pytest.raises(UserError, match=r"stage1.tasks.json differs at line \d+ from what "
                                         r"program.json's model, options and split compile to"):
         check_program(program, None, False)
+    # and a function's description, with the .pyx it renders to: other code to build
+    edited = render_with(program, 1, lambda f: f[0].update(used_by=f[0]["used_by"] + " (x)"))
+    assert edited != sources[1] and not built(edited)
+    rt_program._SOURCES.clear()
+    with pytest.raises(UserError, match=r"code/stage1\.pyx differs at line \d+ from"):
+        check_program(program, None, False)
+    assert not built(edited) and not list(user_cache().rglob("*.tmp"))
+
+
+def render_with(program: Path, stage: int, edit) -> str:
+    """Edit stage `stage`'s functions table (`edit(functions)`), write the .pyx the
+    runtime renders from it and rehash both, as whoever writes a directory can; the
+    rendered source."""
+    from ratrain.codegen.module import render_stage
+    from ratrain.program_format.codec import read_stage_rows
+    rows = program / "code" / f"stage{stage}.tasks.json"
+    doc = json.loads(rows.read_text())
+    edit(doc["functions"])
+    rows.write_text(json.dumps(doc))
+    table = read_stage_rows(rows.read_text(), "rows")
+    source = render_stage(table.functions, table.header)
+    (program / "code" / f"stage{stage}.pyx").write_text(source)
+    for relative in (f"code/stage{stage}.tasks.json", f"code/stage{stage}.pyx"):
+        rehash(program, relative)
+    return source
