@@ -23,7 +23,7 @@ from ratrain.passes.layer_buffers import (backward_workspace, grad_layout, is_sp
                                           recovers_in_backward, residual_layout,
                                           shard_elements, view_bytes, weight_operand_layout,
                                           weight_workspace, workspace_bytes)
-from ratrain.passes.layout import align_up
+from ratrain.passes.layout import part_stride
 from ratrain.passes.vocab_buffers import holds_loss, vocab_bytes
 from ratrain.ir.vocab import stage_vocab_layer, state_layers
 
@@ -53,7 +53,7 @@ def persistent_buffers(program, stage: int) -> tuple[Buffer, ...]:
         shard = shard_elements(n, program, zero >= 1)
         out += [Buffer(buffer_name(BufferKind.MASTER, layer=layer), "params", 4 * shard),
                 Buffer(buffer_name(BufferKind.OPT, layer=layer), "optimizer",
-                       2 * align_up(4 * shard))]
+                       2 * part_stride(4 * shard))]
         if zero != 3:
             out.append(Buffer(buffer_name(BufferKind.VIEW, layer=layer), "views",
                               view_bytes(program, layer)))
@@ -174,9 +174,10 @@ def _update_grad(program, layer: int) -> str:
 
 def undo_buffer(program, layer: int) -> Buffer:
     """NOTE [commit rule] (insert_update.py): a speculative UPD's copy of the layer's
-    master and Adam moments, [master | m | v] each at an aligned offset."""
+    master and Adam moments, [master | m | v] each part_stride apart."""
     shard = shard_elements(layer_param_count(program, layer), program, program.options.zero >= 1)
-    return Buffer(buffer_name(BufferKind.UNDO, layer=layer), "optimizer", 3 * align_up(4 * shard))
+    return Buffer(buffer_name(BufferKind.UNDO, layer=layer), "optimizer",
+                  3 * part_stride(4 * shard))
 
 
 def _update(program, task: Task) -> Effects:

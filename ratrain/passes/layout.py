@@ -24,6 +24,24 @@ def align_up(nbytes: int, to: int = TENSOR_ALIGN) -> int:
     return -(-nbytes // to) * to
 
 
+# NOTE [parts a cache line off 1 MiB]: AdamW streams a layer's master, m, v and gradient
+# together, and a speculative one also its undo copies. Where the parts of one buffer (m
+# and v of opt.L, the three copies of undo.L) sit a multiple of 1 MiB apart, the stream
+# runs several times slower on the CPUs measured here (see NOTE [no power-of-two strides],
+# calibrate/rt_cases.py): the tiny model with a 4096-row embedding (2^20 parameters, m
+# and v 4 MiB apart) took 33.9 ms for that layer's UPD where its 791,040-parameter decoder
+# layers took 5.6 ms. Such a part then starts one cache line further on.
+STRIDE_GUARD = 1 << 20
+
+
+def part_stride(nbytes: int) -> int:
+    """Bytes from one of a buffer's equal parts of `nbytes` to the next: aligned, and a
+    cache line more where that would be a multiple of 1 MiB (NOTE [parts a cache line off
+    1 MiB])."""
+    step = align_up(nbytes)
+    return step + ARENA_ALIGN if step % STRIDE_GUARD == 0 else step
+
+
 def arena_align(nbytes: int) -> int:
     """The least multiple of ARENA_ALIGN that holds `nbytes`: where the next buffer of
     the arena may start."""

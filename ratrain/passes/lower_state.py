@@ -20,7 +20,7 @@ from ratrain.passes.layer_buffers import (gathers_in_place, grad_layout, shard_e
 from ratrain.passes.insert_gathers import gather_of, gathers_issued_in
 from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
 from ratrain.passes.insert_update import commits_updates
-from ratrain.passes.layout import align_up
+from ratrain.passes.layout import part_stride
 from ratrain.program_format.call_ops import CallOp
 from ratrain.program_format.lowered import Call, Slot, flat_slot, var_slot
 
@@ -31,7 +31,7 @@ def state_slots(program, layer: int) -> tuple[Slot, Slot, Slot, int, int]:
     shard = shard_elements(n, program, program.options.zero >= 1)
     opt = buffer_name(BufferKind.OPT, layer=layer)
     return (flat_slot(buffer_name(BufferKind.MASTER, layer=layer), shard), flat_slot(opt, shard),
-            flat_slot(opt, shard, align_up(4 * shard)), n, shard)
+            flat_slot(opt, shard, part_stride(4 * shard)), n, shard)
 
 
 def grad_slot(program, name: str) -> Slot:
@@ -58,7 +58,7 @@ def undo_slots(program, layer: int) -> tuple[Slot, Slot, Slot]:
     """See NOTE [commit rule]: where a speculative UPD keeps the old master, m and v."""
     shard = state_slots(program, layer)[4]
     undo = buffer_name(BufferKind.UNDO, layer=layer)
-    return tuple(flat_slot(undo, shard, k * align_up(4 * shard)) for k in range(3))
+    return tuple(flat_slot(undo, shard, k * part_stride(4 * shard)) for k in range(3))
 
 
 def _lower_update(program, task: Task) -> list[Call]:
