@@ -37,6 +37,13 @@ def _rows(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1, x.shape[-1])
 
 
+def _native(x: np.ndarray) -> np.ndarray:
+    """`x` 2-D as the native kernels take it: bf16 as the uint16 of its bits (numpy has
+    no bfloat16; the arena's bf16 slots are ml_dtypes arrays)."""
+    x = _rows(x)
+    return x.view(np.uint16) if x.dtype.name == "bfloat16" else x
+
+
 def _vocab_hidden(t, st, call) -> None:
     """The last stage copies hn from out.mb and broadcasts it; the others receive it
     (non-blocking: vocab_stats waits for it by the hazard rule)."""
@@ -70,7 +77,7 @@ def _vocab_stats(t, st, call) -> None:
     params = _params(call)
     _refuse_norm_head(params)
     local = shard_targets(targets, *params["rows"])
-    _, lse = kernels.cross_entropy_fwd(_rows(hn), w, local, chunk=CE_CHUNK,
+    _, lse = kernels.cross_entropy_fwd(_native(hn), _native(w), local, chunk=CE_CHUNK,
                                        threads=_threads())
     mine = np.stack([lse, target_logits(hn, w, local)]).astype(np.float32)
     t.pipe_allgather(st, call, mine, st.view(call.outputs[0]))
@@ -106,11 +113,11 @@ def _vocab_grad(t, st, call) -> None:
     per_token = np.float32(params["value"] * scale / lse.size)
     if params["first"]:
         grad[...] = 0
-    dh, _ = kernels.cross_entropy_bwd(_rows(hn), w, shard_targets(targets, *params["rows"]),
-                                      lse, per_token, dw=grad, chunk=CE_CHUNK,
-                                      threads=_threads())
-    t.pipe_reduce(st, call, dh.reshape(hn.shape).astype(np.float32), params["root"],
-                  gin[0] if root else None)
+    dh, _ = kernels.cross_entropy_bwd(_native(hn), _native(w),
+                                      shard_targets(targets, *params["rows"]), lse,
+                                      per_token, dw=grad, chunk=CE_CHUNK, threads=_threads())
+    dh = dh.view(hn.dtype).reshape(hn.shape)  # bf16: the kernel's uint16 bits back
+    t.pipe_reduce(st, call, dh.astype(np.float32), params["root"], gin[0] if root else None)
 
 
 def tie_sum_rows(t, st, call, copies, rows) -> None:
