@@ -1,13 +1,16 @@
 """The vocabulary-parallel head (NOTE [vocabulary-parallel head], ir/vocab.py) in the 16-bit
 formats and in evaluation, under MPI: bf16 and fp16 programs compiled with
---vocab-parallel train to the losses of the same program without it, and a run's held-out
-loss is the unsplit run's. Until 2026-11-28 a bf16 one died at its first S ("h: expected
+--vocab-parallel train to the losses of the same program without it, a run's held-out
+loss is the unsplit run's, and its checkpoint loads in transformers, which scores it as
+ratrain does. Until 2026-11-28 a bf16 one died at its first S ("h: expected
 float16, float32 or uint16 (bf16 bits), got bfloat16"), and with the arrays passed as bits
 it trained on a hidden-state gradient read from those bits (loss 1895 at step 1)."""
+import numpy as np
 import pytest
 
-from rt_reference import CONFIG, mpirun, read_metrics, write_workdir
+from rt_reference import CONFIG, mpirun, progression_rows, read_metrics, write_workdir
 
+from ratrain import models
 from ratrain.cli import main as ratrain_main
 
 pytestmark = pytest.mark.mpi
@@ -57,11 +60,29 @@ def test_a_16_bit_vocab_parallel_run_trains_to_the_unsplit_losses(workdir, preci
     assert worst <= TOLERANCE[precision]
 
 
-def test_the_held_out_loss_is_the_unsplit_runs(workdir):
+def test_the_held_out_loss_is_the_unsplit_runs_and_transformers_scores_the_checkpoint(
+        workdir):
+    """Evaluated every 5 steps, the split run's held-out losses are the unsplit run's;
+    its checkpoint (the head's rows gathered) loads in transformers, which scores held-out
+    rows as ratrain's loss function does on the same weights."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
     evaluated = {}
     for vocab in (False, True):
-        records = run(workdir, compiled(workdir, "fp32", vocab), "--eval-data",
-                      workdir / "tokens.npy", "--eval-every", "5", "--eval-batches", "2")
+        program = compiled(workdir, "fp32", vocab)
+        records = run(workdir, program, "--eval-data", workdir / "tokens.npy",
+                      "--eval-every", "5", "--eval-batches", "2",
+                      "--save-dir", workdir / f"{program.name}-saved")
         evaluated[vocab] = [r["eval_loss"] for r in records if r.get("eval_loss") is not None]
     assert len(evaluated[True]) == 2
     assert relative(evaluated[True] * 5, evaluated[False] * 5) <= TOLERANCE["fp32"]
+    checkpoint = workdir / "fp32-vocab-saved" / f"step-{STEPS:06d}"
+    config, saved = models.load_pretrained(checkpoint)
+    assert saved["lm_head.weight"].shape == (config["vocab_size"], config["hidden_size"])
+    held_out = progression_rows(8, T, config["vocab_size"])[-4:].astype(np.int64)
+    ours = float(models.loss_fn(config)(saved, held_out.astype(np.int32)))
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint,
+                                                              dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = model(torch.from_numpy(held_out), labels=torch.from_numpy(held_out)).loss
+    assert float(theirs) == pytest.approx(ours, rel=1e-5)
