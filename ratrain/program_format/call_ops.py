@@ -296,7 +296,7 @@ MICRO_BATCH_PARAM, FIRST = Param("micro_batch", MICRO_BATCH), Param("first", FLA
 MESSAGE_PARAMS = (Param("peer", PEER), Param("tag", TAG))
 LOSS_SCALE = Param("loss_scale", ON, required=False)
 IN_PLACE = Param("in_place", ON, required=False)   # NOTE [views gathered in place]
-NORM_HEAD = Param("norm_head", ON, required=False)  # Baichuan2: refused at run time
+NORM_HEAD = Param("norm_head", ON, required=False)  # Baichuan2: NOTE [NormHead shards]
 
 
 def _local(does: str, params=(), inputs=ONE, outputs=ONE, relation=None) -> CallSpec:

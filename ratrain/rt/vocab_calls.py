@@ -62,12 +62,19 @@ def target_logits(hn: np.ndarray, w: np.ndarray, local: np.ndarray) -> np.ndarra
     return out
 
 
-def _refuse_norm_head(params: dict) -> None:
-    if params.get("norm_head"):
-        raise NotImplementedError("--vocab-parallel does not run NormHead (Baichuan2) models "
-                                  "yet: the shards' calls use the rows unnormalised; "
-                                  "compile without --vocab-parallel (the planner and "
-                                  "simulator cost it)")
+# NOTE [NormHead shards]: Baichuan2's NormHead divides each LM-head row by its L2 norm
+# (models/layers.normalize_rows), a function of the row alone, so a shard normalises its
+# own rows: its calls run the fused kernels on wn = w r (r = (|w|^2 + 1e-24)^-1/2 per row,
+# in float32, rounded to the view's format as the traced graph's normalised weight is),
+# and the shard's weight gradient is the normalisation's backward of the kernel's dwn:
+# dw = r (dwn - wn (dwn . wn)) per row.
+def _head_rows(w: np.ndarray, norm_head: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """(the rows the head multiplies by, 1/|row| per row or None): NormHead's wn."""
+    if not norm_head:
+        return w, None
+    w32 = w.astype(np.float32)
+    r = 1.0 / np.sqrt(np.einsum("vc,vc->v", w32, w32) + np.float32(1e-24))
+    return (w32 * r[:, None]).astype(w.dtype), r.astype(np.float32)
 
 
 def _vocab_stats(t, st, call) -> None:
@@ -75,7 +82,7 @@ def _vocab_stats(t, st, call) -> None:
     statistics, all-gathered over the pipeline group (non-blocking)."""
     hn, w, targets = (st.view(s) for s in call.inputs)
     params = _params(call)
-    _refuse_norm_head(params)
+    w, _ = _head_rows(w, bool(params.get("norm_head")))
     local = shard_targets(targets, *params["rows"])
     _, lse = kernels.cross_entropy_fwd(_native(hn), _native(w), local, chunk=CE_CHUNK,
                                        threads=_threads())
@@ -113,9 +120,14 @@ def _vocab_grad(t, st, call) -> None:
     per_token = np.float32(params["value"] * scale / lse.size)
     if params["first"]:
         grad[...] = 0
+    w, r = _head_rows(w, bool(params.get("norm_head")))  # NOTE [NormHead shards]
+    dw = grad if r is None else np.zeros(grad.shape, np.float32)
     dh, _ = kernels.cross_entropy_bwd(_native(hn), _native(w),
                                       shard_targets(targets, *params["rows"]), lse,
-                                      per_token, dw=grad, chunk=CE_CHUNK, threads=_threads())
+                                      per_token, dw=dw, chunk=CE_CHUNK, threads=_threads())
+    if r is not None:
+        wn = w.astype(np.float32)
+        grad += r[:, None] * (dw - wn * np.einsum("vc,vc->v", dw, wn)[:, None])
     dh = dh.view(hn.dtype).reshape(hn.shape)  # bf16: the kernel's uint16 bits back
     t.pipe_reduce(st, call, dh.astype(np.float32), params["root"], gin[0] if root else None)
 
