@@ -92,7 +92,7 @@ def check_program(program: Path, ranks: int | None, trust: bool) -> tuple[dict, 
 
 
 # NOTE [build beside the check]: a directory this user's ratrain has not checked costs
-# `ratrain run` one compile in memory (NOTE [tables are derived]: about 1.3 s for the
+# `ratrain run` one compile in memory (NOTE [tables are derived]; about 1.3 s for the
 # tiny model here) before the ranks start and build the stages' code into the cache
 # (about 4.2 s), so a cold run cost 5.3-5.8 s more than a warm one where the build alone
 # had cost 4.0-4.4 s (2026-11-28, 3 repetitions). The launcher now builds the code the
