@@ -112,7 +112,8 @@ OPTIONS = {o.flag: o for o in (
            "step); both = the head's and the input embedding's (each stage looks up its "
            "rows and updates a P-th of the embedding, so stage 0 no longer holds it all); "
            "the flag alone means both; needs --pp 2 or more and a --pp dividing the "
-           f"vocabulary (default: {DEFAULTS.vocab_parallel})", None,
+           "vocabulary, and under both at most the decoder layers + 1 (default: "
+           f"{DEFAULTS.vocab_parallel})", None,
            DEFAULTS.vocab_parallel, VOCAB_PARALLEL, bare="both"),
     Option("--recompute", "activation recovery: none, full, selective, or auto = the least "
            "recompute that fits --budget, run on the forward side where that fits too, else "

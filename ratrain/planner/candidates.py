@@ -152,5 +152,9 @@ class GraphCache:
         return self._graphs[key if vocab_shards else micro_batch_size]
 
     def splits(self, pp: int) -> bool:
-        """Can the head's rows be split over pp stages (the vocabulary divisible by pp)?"""
-        return pp > 1 and int(self.config["vocab_size"]) % pp == 0
+        """Can the head's and the embedding's rows be split over pp stages (the vocabulary
+        divisible by pp, and a pipeline layer left for each stage once the embedding
+        leaves it: the decoders and the final norm, NOTE [vocabulary-parallel
+        embedding])?"""
+        return 1 < pp <= int(self.config["num_hidden_layers"]) + 1 and \
+            int(self.config["vocab_size"]) % pp == 0
