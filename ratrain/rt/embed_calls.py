@@ -2,15 +2,15 @@
 [vocabulary-parallel embedding], ir/vocab.py): embed_rows (a shard's lookup, reduced
 into stage 0's in.mb), embed_output_grad (stage 0's gout.mb broadcast) and embed_grad (the
 shard's rows' gradient). The kernels are the embedding's (ratrain.kernels) on the tokens
-whose ids the shard holds, so E and G run the unsplit embedding's work on V/P rows. Part
-of rt/calls.py's CALLS.
+whose ids the shard holds, so E and G run the unsplit embedding's work on V/P rows; bf16
+arrays go to them as their uint16 bits, as the head's do. Part of rt/calls.py's CALLS.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ratrain import kernels
-from ratrain.rt.vocab_calls import _params, _rows, _threads
+from ratrain.rt.vocab_calls import _native, _params, _threads
 
 
 def shard_tokens(ids: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
@@ -29,8 +29,8 @@ def _embed_rows(t, st, call) -> None:
     params = _params(call)
     inside, rows = shard_tokens(ids, *params["rows"])
     part = np.zeros((ids.size, w.shape[-1]), np.float32)
-    if inside.size:
-        part[inside] = kernels.embedding_fwd(rows, w, threads=_threads())
+    if inside.size:  # bf16: the kernel takes and gives the uint16 bits
+        part[inside] = kernels.embedding_fwd(rows, _native(w), threads=_threads()).view(w.dtype)
     into = st.view(call.outputs[0]) if call.outputs else None
     t.pipe_reduce(st, call, part.reshape(ids.shape + w.shape[-1:]), params["root"], into)
 
@@ -52,7 +52,7 @@ def _embed_grad(t, st, call) -> None:
         grad[...] = 0
     inside, rows = shard_tokens(ids, *params["rows"])
     if inside.size:
-        kernels.embedding_bwd(_rows(dh)[inside], rows, grad.shape[0], dtable=grad,
+        kernels.embedding_bwd(_native(dh)[inside], rows, grad.shape[0], dtable=grad,
                               threads=_threads())
 
 
