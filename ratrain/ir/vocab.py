@@ -69,10 +69,15 @@ EMBED_KIND = "embed_rows"               # layer kind of one shard of the embeddi
 #         [lo, hi), in token order.
 # Every token's id is in exactly one shard, so the reduce adds zeros to one row: the sum
 # is that row, bit for bit, in any precision; and each row's gradient takes the same
-# additions in the same order as the whole embedding's backward, so the embedding's
-# numbers are the unsplit program's. Tied embeddings: embed shard s and head shard s bind
-# the same rows (the same name) on the same stage, so their TIE adds two local copies
-# and crosses no link. Where E and G go: NOTE [vocabulary-parallel schedule].
+# additions in the same order as the whole embedding's backward kernel (which adds each
+# token's row into grad.L), so the embedding's numbers are the unsplit program's: under
+# MPI --vocab-parallel both trains to the bits of head (tests/rt/test_vocab_parallel_mpi.py;
+# the reference executor runs the whole embedding's backward as numpy's rule, which sums
+# a micro-batch's rows before adding them, so there only the first step agrees bit for
+# bit). The pipeline has one layer fewer, so P is at most the decoders + 1. Tied
+# embeddings: embed shard s and head shard s bind the same rows (the same name) on the
+# same stage, so their TIE adds two local copies and crosses no link. Where E and G go:
+# NOTE [vocabulary-parallel schedule].
 
 _SHARD = re.compile(r"(?P<base>.+)\[(?P<lo>\d+):(?P<hi>\d+)\]")
 
