@@ -10,8 +10,8 @@
    keeping every activation does not fit (computed from the compiled peaks, not hard-coded);
 4. --pipeline-schedule zb1 vs 1f1b at PP=2 with --micro-batches, for --model (the default
    `ratrain train` layout) and for --large-model (the 58M LLaMA of the node16 measurement,
-   when present), every activation kept; and that 58M LLaMA with --vocab-parallel (the LM
-   head's rows on both stages, issue 43) vs plain 1f1b.
+   when present), every activation kept; and that 58M LLaMA with --vocab-parallel (both:
+   the LM head's and the embedding's rows on both stages, issue 43) vs plain 1f1b.
 Step time is the median after warm-up steps (ratrain: step_seconds of the runtime's --metrics
 JSONL; JAX: wall time to block_until_ready), best of --rounds rounds run in alternation so a
 burst of load from other processes does not land on one side only.
@@ -259,7 +259,8 @@ def compile_all(args, work):
             pipelines[f"large-{schedule}"] = compile_program(
                 work / f"large-{schedule}", args.large_model, t, m, g // m, "--pp", 2,
                 "--recompute", "none", "--pipeline-schedule", schedule)[0]
-        pipelines["large-vp"] = compile_program(  # issue 43: the head's rows on both stages
+        pipelines["large-vp"] = compile_program(  # issue 43: the head's and the embedding's
+            # rows on both stages
             work / "large-vp", args.large_model, t, m, g // m, "--pp", 2, "--recompute",
             "none", "--vocab-parallel")[0]
     return pp1, keep_all_program, tight, bf16, pipelines

@@ -45,19 +45,21 @@ def resolve_options(config: dict, profile: dict, **flags):
 
 def trace_for(config: dict, name: str, options):
     """The TrainGraph the options ask for: fp16 and bf16 programs trace in their dtype,
-    --vocab-parallel ones with the head's rows split over the stages (NOTE
-    [vocabulary-parallel head])."""
+    --vocab-parallel ones with the head's rows (and with both, the embedding's) split
+    over the stages (NOTE [vocabulary-parallel head], NOTE [vocabulary-parallel
+    embedding])."""
     from ratrain.models.trace import trace_model
     from ratrain.program_format.options import GRAPH_DTYPE
     dtype = GRAPH_DTYPE[options.precision]
     vocab = int(config["vocab_size"])
-    if options.vocab_parallel and vocab % options.pp:
+    if options.splits_head and vocab % options.pp:
         raise UserError(f"--vocab-parallel splits the LM head's {vocab} rows evenly over the "
                         f"stages: --pp {options.pp} does not divide them (choose a --pp "
                         "that does, or drop --vocab-parallel)")
     return trace_model(config, micro_batch_size=options.micro_batch_size,
                        seq_len=options.seq_len, dtype=dtype, name=name,
-                       vocab_shards=options.pp if options.vocab_parallel else 0)
+                       vocab_shards=options.pp if options.splits_head else 0,
+                       split_embed=options.splits_embedding)
 
 
 def compile_graph(graph, options, expand: bool = False, profile: dict | None = None,

@@ -79,7 +79,7 @@ PROGRAMS = {  # between them every op of the grammar
     "commit fp16": ("tiny", dict(pp=2, dp=2, zero=1, precision="fp16", clip=1.0)),
     "after-norm": ("tiny", dict(pp=2, dp=1, clip=1.0, update_rule="after-norm")),
     "zero3 tied": ("tiny-tied", dict(pp=1, dp=2, zero=3, grad_accum="scatter")),
-    "vocab-parallel tied": ("tiny-tied", dict(pp=2, dp=1, vocab_parallel=True)),
+    "vocab-parallel tied": ("tiny-tied", dict(pp=2, dp=1, vocab_parallel="both")),
 }
 
 

@@ -76,7 +76,7 @@ def compile_flags(row, args) -> dict:
 
 
 def compile_command(model: str, flags: dict, out: str) -> str:
-    words = ["ratrain", "compile", model,  # a switch (--vocab-parallel) is its flag alone
+    words = ["ratrain", "compile", model,  # a switch is its flag alone
              *[w for f, v in flags.items() for w in ((f,) if v is True else (f, str(v)))],
              "-o", out]
     return " ".join(shlex.quote(w) for w in words)

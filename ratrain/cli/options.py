@@ -15,7 +15,7 @@ from ratrain.planner.margin import SIMULATION_MARGIN
 from ratrain.program_format.options import (GRAD_ACCUMULATION, MAX_DEFAULT_MICRO_BATCHES,
                                             PRECISION_HELP, PRECISIONS,
                                             PIPELINE_SCHEDULES, RECOMPUTE_POLICIES,
-                                            SCHEDULES, UPDATE_RULES,
+                                            SCHEDULES, UPDATE_RULES, VOCAB_PARALLEL,
                                             CompileOptions)
 from ratrain.units import bandwidth_arg, latency_arg, size_arg
 
@@ -70,6 +70,8 @@ class Option:
     metavar: str | None = None          # the value's name in --help
     required: bool = False              # the command cannot run without it
     switch: bool = False                # a flag without a value (store_true; default False)
+    bare: Any = None                    # the value of the flag given alone, if it may be
+                                        # (argparse nargs="?", const=bare)
 
 
 HW_HELP = "hardware profile: mt3000, cpu (the shipped one, measured on another machine) or a " \
@@ -104,10 +106,15 @@ OPTIONS = {o.flag: o for o in (
            "weight gradients W, deferred into the pipeline's idle time; same numbers, same "
            f"in-flight bound) (default: {DEFAULTS.pipeline_schedule})", None,
            DEFAULTS.pipeline_schedule, PIPELINE_SCHEDULES),
-    Option("--vocab-parallel", "split the LM head's weight by rows over every pipeline "
-           "stage, each computing its shard's logits, softmax statistics and gradients "
-           "(needs --pp 2 or more; the head stage no longer bounds the step)",
-           default=False, switch=True),
+    Option("--vocab-parallel", "split vocabulary-sized weights by rows over every "
+           "pipeline stage: head = the LM head's (each stage computes its shard's logits, "
+           "softmax statistics and gradients, so the head stage no longer bounds the "
+           "step); both = the head's and the input embedding's (each stage looks up its "
+           "rows and updates a P-th of the embedding, so stage 0 no longer holds it all); "
+           "the flag alone means both; needs --pp 2 or more and a --pp dividing the "
+           "vocabulary, and under both at most the decoder layers + 1 (default: "
+           f"{DEFAULTS.vocab_parallel})", None,
+           DEFAULTS.vocab_parallel, VOCAB_PARALLEL, bare="both"),
     Option("--recompute", "activation recovery: none, full, selective, or auto = the least "
            "recompute that fits --budget, run on the forward side where that fits too, else "
            f"in the backward (default: {DEFAULTS.recompute})", None, DEFAULTS.recompute,
@@ -229,6 +236,8 @@ def add_options(parser, *flags: str, **changes) -> None:
             parser.add_argument(option.flag, action="store_true", help=option.help)
             continue
         extra = {"choices": option.choices} if option.choices else {"metavar": option.metavar}
+        if option.bare is not None:
+            extra |= {"nargs": "?", "const": option.bare}
         parser.add_argument(option.flag, type=option.type, default=option.default,
                             required=option.required, help=option.help, **extra)
 

@@ -114,15 +114,16 @@ def _row_line(index: int, row, tokens_per_step: int) -> str:
     grads = row.grad_accum or ("auto" if row.zero >= 2 else "-")
     return (f"{index:>3} {row.pp:>4} {row.dp:>5} {row.placement:<9} {row.zero:>4} {grads:<7} "
             f"{row.micro_batch_size:>4} {row.micro_batches:>5} {row.recompute:<9} "
-            f"{_schedule_text(row):<11} {format_bytes(row.peak_bytes):>10} {step:>9} {timed:<9} "
+            f"{_schedule_text(row):<19} {format_bytes(row.peak_bytes):>10} {step:>9} {timed:<9} "
             f"{tokens:>11} {row.bound or '-':<11}  {status}")
 
 
 def _schedule_text(row) -> str:
-    """`ratrain`, or `ratrain/zb1` for a zb1 twin (NOTE [zb1 twins]), with `+vp` for a
-    vocabulary-parallel one (NOTE [vocabulary-parallel head])."""
+    """`ratrain`, or `ratrain/zb1` for a zb1 twin (NOTE [zb1 twins]), with `+vp:both` (or
+    `+vp:head`) for a vocabulary-parallel one, naming what it spreads (NOTE
+    [vocabulary-parallel head], NOTE [vocabulary-parallel embedding])."""
     return row.schedule + ("/zb1" if row.pipeline_schedule == "zb1" else "") + \
-        ("+vp" if row.vocab_parallel else "")
+        (f"+vp:{row.vocab_parallel}" if row.vocab_parallel != "none" else "")
 
 
 def shown_rows(plan) -> list:
@@ -152,7 +153,7 @@ def format_plan(plan, top: int, smallest: bool) -> str:
     shown = shown_rows(plan)
     if feasible:
         lines.append(f"{'#':>3} {'pp':>4} {'dp':>5} {'placement':<9} {'zero':>4} {'grads':<7} "
-                     f"{'mbs':>4} {'M':>5} {'recompute':<9} {'schedule':<11} {'peak':>10} "
+                     f"{'mbs':>4} {'M':>5} {'recompute':<9} {'schedule':<19} {'peak':>10} "
                      f"{'step s':>9} {'timed':<9} {'tokens/s':>11} {'bound':<11}")
         lines += [_row_line(i, r, plan.global_batch * plan.seq_len)
                   for i, r in enumerate(shown[:top], 1)]
@@ -359,7 +360,8 @@ def add_plan_parser(sub, model_help: str) -> None:
                    "one JSON object (rows: pp, dp, zero, micro_batch_size, micro_batches, "
                    "recompute, schedule, zero3_prefetch, update_rule, grad_accum, placement, "
                    "pipeline_schedule (zb1: the simulated twin of a pipelined row), vocab_parallel "
-                   "(true: the twin with the LM head's rows over the stages), "
+                   "(none, or both: the twin with the LM head's and the input embedding's "
+                   "rows over the stages), "
                    "feasible, reason, peak_bytes, step_time_s, tokens_per_s (simulated), "
                    "estimated_step_s, bound; with --schedule all, "
                    "strategies: strategy, "

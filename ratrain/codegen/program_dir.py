@@ -66,10 +66,11 @@ def is_gather_of(call, layer: int, use: str) -> bool:
 def _shard_forward_rows(rows) -> list:
     """NOTE [held-out loss] under a vocabulary-parallel head: the held-out pass runs every
     S row and, of each T, its vocab_loss call (not the gradients: NOTE
-    [vocabulary-parallel head])."""
+    [vocabulary-parallel head]); and every E row of a split embedding, which makes stage
+    0's input (NOTE [vocabulary-parallel embedding])."""
     out = []
     for r, (task, steps, _) in enumerate(rows):
-        if task.kind == Kind.S:
+        if task.kind in (Kind.S, Kind.E):
             out.append((r, FORWARD_ROW))
         elif task.kind == Kind.T:
             out += [(r, s.call) for s in steps

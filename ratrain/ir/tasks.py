@@ -40,6 +40,10 @@ class Kind(StrEnum):
                           # statistics of one micro-batch (NOTE [vocabulary-parallel head])
     T = "T"               # ... its loss, its shard's weight gradient and its part of the
                           # final hidden state's gradient
+    E = "E"               # vocabulary-parallel embedding: the stage's rows of one micro-
+                          # batch's lookup, summed into stage 0's input (NOTE
+                          # [vocabulary-parallel embedding])
+    G = "G"               # ... the lookup's gradient from stage 0, added to the stage's rows
 
 
 # The whole grammar: one template per kind. It prints a task; compiled, it parses it back.
@@ -66,6 +70,8 @@ TEXT_FORMS: dict[Kind, str] = {
     Kind.GATH_B: "{stage}GATH_B[L{layer}]{micro_batch}",
     Kind.S: "{stage}S{micro_batch}",
     Kind.T: "{stage}T{micro_batch}",
+    Kind.E: "{stage}E{micro_batch}",
+    Kind.G: "{stage}G{micro_batch}",
 }
 
 # What each placeholder may hold; buffer names exclude spaces and brackets to parse back.
@@ -96,15 +102,20 @@ GATHERS = frozenset({Kind.GATH_F, Kind.GATH_R, Kind.GATH_B})  # NOTE [ZeRO-3 lif
 BACKWARDS = frozenset({Kind.B, Kind.BL})  # run (part of) a micro-batch's backward
 # Tasks that write a layer's gradient: SYNC[L] stands after the last of them that covers
 # L (a B covers its stage's layers, a per-layer piece or a zb1 W its own; verify_schedule).
-GRAD_PRODUCERS = BACKWARDS | {Kind.W, Kind.T}
+GRAD_PRODUCERS = BACKWARDS | {Kind.W, Kind.T, Kind.G}
 VOCAB_TASKS = frozenset({Kind.S, Kind.T})  # NOTE [vocabulary-parallel head]
+EMBED_TASKS = frozenset({Kind.E, Kind.G})  # NOTE [vocabulary-parallel embedding]
+# every task that issues a collective over the replica's pipeline group: one order on
+# every rank (NOTE [vocabulary-parallel schedule])
+PIPE_COLLECTIVES = VOCAB_TASKS | EMBED_TASKS
 
 
 @dataclass(frozen=True)
 class Task:
     stage: int                          # pipeline stage that runs the task
     kind: Kind                          # what the task does
-    micro_batch: int | None = None      # F, B, BL, W, SEND_*/RECV_*, REC, S, T; None otherwise
+    micro_batch: int | None = None      # F, B, BL, W, SEND_*/RECV_*, REC, S, T, E, G;
+                                        # None otherwise
     layer: int | None = None            # global layer index: BL, W, SYNC, UPD, PREF, REC,
                                         # TIE, GATH_*
     buffer: str | None = None           # FREE only: name of the released buffer

@@ -31,6 +31,7 @@ class LayerKind:
 @dataclass(frozen=True)
 class Layer:
     index: int                          # position in the model: 0 = embed .. L+1 = head
+                                        # (row shards after them: ir/vocab.py)
     kind: str                           # key into TrainGraph.kinds
     param_names: tuple[str, ...]        # HF names, aligned with the kind's graph params
 
@@ -60,16 +61,23 @@ class TrainGraph:
     def tied(self) -> dict[str, tuple[int, ...]]:
         """HF name -> the layers binding it, for each parameter more than one layer reads
         (tied input and output embeddings: the embed and head layers, or the head's row
-        shards, NOTE [vocabulary-parallel head])."""
+        shards, NOTE [vocabulary-parallel head]), and for each row shard more than one
+        layer binds (the embedding's and the head's shard of the same rows, NOTE
+        [vocabulary-parallel embedding])."""
         binding: dict[str, list[int]] = {}
+        exact: dict[str, list[int]] = {}  # shard name -> the layers binding those rows
         whole: set[str] = set()     # weights some layer binds whole
         for layer in self.layers:
             for name in layer.param_names:  # a row shard binds rows of its weight
                 binding.setdefault(base_name(name), []).append(layer.index)
                 whole |= {name} if name == base_name(name) else set()
+                if name != base_name(name):
+                    exact.setdefault(name, []).append(layer.index)
         # the row shards of one weight bind it once between them
         return {name: tuple(ls) for name, ls in binding.items()
-                if len(ls) > 1 and name in whole}
+                if len(ls) > 1 and name in whole} | \
+            {name: tuple(ls) for name, ls in exact.items()
+             if len(ls) > 1 and base_name(name) not in whole}
 
     def num_params(self) -> int:
         return sum(v.size for v in self.param_types().values())

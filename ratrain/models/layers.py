@@ -121,7 +121,8 @@ def _head_logits(d: ModelDims, w, h):
 
 def layer_fn(config: dict, kind: str):
     """embed: fn(w, ids) -> h; decoder: fn(w, h) -> h; head: fn(w, h, targets) -> loss;
-    final_norm: fn(w, h) -> h; vocab: fn(w, h, targets) -> loss of one row shard.
+    final_norm: fn(w, h) -> h; vocab: fn(w, h, targets) -> loss of one row shard;
+    embed_rows: fn(w, ids) -> h of one row shard (ids past its rows: not traced).
     `w` maps local names (LayerSpec.local_names) to arrays."""
     d = model_dims(config)
     fns = {"embed": lambda w, ids: ops.embedding(w["embed_tokens.weight"], ids),
@@ -130,7 +131,9 @@ def layer_fn(config: dict, kind: str):
            # NOTE [vocabulary-parallel head] (ir/vocab.py): the head as
            # the final norm on the last stage and one cross-entropy per row shard
            "final_norm": lambda w, h: ops.rms_norm(h, w["norm.weight"], eps=d.eps),
-           "vocab": lambda w, h, targets: ops.cross_entropy(h, _lm_head(d, w), targets)}
+           "vocab": lambda w, h, targets: ops.cross_entropy(h, _lm_head(d, w), targets),
+           # NOTE [vocabulary-parallel embedding] (ir/vocab.py): one row shard's lookup
+           "embed_rows": lambda w, ids: ops.embedding(w["embed_tokens.weight"], ids)}
     if kind not in fns:
         raise ValueError(f"unknown layer kind {kind!r}; expected one of {sorted(fns)}")
     return fns[kind]

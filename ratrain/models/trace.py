@@ -14,7 +14,7 @@ from ratrain.ir.autodiff import differentiate
 from ratrain.ir.graph import LayerGraph
 from ratrain.ir.trace import trace_layer
 from ratrain.ir.train_graph import Layer, LayerKind, TrainGraph
-from ratrain.ir.vocab import FINAL_NORM_KIND, VOCAB_KIND, shard_name, shard_rows
+from ratrain.ir.vocab import EMBED_KIND, FINAL_NORM_KIND, VOCAB_KIND, shard_name, shard_rows
 from ratrain.models.config import default_seq_len
 
 
@@ -24,15 +24,16 @@ def _kind_inputs(kind: str, batch: int, seq: int, hidden: int, dtype: str):
     h = jax.ShapeDtypeStruct((batch, seq, hidden), np.dtype(dtype))
     return {"embed": (("ids",), (ids,)), "decoder": (("h",), (h,)),
             "head": (("h", "targets"), (h, ids)), "final_norm": (("h",), (h,)),
-            "vocab": (("h", "targets"), (h, ids))}[kind]
+            "vocab": (("h", "targets"), (h, ids)), "embed_rows": (("ids",), (ids,))}[kind]
 
 
 def trace_model(config: dict, *, micro_batch_size: int = 1, seq_len: int | None = None,
                 dtype: str = "float32", name: str | None = None,
-                vocab_shards: int = 0) -> TrainGraph:
+                vocab_shards: int = 0, split_embed: bool = False) -> TrainGraph:
     """Trace every layer kind of `config` on abstract shapes and differentiate it; with
     `vocab_shards`, the head split into its final norm and that many row shards of the
-    LM head (split_head, NOTE [vocabulary-parallel head])."""
+    LM head (split_head, NOTE [vocabulary-parallel head]), and with `split_embed` the
+    input embedding too (split_embedding, NOTE [vocabulary-parallel embedding])."""
     seq_len = seq_len or default_seq_len(config)
     specs = models.layer_specs(config)
     shapes = models.param_shapes(config)
@@ -46,7 +47,15 @@ def trace_model(config: dict, *, micro_batch_size: int = 1, seq_len: int | None 
     layers = tuple(Layer(s.index, s.kind, tuple(s.param_names)) for s in specs)
     graph = TrainGraph(name or config.get("_name_or_path", config.get("model_type", "model")),
                        config, micro_batch_size, seq_len, dtype, kinds, layers)
-    return split_head(graph, vocab_shards) if vocab_shards else graph
+    return split_vocabulary(graph, vocab_shards, split_embed) if vocab_shards else graph
+
+
+def split_vocabulary(graph: TrainGraph, shards: int, split_embed: bool) -> TrainGraph:
+    """`graph` with its head split into `shards` row shards (split_head), and its input
+    embedding too where `split_embed` (split_embedding): what --vocab-parallel head and
+    --vocab-parallel both trace."""
+    graph = split_head(graph, shards)
+    return split_embedding(graph, shards) if split_embed else graph
 
 
 def _name_outputs(graph: LayerGraph, role: str) -> LayerGraph:
@@ -92,3 +101,29 @@ def split_head(graph: TrainGraph, shards: int) -> TrainGraph:
     layers = graph.layers[:-1] + (Layer(head.index, FINAL_NORM_KIND, (norm_name,)),) + \
         shard_layers
     return replace(graph, kinds=kinds, layers=layers)
+
+
+def split_embedding(graph: TrainGraph, shards: int) -> TrainGraph:
+    """NOTE [vocabulary-parallel embedding] (ir/vocab.py): `graph` without its embed layer,
+    the other layers numbered from 0, and `shards` layers after them, each one row shard
+    of the input embedding with its lookup, shard order.
+
+    Requires: the embed layer first, the head already split (split_head); the vocabulary
+    divisible by `shards`.
+    """
+    config, embed = graph.config, graph.layers[0]
+    vocab, hidden = int(config["vocab_size"]), int(config["hidden_size"])
+    if embed.kind != "embed" or not any(l.kind == VOCAB_KIND for l in graph.layers) or \
+            vocab % shards:
+        raise ValueError(f"cannot split the embedding of {graph.name} into {shards} row "
+                         f"shards (vocabulary {vocab}; the head must be split first)")
+    weight_name, = embed.param_names
+    args = (graph.micro_batch_size, graph.seq_len, graph.dtype)
+    kinds = {**{k: v for k, v in graph.kinds.items() if k != "embed"},
+             EMBED_KIND: _trace_kind(config, EMBED_KIND, ("embed_tokens.weight",),
+                                     [(vocab // shards, hidden)], *args)}
+    rest = tuple(replace(layer, index=layer.index - 1) for layer in graph.layers[1:])
+    shard_layers = tuple(Layer(len(rest) + s, EMBED_KIND,
+                               (shard_name(weight_name, *shard_rows(vocab, shards, s)),))
+                         for s in range(shards))
+    return replace(graph, kinds=kinds, layers=rest + shard_layers)

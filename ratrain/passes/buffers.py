@@ -24,8 +24,9 @@ from ratrain.passes.layer_buffers import (backward_workspace, grad_layout, is_sp
                                           shard_elements, view_bytes, weight_operand_layout,
                                           weight_workspace, workspace_bytes)
 from ratrain.passes.layout import part_stride
-from ratrain.passes.vocab_buffers import holds_loss, vocab_bytes
-from ratrain.ir.vocab import stage_vocab_layer, state_layers
+from ratrain.passes.vocab_buffers import (embed_workspace_bytes, hidden_bytes, holds_ids,
+                                          holds_loss, vocab_bytes)
+from ratrain.ir.vocab import stage_embed_layer, stage_vocab_layer, state_layers
 
 CATEGORIES = ("params", "optimizer", "views", "grads", "activations", "comm", "workspace")
 
@@ -82,7 +83,7 @@ def _forward(program, task: Task) -> Effects:
     creates.append(Buffer(buffer_name(BufferKind.WS, task=task), "workspace",
                           workspace_bytes(program, s, "fwd")))
     reads = [view_buffer(program, task, l) for l in layers] + \
-        ([buffer_name(BufferKind.IN, micro_batch=m)] if s > 0 else [])
+        ([buffer_name(BufferKind.IN, micro_batch=m)] if not holds_ids(program, s) else [])
     return Effects(tuple(creates), tuple(reads))
 
 
@@ -117,9 +118,9 @@ def _backward(program, task: Task, use=None) -> Effects:
     if is_split(program):
         creates += [Buffer(buffer_name(BufferKind.WOP, layer=l, micro_batch=m), "activations",
                            weight_operand_layout(program, l, m)[1]) for l in layers]
-    if s > 0:
+    if not holds_ids(program, s):  # stage 0's goes to G (NOTE [vocabulary-parallel embedding])
         creates.append(Buffer(buffer_name(BufferKind.GOUT, micro_batch=m), "comm",
-                              message_bytes(program, s - 1)))
+                              message_bytes(program, s - 1) if s else hidden_bytes(program)))
     creates.append(Buffer(buffer_name(BufferKind.WS, task=task), "workspace",
                           backward_workspace(program, s, m)[1]))
     reads = [view_buffer(program, use(l), l) for l in layers] + \
@@ -225,6 +226,25 @@ def shard_effects(program, task: Task, forward: bool):
     return Effects(creates, (vocab, view) + (() if m == 0 else (grad.name,)))
 
 
+def embed_effects(program, task: Task, forward: bool) -> Effects:
+    """Effects of E (`forward`) or G (NOTE [vocabulary-parallel embedding]): each creates
+    its workspace (the ids; G off stage 0 the gradient it receives too). E reads the
+    stage's view of its shard and on stage 0 creates in.mb, where the shards' lookups
+    are summed for its F; G reads the shard's gradient (micro-batch 0's creates it) and
+    on stage 0 its B's gout.mb, which it broadcasts."""
+    s, m = task.stage, task.micro_batch
+    layer = stage_embed_layer(program, s)
+    workspace = Buffer(buffer_name(BufferKind.WS, task=task), "workspace",
+                       embed_workspace_bytes(program, task))
+    if forward:
+        summed = (Buffer(buffer_name(BufferKind.IN, micro_batch=m), "comm",
+                         hidden_bytes(program)),) if s == 0 else ()
+        return Effects((workspace,) + summed, (view_buffer(program, task, layer),))
+    grad = grad_buffer(program, layer)
+    reads = (() if m == 0 else (grad.name,)) + \
+        ((buffer_name(BufferKind.GOUT, micro_batch=m),) if s == 0 else ())
+    return Effects((workspace,) + ((grad,) if m == 0 else ()), reads)
+
 
 _EFFECTS = {
     Kind.F: _forward,
@@ -246,6 +266,8 @@ _EFFECTS = {
     Kind.FREE: lambda p, t: Effects((), ()),
     Kind.S: lambda p, t: shard_effects(p, t, forward=True),
     Kind.T: lambda p, t: shard_effects(p, t, forward=False),
+    Kind.E: lambda p, t: embed_effects(p, t, forward=True),
+    Kind.G: lambda p, t: embed_effects(p, t, forward=False),
     **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), lambda p, t: Effects(
         (), (buffer_name(BufferKind.MASTER, layer=t.layer),
              buffer_name(BufferKind.ZVIEW, slot=gather_of(p, t).slot)))),

@@ -13,8 +13,8 @@ from typing import Callable
 
 import networkx as nx
 
-from ratrain.ir.tasks import (BACKWARDS, GRAD_PRODUCERS, PIPELINE_COMMS, RECVS, VOCAB_TASKS,
-                              Kind, Schedule, Task, counterpart)
+from ratrain.ir.tasks import (BACKWARDS, GRAD_PRODUCERS, PIPE_COLLECTIVES, PIPELINE_COMMS,
+                              RECVS, VOCAB_TASKS, Kind, Schedule, Task, counterpart)
 
 Node = tuple[int, int]   # (rank, position in that rank's program)
 
@@ -130,22 +130,29 @@ def task_graph(schedule: Schedule) -> nx.DiGraph:
 def _add_shard_edges(graph: nx.DiGraph, schedule: Schedule) -> None:
     """See NOTE [vocabulary-parallel schedule]: S(m) after the last stage's F(m) (hn's
     broadcast), T(m) after every S(m) (the statistics' all-gather), and the last stage's
-    backward of m after every T(m) (the reduce of hn's gradient)."""
+    backward of m after every T(m) (the reduce of hn's gradient); stage 0's F(m) after
+    every E(m) (the lookups' reduce), and G(m) after stage 0's backward of m (the
+    broadcast of the lookup's gradient, NOTE [vocabulary-parallel embedding])."""
     by_kind: dict = {}
     for node, task in graph.nodes(data="task"):
         by_kind.setdefault((task.kind, task.micro_batch), []).append(node)
-    if not any(kind in VOCAB_TASKS for kind, _ in by_kind):
+    if not any(kind in PIPE_COLLECTIVES for kind, _ in by_kind):
         return
-    last = max(schedule)
-    on_last = lambda kind, m: [n for n in by_kind.get((kind, m), []) if n[0] == last]
+    first, last = min(schedule), max(schedule)
+    on = lambda rank, kinds, m: [n for k in kinds for n in by_kind.get((k, m), [])
+                                 if n[0] == rank]
+    shards = any(kind in VOCAB_TASKS for kind, _ in by_kind)
     for (kind, m), nodes in list(by_kind.items()):
-        sources = {Kind.S: on_last(Kind.F, m), Kind.T: by_kind.get((Kind.S, m), []),
-                   Kind.B: by_kind.get((Kind.T, m), []),
-                   Kind.BL: by_kind.get((Kind.T, m), [])}.get(kind, [])
+        sources = {Kind.S: on(last, (Kind.F,), m), Kind.T: by_kind.get((Kind.S, m), []),
+                   Kind.G: on(first, BACKWARDS, m)}.get(kind, [])
         for node in nodes:
-            if kind in BACKWARDS and node[0] != last:
-                continue
-            graph.add_edges_from((source, node) for source in sources)
+            extra = []
+            if kind in BACKWARDS and node[0] == last and shards:
+                extra = by_kind.get((Kind.T, m), [])
+            elif kind == Kind.F and node[0] == first:
+                extra = by_kind.get((Kind.E, m), [])
+            graph.add_edges_from((source, node) for source in sources + extra
+                                 if source != node)
 
 
 def _runnable_nodes(graph: nx.DiGraph) -> set[Node]:
@@ -203,7 +210,7 @@ def _deadlock(schedule: Schedule, timeline, graph: nx.DiGraph) -> ScheduleDeadlo
                     wait_for.add_edge(rank, nodes[0][0])
                     lines.append(f"rank {rank} waits at {task} for {peer} on rank {nodes[0][0]}")
             continue
-        if task.kind not in RECVS:  # an S, T or backward of the vocabulary's turn
+        if task.kind not in RECVS:  # an S, T, E, G, or an F or backward they feed
             for peer_rank, i in graph.predecessors((rank, len(timeline[rank]))):
                 if peer_rank != rank and len(timeline[peer_rank]) <= i:
                     wait_for.add_edge(rank, peer_rank)

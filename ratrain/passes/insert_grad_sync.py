@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ratrain.ir.tasks import Kind, Task
-from ratrain.ir.vocab import stage_vocab_layer, state_layers
+from ratrain.ir.vocab import stage_embed_layer, stage_vocab_layer, state_layers
 
 # NOTE [sync issue point]: the task list says where every SYNC starts, and every consumer
 # (runtime, simulator, plan_memory, verifier) reads it there. A stage's B runs its layers
@@ -56,7 +56,9 @@ def _split_with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Tas
         if _starts_after_piece(program, stage, piece.layer):
             out.append(Task(stage, Kind.SYNC, layer=piece.layer))
     rest = tasks[last + 1:]
-    send = rest[:1] if rest and rest[0].kind == Kind.SEND_B else ()
+    # what the stages before wait for: the SEND_B, or stage 0's G of a vocabulary-parallel
+    # embedding, which broadcasts the gradient every other stage's G waits for
+    send = rest[:1] if rest and rest[0].kind in (Kind.SEND_B, Kind.G) else ()
     late = [Task(stage, Kind.SYNC, layer=l) for l in reversed(program.stages[stage])
             if not _starts_after_piece(program, stage, l)]
     return tuple(out) + send + tuple(late) + rest[len(send):]
@@ -67,9 +69,10 @@ def last_weight_indices(tasks) -> dict[int, int]:
     return {t.layer: i for i, t in enumerate(tasks) if t.kind == Kind.W}
 
 
-def last_shard_index(tasks) -> int:
-    """Index of the step's last T (-1: none; NOTE [vocabulary-parallel head])."""
-    return max((i for i, t in enumerate(tasks) if t.kind == Kind.T), default=-1)
+def last_shard_index(tasks, kind: Kind = Kind.T) -> int:
+    """Index of the step's last T (-1: none; NOTE [vocabulary-parallel head]), or of
+    another kind's last task (G: NOTE [vocabulary-parallel embedding])."""
+    return max((i for i, t in enumerate(tasks) if t.kind == kind), default=-1)
 
 
 def _after_last_weights(stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
@@ -87,19 +90,22 @@ def _with_syncs(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...
     if program.options.schedule == "baseline":
         return tasks + tuple(Task(stage, Kind.SYNC, layer=l)
                              for l in reversed(state_layers(program, stage)))
-    tasks = _after_last_shard_task(program, stage, tasks)
+    tasks = _after_last_shard_task(program, stage, tasks, stage_vocab_layer, Kind.T)
+    tasks = _after_last_shard_task(program, stage, tasks, stage_embed_layer, Kind.G)
     if program.options.pipeline_schedule == "zb1":
         return _after_last_weights(stage, tasks)
     return _split_with_syncs(program, stage, tasks)
 
 
-def _after_last_shard_task(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
-    """See NOTE [vocabulary-parallel head]: the stage's shard of the LM head syncs right after
-    its last T, the task that completes its gradient."""
-    layer = stage_vocab_layer(program, stage)
+def _after_last_shard_task(program, stage: int, tasks: tuple[Task, ...], shard_of,
+                           kind: Kind) -> tuple[Task, ...]:
+    """See NOTE [vocabulary-parallel head]: the stage's shard of the LM head (`shard_of`:
+    stage_vocab_layer) syncs right after its last T, the task that completes its
+    gradient; of the embedding (stage_embed_layer) after its last G."""
+    layer = shard_of(program, stage)
     if layer is None:
         return tasks
-    last = last_shard_index(tasks)
+    last = last_shard_index(tasks, kind)
     return tasks[:last + 1] + (Task(stage, Kind.SYNC, layer=layer),) + tasks[last + 1:]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ratrain.ir.tasks import GRAD_PRODUCERS, Kind, Task
+from ratrain.ir.vocab import stage_embed_layer, stage_vocab_layer
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,32 @@ def tied_weights(program) -> tuple[TiedWeight, ...]:
 
 
 def tie_stages(program) -> tuple[int, ...]:
-    """The stages that run a TIE (one group: every tied weight spans the same stages)."""
+    """The stages that run a TIE (one group: every tied weight spans the same stages), or
+    () where each tied weight's copies are all on one stage, each on its own (the rows of
+    a vocabulary-parallel embedding and head: NOTE [vocabulary-parallel embedding])."""
     groups = {w.stages for w in tied_weights(program)}
+    if len(groups) > 1 and all(len(g) == 1 for g in groups):
+        return ()
     if len(groups) > 1:
         raise NotImplementedError(f"tied weights span different stage groups {sorted(groups)}; "
                                   "one group (embed and head stages) is supported")
     return groups.pop() if groups else ()
+
+
+def weight_stages(program, weight: TiedWeight) -> tuple[int, ...]:
+    """The stages a TIE of `weight` sums over: the program's tie stages, or the one stage
+    holding all of its copies where each weight's are on one stage (tie_stages ())."""
+    return tie_stages(program) or weight.stages
+
+
+def produced_layers(program, task: Task) -> tuple[int, ...]:
+    """The layers whose gradient a GRAD_PRODUCERS task writes: a B its stage's, a piece
+    or a W its layer's, a T (G) its stage's shard of the LM head (of the embedding)."""
+    if task.kind == Kind.T:
+        return (stage_vocab_layer(program, task.stage),)
+    if task.kind == Kind.G:
+        return (stage_embed_layer(program, task.stage),)
+    return tuple(program.stages[task.stage]) if task.layer is None else (task.layer,)
 
 
 def tied_layers_on(program, stage: int) -> tuple[int, ...]:
@@ -67,10 +88,13 @@ def _with_tie(program, stage: int, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
         at = next(i for i, t in enumerate(rest) if t.kind == Kind.NORM)
     else:
         updates = [i for i, t in enumerate(rest) if t.kind == Kind.UPD]
-        # a stage whose layers are all tied: after the last task making a gradient (a
-        # shard of a vocabulary-parallel head syncs after its last T, before the last B)
-        made = [i for i, t in enumerate(rest) if t.kind in GRAD_PRODUCERS]
-        at = updates[-1] + 1 if updates else max(first, made[-1] + 1 if made else 0)
+        # after the last task making a tied layer's gradient, where that comes later (a
+        # stage whose layers are all tied; a shard of a vocabulary-parallel head syncs
+        # after its last T, before the last B, and an embedding's after its last G,
+        # which may follow every other update of the stage)
+        made = [i for i, t in enumerate(rest) if t.kind in GRAD_PRODUCERS and
+                set(produced_layers(program, t)) & set(tied)]
+        at = max(updates[-1] + 1 if updates else first, made[-1] + 1 if made else 0)
     return tuple(rest[:at]) + (Task(stage, Kind.TIE, layer=tied[0]), *moved) + tuple(rest[at:])
 
 

@@ -24,6 +24,7 @@ from ratrain.passes.layer_buffers import (GRAD_OUTPUT, backward_graph, backward_
 from ratrain.passes.insert_gathers import view_buffer
 from ratrain.passes.residuals import rebuild_node_indices
 from ratrain.passes.layout import graph_workspace
+from ratrain.passes.lower_embed import lower_embed_backward, lower_embed_forward
 from ratrain.passes.lower_vocab import lower_shard_backward, lower_shard_forward
 from ratrain.passes.vocab_buffers import holds_loss
 from ratrain.passes.lower_state import (_loss_scaled, _lower_gather, _lower_norm, _lower_prefetch,
@@ -368,6 +369,7 @@ _LOWER = {Kind.F: _lower_forward, Kind.B: _lower_backward, Kind.W: _lower_weight
           Kind.SYNC: _lower_sync, Kind.UPD: _lower_update, Kind.PREF: _lower_prefetch,
           Kind.NORM: _lower_norm, Kind.TIE: _lower_tie, Kind.FREE: lambda p, t: [],
           Kind.S: lower_shard_forward, Kind.T: lower_shard_backward,
+          Kind.E: lower_embed_forward, Kind.G: lower_embed_backward,
           **dict.fromkeys((Kind.GATH_F, Kind.GATH_R, Kind.GATH_B), _lower_gather),
           **{k: _lower_comm for k in _PEER}}
 

@@ -18,7 +18,7 @@ from ratrain.ir.vocab import base_name, parse_shard, state_layers
 from ratrain.passes.layer_buffers import (gathers_in_place, grad_layout, shard_elements,
                                           view_gather_elements, view_layout)
 from ratrain.passes.insert_gathers import gather_of, gathers_issued_in
-from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
+from ratrain.passes.insert_tied_sum import tied_weights, weight_stages
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.layout import part_stride
 from ratrain.program_format.call_ops import CallOp
@@ -192,14 +192,15 @@ def tied_range(program, layer: int, name: str) -> tuple[int, int]:
     parameter order (elements)."""
     offsets, _ = grad_layout(program, layer)
     for (param, shape), offset in zip(program.layer_params(layer), offsets):
-        if base_name(param) == name:
+        if name in (param, base_name(param)):
             return offset, offset + math.prod(shape)
     raise KeyError(f"layer {layer} does not bind {name}")
 
 
 def _tied_rows(program, layer: int, name: str) -> tuple[tuple[int, int], tuple]:
     """([lo, hi) of the weight's rows the layer binds, the shape it binds them in)."""
-    param, shape = next((p, s) for p, s in program.layer_params(layer) if base_name(p) == name)
+    param, shape = next((p, s) for p, s in program.layer_params(layer)
+                        if name in (p, base_name(p)))
     shard = parse_shard(param)
     return ((0, shape[0]) if shard is None else shard[1:]), tuple(shape)
 
@@ -207,7 +208,9 @@ def _tied_rows(program, layer: int, name: str) -> tuple[tuple[int, int], tuple]:
 def _lower_tie(program, task: Task) -> list[Call]:
     """See NOTE [tied weights]: the stage's copies of each tied weight's gradient, summed
     in place with the copies on the other tie stages. A copy of some rows (a row shard
-    of a vocabulary-parallel head) is summed at its rows of the whole weight."""
+    of a vocabulary-parallel head) is summed at its rows of the whole weight; copies of
+    the same rows (the head's and the embedding's shard, NOTE [vocabulary-parallel
+    embedding]) are summed as whole ones, on their one stage."""
     calls = []
     for w in tied_weights(program):
         here = [l for l in w.layers if program.stage_of_layer(l) == task.stage]
@@ -215,8 +218,9 @@ def _lower_tie(program, task: Task) -> list[Call]:
         slots = tuple(Slot(buffer_name(BufferKind.GRAD, layer=l),
                            4 * tied_range(program, l, w.name)[0], "float32", shape)
                       for l, (_, shape) in zip(here, rows))
-        params = (("stages", tie_stages(program)), ("weight", w.name))
-        if any(parse_shard(p) for l in w.layers for p, _ in program.layer_params(l)):
+        params = (("stages", weight_stages(program, w)), ("weight", w.name))
+        if parse_shard(w.name) is None and \
+                any(parse_shard(p) for l in w.layers for p, _ in program.layer_params(l)):
             params += (("rows", tuple(r for r, _ in rows)),
                        ("vocab", int(program.graph.config["vocab_size"])))
         if slots:

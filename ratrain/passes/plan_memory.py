@@ -345,7 +345,7 @@ def _zero_fixes(program, stage: int, m: StageMemory) -> list[str]:
         if zero > options.zero:
             saving = m.arena_bytes - stage_arena_bytes(what_if.under_zero(program, zero), stage)
             fixes.append(f"--zero {zero} would save {format_bytes(saving)}")
-    if options.zero < 3 and not options.vocab_parallel:  # vocab-parallel: no ZeRO-3 yet
+    if options.zero < 3 and not options.splits_head:  # vocab-parallel: no ZeRO-3 yet
         saving = m.arena_bytes - stage_arena_bytes(what_if.under_zero(program, 3), stage)
         if saving > 0:  # S view slots can outweigh a few small views
             fixes.append(f"--zero 3 would save {format_bytes(saving)} (views gathered at "

@@ -13,7 +13,7 @@ from typing import Callable
 from ratrain.ir.costs import LayerCost
 from ratrain.ir.tasks import Schedule
 from ratrain.ir.train_graph import TrainGraph
-from ratrain.ir.vocab import vocab_layers
+from ratrain.ir.vocab import embed_layers, vocab_layers
 from ratrain.program_format.options import CompileOptions  # noqa: F401  (re-exported)
 
 
@@ -53,18 +53,19 @@ class Program:
             raise ValueError(f"the graph is traced for micro-batch {g.micro_batch_size} x "
                              f"{g.seq_len} tokens but the options ask for "
                              f"{o.micro_batch_size} x {o.seq_len}")
-        shards = len(vocab_layers(g))
-        if shards != (o.pp if o.vocab_parallel else 0):
-            raise ValueError(f"the graph's head is split into {shards} row shards but the "
-                             f"options ask for {o.pp if o.vocab_parallel else 0} (trace it "
-                             "with compiler.trace_for; NOTE [vocabulary-parallel head])")
+        split = (len(vocab_layers(g)), len(embed_layers(g)))
+        asked = (o.pp if o.splits_head else 0, o.pp if o.splits_embedding else 0)
+        if split != asked:
+            raise ValueError(f"the graph's head and embedding are split into {split} row "
+                             f"shards but the options ask for {asked} (trace it with "
+                             "compiler.trace_for; NOTE [vocabulary-parallel head])")
 
     def stage_of_layer(self, layer: int) -> int:
-        """The stage holding the layer (a row shard of the head: NOTE [vocabulary-parallel
-        head])."""
-        shards = vocab_layers(self.graph)
-        if layer in shards:
-            return shards.index(layer)
+        """The stage holding the layer (a row shard of the head or the embedding: NOTE
+        [vocabulary-parallel head])."""
+        for shards in (vocab_layers(self.graph), embed_layers(self.graph)):
+            if layer in shards:
+                return shards.index(layer)
         stage = _stage_by_layer(self.stages).get(layer)
         if stage is None:
             raise KeyError(f"layer {layer} is in no stage")

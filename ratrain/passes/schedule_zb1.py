@@ -184,31 +184,18 @@ def schedule_zb1(stages: tuple[tuple[int, ...], ...], num_micro_batches: int,
 def schedule_pipeline(program):
     """The pass: schedule_1f1b, or schedule_zb1 under --pipeline-schedule zb1 (with the
     program's cost model, NOTE [zb1 schedule]), for the program's stages and M; under
-    --vocab-parallel with the shards' S and T placed (NOTE [vocabulary-parallel
-    schedule]).
+    --vocab-parallel with the shards' S and T (and E and G) placed (NOTE
+    [vocabulary-parallel schedule]).
 
     Requires: stages. Guarantees: program.tasks holds that schedule.
     """
-    M = program.micro_batches
-    if program.options.pipeline_schedule == "zb1":
-        cost = program.cost_model(program) if program.cost_model else None
-        build = lambda n: schedule_zb1(_with_shard_stage(program.stages, n), M,
-                                       _shard_stage_cost(program, cost, n))
-    else:
-        build = lambda n: schedule_1f1b(n, M)
+    M, zb1 = program.micro_batches, program.options.pipeline_schedule == "zb1"
     if is_vocab_parallel(program):
-        wide = wide_cost(program, len(program.stages), unit_cost)
+        wide = wide_cost(program, unit_cost)  # the virtual stages' F and B cost S, T (E, G)
+        build = (lambda stages: schedule_zb1(stages, M, wide)) if zb1 else \
+            (lambda stages: schedule_1f1b(len(stages), M))
         return replace(program, tasks=schedule_vocabulary(program, build, wide))
-    return replace(program, tasks=build(len(program.stages)))
-
-
-def _with_shard_stage(stages, n: int):
-    """The stages, and a layer-less one for the shards' turn when n is one more."""
-    return tuple(stages) + ((),) * (n - len(stages))
-
-
-def _shard_stage_cost(program, cost, n: int):
-    """zb1's costs with the shards' turn (stage P) priced as the wide dry run prices it."""
-    if n == len(program.stages):
-        return cost
-    return wide_cost(program, len(program.stages), unit_cost)
+    if zb1:
+        cost = program.cost_model(program) if program.cost_model else None
+        return replace(program, tasks=schedule_zb1(program.stages, M, cost))
+    return replace(program, tasks=schedule_1f1b(len(program.stages), M))

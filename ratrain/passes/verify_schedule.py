@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections import Counter
 from functools import lru_cache
 
-from ratrain.ir.tasks import BACKWARDS, GRAD_PRODUCERS, PIPELINE_COMMS, VOCAB_TASKS, Kind
+from ratrain.ir.tasks import (BACKWARDS, EMBED_TASKS, GRAD_PRODUCERS, PIPE_COLLECTIVES,
+                              PIPELINE_COMMS, VOCAB_TASKS, Kind)
 from ratrain.passes.dryrun import dry_run
-from ratrain.ir.vocab import stage_vocab_layer, state_layers
+from ratrain.ir.vocab import shard_layers, stage_embed_layer, stage_vocab_layer, state_layers
 from ratrain.passes.insert_grad_sync import (last_backward_index, last_shard_index,
                                              last_weight_indices)
-from ratrain.passes.insert_tied_sum import tied_layers_on
+from ratrain.passes.insert_tied_sum import produced_layers, tied_layers_on
 from ratrain.passes.insert_update import commits_updates
 from ratrain.passes.partition_stages import in_flight_micro_batches, pipeline_depth
 
@@ -87,7 +88,8 @@ def _check_ties(program, stage: int, tasks) -> None:
     for i, t in enumerate(tasks):
         if t.kind == Kind.SYNC and t.layer in tied and i < ties[0]:
             _fail(stage, f"{t} runs before {tasks[ties[0]]} sums the tied gradient")
-        if t.kind in GRAD_PRODUCERS and set(_covered(program, t)) & set(tied) and i > ties[0]:
+        if t.kind in GRAD_PRODUCERS and set(produced_layers(program, t)) & set(tied) and \
+                i > ties[0]:
             _fail(stage, f"{tasks[ties[0]]} sums the tied gradient before {t} adds to it")
 
 
@@ -106,7 +108,7 @@ def _check_syncs(program, stage: int, tasks) -> None:
     last = {}  # layer -> position of the last task producing its gradient
     for i, t in enumerate(tasks):
         if t.kind in GRAD_PRODUCERS:
-            for layer in _covered(program, t):
+            for layer in produced_layers(program, t):
                 last[layer] = i
     # tied layers sync after their TIE (_check_ties); a scattered layer's SYNC only waits
     exempt = set(tied) | set(program.scatter_grads)
@@ -124,29 +126,25 @@ def _check_syncs(program, stage: int, tasks) -> None:
 
 # What may stand between a layer's last gradient producer and its SYNC in ratrain mode
 # (NOTE [sync issue point]): the backward of other layers, the message the previous stage
-# waits for, other SYNCs and FREEs; never other work.
-_NOT_DELAYING = BACKWARDS | {Kind.W, Kind.SYNC, Kind.SEND_B, Kind.FREE}
-
-
-def _covered(program, task) -> tuple[int, ...]:
-    """The layers whose gradient a GRAD_PRODUCERS task writes: a B its stage's, a piece
-    or a W its layer's, a T its stage's shard of the LM head."""
-    if task.kind == Kind.T:
-        return (stage_vocab_layer(program, task.stage),)
-    return tuple(program.stages[task.stage]) if task.layer is None else (task.layer,)
+# waits for (stage 0's G under a vocabulary-parallel embedding: the other stages' G
+# waits for its broadcast), other SYNCs and FREEs; never other work.
+_NOT_DELAYING = BACKWARDS | {Kind.W, Kind.SYNC, Kind.SEND_B, Kind.G, Kind.FREE}
 
 
 def _check_syncs_after_weights(program, stage: int, tasks) -> None:
     """See NOTE [zb1 schedule]: SYNC[L] after the last task producing L's gradient (the last
     B, the last W[L]); in ratrain mode right after its layer's last W."""
     last_b, last_w = last_backward_index(tasks), last_weight_indices(tasks)
-    shard = stage_vocab_layer(program, stage)
-    if shard is not None:  # its gradient is complete after the last T
-        last_w[shard] = last_shard_index(tasks)
+    shards = set(shard_layers(program, stage))
+    for layer, kind in ((stage_vocab_layer(program, stage), Kind.T),
+                        (stage_embed_layer(program, stage), Kind.G)):
+        if layer is not None:  # its gradient is complete after the last T (G)
+            last_w[layer] = last_shard_index(tasks, kind)
     for i, t in enumerate(tasks):
         if t.kind != Kind.SYNC:
             continue
-        producer = last_w[t.layer] if t.layer == shard else max(last_b, last_w.get(t.layer, -1))
+        producer = last_w[t.layer] if t.layer in shards else \
+            max(last_b, last_w.get(t.layer, -1))
         if i < producer:
             _fail(stage, f"{t} starts before {tasks[producer]}, the last task producing "
                          f"layer {t.layer}'s gradient")
@@ -295,6 +293,49 @@ def _check_shards(program, stage: int, tasks) -> None:
                          f"backward (positions {f}, {s}, {t}, {b})")
 
 
+def _check_embedding(program, stage: int, tasks) -> None:
+    """See NOTE [vocabulary-parallel schedule]: one E and one G per micro-batch, each in
+    micro-batch order (G's add the shard's gradient in it), E(m) before G(m); on stage 0
+    E(m) before F(m), which reads the lookups' sum, and G(m) after the backward of m,
+    which makes the gradient it broadcasts."""
+    if stage_embed_layer(program, stage) is None:
+        if any(t.kind in EMBED_TASKS for t in tasks):
+            _fail(stage, "E or G tasks in a program whose embedding is not split")
+        return
+    M, position = program.micro_batches, _Index(tasks)
+    for kind in EMBED_TASKS:
+        order = [t.micro_batch for t in tasks if t.kind == kind]
+        if order != list(range(M)):
+            _fail(stage, f"{kind} tasks run for micro-batches {order}, not 0..{M - 1} once "
+                         "each in order")
+    for m in range(M):
+        e, g = position(Kind.E, micro_batch=m), position(Kind.G, micro_batch=m)
+        if e > g:
+            _fail(stage, f"micro-batch {m}: G runs before its E")
+        if stage != 0:
+            continue
+        f = position(Kind.F, micro_batch=m)
+        b = max(i for i, t in enumerate(tasks) if t.kind in BACKWARDS and t.micro_batch == m)
+        if not e < f < b < g:
+            _fail(stage, f"micro-batch {m}: stage 0 must run E, F, its backward, then G "
+                         f"(positions {e}, {f}, {b}, {g})")
+
+
+def _check_collective_order(schedule) -> None:
+    """See NOTE [vocabulary-parallel schedule]: the pipeline group's collectives (S, T, E,
+    G) are issued in one order on every stage, as MPI requires of a communicator."""
+    orders = {stage: [(t.kind, t.micro_batch) for t in tasks if t.kind in PIPE_COLLECTIVES]
+              for stage, tasks in schedule.items()}
+    first = min(orders)
+    for stage, order in orders.items():
+        if order != orders[first]:
+            at = next((i for i, (a, b) in enumerate(zip(order, orders[first])) if a != b),
+                      min(len(order), len(orders[first])))
+            _fail(stage, f"the pipeline group's collectives run in another order than on "
+                         f"stage {first}: {[f'{k}{m}' for k, m in order[at:at + 3]]} at "
+                         f"{at}, not {[f'{k}{m}' for k, m in orders[first][at:at + 3]]}")
+
+
 def verify_schedule(program) -> None:
     """Raise ScheduleInvariantError (or a dry-run error) if an invariant is broken."""
     if not program.tasks:
@@ -310,25 +351,30 @@ def verify_schedule(program) -> None:
         _check_recovery(program, stage, tasks)
         _check_posts(stage, tasks)
         _check_shards(program, stage, tasks)
+        _check_embedding(program, stage, tasks)
+    _check_collective_order(program.tasks)
     _check_pipeline_comms(program.tasks)
 
 
 def _check_pipeline_comms(tasks) -> None:
     """Pair every SEND with one RECV and prove deadlock freedom by a dry run. Only the
-    order of pipeline messages, TIEs and the shards' S and T (with the last stage's F's
-    and backwards they wait for or feed) decides either (other tasks never wait on
-    another rank),
+    order of pipeline messages, TIEs and the shards' S, T, E and G (with the last stage's
+    F's and backwards they wait for or feed, and stage 0's) decides either (other tasks
+    never wait on another rank),
     so a projection already proven is not run again."""
-    last = max(tasks)
+    first, last = min(tasks), max(tasks)
     shards = any(t.kind in VOCAB_TASKS for t in tasks[last])
+    rows = any(t.kind in EMBED_TASKS for t in tasks[first])
+    waits = lambda stage, t: t.kind in _LAST_WAITS and \
+        ((shards and stage == last) or (rows and stage == first))
     _prove(tuple((stage, tuple(t for t in ts if t.kind in PIPELINE_COMMS or t.kind == Kind.TIE
-                               or t.kind in VOCAB_TASKS
-                               or (shards and stage == last and t.kind in _LAST_WAITS)))
+                               or t.kind in PIPE_COLLECTIVES or waits(stage, t)))
                  for stage, ts in sorted(tasks.items())))
 
 
 # See NOTE [vocabulary-parallel schedule]: a last stage's F(m) feeds every S(m), and its
-# backward of m waits for every T(m): the dry run needs them to see those waits
+# backward of m waits for every T(m); stage 0's F(m) waits for every E(m), and its
+# backward of m feeds every G(m): the dry run needs them to see those waits
 _LAST_WAITS = frozenset({Kind.F, Kind.B, Kind.BL})
 
 

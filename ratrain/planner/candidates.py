@@ -7,8 +7,8 @@ gradient accumulation]), every recompute policy and the requested schedules. pp 
 any divisor of N up to the number of layers (partition_stages balances uneven splits).
 On nodes of several ranks every placement that changes what crosses nodes
 (hw/topology.placements, NOTE [placement]) is a candidate too.
-Traced graphs depend only on the micro-batch size (and a vocabulary-parallel head's shard
-count), so GraphCache traces each once for all candidates.
+Traced graphs depend only on the micro-batch size (and a vocabulary-parallel program's
+shard count and what it splits), so GraphCache traces each once for all candidates.
 """
 from __future__ import annotations
 
@@ -47,8 +47,9 @@ class Candidate:
                                         # nodes crossed not
     pipeline_schedule: str = "1f1b"     # "zb1": the simulated twin of a pipelined 1f1b
                                         # candidate (NOTE [zb1 twins], search.py)
-    vocab_parallel: bool = False        # the LM head's rows over the stages: a simulated
-                                        # twin too (NOTE [zb1 twins], search.py)
+    vocab_parallel: str = "none"        # "both": the LM head's and the embedding's rows
+                                        # over the stages, a simulated twin too (NOTE
+                                        # [zb1 twins], search.py)
 
     def options(self, search) -> CompileOptions:
         """The CompileOptions of this candidate in `search` (search.Search): its fields
@@ -75,7 +76,8 @@ class Candidate:
         placed = "" if self.placement == "pipeline" else f" ({self.placement}-major)" \
             if self.placement == "dp" else f" (placement {self.placement})"
         pipeline = (", zb1 pipeline" if self.pipeline_schedule == "zb1" else "") + \
-            (", vocabulary-parallel head" if self.vocab_parallel else "")
+            ({"none": "", "head": ", vocabulary-parallel head",
+              "both": ", vocabulary-parallel head and embedding"}[self.vocab_parallel])
         return (f"pp {self.pp} x dp {self.dp}{placed}, zero {zero}, {self.batching}, "
                 f"recompute {self.recompute}, {self.schedule} schedule{pipeline}{rule}")
 
@@ -134,19 +136,25 @@ class GraphCache:
         self.dtype = GRAPH_DTYPE[precision]
         self._graphs: dict[int, object] = {}
 
-    def get(self, micro_batch_size: int, vocab_shards: int = 0):
+    def get(self, micro_batch_size: int, vocab_shards: int = 0, split_embed: bool = False):
         """The graph of that micro-batch size; with `vocab_shards`, its head split in that
-        many row shards (NOTE [vocabulary-parallel head])."""
-        from ratrain.models.trace import split_head, trace_model
+        many row shards (NOTE [vocabulary-parallel head]), and its embedding too where
+        `split_embed` (NOTE [vocabulary-parallel embedding])."""
+        from ratrain.models.trace import split_vocabulary, trace_model
         if micro_batch_size not in self._graphs:
             self._graphs[micro_batch_size] = trace_model(
                 self.config, micro_batch_size=micro_batch_size, seq_len=self.seq_len,
                 dtype=self.dtype, name=self.name)
-        key = (micro_batch_size, vocab_shards)
+        key = (micro_batch_size, vocab_shards, split_embed)
         if vocab_shards and key not in self._graphs:
-            self._graphs[key] = split_head(self._graphs[micro_batch_size], vocab_shards)
+            self._graphs[key] = split_vocabulary(self._graphs[micro_batch_size], vocab_shards,
+                                                 split_embed)
         return self._graphs[key if vocab_shards else micro_batch_size]
 
     def splits(self, pp: int) -> bool:
-        """Can the head's rows be split over pp stages (the vocabulary divisible by pp)?"""
-        return pp > 1 and int(self.config["vocab_size"]) % pp == 0
+        """Can the head's and the embedding's rows be split over pp stages (the vocabulary
+        divisible by pp, and a pipeline layer left for each stage once the embedding
+        leaves it: the decoders and the final norm, NOTE [vocabulary-parallel
+        embedding])?"""
+        return 1 < pp <= int(self.config["num_hidden_layers"]) + 1 and \
+            int(self.config["vocab_size"]) % pp == 0

@@ -16,7 +16,7 @@ from ratrain.passes.layer_buffers import (gathers_in_place, layer_param_count, s
                                           unfused_grad_elements)
 from ratrain.passes.residuals import kept_mask, nodes_rebuilding
 from ratrain.passes.insert_update import commits_updates, needs_global_norm
-from ratrain.passes.insert_tied_sum import tie_stages, tied_layers_on, tied_weights
+from ratrain.passes.insert_tied_sum import tied_layers_on, tied_weights, weight_stages
 from ratrain.sim.costs import (collective_port_bytes, collective_seconds, crosses_node,
                                dp_group, gather_local_seconds, grad_scatter,
                                layer_view_gather, link_host_seconds, message_path,
@@ -243,10 +243,10 @@ class _StageModel:
         self.tie_local = self.tie_sum = self.tie_host = 0.0
         if not self.tied:
             return
-        members = len(tie_stages(program))
         for w in tied_weights(program):
             copies = sum(program.stage_of_layer(l) == stage for l in w.layers)
             nbytes = 4 * program.graph.param_types()[w.name].size
+            members = len(weight_stages(program, w))
             if not copies:
                 continue
             self.tie_local += tie_local_bytes(copies, nbytes) / p.ddr_bandwidth

@@ -253,11 +253,12 @@ class Planner:
         return compiled, failed
 
     def _twins_of(self, c: Candidate) -> list[Candidate]:
-        """See NOTE [zb1 twins]: a pipelined candidate's zb1 twin, and where the head's rows
-        split over its stages its vocabulary-parallel 1f1b and zb1 twins."""
+        """See NOTE [zb1 twins]: a pipelined candidate's zb1 twin, and where the vocabulary
+        splits over its stages its vocabulary-parallel (head and embedding) 1f1b and zb1
+        twins."""
         out = [replace(c, pipeline_schedule="zb1")]
         if c.zero < 3 and self.graphs.splits(c.pp):
-            out += [replace(c, pipeline_schedule=s, vocab_parallel=True)
+            out += [replace(c, pipeline_schedule=s, vocab_parallel="both")
                     for s in ("1f1b", "zb1")]
         return out
 
@@ -309,8 +310,9 @@ class Planner:
         from ratrain.passes.pipeline import MEMORY_PIPELINE, run_pipeline
         from ratrain.passes.program import Program
         from ratrain.sim.costs import bound_cost_model
-        program = Program(self.graphs.get(c.micro_batch_size, c.pp if c.vocab_parallel else 0),
-                          options,
+        program = Program(self.graphs.get(c.micro_batch_size,
+                                          c.pp if options.splits_head else 0,
+                                          options.splits_embedding), options,
                           built_micro_batches=None if built == options.micro_batches else built,
                           cost_model=bound_cost_model(self.search.profile))
         return run_pipeline(program, MEMORY_PIPELINE if memory_only else None,
@@ -331,13 +333,17 @@ class Planner:
 # 44 of them in 169 s, against 13 s at 21 for its 1f1b program: still too slow to twin.
 # Its `bound` is its 1f1b candidate's: NOTE [bound] weighs each resource's load per step,
 # which the schedule does not change. The same candidates get two more twins where the
-# LM head's rows split over their stages (pp > 1, ZeRO 0-2, the vocabulary divisible by
-# pp): --vocab-parallel under 1f1b and under zb1 (NOTE [vocabulary-parallel head]), also
-# simulated only, since the estimate models the whole head on the last stage; the row's
-# `vocab_parallel` (`+vp` in the schedule column) says which.
+# vocabulary-sized layers' rows split over their stages (pp > 1, ZeRO 0-2, the vocabulary
+# divisible by pp): --vocab-parallel both (the LM head's and the input embedding's rows,
+# NOTE [vocabulary-parallel head], NOTE [vocabulary-parallel embedding]) under 1f1b and
+# under zb1, also simulated only, since the estimate models the whole head on the last
+# stage and the whole embedding on the first; the row's `vocab_parallel` ("both";
+# `+vp:both` in the schedule column) says what it spreads. Not "head" alone: on node16
+# (tests/sim/test_node16_vocab.py) both gains more, and a tied model's head-only split
+# sums its embedding's gradient over every stage where both sums it on each.
 def twinned(c: Candidate) -> Candidate:
     """The 1f1b candidate a twin was made of (itself for one that is no twin)."""
-    return replace(c, pipeline_schedule="1f1b", vocab_parallel=False)
+    return replace(c, pipeline_schedule="1f1b", vocab_parallel="none")
 
 
 def zb1_twins(verdicts: dict, compiled, failed) -> list:

@@ -48,6 +48,10 @@ class CallOp(StrEnum):
     VOCAB_STATS = "vocab_stats"         # S: a shard's log-sum-exp and target logits
     VOCAB_LOSS = "vocab_loss"           # T: the loss, from the gathered statistics
     VOCAB_GRAD = "vocab_grad"           # T: a shard's gradient, hn's gradient reduced
+    EMBED_ROWS = "embed_rows"           # E: a shard's lookup, reduced into stage 0's input
+                                        # (NOTE [vocabulary-parallel embedding])
+    EMBED_OUTPUT_GRAD = "embed_output_grad"  # G: the lookup's gradient from stage 0
+    EMBED_GRAD = "embed_grad"           # G: the shard's rows' gradient
 
 
 class Traffic(StrEnum):
@@ -59,8 +63,8 @@ class Traffic(StrEnum):
     TIE = "tie"                         # a blocking all-reduce over the tie stages; not
                                         # in planned_volume (the traffic test runs untied)
     PIPE = "pipe"                       # a collective over the replica's pipeline group
-                                        # (a vocabulary-parallel head's); not in
-                                        # planned_volume
+                                        # (a vocabulary-parallel head's or embedding's);
+                                        # not in planned_volume
 
 
 @dataclass(frozen=True)
@@ -163,11 +167,16 @@ COLLECTIVE = _domain("wait, allreduce or reduce_scatter",
                      lambda v, c: v in ("wait", "allreduce", "reduce_scatter"))
 STAGE_LAYERS = _domain("the stage's layers, in order",
                        lambda v, c: v == tuple(c.stage_layers))
-TIE_STAGES = _domain("the program's tie stages (runtime.json tie_stages)",
-                     lambda v, c: v == tuple(c.tie_stages) and len(v) > 0)
+TIE_STAGES = _domain("the program's tie stages (runtime.json tie_stages), or, where it has "
+                     "none, the stage running the call (each tied weight's copies on one "
+                     "stage: NOTE [vocabulary-parallel embedding])",
+                     lambda v, c: (v == tuple(c.tie_stages) and len(v) > 0) or
+                     (not c.tie_stages and v == (c.stage,)))
 ROOT = _domain("the last stage (pp - 1), where hn comes from and its gradient goes",
                lambda v, c: _is_int(v) and v == c.options.pp - 1)
 THIS_STAGE = _domain("the stage running the call", lambda v, c: _is_int(v) and v == c.stage)
+FIRST_STAGE = _domain("stage 0, where the lookup is summed and its gradient comes from",
+                      lambda v, c: _is_int(v) and v == 0)
 VOCAB = _domain("a vocabulary size (a positive integer)", lambda v, c: _is_int(v) and v > 0)
 
 
@@ -187,12 +196,14 @@ def _row_list_check(value, context, path):
     return value
 
 
-ROWS = Domain("[lo, hi], the rows of the LM head a stage's shard holds", _rows_check)
+ROWS = Domain("[lo, hi], the rows of the LM head or embedding a stage's shard holds",
+              _rows_check)
 ROW_LIST = Domain("[lo, hi] rows of the weight each copy holds", _row_list_check)
 
 
-PARAM_NAME = re.compile(r"[A-Za-z0-9_.]{1,200}")
-WEIGHT = _domain("a parameter's name (letters, digits, _ and .)",
+PARAM_NAME = re.compile(r"[A-Za-z0-9_.]{1,200}(\[\d+:\d+\])?")
+WEIGHT = _domain("a parameter's name (letters, digits, _ and .), or a row shard's "
+                 "(name[lo:hi], ir/vocab.shard_name)",
                  lambda v, c: isinstance(v, str) and PARAM_NAME.fullmatch(v) is not None)
 
 
@@ -396,6 +407,25 @@ CALL_OPS: dict[CallOp, CallSpec] = {
         Traffic.PIPE, (FIRST, MICRO_BATCH_PARAM, Param("root", ROOT), Param("rows", ROWS),
                        Param("value", LOSS_COTANGENT), LOSS_SCALE, NORM_HEAD), Arity(4, 4),
         Arity(1, 2), _scaled_exactly_in_fp16, per_layer=True),
+    # NOTE [vocabulary-parallel embedding] (ir/vocab.py): E and G of a stage's shard; the
+    # kernels are the embedding's, priced as the shard layer's graph
+    CallOp.EMBED_ROWS: CallSpec(
+        "E: the shard's rows of the ids in `rows` (zero rows for the others), summed over "
+        "the pipeline group into stage 0's output", True, True,
+        Calibration("embedding"),       # the shard's embedding lookup
+        Traffic.PIPE, (MICRO_BATCH_PARAM, Param("root", FIRST_STAGE), Param("rows", ROWS)),
+        Arity(2, 2), Arity(0, 1), per_layer=True),
+    CallOp.EMBED_OUTPUT_GRAD: CallSpec(
+        "G: stage 0 broadcasts its output (its gout.mb, the lookup's gradient) over the "
+        "pipeline group; the others receive it into their output", True, True,
+        Calibration(None, "a broadcast on the link: no compute"), Traffic.PIPE,
+        (MICRO_BATCH_PARAM, Param("root", FIRST_STAGE)), NONE, ONE, per_layer=True),
+    CallOp.EMBED_GRAD: CallSpec(
+        "G: the lookup's gradient of each token whose id is in `rows` added to that row "
+        "of the shard's gradient, in token order (set if first)", False, True,
+        Calibration("embedding"),       # the shard's embedding backward
+        Traffic.NONE, (FIRST, MICRO_BATCH_PARAM, Param("rows", ROWS)), Arity(2, 2), ONE,
+        per_layer=True),
 }
 
 

@@ -36,7 +36,7 @@ from ratrain.ir.tasks import parse_task
 from ratrain.program_format import checks as c
 from ratrain.program_format.checks import FieldError, FormatError, at, field, refused
 from ratrain.program_format.lowered import Call, Slot, StagePeriod
-from ratrain.program_format.options import CompileOptions
+from ratrain.program_format.options import CompileOptions, legacy_vocab_parallel
 from ratrain.program_format.runtime import (FORMAT, LayerState, Memory, RuntimeGraph,
                                             RuntimeProgram, StagePlan)
 from ratrain.program_format.table import (FORWARD_ROW, CallLabel, NativeCall,
@@ -296,6 +296,8 @@ def _options(value, path: str) -> CompileOptions:
     for key, v in value.items():
         if key not in fields:
             raise FieldError(at(path, key), "is not a compile option")
+        if key == "vocab_parallel":  # true/false before it took a value
+            v = legacy_vocab_parallel(v)
         checked[key] = _option_value(v, at(path, key), str(fields[key].type))
     try:
         return CompileOptions.from_dict(checked)
@@ -371,11 +373,15 @@ def _layer(s, path: str, plan: StagePlan, zero: int) -> LayerState:
 
 def _pipeline_order(stages, options) -> list[int]:
     """The stages' layers in model order: in stage order, and under --vocab-parallel the
-    head's shards (each stage's last layer, NOTE [vocabulary-parallel head]) after them."""
-    if not options.vocab_parallel:
+    head's shards (each stage's last layer, NOTE [vocabulary-parallel head]) after them,
+    then under --vocab-parallel both the embedding's (each stage's last, the head's
+    shard before it: NOTE [vocabulary-parallel embedding])."""
+    shards = int(options.splits_head) + int(options.splits_embedding)
+    if not shards:
         return [l for layers in stages for l in layers]
-    return [l for layers in stages for l in layers[:-1]] + [layers[-1] for layers in stages
-                                                              if layers]
+    return [l for layers in stages for l in layers[:len(layers) - shards]] + \
+        [layers[len(layers) - shards + k] for k in range(shards) for layers in stages
+         if len(layers) >= shards]
 
 
 def _runtime(d) -> RuntimeProgram:
@@ -391,7 +397,8 @@ def _runtime(d) -> RuntimeProgram:
     order = [l for layers in stages for l in layers]
     if _pipeline_order(stages, options) != list(range(len(order))):
         raise FieldError("stages", "must hold the layers 0..L-1, in order, each on one stage "
-                         "(with --vocab-parallel, then each stage's shard of the head last)")
+                         "(with --vocab-parallel, then each stage's shard of the head, and "
+                         "with --vocab-parallel both of the embedding, last)")
     plans = field(d, "memory", "")
     memory = {s: _plan(field(plans, str(s), "memory"), at("memory", str(s)))
               for s in range(options.pp)}

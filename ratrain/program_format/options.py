@@ -23,6 +23,10 @@ PRECISION_HELP = ("fp32 exact mode; fp16 mixed precision (fp16 activations and v
                   "in bf16, no loss scaling) (default: the profile's, fp16 on mt3000, fp32 on cpu)")
 GRAD_ACCUMULATION = ("auto", "local", "scatter")
 UPDATE_RULES = ("commit", "after-norm")  # NOTE [commit rule] (passes/insert_update.py)
+# which vocabulary-sized layers --vocab-parallel spreads over the stages by rows: none, the
+# LM head (NOTE [vocabulary-parallel head], ir/vocab.py), or the head and the input
+# embedding (NOTE [vocabulary-parallel embedding]); the bare flag means "both"
+VOCAB_PARALLEL = ("none", "head", "both")
 
 # Every command's default --seq-len (compile, plan, train, info, the tracer), cut to the
 # model's context by models/config.default_seq_len: short enough to train on a CPU, and
@@ -57,8 +61,10 @@ class CompileOptions:
                                         # (B/W split, NOTE [zb1 schedule])
     placement: str = "pipeline"         # rank order: "pipeline", "dp" or "dp:B" (NOTE
                                         # [placement], program_format/placement.py)
-    vocab_parallel: bool = False        # the LM head's rows over every stage (NOTE
-                                        # [vocabulary-parallel head], format 11)
+    vocab_parallel: str = "none"        # the rows spread over every stage: "none",
+                                        # "head" (NOTE [vocabulary-parallel head]) or
+                                        # "both" (and the input embedding's, NOTE
+                                        # [vocabulary-parallel embedding]); VOCAB_PARALLEL
 
     def __post_init__(self):
         _check_options(self)
@@ -72,11 +78,34 @@ class CompileOptions:
         """Which (stage, replica) each rank runs (NOTE [placement])."""
         return parse_placement(self.placement, self.pp, self.dp)
 
+    @property
+    def splits_head(self) -> bool:
+        """Are the LM head's rows spread over the stages (NOTE [vocabulary-parallel
+        head])?"""
+        return self.vocab_parallel != "none"
+
+    @property
+    def splits_embedding(self) -> bool:
+        """Are the input embedding's rows spread too (NOTE [vocabulary-parallel
+        embedding])?"""
+        return self.vocab_parallel == "both"
+
     @classmethod
     def from_dict(cls, fields: dict) -> CompileOptions:
-        """The options a manifest or runtime.json holds (asdict of them, through JSON)."""
+        """The options a manifest or runtime.json holds (asdict of them, through JSON);
+        programs written before --vocab-parallel took a value hold true or false there
+        (legacy_vocab_parallel)."""
         speeds = fields.get("stage_speeds")
-        return cls(**{**fields, "stage_speeds": None if speeds is None else tuple(speeds)})
+        fields = {**fields, "stage_speeds": None if speeds is None else tuple(speeds)}
+        if "vocab_parallel" in fields:
+            fields["vocab_parallel"] = legacy_vocab_parallel(fields["vocab_parallel"])
+        return cls(**fields)
+
+
+def legacy_vocab_parallel(value):
+    """A program's recorded vocab_parallel: true (written while --vocab-parallel split the
+    head alone) reads as "head", false as "none"; anything else as it is."""
+    return {True: "head", False: "none"}[value] if isinstance(value, bool) else value
 
 
 # fields no compile flag sets: the profile's name (--hw names the profile, which fills
@@ -132,7 +161,9 @@ def _check_options(o: CompileOptions) -> None:
         problems.append(f"--grad-accum must be one of {', '.join(GRAD_ACCUMULATION)}")
     elif o.grad_accum == "scatter" and o.zero < 2:
         problems.append("--grad-accum scatter reduce-scatters shards: it needs --zero 2 or 3")
-    if o.vocab_parallel and (o.pp < 2 or o.zero == 3):
+    if o.vocab_parallel not in VOCAB_PARALLEL:
+        problems.append(f"--vocab-parallel must be one of {', '.join(VOCAB_PARALLEL)}")
+    elif o.splits_head and (o.pp < 2 or o.zero == 3):
         problems.append("--vocab-parallel spreads the LM head over the pipeline stages: it "
                         "needs --pp 2 or more and --zero 0, 1 or 2")
     if o.stage_speeds is not None and len(o.stage_speeds) != o.pp:

@@ -20,6 +20,7 @@ from ratrain.optim import AdamW, LossScaler
 from ratrain.program_format.call_ops import CallOp, registered
 from ratrain.program_format.lowered import rollback_only
 from ratrain.program_format.shards import shard_bounds
+from ratrain.rt.embed_calls import EMBED_CALLS
 from ratrain.rt.vocab_calls import VOCAB_CALLS, tie_sum_rows
 
 
@@ -73,7 +74,8 @@ class Transport(Protocol):
                   into: np.ndarray | None = None) -> None: ...
     def world_sum(self, st: RankState, call, value: float) -> float: ...
     def tie_sum(self, st: RankState, call, value: np.ndarray) -> None: ...
-    # over the replica's pipeline group (NOTE [vocabulary-parallel head]), non-blocking:
+    # over the replica's pipeline group (NOTE [vocabulary-parallel head]), non-blocking;
+    # a reduce's target (`into`, on the root) is the call's last output:
     def pipe_broadcast(self, st: RankState, call, value, root: int) -> None: ...
     def pipe_allgather(self, st: RankState, call, part, out: np.ndarray) -> None: ...
     def pipe_reduce(self, st: RankState, call, value, root: int, into) -> None: ...
@@ -474,6 +476,7 @@ CALLS = registered({
     CallOp.REDO_UPDATE: _redo_update, CallOp.PREFETCH_VIEW: _prefetch_view,
     CallOp.GATHER_VIEW: _gather_view,
     **VOCAB_CALLS,  # NOTE [vocabulary-parallel head]
+    **EMBED_CALLS,  # NOTE [vocabulary-parallel embedding]
 }, "rt/calls.py CALLS")
 
 

@@ -38,9 +38,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # for memory by its first save). Rank 0 then writes the index, config.json, the tokenizer
 # files and trainer_state.json and renames the staging directory into place. A tied
 # weight is written by the stage of its first layer only (NOTE [tied weights]). The row
-# shards of a vocabulary-parallel head are gathered over the pipeline group onto stage 0,
-# which writes the whole weight (NOTE [vocabulary-parallel head]): the checkpoint is the
-# unsplit run's; stage 0 holds that weight's master and moments whole while it writes.
+# shards of a vocabulary-parallel head (and embedding) are gathered over the pipeline
+# group onto stage 0, which writes each whole weight (NOTE [vocabulary-parallel head],
+# NOTE [vocabulary-parallel embedding]): the checkpoint is the unsplit run's; stage 0
+# holds each weight's master and moments whole while it writes it.
 
 
 def shard_file(kind: str, stage: int, stages: int) -> str:
@@ -52,8 +53,8 @@ def shard_file(kind: str, stage: int, stages: int) -> str:
 def stage_tensors(program, stage: int) -> list[tuple[int, str, tuple, int]]:
     """(layer, HF name, shape, offset in the layer's flat state) of every tensor the stage
     writes, in model order: each tied weight only at its first layer; a weight split in
-    row shards (NOTE [vocabulary-parallel head]) whole, by the stage of its first rows,
-    unless a layer binds it whole."""
+    row shards (NOTE [vocabulary-parallel head]) whole, by the stage of its first rows
+    (at the first layer binding them), unless a layer binds it whole."""
     owner: dict[str, int] = {}
     for layer in range(program.num_layers):
         for name, _ in program.layer_params(layer):
@@ -65,7 +66,8 @@ def stage_tensors(program, stage: int) -> list[tuple[int, str, tuple, int]]:
             shard = parse_shard(name)
             if shard is None and owner[name] == layer:
                 out.append((layer, name, tuple(shape), offset))
-            elif shard is not None and shard[1] == 0 and shard[0] not in owner:
+            elif shard is not None and shard[1] == 0 and shard[0] not in owner and \
+                    owner[name] == layer:  # tied shards (NOTE [vocabulary-parallel embedding])
                 rows = int(program.graph.config["vocab_size"])
                 out.append((layer, shard[0], (rows, *shape[1:]), offset))
             offset += math.prod(shape)

@@ -357,7 +357,8 @@ class RankExecutor:
 
     # See NOTE [vocabulary-parallel head]: non-blocking over the replica's pipeline group,
     # completed by the hazard rule (a stage's reduce part, which touches no arena byte,
-    # at the step's end with the sends)
+    # at the step's end with the sends); the embedding's the same way (NOTE
+    # [vocabulary-parallel embedding])
 
     def pipe_broadcast(self, st: RankState, call, value, root: int) -> None:
         self.in_flight.append(comm.start_hidden_broadcast(self.comms, value, root,
@@ -368,6 +369,6 @@ class RankExecutor:
                                                          self._ranges(call.outputs)))
 
     def pipe_reduce(self, st: RankState, call, value, root: int, into) -> None:
-        ranges = self._ranges(call.outputs[1:]) if into is not None else ()
+        ranges = self._ranges(call.outputs[-1:]) if into is not None else ()
         op = comm.start_hidden_grad_reduce(self.comms, value, root, into, ranges)
         (self.in_flight if into is not None else self.sends).append(op)

@@ -31,6 +31,7 @@ from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
 from ratrain.sim.kernels import cold_profile, op_speed_factor, traced_seconds, whole_node_key
 from ratrain.sim.residency import cold_fractions
 from ratrain.sim.task_seconds import KernelTables
+from ratrain.sim.embed_steps import EMBED_STEPS, waits_for_lookups
 from ratrain.sim.vocab_steps import VOCAB_STEPS, waits_for_hidden_grad
 from ratrain.sim.steps import (Compute, Post, Recv, Send, Start, Step, TieSum, Touch,
                                WorldSum, posted_receive, send_channel)
@@ -151,6 +152,7 @@ class ProfileCosts:
     def _task_steps(self, task):
         speed, cursor, touched = self.speeds[task.stage], {}, set()
         yield from waits_for_hidden_grad(self, task)  # NOTE [shard messages]
+        yield from waits_for_lookups(self, task)  # NOTE [embedding messages]
         overhead = self.profile.traced.get("call_overhead")
         if overhead:  # NOTE [traced rows] 4 (calibrate/from_trace.py)
             runs = sum(not rollback_only(c) for c in self._calls[task.stage][task])
@@ -445,4 +447,5 @@ CHARGES = registered({
     CallOp.PREFETCH_VIEW: _prefetch_view,
     CallOp.GATHER_VIEW: _gather_view,
     **VOCAB_STEPS,  # NOTE [vocabulary-parallel head]
+    **EMBED_STEPS,  # NOTE [vocabulary-parallel embedding]
 }, "sim/calls.py CHARGES")

@@ -20,7 +20,7 @@ import numpy as np
 from ratrain.ir.tasks import Kind, Task
 from ratrain.passes.layer_buffers import (gathers_in_place, layer_param_count, message_bytes,
                                           shard_elements)
-from ratrain.passes.insert_tied_sum import tie_stages, tied_weights
+from ratrain.passes.insert_tied_sum import tied_weights, weight_stages
 from ratrain.program_format.call_ops import CallOp
 from ratrain.hw.profiles import Profile
 from ratrain.hw.topology import dp_group_nodes, node_of, node_of_rank
@@ -367,10 +367,11 @@ class TaskCosts:
 def _tie_seconds(program, profile: dict, stage: int) -> float:
     """See NOTE [tied weights]: per tied weight, add the stage's copies of its gradient and
     all-reduce the sum over the tie stages (one tie_sum call each, passes/lower_state.py)."""
-    seconds, members = 0.0, len(tie_stages(program))
+    seconds = 0.0
     for w in tied_weights(program):
         copies = sum(program.stage_of_layer(l) == stage for l in w.layers)
         nbytes = 4 * program.graph.param_types()[w.name].size
+        members = len(weight_stages(program, w))
         if copies:
             seconds += tie_local_bytes(copies, nbytes) / Profile.of(profile).ddr_bandwidth + \
                 tie_sum_seconds(profile, nbytes, members)

@@ -8,34 +8,35 @@ runs) ask the same sums before lowering, through Program.cost_model (costs.task_
 from __future__ import annotations
 
 from ratrain.ir.tasks import Kind, Task
-from ratrain.ir.vocab import stage_vocab_layer
+from ratrain.ir.vocab import stage_embed_layer, stage_vocab_layer
 from ratrain.passes.layer_buffers import is_split, recovers_in_backward
 from ratrain.passes.residuals import rebuild_node_indices
 from ratrain.sim.kernels import graph_seconds
 
-COMPUTE_KINDS = (Kind.F, Kind.B, Kind.BL, Kind.W, Kind.REC, Kind.S, Kind.T)
+COMPUTE_KINDS = (Kind.F, Kind.B, Kind.BL, Kind.W, Kind.REC, Kind.S, Kind.T, Kind.E, Kind.G)
 
 
-# NOTE [a compute task's seconds]: a compute task costs the sum of the seconds of the graph
-# nodes its lowered IR calls run (passes/lower.py), each node kernels.node_seconds on the
-# rank's profile (kernels.rank_profile) over its stage's speed: F every forward node of
-# the stage's layers; B (BL: one layer of it) every node of each layer's backward, or
-# under zb1 of its input part, and under backward-time recovery first the forward nodes
+# NOTE [a compute task's seconds]: a compute task costs the sum of the seconds of the
+# graph nodes its lowered IR calls run (passes/lower.py), each node kernels.node_seconds
+# on the rank's profile (kernels.rank_profile) over its stage's speed: F every forward
+# node of the stage's layers; B (BL: one layer of it) every node of each layer's backward,
+# or under zb1 of its input part, and under backward-time recovery first the forward nodes
 # that rebuild the layer (residuals.rebuild_node_indices); W[L] the weight part of L's
 # backward (a split node its share of the whole one, kernels.graph_seconds); REC the
 # rebuilding nodes; S and T the forward and backward of the stage's shard of a
 # vocabulary-parallel head (see NOTE [vocabulary-parallel head]: the fused cross-entropy's
-# kernels on the shard's rows). The simulator charges those calls from the same tables
-# (KernelTables), so for every compute task the passes' cost is the sum of
-# ProfileCosts.call_charges over its IR calls on a profile without cold costs (tested,
-# tests/sim/test_task_seconds.py). What the passes cannot know before lowering and
-# memory planning stays the simulator's alone: (1) the runtime calls a compute task also
-# makes (load_ids, the input copy, the loss cotangent's fill, accumulate_grad, W operand
-# copies: DDR bytes of arena slots); (2) the cold part of a call's cost, which needs the
-# arena's offsets (NOTE [cache residency]); (3) a traced profile's per-call overhead
-# (NOTE [traced rows] 4); (4) the kernel slowdown while transfers run (NOTE [kernels
-# beside collectives]). The passes compare schedules and placements of the same kernels,
-# which these leave in the same order.
+# kernels on the shard's rows), E and G those of its shard of the embedding (see NOTE
+# [vocabulary-parallel embedding]: the embedding's kernels on the shard's rows). The
+# simulator charges those calls from the same tables (KernelTables), so for every compute
+# task the passes' cost is the sum of ProfileCosts.call_charges over its IR calls on a
+# profile without cold costs (tested, tests/sim/test_task_seconds.py). What the passes
+# cannot know before lowering and memory planning stays the simulator's alone: (1) the
+# runtime calls a compute task also makes (load_ids, the input copy, the loss cotangent's
+# fill, accumulate_grad, W operand copies: DDR bytes of arena slots); (2) the cold part of
+# a call's cost, which needs the arena's offsets (NOTE [cache residency]); (3) a traced
+# profile's per-call overhead (NOTE [traced rows] 4); (4) the kernel slowdown while
+# transfers run (NOTE [kernels beside collectives]). The passes compare schedules and
+# placements of the same kernels, which these leave in the same order.
 
 class KernelTables:
     """Seconds of every node of each layer kind's graphs in `direction` (fwd, bwd,
@@ -100,6 +101,10 @@ class TaskSeconds:
         if task.kind in (Kind.S, Kind.T):  # the stage's shard's cross-entropy, forward or
             # backward (NOTE [vocabulary-parallel head])
             return t.layer(stage_vocab_layer(p, task.stage), "fwd" if task.kind == Kind.S
+                           else "bwd")
+        if task.kind in (Kind.E, Kind.G):  # the stage's shard's embedding lookup or its
+            # backward (NOTE [vocabulary-parallel embedding])
+            return t.layer(stage_embed_layer(p, task.stage), "fwd" if task.kind == Kind.E
                            else "bwd")
         raise ValueError(f"{task}: not a compute task ({', '.join(map(str, COMPUTE_KINDS))})")
 

@@ -45,7 +45,8 @@ def test_json_rows_carry_exactly_the_documented_fields(record):
         assert (row["step_time_s"] is None) == (row["reason"] is not None)
         # a zb1 or vocabulary-parallel twin (NOTE [zb1 twins]) is simulated, never estimated
         assert (row["estimated_step_s"] is not None) == \
-            (row["feasible"] and row["pipeline_schedule"] == "1f1b" and not row["vocab_parallel"])
+            (row["feasible"] and row["pipeline_schedule"] == "1f1b"
+             and row["vocab_parallel"] == "none")
     infeasible = [r for r in rows if not r["feasible"]]
     assert infeasible and all(r["reason"] for r in infeasible)
 

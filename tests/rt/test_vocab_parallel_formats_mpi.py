@@ -1,7 +1,8 @@
 """The vocabulary-parallel head (NOTE [vocabulary-parallel head], ir/vocab.py) in the 16-bit
 formats, with Baichuan2's NormHead and in evaluation, under MPI: bf16 and fp16 programs
-and a NormHead model compiled with --vocab-parallel train to the losses of the same
-program without it, a run's held-out
+and a NormHead model compiled with --vocab-parallel (both: the embedding's rows split too,
+NOTE [vocabulary-parallel embedding]) train to the losses of the same program without it,
+a run's held-out
 loss is the unsplit run's, and its checkpoint loads in transformers, which scores it as
 ratrain does. Until 2026-11-28 a bf16 one died at its first S ("h: expected
 float16, float32 or uint16 (bf16 bits), got bfloat16"), and with the arrays passed as bits

@@ -1,8 +1,10 @@
-"""The vocabulary-parallel head under MPI (NOTE [vocabulary-parallel head], ir/vocab.py):
-programs compiled with --vocab-parallel train to the losses of the same program without
-it within 1e-6 relative at every one of 30 steps (fp32; pp 2 and pp 4, 1f1b and zb1,
-untied and tied embeddings), and save the checkpoint the unsplit run saves (the head's
-rows gathered), which resumes and which transformers loads as the unsplit one."""
+"""The vocabulary-parallel head and embedding under MPI (NOTE [vocabulary-parallel head],
+NOTE [vocabulary-parallel embedding], ir/vocab.py): programs compiled with
+--vocab-parallel (both: the head's and the embedding's rows; head: the head's alone)
+train to the losses of the same program without it within 1e-6 relative at every one of
+30 steps (fp32; pp 2 and pp 4, 1f1b and zb1, untied and tied embeddings), and save the
+checkpoint the unsplit run saves (the rows gathered), which resumes and which
+transformers loads as the unsplit one."""
 import numpy as np
 import pytest
 
@@ -19,31 +21,40 @@ T, M, B, STEPS = 16, 4, 2, 30
 # tolerance (with 1e-6, tied pp 2 reached 1.3e-6 relative at step 25 of 30)
 HYPER = ["--lr", "0.01", "--lr-schedule", "constant", "--eps", "1e-3", "--weight-decay", "0.1",
          "--seed", "3", "--no-shuffle"]
-TIED = models.fill_defaults(dict(CONFIG, tie_word_embeddings=True))
+# three decoders: under --vocab-parallel both the embedding leaves the pipeline, whose
+# layers (the decoders and the final norm) pp 4 needs four of
+UNTIED = models.fill_defaults(dict(CONFIG, num_hidden_layers=3))
+TIED = models.fill_defaults(dict(UNTIED, tie_word_embeddings=True))
 
-CASES = {  # name -> (pp, pipeline schedule, tied)
-    "pp2-1f1b": (2, "1f1b", False),
-    "pp2-zb1": (2, "zb1", False),
-    "pp4-1f1b": (4, "1f1b", False),
-    "pp4-zb1": (4, "zb1", False),
-    "tied-pp2-1f1b": (2, "1f1b", True),
-    "tied-pp4-zb1": (4, "zb1", True),
+CASES = {  # name -> (pp, pipeline schedule, tied, --vocab-parallel)
+    "pp2-1f1b": (2, "1f1b", False, "both"),
+    "pp2-zb1": (2, "zb1", False, "both"),
+    "pp4-1f1b": (4, "1f1b", False, "both"),
+    "pp4-zb1": (4, "zb1", False, "both"),
+    "tied-pp2-1f1b": (2, "1f1b", True, "both"),
+    "tied-pp2-zb1": (2, "zb1", True, "both"),
+    "tied-pp4-1f1b": (4, "1f1b", True, "both"),
+    "tied-pp4-zb1": (4, "zb1", True, "both"),
+    "head-pp2-zb1": (2, "zb1", False, "head"),
+    "head-tied-pp4-zb1": (4, "zb1", True, "head"),
 }
 
 
 @pytest.fixture(scope="module")
 def workdirs(tmp_path_factory):
     return {tied: write_workdir(tmp_path_factory.mktemp("vocab-tied" if tied else "vocab"),
-                                TIED if tied else CONFIG, 64, T) for tied in (False, True)}
+                                TIED if tied else UNTIED, 64, T) for tied in (False, True)}
 
 
-def compile_program(workdir, name: str, pp: int, schedule: str, vocab: bool):
-    out = workdir / f"{name}-{'vocab' if vocab else 'whole'}"
+def compile_program(workdir, name: str, pp: int, schedule: str, vocab: str):
+    """`vocab`: none, head, or both (given as the bare flag, which means both)."""
+    out = workdir / f"{name}-{vocab}"
+    flag = {"none": [], "head": ["--vocab-parallel", "head"], "both": ["--vocab-parallel"]}
     assert ratrain_main(["compile", str(workdir / "config.json"), "--seq-len", str(T),
                          "--pp", str(pp), "--micro-batches", str(M), "--micro-batch-size",
                          str(B), "--recompute", "none", "--precision", "fp32",
                          "--pipeline-schedule", schedule, "-o", str(out)]
-                        + (["--vocab-parallel"] if vocab else [])) == 0
+                        + flag[vocab]) == 0
     return out
 
 
@@ -57,12 +68,27 @@ def train(workdir, program, ranks: int, steps: int = STEPS, *args):
     return [r["loss"] for r in read_metrics(metrics)], weights
 
 
+@pytest.fixture(scope="module")
+def trained(workdirs):
+    """(pp, schedule, tied, --vocab-parallel) -> that program's (losses, weights), each
+    run once for the tests of this module."""
+    runs = {}
+
+    def run(pp: int, schedule: str, tied: bool, vocab: str):
+        key = (pp, schedule, tied, vocab)
+        if key not in runs:
+            workdir, name = workdirs[tied], f"{'tied-' if tied else ''}pp{pp}-{schedule}"
+            runs[key] = train(workdir, compile_program(workdir, name, pp, schedule, vocab),
+                              pp)
+        return runs[key]
+    return run
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_vocab_parallel_losses_match_the_unsplit_program(workdirs, name):
-    pp, schedule, tied = CASES[name]
-    workdir = workdirs[tied]
-    split, split_weights = train(workdir, compile_program(workdir, name, pp, schedule, True), pp)
-    whole, whole_weights = train(workdir, compile_program(workdir, name, pp, schedule, False), pp)
+def test_vocab_parallel_losses_match_the_unsplit_program(trained, name):
+    pp, schedule, tied, vocab = CASES[name]
+    split, split_weights = trained(pp, schedule, tied, vocab)
+    whole, whole_weights = trained(pp, schedule, tied, "none")
     assert len(split) == len(whole) == STEPS
     np.testing.assert_allclose(split, whole, rtol=1e-6)
     assert split_weights.keys() == whole_weights.keys()   # the head gathered whole
@@ -71,11 +97,26 @@ def test_vocab_parallel_losses_match_the_unsplit_program(workdirs, name):
                                    atol=1e-5, err_msg=key)
 
 
+@pytest.mark.parametrize("pp,schedule,tied", [(2, "zb1", False), (4, "zb1", True)])
+def test_the_embedding_split_changes_no_bit_of_the_head_split(trained, pp, schedule, tied):
+    """See NOTE [vocabulary-parallel embedding]: the lookups' sum adds zeros to each row, and
+    each row's gradient takes the unsplit embedding's additions in its order (the same
+    kernel, on the shard's tokens), so --vocab-parallel both trains to the bits of
+    --vocab-parallel head: every loss, and the final weights."""
+    both, both_weights = trained(pp, schedule, tied, "both")
+    head, head_weights = trained(pp, schedule, tied, "head")
+    assert both == head
+    assert both_weights.keys() == head_weights.keys()
+    for key in head_weights:
+        np.testing.assert_array_equal(both_weights[key], head_weights[key], err_msg=key)
+
+
 def test_vocab_parallel_resumes_bit_identically_from_the_unsplit_checkpoint(workdirs):
     """pp 2 x dp 2 (ZeRO 1: the shards' state gathered over DP, then their rows over the
-    pipeline): 4 steps, then 4 more resumed from its checkpoint, are the uninterrupted
-    run's 8 bit for bit; the checkpoint holds the plain program's files and tensors (the
-    LM head whole, with its moments), and the final ones are the same bytes."""
+    pipeline) with --vocab-parallel (both): 4 steps, then 4 more resumed from its
+    checkpoint, are the uninterrupted run's 8 bit for bit; the checkpoint holds the plain
+    program's files and tensors (the LM head and the embedding whole, with their
+    moments), and the final ones are the same bytes."""
     workdir = workdirs[False]
     program = workdir / "resume-vocab"
     assert ratrain_main(["compile", str(workdir / "config.json"), "--seq-len", str(T),
@@ -101,5 +142,5 @@ def test_vocab_parallel_resumes_bit_identically_from_the_unsplit_checkpoint(work
         "model.safetensors.index.json", "optimizer-00001-of-00002.safetensors",
         "optimizer-00002-of-00002.safetensors", "trainer_state.json"]
     _, weights = models.load_pretrained(checkpoint)
-    assert {k: v.shape for k, v in weights.items()} == models.param_shapes(CONFIG)
+    assert {k: v.shape for k, v in weights.items()} == models.param_shapes(UNTIED)
     assert_same_checkpoint(whole_dir / "step-000008", resumed_dir / "step-000008")

@@ -116,21 +116,27 @@ def test_the_partition_balances_the_simulators_forward_and_backward():
             pytest.approx(charged, rel=1e-12)
 
 
-def test_s_and_t_weigh_the_charges_of_their_shard_calls():
-    """See NOTE [vocabulary-parallel head]: a stage's S and T cost what the simulator charges
-    its vocab_stats and vocab_grad, the shard's cross-entropy forward and backward."""
+CHARGED = {Kind.S: "vocab_stats", Kind.T: "vocab_grad", Kind.E: "embed_rows",
+           Kind.G: "embed_grad"}
+
+
+def test_s_t_e_and_g_weigh_the_charges_of_their_shard_calls():
+    """See NOTE [vocabulary-parallel head] and see NOTE [vocabulary-parallel embedding]: a
+    stage's S and T cost what the simulator charges its vocab_stats and vocab_grad, the
+    shard's cross-entropy forward and backward; its E and G what it charges embed_rows
+    and embed_grad, the shard's embedding forward and backward."""
     from ratrain.passes.pipeline import run_pipeline
     from ratrain.passes.program import Program
     from ratrain.sim.costs import bound_cost_model
-    options = _options(vocab_parallel=True)
+    options = _options(vocab_parallel="both")
     graph = trace_for(models.get_config("tiny"), "tiny", options)
     program = run_pipeline(Program(graph, options, cost_model=bound_cost_model(CPU)))[0]
     model, costs = program.cost_model(program), ProfileCosts(program, rank_profile(CPU, 2))
-    tasks = [t for ts in program.tasks.values() for t in ts if t.kind in (Kind.S, Kind.T)]
-    assert len(tasks) == 2 * 2 * 4       # one S and one T per stage and micro-batch
+    tasks = [t for ts in program.tasks.values() for t in ts if t.kind in CHARGED]
+    assert len(tasks) == 4 * 2 * 4       # one S, T, E and G per stage and micro-batch
     for task in tasks:
         lowered = next(lt.calls for lt in program.lowered[task.stage] if lt.task == task)
         charged = [seconds for call, (seconds, _, _) in zip(lowered, costs.call_charges(task))
-                   if call.op in ("vocab_stats", "vocab_grad")]
+                   if call.op == CHARGED[task.kind]]
         assert len(charged) == 1 and model(task) == pytest.approx(charged[0], rel=1e-12), task
         assert model(task) > 0
