@@ -2,7 +2,6 @@
 (m, v) and undo.L (master, m, v copies) never start a multiple of 1 MiB apart, so AdamW
 does not stream them at the stride that runs several times slower; other sizes keep their
 aligned layout."""
-import json
 
 from ratrain import models
 from ratrain.compiler import compile_graph, resolve_options, trace_for
