@@ -3,8 +3,8 @@ NOTE [vocabulary-parallel embedding], ir/vocab.py): programs compiled with
 --vocab-parallel (both: the head's and the embedding's rows; head: the head's alone)
 train to the losses of the same program without it within 1e-6 relative at every one of
 30 steps (fp32; pp 2 and pp 4, 1f1b and zb1, untied and tied embeddings), and save the
-checkpoint the unsplit run saves (the rows gathered), which resumes and which
-transformers loads as the unsplit one."""
+checkpoint the unsplit run saves (the rows gathered), which resumes; that transformers
+loads it and scores it as ratrain does is tests/rt/test_vocab_parallel_formats_mpi.py's."""
 import numpy as np
 import pytest
 
