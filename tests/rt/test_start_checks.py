@@ -140,7 +140,9 @@ def test_weights_cut_short_are_refused_before_anything_is_written(workdir, tmp_p
 
 def assert_refused_writing_nothing(workdir, tmp_path, args, message, whole=False):
     """One `ratrain: error:` line starting with `message` (being it, if `whole`), exit 2,
-    no MPI job, and neither the run directory nor a token cache."""
+    no MPI job, and neither the run directory nor a token cache nor a record of the
+    program as checked; the cache may hold the modules built from the program's checked
+    code (NOTE [build beside the check]), keyed by their source as any later run's."""
     before = sorted(p.name for p in workdir.iterdir())
     out = ["--out", tmp_path / "run"] if args[0] == "train" else \
         ["--save-dir", tmp_path / "run", "--metrics", tmp_path / "run" / "m.jsonl"]
@@ -151,7 +153,12 @@ def assert_refused_writing_nothing(workdir, tmp_path, args, message, whole=False
     if whole:
         assert result.stderr.splitlines() == [f"ratrain: error: {message}"]
     assert "Traceback" not in result.stderr and "mpiexec" not in result.stdout
-    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+    assert not (tmp_path / "run").exists()
+    cache = tmp_path / "cache"
+    written = [p.relative_to(cache) for p in cache.rglob("*") if p.is_file()] \
+        if cache.exists() else []
+    assert all(p.parts[0] == "build" and p.parts[1] != "verified" and p.suffix in
+               (".so", ".lock") for p in written), written
     assert sorted(p.name for p in workdir.iterdir()) == before   # no token cache by the data
 
 
