@@ -158,13 +158,9 @@ def _write_files(root: Path, files: dict[str, str | bytes]) -> dict[str, str]:
 def _build_code(sources: dict[str, str]) -> None:
     """Build every distinct generated module into the user cache, two at a time: the
     program directory holds no built code (NOTE [a program directory is data])."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ratrain.program_format.build import BuildError, CacheError, build_module
-    distinct = sorted(set(sources.values()))
+    from ratrain.program_format.build import BuildError, CacheError, build_all
     try:
-        with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-            list(pool.map(build_module, distinct))
+        build_all(sources.values())
     except CacheError as e:
         raise UserError(str(e)) from None
     except BuildError as e:

@@ -127,21 +127,29 @@ def build_module(source: str, cancel: threading.Event | None = None) -> Path:
     return found
 
 
+def build_all(sources, cancel: threading.Event | None = None) -> None:
+    """Build the distinct `sources` into the user cache, two at a time (as the ranks of a
+    two-stage job would); the first BuildError (or CacheError) raised; `cancel`: see
+    _compile."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+        list(pool.map(lambda source: build_module(source, cancel), sorted(set(sources))))
+
+
 @contextmanager
 def built_beside(sources):
-    """Build the distinct `sources` in a thread while the body runs (NOTE [build beside
-    the check], cli/train.py); wait for them when it returns, cancel them (the compilers
+    """build_all(`sources`) in a thread while the body runs (NOTE [build beside the
+    check], cli/train.py); wait for it when the body returns, cancel it (the compilers
     killed, nothing cached) when it raises. A build that fails is left to the ranks,
     which build the same sources and say why."""
     cancel = threading.Event()
 
-    def build_all():
-        for source in sorted(set(sources)):
-            try:
-                build_module(source, cancel)
-            except BuildError:
-                return
-    thread = threading.Thread(target=build_all, name="ratrain-build", daemon=True)
+    def build():
+        try:
+            build_all(sources, cancel)
+        except BuildError:
+            pass
+    thread = threading.Thread(target=build, name="ratrain-build", daemon=True)
     thread.start()
     try:
         yield
