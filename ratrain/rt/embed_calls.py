@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ratrain import kernels
-from ratrain.rt.vocab_calls import _native, _params, _threads
+from ratrain.rt.vocab_calls import native_rows, _params, _threads
 
 
 def shard_tokens(ids: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
@@ -30,7 +30,8 @@ def _embed_rows(t, st, call) -> None:
     inside, rows = shard_tokens(ids, *params["rows"])
     part = np.zeros((ids.size, w.shape[-1]), np.float32)
     if inside.size:  # bf16: the kernel takes and gives the uint16 bits
-        part[inside] = kernels.embedding_fwd(rows, _native(w), threads=_threads()).view(w.dtype)
+        looked_up = kernels.embedding_fwd(rows, native_rows(w), threads=_threads())
+        part[inside] = looked_up.view(w.dtype)
     into = st.view(call.outputs[0]) if call.outputs else None
     t.pipe_reduce(st, call, part.reshape(ids.shape + w.shape[-1:]), params["root"], into)
 
@@ -52,7 +53,7 @@ def _embed_grad(t, st, call) -> None:
         grad[...] = 0
     inside, rows = shard_tokens(ids, *params["rows"])
     if inside.size:
-        kernels.embedding_bwd(_native(dh)[inside], rows, grad.shape[0], dtable=grad,
+        kernels.embedding_bwd(native_rows(dh)[inside], rows, grad.shape[0], dtable=grad,
                               threads=_threads())
 
 

@@ -37,7 +37,7 @@ def _rows(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1, x.shape[-1])
 
 
-def _native(x: np.ndarray) -> np.ndarray:
+def native_rows(x: np.ndarray) -> np.ndarray:
     """`x` 2-D as the native kernels take it: bf16 as the uint16 of its bits (numpy has
     no bfloat16; the arena's bf16 slots are ml_dtypes arrays)."""
     x = _rows(x)
@@ -84,8 +84,8 @@ def _vocab_stats(t, st, call) -> None:
     params = _params(call)
     w, _ = _head_rows(w, bool(params.get("norm_head")))
     local = shard_targets(targets, *params["rows"])
-    _, lse = kernels.cross_entropy_fwd(_native(hn), _native(w), local, chunk=CE_CHUNK,
-                                       threads=_threads())
+    _, lse = kernels.cross_entropy_fwd(native_rows(hn), native_rows(w), local,
+                                       chunk=CE_CHUNK, threads=_threads())
     mine = np.stack([lse, target_logits(hn, w, local)]).astype(np.float32)
     t.pipe_allgather(st, call, mine, st.view(call.outputs[0]))
 
@@ -122,7 +122,7 @@ def _vocab_grad(t, st, call) -> None:
         grad[...] = 0
     w, r = _head_rows(w, bool(params.get("norm_head")))  # NOTE [NormHead shards]
     dw = grad if r is None else np.zeros(grad.shape, np.float32)
-    dh, _ = kernels.cross_entropy_bwd(_native(hn), _native(w),
+    dh, _ = kernels.cross_entropy_bwd(native_rows(hn), native_rows(w),
                                       shard_targets(targets, *params["rows"]), lse,
                                       per_token, dw=dw, chunk=CE_CHUNK, threads=_threads())
     if r is not None:
