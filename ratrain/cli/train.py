@@ -99,9 +99,8 @@ def check_program(program: Path, ranks: int | None, trust: bool) -> tuple[dict, 
 # tables render (the same sources the ranks would build, from tables already checked in
 # form, two at a time as `compile --build` does: one at a time, a pp 2 cold run cost 8.3-
 # 8.7 s more than a warm one, against 4.4 s) in a thread while the compile runs, and
-# kills the compilers if the directory is
-# refused, so a refused directory leaves nothing in the cache and is refused as soon as
-# before. A build is keyed by its source, so the ranks then find it built; a start refused
+# kills the compilers if the directory is refused, so a refused directory leaves nothing
+# in the cache and is refused as soon as before. A build is keyed by its source, so the ranks then find it built; a start refused
 # after the check (bad weights to start from) leaves those modules in the cache, as the
 # ranks' build would have, and nothing else (NOTE [a failed start is undone]).
 
