@@ -81,6 +81,19 @@ MIN_WAIT = 50e-6                        # a UPD whose every replica waited longe
 #    batches of 2 where the pp 4 x dp 4 traces ran 1: without it the traced profile
 #    charged those programs the microbenchmark's kernel times, 13-16% short. Ratios are
 #    against the profile `calibrate --from` is given, whose untraced rows they scale.
+# 6. The slowdown of kernels beside a collective (NOTE [kernels beside collectives],
+#    sim/engine.py) is measured where the run has it too: `ratrain calibrate` times a GEMM
+#    loop with all-reduces streaming beside it on every rank at once (1.78x on the 16-core
+#    node), but in the pp 4 x dp 4 1f1b traces of that node a stage's last backward, whose
+#    layers (BL) run while the all-reduces of the layers before them move, ran 1.05x the
+#    time per charged second of its other backwards (B, nothing in flight), and the pp 1
+#    x dp 16 ZeRO 1 backward, all-reduces beside every layer but the first, no slower than
+#    ZeRO 2's. So where a rank ran both, the median ratio (1.) of its BL steps that began
+#    with one of its SYNCs posted and not yet waited for (UPD), over the median of its B
+#    steps that began with none, is one sample; the median over ranks is the traced
+#    `kernel_slowdown_beside`, which the simulator prefers to the microbenchmark's (hw/
+#    topology.node_of). It is a whole task's slowdown, the collective moving for part of
+#    it, so it charges the simulated slowdown no more than the run had.
 
 
 @dataclass(frozen=True)
@@ -126,6 +139,7 @@ class Samples:
     lowered_calls: int = 0              # lowered calls the traced steps ran
     ratios: dict = None                 # (precision, op) -> run / charged, a sample per
                                         # call run (NOTE [traced rows] 5)
+    beside: list = None                 # a slowdown sample per rank (NOTE [traced rows] 6)
 
 
 def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Samples:
@@ -147,10 +161,13 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
     ratios: dict[tuple, list[float]] = defaultdict(list)
     charges: dict = {}
     drifts: list = []
+    beside: list = []
     overhead, lowered = 0.0, 0
     for path in sorted(run.trace.glob("trace-rank*.json")):
         events = _events(path)
+        backwards = _Backwards()
         for event in events:
+            backwards.see(event)
             if event["args"].get("step", 0) <= skip or "calls" not in event["args"]:
                 continue
             stage = program.coords(event["pid"])[0]
@@ -162,11 +179,43 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
                 charges[task] = costs.call_charges(task)
             steps = event["args"]["calls"]
             _add_samples(samples, ratios, charges[task], steps)
+            backwards.add(task, steps, charges[task])
             overhead += (event["dur"] - sum(s[2] + s[3] for s in steps)) * 1e-6
             lowered += sum(s[1] for s in steps)
         drifts += _drift_samples(events, program, skip)
+        beside += backwards.slowdown()
     return Samples(samples, drifts, program.options.world_size, program.options.dp,
-                   overhead, lowered, ratios)
+                   overhead, lowered, ratios, beside)
+
+
+class _Backwards:
+    """One rank's backward steps, run over charged, apart by whether one of its DP
+    collectives was in flight when they began (NOTE [traced rows] 6)."""
+
+    def __init__(self):
+        self.posted: set = set()          # layers whose SYNC has posted, no UPD yet
+        self.ratios = {True: [], False: []}
+
+    def see(self, event: dict) -> None:
+        """Follow the rank's posts and waits: call with every event, in order."""
+        task = _parsed(event["name"])
+        if task.kind == Kind.SYNC:
+            self.posted.add(task.layer)
+        elif task.kind == Kind.UPD:
+            self.posted.discard(task.layer)
+
+    def add(self, task, steps: list, charges: list) -> None:
+        charged = sum(seconds for seconds, _, _ in charges)
+        if task.kind in (Kind.B, Kind.BL) and charged > 0:
+            beside = bool(self.posted)
+            if (task.kind == Kind.BL) == beside:  # BL beside against B alone only
+                self.ratios[beside].append(sum(s[3] for s in steps) * 1e-6 / charged)
+
+    def slowdown(self) -> list[float]:
+        """[this rank's sample], or [] where it ran only one of the two."""
+        if not (self.ratios[True] and self.ratios[False]):
+            return []
+        return [statistics.median(self.ratios[True]) / statistics.median(self.ratios[False])]
 
 
 def _drift_samples(events: list, program, skip: int) -> list:
@@ -252,6 +301,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
     spreads: dict = defaultdict(list)
     overheads: dict = defaultdict(lambda: [0.0, 0])
     speeds: dict = defaultdict(lambda: defaultdict(list))
+    slowdowns: dict = defaultdict(list)
     for run in runs:
         progress(f"reading {run.trace} (the traces of {run.program})")
         samples = call_samples(run, profile, skip)
@@ -263,6 +313,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
         overheads[entry][1] += samples.lowered_calls
         for op, values in samples.ratios.items():
             speeds[entry][key_text(op)].extend(values)
+        slowdowns[entry] += samples.beside
     out = json.loads(json.dumps(dict(profile)))
     source = {"programs": [str(r.program) for r in runs], "traces": [str(r.trace) for r in runs],
               "date": datetime.date.today().isoformat(), "machine": platform.node()}
@@ -277,6 +328,9 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
             traced["call_overhead"] = [float(f"{max(seconds, 0.0) / calls:.4g}"), calls]
         traced["op_speed"] = {op: [float(f"{statistics.median(values):.4g}"), len(values)]
                               for op, values in sorted(speeds[entry].items())}
+        if slowdowns[entry]:  # NOTE [traced rows] 6
+            traced["kernel_slowdown_beside"] = [
+                float(f"{statistics.median(slowdowns[entry]):.4g}"), len(slowdowns[entry])]
         if spreads[entry]:  # NOTE [arrival drift]
             traced["arrival_drift"] = [float(f"{statistics.median(spreads[entry]):.4g}"),
                                        len(spreads[entry])]

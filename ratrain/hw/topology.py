@@ -59,8 +59,16 @@ def node_of(profile: Profile | Mapping) -> Node:
         link_bandwidth=float(profile.link_bandwidth),
         link_latency=float(profile.link_latency),
         progress_share=float(profile.collective_progress_share),
-        kernel_slowdown=float(profile.node_collectives.get("kernel_slowdown_beside", 1.0)),
+        kernel_slowdown=_kernel_slowdown(profile),
         collective_rows=tuple(tuple(row) for row in profile.node_collectives.get("rows", ())))
+
+
+def _kernel_slowdown(profile: Profile) -> float:
+    """How much longer kernels take beside a collective: what a traced run measured
+    (NOTE [traced rows] 6, calibrate/from_trace.py), else what calibrate's probe did."""
+    traced = profile.traced.get("kernel_slowdown_beside")
+    return float(traced[0] if traced else
+                 profile.node_collectives.get("kernel_slowdown_beside", 1.0))
 
 
 @lru_cache(maxsize=4096)

@@ -103,7 +103,10 @@ class Signal:
 # 2-core machine of bench/predict.py, where a dp 2 ZeRO 3 step's forward and backward
 # ran 7-10% slower than their kernels' calibrated times). A Link therefore runs its
 # rank's compute as work at 1 / kernel_slowdown while a held channel moves beside it and
-# at full speed otherwise; a profile without the measurement slows nothing.
+# at full speed otherwise; a profile without the measurement slows nothing. A traced
+# profile's own slowdown, what a run's backwards took beside its collectives (NOTE [traced
+# rows] 6, calibrate/from_trace.py: 1.06 on the 16-core node, where the probe said 1.78),
+# replaces the probe's.
 
 
 class _Transfer:

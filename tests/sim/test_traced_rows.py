@@ -217,3 +217,35 @@ def test_the_arrival_drift_is_the_replicas_waits_at_a_steps_first_upd(programs, 
     assert all(math.isclose(s, 1e-3 / expected_largest_normal(2) / e, rel_tol=1e-6)
                for s, e in zip(samples, elapsed))
     assert drift_samples([(k, r, 0.0 if r else w, e) for k, r, w, e in rows], 2) == []
+
+
+def test_the_slowdown_beside_collectives_is_bl_beside_a_post_over_b_alone(programs, tmp_path):
+    """See NOTE [traced rows] 6: in dp 2 x 2 micro-batches each step runs B0 with nothing
+    in flight (1.0x its charge), then the last micro-batch's layers (BL): the first before
+    any SYNC has posted (2.0x, no sample), the others beside a posted all-reduce (1.3x).
+    The traced profile holds 1.3 from each rank, and the simulator's node takes it over
+    calibrate's probe (a profile without it keeps the probe's)."""
+    from ratrain.hw.topology import node_of
+    from ratrain.ir.tasks import Kind
+    path, program = programs["dp2"]
+    base = load_profile("cpu") | {"node_collectives": {"kernel_slowdown_beside": 1.8}}
+    charged = charges(program, base)
+    for replica in range(2):
+        rank, now, events, posted = program.rank(0, replica), 0.0, [], False
+        for step in range(1, 5):
+            for task in program.tasks[0]:
+                posted = (posted or task.kind == Kind.SYNC) and task.kind != Kind.UPD
+                factor = {Kind.B: 1.0, Kind.BL: 1.3 if posted else 2.0}.get(task.kind, 1.0)
+                calls = [[i, 1, 0.0, seconds * factor * 1e6]
+                         for i, (seconds, _, _) in enumerate(charged[task])]
+                events.append({"name": str(task), "ph": "X", "pid": rank, "tid": 0, "ts": now,
+                               "dur": 1.0, "args": {"step": step, "calls": calls}})
+                now += 1000.0
+            posted = False
+        (tmp_path / f"trace-rank{rank}.json").write_text(json.dumps({"traceEvents": events}))
+    traced = traced_profile(base, [TracedRun(tmp_path, path)])
+    narrowed = rank_profile(traced, program.options.world_size)
+    slowdown, ranks = narrowed.traced["kernel_slowdown_beside"]
+    assert math.isclose(slowdown, 1.3, rel_tol=1e-3) and ranks == 2
+    assert node_of(narrowed).kernel_slowdown == slowdown
+    assert node_of(rank_profile(base, program.options.world_size)).kernel_slowdown == 1.8
