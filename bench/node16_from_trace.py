@@ -66,10 +66,12 @@ def main():
         micro, traced = measured_dir / "profile.json", work / "traced.json"
         ratrain("calibrate", "--from", work / "traces" / args.source, "--program",
                 work / "programs" / args.source, "--hw", micro, "-o", traced)
-        drift = next(e["traced"].get("arrival_drift") for e in
-                     json.loads(traced.read_text())["threads"].values() if "traced" in e)
+        rows = next(e["traced"] for e in json.loads(traced.read_text())["threads"].values()
+                    if "traced" in e)
         print(f"# {measured_dir.name}: calibrated from {args.source}'s traces alone over the "
-              f"microbenchmark profile; arrival drift {drift}; error = simulated / measured - 1")
+              f"microbenchmark profile; arrival drift {rows.get('arrival_drift')}, kernels "
+              f"beside collectives {rows.get('kernel_slowdown_beside')} [value, samples]; "
+              "error = simulated / measured - 1")
         errors = []
         for name in sorted(steps, key=lambda n: n == args.source):
             program = work / "programs" / name
