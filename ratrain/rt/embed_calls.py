@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ratrain import kernels
-from ratrain.rt.vocab_calls import native_rows, _params, _threads
+from ratrain.rt.threads import kernel_threads
+from ratrain.rt.vocab_calls import native_rows
 
 
 def shard_tokens(ids: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
@@ -26,11 +27,11 @@ def _embed_rows(t, st, call) -> None:
     output (non-blocking: its F waits for it by the hazard rule). Every id is in one
     shard, so the sum adds zeros to its row: exact."""
     w, ids = (st.view(s) for s in call.inputs)
-    params = _params(call)
+    params = dict(call.params)
     inside, rows = shard_tokens(ids, *params["rows"])
     part = np.zeros((ids.size, w.shape[-1]), np.float32)
     if inside.size:  # bf16: the kernel takes and gives the uint16 bits
-        looked_up = kernels.embedding_fwd(rows, native_rows(w), threads=_threads())
+        looked_up = kernels.embedding_fwd(rows, native_rows(w), threads=kernel_threads())
         part[inside] = looked_up.view(w.dtype)
     into = st.view(call.outputs[0]) if call.outputs else None
     t.pipe_reduce(st, call, part.reshape(ids.shape + w.shape[-1:]), params["root"], into)
@@ -39,7 +40,7 @@ def _embed_rows(t, st, call) -> None:
 def _embed_output_grad(t, st, call) -> None:
     """Stage 0 broadcasts its output (gout.mb); the others receive into theirs
     (non-blocking: embed_grad waits for it by the hazard rule)."""
-    t.pipe_broadcast(st, call, st.view(call.outputs[0]), _params(call)["root"])
+    t.pipe_broadcast(st, call, st.view(call.outputs[0]), dict(call.params)["root"])
 
 
 def _embed_grad(t, st, call) -> None:
@@ -48,13 +49,13 @@ def _embed_grad(t, st, call) -> None:
     each row's additions are the unsplit backward's, in its order); set if first."""
     dh, ids = (st.view(s) for s in call.inputs)
     grad = st.view(call.outputs[0])
-    params = _params(call)
+    params = dict(call.params)
     if params["first"]:
         grad[...] = 0
     inside, rows = shard_tokens(ids, *params["rows"])
     if inside.size:
         kernels.embedding_bwd(native_rows(dh)[inside], rows, grad.shape[0], dtable=grad,
-                              threads=_threads())
+                              threads=kernel_threads())
 
 
 EMBED_CALLS = {"embed_rows": _embed_rows, "embed_output_grad": _embed_output_grad,

@@ -9,7 +9,6 @@ the arena peak is measured, not copied from the plan.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from ratrain.program_format.table import FORWARD_KINDS, FORWARD_ROW, NativeStep,
 from ratrain.rt import comm
 from ratrain.rt.calls import RankState, init_layer, run_call, shard_bounds, skips
 from ratrain.rt.program import stage_code
+from ratrain.rt.threads import kernel_threads
 from ratrain.rt.trace import StepClock
 
 KERNEL_STATUS = {-1: "bad arguments", -2: "scratch too small", -3: "ISA unavailable"}
@@ -110,10 +110,6 @@ def _shifted(row: _Row, d: int) -> _Row:
                 row.buffers, row.frees)
 
 
-def _threads() -> int:
-    return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
-
-
 class RankExecutor:
     """This rank's arena, its in-flight operations and the Transport of rt/calls.py."""
 
@@ -128,7 +124,7 @@ class RankExecutor:
         self.state = RankState(comms.rank, stage, replica,
                                np.empty(plan.arena_bytes, np.uint8), plan.offsets)
         stage_rows, self.module = stage_code(program, stage)
-        self.threads, self.address = _threads(), self.state.arena.ctypes.data
+        self.threads, self.address = kernel_threads(), self.state.arena.ctypes.data
         self.task_rows, self.forward_gathers = expand(stage_rows, plan.offsets)
         self.planned_peak_bytes = plan.peak_bytes
         # buffers live now, by their (offset, nbytes); their bytes, the peak so far

@@ -1,9 +1,11 @@
 """How many threads a rank's kernels and BLAS run on: its share of the node's cores. One
 rule for the runtime (rt/__main__.py sets the thread pools from it), the simulator
 (sim/kernels.rank_profile picks the profile's entry for it) and `ratrain train`'s layout
-line. Imports nothing, so a rank applies it before numpy loads.
+line. Imports only os, so a rank applies it before numpy loads.
 """
 from __future__ import annotations
+
+import os
 
 # the variables a rank's thread pools read: the kernels' (rt/executor.py) and BLAS's
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -26,3 +28,9 @@ def thread_environment(environ: dict, cores: int) -> dict[str, str]:
     (MPI_LOCALNRANKS, which mpich's hydra sets), except those `environ` already holds."""
     threads = str(threads_per_rank(cores, int(environ.get("MPI_LOCALNRANKS", "1"))))
     return {v: environ.get(v, threads) for v in THREAD_VARIABLES}
+
+
+def kernel_threads() -> int:
+    """Threads this rank's native kernels run on: the OMP_NUM_THREADS its start set from
+    thread_environment (at least 1)."""
+    return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))

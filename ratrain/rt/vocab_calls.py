@@ -7,16 +7,11 @@ T run the unsplit head's work on V/P rows. Part of rt/calls.py's CALLS.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ratrain import kernels
 from ratrain.ir.split_backward import CE_CHUNK
-
-
-def _threads() -> int:
-    return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+from ratrain.rt.threads import kernel_threads
 
 
 def _params(call) -> dict:
@@ -85,7 +80,7 @@ def _vocab_stats(t, st, call) -> None:
     w, _ = _head_rows(w, bool(params.get("norm_head")))
     local = shard_targets(targets, *params["rows"])
     _, lse = kernels.cross_entropy_fwd(native_rows(hn), native_rows(w), local,
-                                       chunk=CE_CHUNK, threads=_threads())
+                                       chunk=CE_CHUNK, threads=kernel_threads())
     mine = np.stack([lse, target_logits(hn, w, local)]).astype(np.float32)
     t.pipe_allgather(st, call, mine, st.view(call.outputs[0]))
 
@@ -124,7 +119,7 @@ def _vocab_grad(t, st, call) -> None:
     dw = grad if r is None else np.zeros(grad.shape, np.float32)
     dh, _ = kernels.cross_entropy_bwd(native_rows(hn), native_rows(w),
                                       shard_targets(targets, *params["rows"]), lse,
-                                      per_token, dw=dw, chunk=CE_CHUNK, threads=_threads())
+                                      per_token, dw=dw, chunk=CE_CHUNK, threads=kernel_threads())
     if r is not None:
         wn = w.astype(np.float32)
         grad += r[:, None] * (dw - wn * np.einsum("vc,vc->v", dw, wn)[:, None])
