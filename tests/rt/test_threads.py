@@ -13,8 +13,8 @@ RANK = """
 import atexit, os, runpy, sys
 os.cpu_count = lambda: {cores}
 def said():
-    from ratrain.rt.executor import _threads
-    print(_threads(), os.environ["OPENBLAS_NUM_THREADS"], os.environ["MKL_NUM_THREADS"])
+    from ratrain.rt.threads import kernel_threads
+    print(kernel_threads(), os.environ["OPENBLAS_NUM_THREADS"], os.environ["MKL_NUM_THREADS"])
 atexit.register(said)
 sys.argv = ["ratrain.rt", "no-such-program"]
 runpy.run_module("ratrain.rt", run_name="__main__")
