@@ -205,11 +205,12 @@ class _Backwards:
             self.posted.discard(task.layer)
 
     def add(self, task, steps: list, charges: list) -> None:
+        beside = bool(self.posted)
+        if task.kind != (Kind.BL if beside else Kind.B):  # BL beside against B alone only
+            return
         charged = sum(seconds for seconds, _, _ in charges)
-        if task.kind in (Kind.B, Kind.BL) and charged > 0:
-            beside = bool(self.posted)
-            if (task.kind == Kind.BL) == beside:  # BL beside against B alone only
-                self.ratios[beside].append(sum(s[3] for s in steps) * 1e-6 / charged)
+        if charged > 0:
+            self.ratios[beside].append(sum(s[3] for s in steps) * 1e-6 / charged)
 
     def slowdown(self) -> list[float]:
         """[this rank's sample], or [] where it ran only one of the two."""
