@@ -140,6 +140,8 @@ class Samples:
     ratios: dict = None                 # (precision, op) -> run / charged, a sample per
                                         # call run (NOTE [traced rows] 5)
     beside: list = None                 # a slowdown sample per rank (NOTE [traced rows] 6)
+    warm: dict = None                   # kernel key -> samples scaled to fully cached
+                                        # (NOTE [traced residency], sim/calls.py)
 
 
 def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Samples:
@@ -159,6 +161,7 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
              for stage, stage_tasks in program.tasks.items()}
     samples: dict[tuple, list[float]] = defaultdict(list)
     ratios: dict[tuple, list[float]] = defaultdict(list)
+    warm: dict[tuple, int] = defaultdict(int)
     charges: dict = {}
     drifts: list = []
     beside: list = []
@@ -178,14 +181,14 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
             if task not in charges:
                 charges[task] = costs.call_charges(task)
             steps = event["args"]["calls"]
-            _add_samples(samples, ratios, charges[task], steps)
+            _add_samples(samples, ratios, warm, charges[task], steps)
             backwards.add(task, steps, charges[task])
             overhead += (event["dur"] - sum(s[2] + s[3] for s in steps)) * 1e-6
             lowered += sum(s[1] for s in steps)
         drifts += _drift_samples(events, program, skip)
         beside += backwards.slowdown()
     return Samples(samples, drifts, program.options.world_size, program.options.dp,
-                   overhead, lowered, ratios, beside)
+                   overhead, lowered, ratios, beside, warm)
 
 
 class _Backwards:
@@ -208,7 +211,7 @@ class _Backwards:
         beside = bool(self.posted)
         if task.kind != (Kind.BL if beside else Kind.B):  # BL beside against B alone only
             return
-        charged = sum(seconds for seconds, _, _ in charges)
+        charged = sum(charge[0] for charge in charges)
         if charged > 0:
             self.ratios[beside].append(sum(s[3] for s in steps) * 1e-6 / charged)
 
@@ -271,25 +274,30 @@ def drift_samples(rows: list, dp: int) -> list[float]:
     return out
 
 
-def _add_samples(samples: dict, ratios: dict, charges: list, steps: list) -> None:
+def _add_samples(samples: dict, ratios: dict, warm: dict, charges: list,
+                 steps: list) -> None:
     """Each traced step [index, calls, wait us, run us] of a task beside the charges of
-    the calls it ran (a step the trace does not list, skipped by the commit rule, ran one
-    runtime call); `ratios` gets the step's run over its charge per call's op (NOTE
-    [traced rows] 5)."""
+    the calls it ran (ProfileCosts.call_charges; a step the trace does not list, skipped
+    by the commit rule, ran one runtime call); `ratios` gets the step's run over its
+    charge per call's op (NOTE [traced rows] 5); a kernel call's sample is what it would
+    have taken fully cached where the profile knows its warm part, counted in `warm`
+    (NOTE [traced residency])."""
     position, previous = 0, -1
     for index, count, _wait, run_us in steps:
         position += index - previous - 1
         group = charges[position:position + count]
         position, previous = position + count, index
-        charged = sum(seconds for seconds, _, _ in group)
-        for seconds, key, share in group:
-            if key is None:
+        charged = sum(charge[0] for charge in group)
+        for seconds, key, share, warm_part in group:
+            if key is None or (charged <= 0 and count != 1):
                 continue
+            sample = run_us * 1e-6 * (seconds / charged / share if charged > 0 else 1.0)
             if charged > 0:
-                samples[key].append(run_us * 1e-6 * seconds / charged / share)
                 ratios[key[:2]].append(run_us * 1e-6 / charged)
-            elif count == 1:
-                samples[key].append(run_us * 1e-6)
+            if warm_part is not None:
+                sample *= warm_part
+                warm[key] += 1
+            samples[key].append(sample)
 
 
 def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
@@ -299,6 +307,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
     a line as each run is read."""
     from ratrain.sim.simulate import rank_profile
     by_entry: dict = defaultdict(lambda: defaultdict(list))
+    warm: dict = defaultdict(lambda: defaultdict(int))
     spreads: dict = defaultdict(list)
     overheads: dict = defaultdict(lambda: [0.0, 0])
     speeds: dict = defaultdict(lambda: defaultdict(list))
@@ -309,6 +318,8 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
         entry = rank_profile(profile, samples.world).rank_threads
         for key, values in samples.calls.items():
             by_entry[entry][key_text(key)].extend(values)
+        for key, scaled in samples.warm.items():
+            warm[entry][key_text(key)] += scaled
         spreads[entry] += drift_samples(samples.drifts, samples.dp)
         overheads[entry][0] += samples.overhead
         overheads[entry][1] += samples.lowered_calls
@@ -322,6 +333,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
         target = out if entry is None else out["threads"][str(entry)]
         traced = target.setdefault("traced", {"calls": {}, "sources": []})
         traced["calls"].update({key: [float(f"{statistics.median(values):.7g}"), len(values)]
+                                + [0.0] * (warm[entry][key] == len(values))
                                 for key, values in sorted(rows.items())})
         traced["sources"].append(source)
         seconds, calls = overheads[entry]

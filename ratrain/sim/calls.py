@@ -28,7 +28,8 @@ from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
                                sync_finish_seconds,
                                tie_local_bytes, tie_sum_seconds, undo_copy_bytes,
                                update_seconds, view_gather)
-from ratrain.sim.kernels import cold_profile, op_speed_factor, traced_seconds, whole_node_key
+from ratrain.sim.kernels import (cold_profile, key_text, op_speed_factor, traced_seconds,
+                                 whole_node_key)
 from ratrain.sim.residency import cold_fractions
 from ratrain.sim.task_seconds import KernelTables
 from ratrain.sim.embed_steps import EMBED_STEPS, waits_for_lookups
@@ -126,6 +127,12 @@ class ProfileCosts:
         self._warm = KernelTables(program.graph, profile, o.precision)
         cold = cold_profile(profile, o.precision)
         self._cold_tables = cold and KernelTables(program.graph, cold, o.precision)
+        # the microbenchmark's warm and cold tables, that scale a traced row from the
+        # residency its run had to a call's (NOTE [traced residency])
+        untraced = profile.traced and cold and profile.with_fields(traced={})
+        self._untraced = untraced and (
+            KernelTables(program.graph, untraced, o.precision),
+            KernelTables(program.graph, cold_profile(untraced, o.precision), o.precision))
         self._groups: dict = {}         # stage -> its DP group's members per node
         self._steps: dict = {}          # task -> its steps: a replay of two steps asks twice
         self._cold = self._cold_fractions()
@@ -229,14 +236,22 @@ class ProfileCosts:
         _, warm, cold = self._table(kind, direction)
         if cold is None:
             return warm[i]
-        return warm[i] + self._cold.get((task, call_index), 0.0) * (cold[i] - warm[i])
+        return warm[i] + self.cold_fraction(task, call_index) * (cold[i] - warm[i])
 
-    def call_charges(self, task) -> list[tuple[float, tuple | None, float]]:
+    def cold_fraction(self, task, call_index: int) -> float:
+        """The fraction of the operand bytes of `task`'s call `call_index` not cached when
+        it runs (NOTE [cache residency]); 0 for a profile without cold costs."""
+        return self._cold.get((task, call_index), 0.0)
+
+    def call_charges(self, task) -> list[tuple[float, tuple | None, float, float | None]]:
         """For each lowered call of `task`, in order: (the compute seconds this model
         charges it, the key of the traced row that would replace its cost, or None where
-        no row can (transfers, collectives, waits), and the share of the row's seconds the
-        call takes: a zb1 half of a backward GEMM takes its share). What `ratrain
-        calibrate --from` sets beside a traced run's times (NOTE [traced rows])."""
+        no row can (transfers, collectives, waits), the share of the row's seconds the
+        call takes: a zb1 half of a backward GEMM takes its share, and the part of the
+        charge a fully cached call would take: a kernel call's warm cost over its charge
+        at the residency it finds, None where the profile has no cold costs and for runtime
+        calls). What `ratrain calibrate --from` sets beside a traced run's times (NOTE
+        [traced rows], NOTE [traced residency])."""
         out, cursor = [], {}
         for i, call in enumerate(self._calls[task.stage][task]):
             cursor["call"] = i
@@ -245,14 +260,17 @@ class ProfileCosts:
                 seconds = self._node_seconds(task, i, kind, direction, n)
                 key, share = whole_node_key(self.program.graph.kinds[kind], direction, n,
                                             self.options.precision)
-                out.append((seconds / self.speeds[task.stage], key, share))
+                _, warm, cold = self._table(kind, direction)
+                warm_part = warm[n] / seconds if self._cold and cold and seconds > 0 else None
+                out.append((seconds / self.speeds[task.stage], key, share, warm_part))
                 continue
             steps = self._call_steps(task, call, cursor)
             compute = all(isinstance(s, Compute) for s in steps) and \
                 call.op not in UNTRACED_RUNTIME_CALLS
             out.append((sum(s.seconds for s in steps if isinstance(s, Compute))
                         / self.speeds[task.stage],
-                        runtime_key(call, self.options.precision) if compute else None, 1.0))
+                        runtime_key(call, self.options.precision) if compute else None, 1.0,
+                        None))
         return out
 
     def _direction(self, task) -> str:
@@ -272,11 +290,43 @@ class ProfileCosts:
             graph = {"fwd": layer_kind.fwd, "bwd": layer_kind.bwd,
                      "bwd_input": layer_kind.split.input_part,
                      "bwd_weight": layer_kind.split.weight_part}[direction]
-            self._tables[key] = (tuple(n.op for n in graph.nodes),
-                                 self._warm.nodes(kind, direction),
-                                 self._cold_tables.nodes(kind, direction)
-                                 if self._cold_tables else None)
+            warm, cold = self._warm.nodes(kind, direction), None
+            if self._cold_tables:
+                cold = self._cold_tables.nodes(kind, direction)
+            if self._untraced:
+                warm, cold = self._traced_residency(kind, direction, warm, cold)
+            self._tables[key] = (tuple(n.op for n in graph.nodes), warm, cold)
         return self._tables[key]
+
+    # NOTE [traced residency]: a traced row (NOTE [traced rows]) is one time per kernel
+    # shape, and each call it sampled ran at the cache residency its run gave it, while a
+    # call of that shape in another program finds its operands more or less cached (NOTE
+    # [cache residency]): tiny-gqa bf16's rows from pp 2, whose ranks hold half the layers
+    # each, charged dp 2 ZeRO 2 (a rank holds them all) 17% short in two of three rounds
+    # (bench/predict-runs/2026-11-28-b.txt), where the microbenchmark's warm and cold costs
+    # charge its shared keys 5.9% more in dp 2 than in pp 2. So `calibrate --from` scales
+    # each sample of a kernel call to what the call would have taken fully cached, by the
+    # residency model (its warm cost w over its charge w + f (c - w), call_charges), and
+    # writes the row's cold fraction, 0, as its third number; a call of cold fraction f is
+    # charged row x (w + f (c - w)) / (w + f_s (c - w)), f_s the row's fraction, w and c
+    # the microbenchmark's warm and cold costs of its node. The traced program is charged
+    # what its run took call by call, and another program the residency model's change
+    # from there. A row without f_s (calibrated over a profile without cold costs, or
+    # before 2026-11-28) is charged as it is.
+    def _traced_residency(self, kind: str, direction: str, warm: tuple, cold: tuple):
+        """`warm` and `cold` with each traced row that records its run's cold fraction
+        replaced by that row's warm and cold times (NOTE [traced residency])."""
+        micro_warm, micro_cold = (t.nodes(kind, direction) for t in self._untraced)
+        rows = self.profile.traced.get("calls", {})
+        warm, cold = list(warm), list(cold)
+        for i, (w, c) in enumerate(zip(micro_warm, micro_cold)):
+            key, _ = whole_node_key(self.program.graph.kinds[kind], direction, i,
+                                    self.options.precision)
+            row = rows.get(key_text(key), ())
+            at_source = w + row[2] * (c - w) if len(row) > 2 else 0.0
+            if at_source > 0:  # the row's time (times a zb1 half's share) at its run's
+                warm[i], cold[i] = warm[i] * w / at_source, warm[i] * c / at_source
+        return tuple(warm), tuple(cold)
 
     # ---- collectives --------------------------------------------------------------------
 

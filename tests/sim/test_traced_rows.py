@@ -4,6 +4,7 @@ and charged by the cost model in every program that has the shape. Checked on tr
 whose every call ran a known multiple of its charge, then on a real traced run."""
 import json
 import math
+from collections import defaultdict
 import subprocess
 import sys
 
@@ -44,18 +45,19 @@ def charges(program, profile):
             for task in tasks}
 
 
-def write_traces(directory, path, program, factor, steps=4):
+def write_traces(directory, path, program, factor, steps=4, profile=None):
     """Every rank's trace of `program` (directory `path`) as `ratrain run --trace` writes
-    it, each lowered call one step that ran `factor` x its charge on the cpu profile."""
+    it, each lowered call one step that ran `factor` x its charge on `profile` (default:
+    the cpu profile)."""
     directory.mkdir(parents=True, exist_ok=True)
-    charged = charges(program, load_profile("cpu"))
+    charged = charges(program, profile or load_profile("cpu"))
     for stage, tasks in program.tasks.items():
         for replica in range(program.options.dp):
             rank, events = program.rank(stage, replica), []
             for step in range(1, steps + 1):
                 for task in tasks:
                     calls = [[i, 1, 5.0, seconds * factor * 1e6]
-                             for i, (seconds, _, _) in enumerate(charged[task])]
+                             for i, (seconds, *_) in enumerate(charged[task])]
                     events.append({"name": str(task), "ph": "X", "pid": rank, "tid": 0,
                                    "ts": 0.0, "dur": 1.0, "args": {"step": step, "calls": calls}})
             meta = {"name": "ratrain_program", "ph": "M", "pid": rank,
@@ -77,7 +79,7 @@ def test_every_keyed_call_costs_what_the_trace_measured_in_every_program(program
         before, after = charges(programs[name][1], base), charges(programs[name][1], traced)
         keyed = 0
         for task, calls in before.items():
-            for (old, key, _), (new, _, _) in zip(calls, after[task]):
+            for (old, key, *_), (new, *_) in zip(calls, after[task]):
                 if key is not None and old > 0 and rows_hold(traced, program, key):
                     assert math.isclose(new, 1.5 * old, rel_tol=1e-5), (name, task, key)
                     keyed += 1
@@ -92,21 +94,61 @@ def rows_hold(profile, program, key) -> bool:
     return " ".join(map(str, key)) in rows
 
 
+def test_a_traced_row_moves_with_the_residency_a_call_finds(programs, tmp_path):
+    """NOTE [traced residency]: on a profile whose GEMMs cost 3x cold what they cost warm,
+    with a cache share of 256 KiB, pp 2 ran every call at 1.5x its charge, each at the
+    residency it found. The traced profile charges every GEMM call 1.5x its old charge in
+    pp 2 and in dp 2, whose rank holds every layer and finds its operands otherwise
+    cached; the median of pp 2's times as they ran (the rows before) is off for many of
+    dp 2's calls."""
+    import statistics
+    warm = {"matmul": {"seconds": 1e-4}, "matmul_bwd": {"seconds": 2e-4}}
+    cold = {op: {"seconds": 3 * cost["seconds"]} for op, cost in warm.items()}
+    base = {k: v for k, v in load_profile("cpu").items() if k != "threads"} | {
+        "op_costs": {"fp32": warm}, "op_costs_cold": {"fp32": cold}, "cache_bytes": 1 << 18}
+    path, program = programs["pp2"]
+    write_traces(tmp_path / "t", path, program, 1.5, profile=base)
+    traced = traced_profile(base, [TracedRun(tmp_path / "t", path)])
+    rows = traced["traced"]["calls"]
+    gemm = lambda key: key is not None and key[1].startswith("matmul")
+    as_ran = defaultdict(list)
+    for calls in charges(program, base).values():
+        for old, key, share, _ in filter(lambda c: gemm(c[1]), calls):
+            as_ran[key].append(1.5 * old / share)
+    off = 0
+    for name in ("pp2", "dp2"):
+        before, after = charges(programs[name][1], base), charges(programs[name][1], traced)
+        gemms = 0
+        for task, calls in before.items():
+            for (old, key, share, _), (new, *_) in zip(calls, after[task]):
+                if gemm(key):
+                    assert rows[" ".join(map(str, key))][2] == 0.0
+                    assert math.isclose(new, 1.5 * old, rel_tol=1e-9), (name, task, key)
+                    gemms += 1
+                    if name == "dp2":
+                        off += not math.isclose(new, statistics.median(as_ran[key]) * share,
+                                                rel_tol=0.01)
+        assert gemms > 20, name
+    assert off > 10
+
+
 def test_a_step_of_several_calls_spreads_its_time_by_their_charges():
     """Step 0 ran calls 0-1 (charged 1 and 3) in 8 s: 2 s and 6 s; step 1 was skipped (one
     call, the commit rule's); step 2 ran call 3 alone in 5 s; a zb1 half (share 0.5) of
     call 4 gives its whole node twice what it took. Each call's op ran at its step's
-    run over charge (NOTE [traced rows] 5): 2, 2, 2.5 and 4."""
-    from collections import defaultdict
-    samples, ratios = defaultdict(list), defaultdict(list)
+    run over charge (NOTE [traced rows] 5): 2, 2, 2.5 and 4. A kernel call whose warm
+    part of its charge the profile knows gives its sample scaled to fully cached (NOTE
+    [traced residency]): a's 2 s at a warm part of 0.25 is 0.5 s."""
+    samples, ratios, warm = defaultdict(list), defaultdict(list), defaultdict(int)
     a, b, c, d = (("fp32", op, "shape") for op in "abcd")
-    charged = [(1.0, a, 1.0), (3.0, b, 1.0), (9.0, ("fp32", "skipped"), 1.0), (2.0, c, 1.0),
-               (1.0, d, 0.5), (0.0, None, 1.0)]
-    _add_samples(samples, ratios, charged,
+    charged = [(1.0, a, 1.0, 0.25), (3.0, b, 1.0, None), (9.0, ("fp32", "skipped"), 1.0, 1.0),
+               (2.0, c, 1.0, None), (1.0, d, 0.5, None), (0.0, None, 1.0, None)]
+    _add_samples(samples, ratios, warm, charged,
                  [[0, 2, 0.0, 8e6], [2, 1, 1.0, 5e6], [3, 2, 0.0, 4e6]])
-    assert dict(samples) == {a: [2.0], b: [6.0], c: [5.0], d: [8.0]}
+    assert dict(samples) == {a: [0.5], b: [6.0], c: [5.0], d: [8.0]}
     assert dict(ratios) == {("fp32", "a"): [2.0], ("fp32", "b"): [2.0],
                             ("fp32", "c"): [2.5], ("fp32", "d"): [4.0]}
+    assert dict(warm) == {a: 1}
 
 
 def test_a_shape_no_trace_ran_is_charged_at_its_ops_traced_speed(programs, tmp_path):
@@ -122,7 +164,7 @@ def test_a_shape_no_trace_ran_is_charged_at_its_ops_traced_speed(programs, tmp_p
     before, after = charges(long, base), charges(long, traced)
     unrowed = 0
     for task, calls in before.items():
-        for (old, key, _), (new, _, _) in zip(calls, after[task]):
+        for (old, key, *_), (new, *_) in zip(calls, after[task]):
             if key is not None and old > 0:
                 assert math.isclose(new, 1.5 * old, rel_tol=1e-3), (task, key)
                 unrowed += not rows_hold(traced, program, key)
@@ -132,7 +174,7 @@ def test_a_shape_no_trace_ran_is_charged_at_its_ops_traced_speed(programs, tmp_p
     unscaled = charges(long, traced)
     assert any(math.isclose(new, old, rel_tol=1e-9) and key[1] == "matmul"
                for task, calls in before.items()
-               for (old, key, _), (new, _, _) in zip(calls, unscaled[task]) if key)
+               for (old, key, *_), (new, *_) in zip(calls, unscaled[task]) if key)
 
 
 @pytest.mark.mpi
@@ -150,9 +192,9 @@ def test_calibrate_from_a_traced_run(programs, tmp_path):
         if "threads" in profile else profile
     rows = entry["traced"]["calls"]
     keys = {" ".join(map(str, key)) for calls in charges(program, load_profile("cpu")).values()
-            for _, key, _ in calls if key is not None}
+            for _, key, *_ in calls if key is not None}
     assert keys - set(rows) <= {k for k in keys if " fill " in k or " copy " in k}
-    assert all(seconds > 0 and samples >= 2 for seconds, samples in rows.values())
+    assert all(seconds > 0 and samples >= 2 for seconds, samples, *_ in rows.values())
     assert entry["traced"]["sources"][0]["programs"] == [str(path.resolve())]
 
 
@@ -237,7 +279,7 @@ def test_the_slowdown_beside_collectives_is_bl_beside_a_post_over_b_alone(progra
                 posted = (posted or task.kind == Kind.SYNC) and task.kind != Kind.UPD
                 factor = {Kind.B: 1.0, Kind.BL: 1.3 if posted else 2.0}.get(task.kind, 1.0)
                 calls = [[i, 1, 0.0, seconds * factor * 1e6]
-                         for i, (seconds, _, _) in enumerate(charged[task])]
+                         for i, (seconds, *_) in enumerate(charged[task])]
                 events.append({"name": str(task), "ph": "X", "pid": rank, "tid": 0, "ts": now,
                                "dur": 1.0, "args": {"step": step, "calls": calls}})
                 now += 1000.0
