@@ -1,29 +1,30 @@
-"""Predicted vs measured step time on this machine (issues 6 and 24): the simulator on the
-profile `ratrain calibrate` measured, against the runtime's step_seconds (--metrics), for
-programs that cover what the planner chooses between: two model shapes (tiny, tiny-gqa),
-pp 2 and dp 2 (2 ranks x 1 thread) and 1 rank x 2 threads, ZeRO 0 to 3, both schedules,
-both pipeline schedules (1f1b, zb1), with and without recompute, fp32 and bf16. Measured =
-median of the steps after --warmup steps (at least --measure of them, and enough for
---measure-seconds at the predicted step time; NOTE [measured span]); error = predicted /
-measured - 1 (target: mean absolute error at most 3%, none over 6%). Every line carries the
-CPU's SIMD flags.
+"""Predicted vs measured step time on this machine (issues 6, 24 and 40): the simulator on
+the profile `ratrain calibrate` measured, against the runtime's step_seconds (--metrics),
+for programs that cover what the planner chooses between: two model shapes (tiny,
+tiny-gqa), pp 2 and dp 2 (2 ranks x 1 thread) and 1 rank x 2 threads, ZeRO 0 to 3, both
+schedules, both pipeline schedules (1f1b, zb1), with and without recompute, fp32 and bf16.
+Error = predicted / measured - 1 (target: mean absolute error at most 3%, none over 6%;
+issue 40's, over each round's own errors: the median over rounds of the mean at most 4%,
+of the largest at most 8%). Every line carries the CPU's SIMD flags.
 
-Timings are only meaningful on idle cores: before calibrating and before each run the
-bench waits (polling every 30 s, up to --wait seconds) for the 1-minute load average to
-drop below --idle, and prints the load each figure was measured at.
-The machine's speed drifts by 10-20% over minutes (a shared VM), so each round calibrates
-right before it runs the configurations. Of a configuration's --rounds N runs the fastest is
-the least disturbed (other work only ever slows a run), and it is compared with the
-prediction of the calibration made in its own round, minutes before it under the same
-conditions (NOTE [same-round pairs]); the fastest prediction against the fastest run (which
-may pair a calibration and a run from different rounds) and the median of the rounds' own
-errors are printed beside it.
+Timings are only meaningful on idle cores: before calibrating and before each pass over
+the configurations the bench waits (polling every 30 s, up to --wait seconds) for the
+1-minute load average to drop below --idle, and prints the load each figure was measured
+at. The machine's speed drifts by 10-30% over seconds to minutes (a shared VM), so each
+round calibrates right before it runs the configurations, and runs each of them --repeats
+times, in passes over all of them (NOTE [interleaved passes]): a configuration's measured
+step in a round is the median of its runs' medians (each the median of the steps after
+--warmup, at least --measure of them, and enough for --measure-seconds at the predicted
+step time; NOTE [measured span]). Of a configuration's --rounds N measurements the fastest
+is compared with the prediction of the calibration made in its own round (NOTE
+[same-round pairs]); the fastest prediction against the fastest run and the median of the
+rounds' own errors are printed beside it, and each round's own errors after them.
 Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--rounds 3]
-[--seq-len 256] [--warmup 3] [--measure 9] [--measure-seconds 6] [--only NAME,...]
-[--keep DIR] [--calibrate-from NAME,NAME]; about 4 minutes per round on 2 idle cores.
-With --calibrate-from, those configurations are traced each round and the others are also
-predicted on the profile calibrated from their traces (NOTE [traced rounds]), printed
-after the microbenchmark profile's errors from the same runs."""
+[--repeats 3] [--seq-len 256] [--warmup 3] [--measure 5] [--measure-seconds 3]
+[--only NAME,...] [--keep DIR] [--calibrate-from NAME,NAME]; about 9 minutes per round on
+2 idle cores. With --calibrate-from, those configurations are traced in every pass and the
+others are also predicted on the profile calibrated from their traces (NOTE [traced
+rounds]), printed after the microbenchmark profile's errors from the same runs."""
 import argparse
 import json
 import math
@@ -36,6 +37,7 @@ from pathlib import Path
 from bench_common import cpu_flags, load, run_ratrain, wait_for_idle
 
 TARGET, TARGET_MEAN = 0.06, 0.03
+ROUND_MEAN, ROUND_LARGEST = 0.04, 0.08  # issue 40: over each round's own errors
 # name -> (model, ranks, compile flags): a global batch of 4 sequences each; fp32 and no
 # recompute unless the flags say otherwise
 PP2 = ("--pp", "2", "--micro-batches", "4", "--micro-batch-size", "1")
@@ -69,7 +71,8 @@ def predicted_seconds(program, hw):
 
 
 # NOTE [measured span]: a run's median step is taken over at least --measure-seconds of
-# steps (6 s), not a fixed 9 steps. On this VM a task of 18 ms took 35-46 ms now and then,
+# steps, not a fixed count (until 2026-11-28, one run per round of at least 6 s or 9 steps;
+# now --repeats runs of at least 3 s or 5 steps, NOTE [interleaved passes]). On this VM a task of 18 ms took 35-46 ms now and then,
 # on either rank, while a pinned GEMM loop varied 3%, and the slow stretches last seconds:
 # 9 steps of an 80 ms program span 0.7 s, and the 9-step medians within one 80-step run of
 # tiny-gqa dp 2 ZeRO 2 bf16 ranged over 58.9-76.9 ms, where 80-step medians of three runs
@@ -101,10 +104,14 @@ def main():
                     "configuration names to run (default: all)")
     ap.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     ap.add_argument("--warmup", type=int, default=3, help="steps left out (default: 3)")
-    ap.add_argument("--measure", type=int, default=9, help="fewest steps whose median is "
-                    "the measured step time (default: 9)")
-    ap.add_argument("--measure-seconds", type=float, default=6.0, help="measure at least "
-                    "this many seconds of steps, at the predicted step time (default: 6)")
+    ap.add_argument("--measure", type=int, default=5, help="fewest steps of a run whose "
+                    "median is the run's step time (default: 5)")
+    ap.add_argument("--measure-seconds", type=float, default=3.0, help="measure at least "
+                    "this many seconds of steps per run, at the predicted step time "
+                    "(default: 3)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration "
+                    "per round, in passes over them all; its measured step is the median "
+                    "of its runs' (default: 3; NOTE [interleaved passes])")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of calibrating then "
                     "running every configuration; each configuration's fastest run is compared "
                     "with its own round's prediction (default: 3)")
@@ -152,23 +159,30 @@ def compile_config(args, out, model, flags):
 
 
 def run_round(args, programs, work, r):
-    """{name: (predicted, measured)} of one round: calibrate (unless --hw), then run; with
-    --calibrate-from, (traced prediction, measured) of the others too (NOTE [traced
-    rounds])."""
+    """{name: (predicted, measured)} of one round: calibrate (unless --hw), then --repeats
+    passes over the configurations (NOTE [interleaved passes]); with --calibrate-from,
+    (traced prediction, measured) of the others too (NOTE [traced rounds])."""
     hw = args.hw or calibrate(args, work / f"cpu-round{r + 1}.json")
-    figures, traces = {}, []
-    for name, program in sorted(programs.items(), key=lambda kv: kv[0] not in args.traced):
-        predicted = predicted_seconds(program, hw)
-        steps = measured_steps(args, predicted)
+    predicted = {name: predicted_seconds(program, hw) for name, program in programs.items()}
+    order = sorted(programs, key=lambda name: name not in args.traced)
+    runs, traces = {name: [] for name in programs}, []
+    for k in range(args.repeats):
         at = wait_for_idle(args.idle, args.wait)
-        trace = work / f"trace-{program.name}-{r + 1}" if name in args.traced else None
-        measured = measured_seconds(program, CONFIGS[name][1], args,
-                                    work / f"metrics-{program.name}-{r + 1}.jsonl", steps, trace)
-        figures[name] = (predicted, measured)
-        traces += [trace] if trace else []
-        print(f"# round {r + 1} {name}: predicted {predicted:.4f} s, measured {measured:.4f} "
-              f"s, median of {steps} steps (load {at:.2f} before, {load():.2f} after)"
-              + (f", traced into {trace}" if trace else ""), flush=True)
+        print(f"# round {r + 1} pass {k + 1} (load {at:.2f} before)", flush=True)
+        for name in order if k % 2 == 0 else order[::-1]:
+            program, steps = programs[name], measured_steps(args, predicted[name])
+            tag = f"{program.name}-{r + 1}-{k + 1}"
+            trace = work / f"trace-{tag}" if name in args.traced else None
+            runs[name].append(measured_seconds(program, CONFIGS[name][1], args,
+                                               work / f"metrics-{tag}.jsonl", steps, trace))
+            traces += [trace] if trace else []
+            print(f"# round {r + 1} pass {k + 1} {name}: measured {runs[name][-1]:.4f} s, "
+                  f"median of {steps} steps (load {load():.2f} after)"
+                  + (f", traced into {trace}" if trace else ""), flush=True)
+    figures = {name: (predicted[name], statistics.median(runs[name])) for name in programs}
+    for name, (p, m) in figures.items():
+        print(f"# round {r + 1} {name}: predicted {p:.4f} s, measured {m:.4f} s (the median "
+              f"of {', '.join(f'{t:.4f}' for t in runs[name])})", flush=True)
     if not traces:
         return figures, {}
     traced = work / f"traced-round{r + 1}.json"
@@ -177,11 +191,24 @@ def run_round(args, programs, work, r):
                      for name, program in programs.items() if name not in args.traced}
 
 
-# NOTE [traced rounds]: `--calibrate-from A,B` runs A and B traced in each round, first,
-# and calibrates from those traces over that round's microbenchmark profile (`ratrain
+# NOTE [traced rounds]: `--calibrate-from A,B` runs A and B traced in every pass of each
+# round, and calibrates from all those traces over that round's microbenchmark profile (`ratrain
 # calibrate --from`, NOTE [traced rows]); every other configuration is then predicted on
 # both profiles and scored against the same measured run. A and B are never scored on
 # the traced profile: a program is never scored against its own trace.
+
+
+# NOTE [interleaved passes]: runs of one program minutes apart differ here by up to 40%
+# (the bench of 2026-11-28 at 4594070: the slowest of three rounds' runs 22% above the
+# fastest, median over configurations), and not only between runs: within one 14-step
+# run every kind of task, AdamW's UPD too, ran 0.73x of what another run of the same
+# shapes took minutes before, and tiny-gqa pp 2 ran 137 ms steps in one run against
+# 195-205 ms in the runs before and after it. A single run per round measures the state
+# the machine was in for its few seconds; so each round runs every configuration
+# --repeats times, in passes over all of them (every other pass in reverse order, so
+# that no configuration always runs early or late), and takes the median of its runs'
+# medians. The traced configurations are traced in every pass, so the traced profile is
+# calibrated from the round's mix of states, the one the other configurations run in.
 
 
 # NOTE [same-round pairs]: the headline error pairs each configuration's fastest run with
@@ -224,6 +251,19 @@ def report(args, programs, rounds, profile):
         print(f"# {what}: mean absolute error {100 * mean:.2f}% (target at most "
               f"{100 * TARGET_MEAN:.0f}%: {'ok' if mean <= TARGET_MEAN else 'MISS'}); "
               f"largest {100 * max(map(abs, values)):.2f}%")
+    means, largest = [], []
+    for r, figures in enumerate(rounds):
+        errors = {name: figures[name][0] / figures[name][1] - 1 for name in programs}
+        means.append(statistics.mean(map(abs, errors.values())))
+        largest.append(max(map(abs, errors.values())))
+        print(f"# round {r + 1}'s own errors: mean absolute {100 * means[-1]:.2f}%, largest "
+              f"{100 * largest[-1]:.2f}%: " + ", ".join(f"{name} {100 * e:+.1f}%"
+                                                        for name, e in errors.items()))
+    mean, most = statistics.median(means), statistics.median(largest)
+    print(f"# the median over rounds of each round's own errors: mean absolute "
+          f"{100 * mean:.2f}% (target at most {100 * ROUND_MEAN:.0f}%: "
+          f"{'ok' if mean <= ROUND_MEAN else 'MISS'}), largest {100 * most:.2f}% (target at "
+          f"most {100 * ROUND_LARGEST:.0f}%: {'ok' if most <= ROUND_LARGEST else 'MISS'})")
     if len(rounds) > 1:
         print(f"# repeatability: the slowest round of a configuration measured "
               f"{100 * statistics.median(spreads):.1f}% above its fastest (median over the "
