@@ -7,10 +7,11 @@ Error = predicted / measured - 1 (target: mean absolute error at most 3%, none o
 issue 40's, over each round's own errors: the median over rounds of the mean at most 4%,
 of the largest at most 8%). Every line carries the CPU's SIMD flags.
 
-Timings are only meaningful on idle cores: before calibrating and before each pass over
-the configurations the bench waits (polling every 30 s, up to --wait seconds) for the
-1-minute load average to drop below --idle, and prints the load each figure was measured
-at. The machine's speed drifts by 10-30% over seconds to minutes (a shared VM), so each
+Timings are only meaningful on idle cores: before each round's calibration and its first
+pass over the configurations the bench waits (polling every 30 s, up to --wait seconds)
+for the 1-minute load average to drop below --idle, and prints the load each figure was
+measured at (the later passes follow at once: the load they see is the bench's own runs,
+which the 1-minute average takes a minute or more to forget). The machine's speed drifts by 10-30% over seconds to minutes (a shared VM), so each
 round calibrates right before it runs the configurations, and runs each of them --repeats
 times, in passes over all of them (NOTE [interleaved passes]): a configuration's measured
 step in a round is the median of its runs' medians (each the median of the steps after
@@ -21,8 +22,8 @@ is compared with the prediction of the calibration made in its own round (NOTE
 rounds' own errors are printed beside it, and each round's own errors after them.
 Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--rounds 3]
 [--repeats 3] [--seq-len 256] [--warmup 3] [--measure 5] [--measure-seconds 3]
-[--only NAME,...] [--keep DIR] [--calibrate-from NAME,NAME]; about 9 minutes per round on
-2 idle cores. With --calibrate-from, those configurations are traced in every pass and the
+[--only NAME,...] [--keep DIR] [--calibrate-from NAME,NAME]; about 15 minutes per round
+on 2 idle cores. With --calibrate-from, those configurations are traced in every pass and the
 others are also predicted on the profile calibrated from their traces (NOTE [traced
 rounds]), printed after the microbenchmark profile's errors from the same runs."""
 import argparse
@@ -167,7 +168,7 @@ def run_round(args, programs, work, r):
     order = sorted(programs, key=lambda name: name not in args.traced)
     runs, traces = {name: [] for name in programs}, []
     for k in range(args.repeats):
-        at = wait_for_idle(args.idle, args.wait)
+        at = load() if k else wait_for_idle(args.idle, args.wait)
         print(f"# round {r + 1} pass {k + 1} (load {at:.2f} before)", flush=True)
         for name in order if k % 2 == 0 else order[::-1]:
             program, steps = programs[name], measured_steps(args, predicted[name])
