@@ -93,7 +93,10 @@ MIN_WAIT = 50e-6                        # a UPD whose every replica waited longe
 #    steps that began with none, is one sample; the median over ranks is the traced
 #    `kernel_slowdown_beside`, which the simulator prefers to the microbenchmark's (hw/
 #    topology.node_of). It is a whole task's slowdown, the collective moving for part of
-#    it, so it charges the simulated slowdown no more than the run had.
+#    it, so it charges the simulated slowdown no more than the run had. A program of one
+#    replica posts its SYNCs too, but they move nothing: its ranks give no sample (until
+#    2026-11-28 they did, and tiny pp 2's traces, 0.96-1.02, stood in for the probe's
+#    1.84-2.24 in every dp 2 program predicted from them, bench/predict-runs/2026-11-28-c).
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,7 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
             overhead += (event["dur"] - sum(s[2] + s[3] for s in steps)) * 1e-6
             lowered += sum(s[1] for s in steps)
         drifts += _drift_samples(events, program, skip)
-        beside += backwards.slowdown()
+        beside += backwards.slowdown() if program.options.dp > 1 else []  # 6.
     return Samples(samples, drifts, program.options.world_size, program.options.dp,
                    overhead, lowered, ratios, beside, warm)
 

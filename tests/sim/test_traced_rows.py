@@ -261,6 +261,26 @@ def test_the_arrival_drift_is_the_replicas_waits_at_a_steps_first_upd(programs, 
     assert drift_samples([(k, r, 0.0 if r else w, e) for k, r, w, e in rows], 2) == []
 
 
+def write_beside_traces(directory, program, charged):
+    """Every rank's trace of `program`, 4 steps: B with nothing in flight at 1.0x its
+    charge, a BL at 2.0x before any SYNC has posted and at 1.3x beside a posted one."""
+    from ratrain.ir.tasks import Kind
+    for stage, tasks in program.tasks.items():
+        for replica in range(program.options.dp):
+            rank, now, events, posted = program.rank(stage, replica), 0.0, [], False
+            for step in range(1, 5):
+                for task in tasks:
+                    posted = (posted or task.kind == Kind.SYNC) and task.kind != Kind.UPD
+                    factor = {Kind.B: 1.0, Kind.BL: 1.3 if posted else 2.0}.get(task.kind, 1.0)
+                    calls = [[i, 1, 0.0, seconds * factor * 1e6]
+                             for i, (seconds, *_) in enumerate(charged[task])]
+                    events.append({"name": str(task), "ph": "X", "pid": rank, "tid": 0,
+                                   "ts": now, "dur": 1.0, "args": {"step": step, "calls": calls}})
+                    now += 1000.0
+                posted = False
+            (directory / f"trace-rank{rank}.json").write_text(json.dumps({"traceEvents": events}))
+
+
 def test_the_slowdown_beside_collectives_is_bl_beside_a_post_over_b_alone(programs, tmp_path):
     """See NOTE [traced rows] 6: in dp 2 x 2 micro-batches each step runs B0 with nothing
     in flight (1.0x its charge), then the last micro-batch's layers (BL): the first before
@@ -268,26 +288,26 @@ def test_the_slowdown_beside_collectives_is_bl_beside_a_post_over_b_alone(progra
     The traced profile holds 1.3 from each rank, and the simulator's node takes it over
     calibrate's probe (a profile without it keeps the probe's)."""
     from ratrain.hw.topology import node_of
-    from ratrain.ir.tasks import Kind
     path, program = programs["dp2"]
     base = load_profile("cpu") | {"node_collectives": {"kernel_slowdown_beside": 1.8}}
-    charged = charges(program, base)
-    for replica in range(2):
-        rank, now, events, posted = program.rank(0, replica), 0.0, [], False
-        for step in range(1, 5):
-            for task in program.tasks[0]:
-                posted = (posted or task.kind == Kind.SYNC) and task.kind != Kind.UPD
-                factor = {Kind.B: 1.0, Kind.BL: 1.3 if posted else 2.0}.get(task.kind, 1.0)
-                calls = [[i, 1, 0.0, seconds * factor * 1e6]
-                         for i, (seconds, *_) in enumerate(charged[task])]
-                events.append({"name": str(task), "ph": "X", "pid": rank, "tid": 0, "ts": now,
-                               "dur": 1.0, "args": {"step": step, "calls": calls}})
-                now += 1000.0
-            posted = False
-        (tmp_path / f"trace-rank{rank}.json").write_text(json.dumps({"traceEvents": events}))
+    write_beside_traces(tmp_path, program, charges(program, base))
     traced = traced_profile(base, [TracedRun(tmp_path, path)])
     narrowed = rank_profile(traced, program.options.world_size)
     slowdown, ranks = narrowed.traced["kernel_slowdown_beside"]
     assert math.isclose(slowdown, 1.3, rel_tol=1e-3) and ranks == 2
     assert node_of(narrowed).kernel_slowdown == slowdown
     assert node_of(rank_profile(base, program.options.world_size)).kernel_slowdown == 1.8
+
+
+def test_one_replica_gives_no_slowdown_beside_collectives(programs, tmp_path):
+    """NOTE [traced rows] 6: pp 2 of one replica posts SYNCs that move nothing; its BLs
+    after them, run 1.3x, are no sample of kernels beside a collective, and a profile
+    calibrated from it keeps the probe's slowdown."""
+    path, program = programs["pp2"]
+    base = load_profile("cpu") | {"node_collectives": {"kernel_slowdown_beside": 1.8}}
+    charged = charges(program, base)
+    assert any(task.kind.name == "SYNC" for task in charged)
+    write_beside_traces(tmp_path, program, charged)
+    traced = traced_profile(base, [TracedRun(tmp_path, path)])
+    narrowed = rank_profile(traced, program.options.world_size)
+    assert "kernel_slowdown_beside" not in narrowed.traced and narrowed.traced["calls"]
