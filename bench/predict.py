@@ -22,7 +22,7 @@ is compared with the prediction of the calibration made in its own round (NOTE
 rounds' own errors are printed beside it, and each round's own errors after them.
 Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--rounds 3]
 [--repeats 3] [--seq-len 256] [--warmup 3] [--measure 5] [--measure-seconds 3]
-[--only NAME,...] [--keep DIR] [--calibrate-from NAME,NAME]; about 15 minutes per round
+[--only NAME,...] [--keep DIR] [--calibrate-from NAME,NAME]; about 12 minutes per round
 on 2 idle cores. With --calibrate-from, those configurations are traced in every pass and the
 others are also predicted on the profile calibrated from their traces (NOTE [traced
 rounds]), printed after the microbenchmark profile's errors from the same runs."""
