@@ -95,7 +95,7 @@ def rows_hold(profile, program, key) -> bool:
 
 
 def test_a_traced_row_moves_with_the_residency_a_call_finds(programs, tmp_path):
-    """NOTE [traced residency]: on a profile whose GEMMs cost 3x cold what they cost warm,
+    """See NOTE [traced residency]: on a profile whose GEMMs cost 3x cold what they cost warm,
     with a cache share of 256 KiB, pp 2 ran every call at 1.5x its charge, each at the
     residency it found. The traced profile charges every GEMM call 1.5x its old charge in
     pp 2 and in dp 2, whose rank holds every layer and finds its operands otherwise
