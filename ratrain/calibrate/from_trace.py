@@ -143,8 +143,9 @@ class Samples:
     ratios: dict = None                 # (precision, op) -> run / charged, a sample per
                                         # call run (NOTE [traced rows] 5)
     beside: list = None                 # a slowdown sample per rank (NOTE [traced rows] 6)
-    warm: dict = None                   # kernel key -> samples scaled to fully cached
-                                        # (NOTE [traced residency], sim/calls.py)
+    warm: dict = None                   # kernel key -> how many of its samples were
+                                        # scaled to fully cached (NOTE [traced
+                                        # residency], sim/calls.py)
 
 
 def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Samples:

@@ -236,12 +236,7 @@ class ProfileCosts:
         _, warm, cold = self._table(kind, direction)
         if cold is None:
             return warm[i]
-        return warm[i] + self.cold_fraction(task, call_index) * (cold[i] - warm[i])
-
-    def cold_fraction(self, task, call_index: int) -> float:
-        """The fraction of the operand bytes of `task`'s call `call_index` not cached when
-        it runs (NOTE [cache residency]); 0 for a profile without cold costs."""
-        return self._cold.get((task, call_index), 0.0)
+        return warm[i] + self._cold.get((task, call_index), 0.0) * (cold[i] - warm[i])
 
     def call_charges(self, task) -> list[tuple[float, tuple | None, float, float | None]]:
         """For each lowered call of `task`, in order: (the compute seconds this model
