@@ -54,9 +54,14 @@ MIN_WAIT = 50e-6                        # a UPD whose every replica waited longe
 # BL ran at 0.76-0.85x of what such a profile charged, the embedding's F in 1.4 ms where
 # 82.5 ms was charged). A traced run times the same kernels where they really run. So:
 # 1. Each step of a traced task (a native function of several lowered calls, or one
-#    runtime call) gives its run time, its wait for operands left out; the cost model
-#    charges its calls s_1..s_k, and the step's ratio r = run / (s_1 + ... + s_k)
-#    spreads the run over its calls in proportion to those charges.
+#    runtime call) gives its run time, its wait for operands left out, and a native
+#    step each of its calls' run times (NOTE [calls in the trace], rt/trace.py): a call's
+#    r = run / s is its time over the cost model's charge s. A trace without per-call
+#    times (a program run from its own older code) gives the step's ratio r = run /
+#    (s_1 + ... + s_k) to each of its calls, spreading the run over them in proportion
+#    to their charges: then every call of a decoder layer's forward got the same r
+#    (tiny pp 2: 0.76-0.78 for all 19, GEMMs, attention and adds alike), and the op
+#    speeds of 5. could not tell one op from another.
 # 2. An IR call's row is its whole graph node (node_key: precision, op, FLOPs, bytes,
 #    kernel shape): a zb1 half of a backward GEMM, charged share x the whole, gives the
 #    whole r x s / share. A runtime call that only computes (AdamW, the copies) is keyed
@@ -280,28 +285,39 @@ def drift_samples(rows: list, dp: int) -> list[float]:
 
 def _add_samples(samples: dict, ratios: dict, warm: dict, charges: list,
                  steps: list) -> None:
-    """Each traced step [index, calls, wait us, run us] of a task beside the charges of
-    the calls it ran (ProfileCosts.call_charges; a step the trace does not list, skipped
-    by the commit rule, ran one runtime call); `ratios` gets the step's run over its
-    charge per call's op (NOTE [traced rows] 5); a kernel call's sample is what it would
+    """Each traced step [index, calls, wait us, run us(, us per call)] of a task beside
+    the charges of the calls it ran (ProfileCosts.call_charges; a step the trace does not
+    list, skipped by the commit rule, ran one runtime call); `ratios` gets each call's run
+    over its charge per op (NOTE [traced rows] 5); a kernel call's sample is what it would
     have taken fully cached where the profile knows its warm part, counted in `warm`
     (NOTE [traced residency])."""
     position, previous = 0, -1
-    for index, count, _wait, run_us in steps:
+    for index, count, _wait, run_us, *each in steps:
         position += index - previous - 1
         group = charges[position:position + count]
         position, previous = position + count, index
-        charged = sum(charge[0] for charge in group)
-        for seconds, key, share, warm_part in group:
-            if key is None or (charged <= 0 and count != 1):
+        for (seconds, key, share, warm_part), run in zip(group, _call_runs(group, run_us,
+                                                                             each)):
+            if key is None or run is None:
                 continue
-            sample = run_us * 1e-6 * (seconds / charged / share if charged > 0 else 1.0)
-            if charged > 0:
-                ratios[key[:2]].append(run_us * 1e-6 / charged)
+            if seconds > 0:
+                ratios[key[:2]].append(run / seconds)
             if warm_part is not None:
-                sample *= warm_part
+                run *= warm_part
                 warm[key] += 1
-            samples[key].append(sample)
+            samples[key].append(run / share)
+
+
+def _call_runs(group: list, run_us: float, each: list) -> list:
+    """Seconds each call of a step ran (NOTE [traced rows] 1): as the generated function
+    clocked them, else the step's run spread by the calls' charges (None for a call of a
+    step of several that the profile charges nothing)."""
+    if each:
+        return [us * 1e-6 for us in each[0]]
+    charged = sum(charge[0] for charge in group)
+    if charged <= 0:
+        return [run_us * 1e-6 if len(group) == 1 else None] * len(group)
+    return [run_us * 1e-6 * charge[0] / charged for charge in group]
 
 
 def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,

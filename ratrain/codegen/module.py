@@ -17,9 +17,19 @@ PRELUDE = '''\
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memset, memmove
 from libc.stdlib cimport malloc
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from ratrain.kernels cimport *
 
-ctypedef int (*function_t)(char *A, const int64_t *o, int threads, int *status) noexcept nogil
+ctypedef int (*function_t)(char *A, const int64_t *o, int threads, int *status,
+                           double *clock) noexcept nogil
+
+PER_CALL_CLOCK = True   # run_function takes `clock` (NOTE [calls in the trace], rt/trace.py)
+
+
+cdef inline double now() noexcept nogil:
+    cdef timespec t
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return t.tv_sec + t.tv_nsec * 1e-9
 
 cdef float *SCR = <float *>malloc({scratch} * sizeof(float))   # kernel-side fp32 scratch
 if SCR == NULL:
@@ -28,15 +38,18 @@ if SCR == NULL:
 
 ENTRY = '''
 
-def run_function(int function, size_t arena, size_t offsets, int threads):
+def run_function(int function, size_t arena, size_t offsets, int threads, size_t clock=0):
     """Run generated function `function` on the arena at address `arena`, its pointers'
-    int64 offsets at address `offsets`; (index of the failing call or -1, kernel status)."""
+    int64 offsets at address `offsets`; (index of the failing call or -1, kernel status).
+    `clock`: 0, or the address of calls + 1 doubles that get the monotonic seconds at
+    the start and after each call."""
     if function < 0 or function >= {count}:
         raise IndexError("generated program: no such function")
     cdef int status = 0, failed
     cdef function_t run = FUNCTIONS[function]
     with nogil:
-        failed = run(<char *>arena, <const int64_t *>offsets, threads, &status)
+        failed = run(<char *>arena, <const int64_t *>offsets, threads, &status,
+                     <double *>clock)
     return failed, status
 '''
 
@@ -47,8 +60,9 @@ def _function(index: int, body: str, comment: str, legend: tuple[str, ...]) -> s
     of the task running it)."""
     lines = "\n".join(f"    {line}" for line in body.splitlines())
     roles = "".join(f"    # o[{i}] = {role}\n" for i, role in enumerate(legend))
-    return (f"\n\ncdef int f{index}(char *A, const int64_t *o, int threads, int *status) "
-            f"noexcept nogil:\n    # used by {comment}\n{roles}    cdef int st = 0\n"
+    return (f"\n\ncdef int f{index}(char *A, const int64_t *o, int threads, int *status, "
+            f"double *clock) noexcept nogil:\n    # used by {comment}\n{roles}"
+            f"    cdef int st = 0\n    if clock != NULL: clock[0] = now()\n"
             f"{lines}\n    return -1\n")
 
 
@@ -66,12 +80,14 @@ def _pointer(operand) -> str:
 
 def function_code(calls) -> tuple[str, int, dict]:
     """(body, fp32 scratch floats, constant tables) of a function running NativeCalls:
-    each call's IR line as a comment, its template's lines, and a stop on its status."""
+    each call's IR line as a comment, its template's lines, a stop on its status and, where
+    the runtime asks, the time it ended (NOTE [calls in the trace], rt/trace.py)."""
     lines, scratch, tables = [], 0, {}
     for position, call in enumerate(calls):
         emitted = EMITTERS[call.op](call, _pointer)
         lines += [f"# {comment_of(call)}", *emitted.lines,
-                  f"if st != 0: status[0] = st; return {position}"]
+                  f"if st != 0: status[0] = st; return {position}",
+                  f"if clock != NULL: clock[{position + 1}] = now()"]
         scratch = max(scratch, emitted.scratch_floats)
         tables.update(emitted.tables)
     return "\n".join(lines), scratch, tables

@@ -141,6 +141,12 @@ class RankExecutor:
         self.step, self.optimizer, self.tokens = step, None, None  # steps done so far
         self.position = ("set-up", None)  # (task, call) being run, for error messages
         self.trace = None               # a TaskTrace to record task times into, if any
+        # the generated functions' per-call clock while tracing (NOTE [calls in the
+        # trace]); a program run from its own older code (--trust-program-code) has none
+        self.call_clock = np.zeros(1 + max((len(s.calls) for r in self.task_rows
+                                            for s in r.steps if isinstance(s, _Native)),
+                                           default=0)) \
+            if getattr(self.module, "PER_CALL_CLOCK", False) else None
         self.pending = False            # a transfer was still moving after the last step
         self.progress = comm.ProgressAgent(comms, progress_interval) \
             if comm.ProgressAgent.usable(progress_interval) else None
@@ -250,22 +256,26 @@ class RankExecutor:
         self._clear_hazards(step.calls[0], step.ranges)
         if clock:
             clock.waited()
-        failed, status = self._call_native(step)
+        timed = clock and self.call_clock is not None
+        failed, status = self._call_native(step, self.call_clock if timed else None)
         if clock:
-            clock.ran()
+            clock.ran(np.diff(self.call_clock[:len(step.calls) + 1]) if timed else None)
         if failed >= 0:
             self.position = (task, step.calls[failed])
             raise KernelError(f"kernel status {status} "
                               f"({KERNEL_STATUS.get(status, 'unknown')}): {step.calls[failed]}")
 
-    def _call_native(self, step: _Native) -> tuple[int, int]:
+    def _call_native(self, step: _Native, clock: np.ndarray | None) -> tuple[int, int]:
         """Run one generated function; MPI progresses meanwhile if a transfer is pending
-        (NOTE [progress while kernels run])."""
+        (NOTE [progress while kernels run]); `clock`, if given, gets its calls' times."""
         poking = self.progress.poking() if self.progress is not None and self.pending \
             else contextlib.nullcontext()
         with poking:
+            if clock is None:
+                return self.module.run_function(step.function, self.address, step.address,
+                                                self.threads)
             return self.module.run_function(step.function, self.address, step.address,
-                                            self.threads)
+                                            self.threads, clock.ctypes.data)
 
     def _clear_hazards(self, call, ranges) -> None:
         """Complete every in-flight operation whose arena bytes `ranges` cover."""

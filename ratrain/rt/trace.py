@@ -18,7 +18,11 @@ from pathlib import Path
 # microseconds running]. A native step runs consecutive lowered calls of the task, a
 # runtime call one, so the steps partition the task's lowered calls in order: what
 # `ratrain calibrate --from` (calibrate/from_trace.py) sets beside the simulator's charge
-# for the same calls. Steps the commit rule skips are not listed.
+# for the same calls. Steps the commit rule skips are not listed. A native step also
+# carries, fifth, the microseconds of each of its calls, as its generated function read
+# the monotonic clock after each (codegen/module.py; a program's own older code has no
+# clock, and its steps only the four): a decoder layer's forward is one step of 19 calls,
+# and its time alone cannot say which of them ran faster or slower than charged.
 
 
 PROGRAM_EVENT = "ratrain_program"       # metadata event naming the traced program's directory
@@ -41,10 +45,13 @@ class StepClock:
         """Its operands are ready: the wait ends, the run begins."""
         self._ready = time.perf_counter()
 
-    def ran(self) -> None:
+    def ran(self, each=None) -> None:
+        """The run ends; `each`: a native step's seconds per call, as its generated
+        function clocked them."""
         end = time.perf_counter()
         self.calls.append([self._step, self._calls, round((self._ready - self._start) * 1e6, 1),
-                           round((end - self._ready) * 1e6, 1)])
+                           round((end - self._ready) * 1e6, 1)]
+                          + ([[round(s * 1e6, 1) for s in each]] if each is not None else []))
 
 
 class TaskTrace:

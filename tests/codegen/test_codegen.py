@@ -101,9 +101,11 @@ def _run_row(ex, st, steps, lowered, module, check: bool) -> float:
         native_calls = [next(calls) for _ in step.calls]
         before = st.arena.copy()
         offsets = np.asarray(step.offsets or (0,), np.int64)
+        clock = np.zeros(len(step.calls) + 1)  # NOTE [calls in the trace], rt/trace.py
         failed, status = module.run_function(step.function, st.arena.ctypes.data,
-                                             offsets.ctypes.data, 1)
+                                             offsets.ctypes.data, 1, clock.ctypes.data)
         assert failed == -1, (status, native_calls[failed])
+        assert clock[0] > 0 and np.all(np.diff(clock) >= 0), clock
         if check:
             worst = max(worst, _compare(ex, st, before, native_calls))
     return worst

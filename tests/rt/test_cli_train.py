@@ -122,6 +122,11 @@ def test_trace_has_every_task_of_every_step(trained):
         assert {e["args"]["step"] for e in tasks} == {1, 2, 3}
         assert any(e["name"].startswith(f"{rank}F0") for e in tasks)
         assert all(e["dur"] >= 0 for e in tasks)
+        # a native step's calls, each clocked (NOTE [calls in the trace])
+        native = [s for e in tasks for s in e["args"]["calls"] if len(s) == 5]
+        assert any(count > 1 for _, count, *_ in native)
+        for _, count, _, run, each in native:
+            assert len(each) == count and min(each) >= 0 and sum(each) <= run + 0.1 * count
 
 
 def test_simulate_against_the_trace_of_the_run(trained):

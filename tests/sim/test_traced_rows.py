@@ -151,6 +151,23 @@ def test_a_step_of_several_calls_spreads_its_time_by_their_charges():
     assert dict(warm) == {a: 1}
 
 
+def test_a_step_whose_calls_were_clocked_gives_each_call_its_own_time():
+    """NOTE [traced rows] 1: step 0 ran calls a and b (charged 1 and 3) in 8 s, clocked 1 s
+    and 7 s: their samples and op speeds are their own (a's 1 s at a warm part of 0.25 is
+    0.25 s), not the step's 2 x charge; a zb1 half (share 0.5) clocked at 2 s gives its
+    whole node 4 s, and a call charged nothing its clocked time, with no op speed."""
+    samples, ratios, warm = defaultdict(list), defaultdict(list), defaultdict(int)
+    a, b, d, e = (("fp32", op, "shape") for op in "abde")
+    charged = [(1.0, a, 1.0, 0.25), (3.0, b, 1.0, None), (1.0, d, 0.5, None),
+               (0.0, e, 1.0, None)]
+    _add_samples(samples, ratios, warm, charged,
+                 [[0, 2, 0.0, 8e6, [1e6, 7e6]], [1, 2, 0.0, 3e6, [2e6, 1e6]]])
+    assert dict(samples) == {a: [0.25], b: [7.0], d: [4.0], e: [1.0]}
+    assert dict(ratios) == {("fp32", "a"): [1.0], ("fp32", "b"): [7 / 3],
+                            ("fp32", "d"): [2.0]}
+    assert dict(warm) == {a: 1}
+
+
 def test_a_shape_no_trace_ran_is_charged_at_its_ops_traced_speed(programs, tmp_path):
     """NOTE [traced rows] 5: pp 2 at 32 tokens ran every call at 1.5x its charge; the same
     layout at 64 tokens has none of its kernel shapes among the rows, and each of its
