@@ -8,6 +8,7 @@ cpu.json.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -65,11 +66,12 @@ def _calibrate_from(args, out: Path) -> None:
     write_profile(profile.to_dict(), out)
     print(f"wrote {out}: {Profile.of(base).name}'s profile with what "
           f"{len(runs)} traced run{'s' * (len(runs) != 1)} measured")
-    if profile.traced:
-        print("  " + traced_summary(profile.traced, None))
-    for threads, entry in profile.threads.items():
-        if "traced" in entry:
-            print("  " + traced_summary(entry["traced"], threads))
+    for threads, traced in ([(None, profile.traced)] if profile.traced else []) + [
+            (threads, entry["traced"]) for threads, entry in profile.threads.items()
+            if "traced" in entry]:
+        print("  " + traced_summary(traced, threads))
+        if traced.get("op_speed"):
+            print("    " + op_speeds(traced["op_speed"]))
 
 
 def traced_summary(traced: dict, threads: str | None) -> str:
@@ -82,6 +84,22 @@ def traced_summary(traced: dict, threads: str | None) -> str:
             + (f", replicas' arrival drift {drift[0]:.1%} ({drift[1]} steps' first UPDs)"
                if drift else ", no arrival drift (one replica, or no UPD all replicas "
                "waited at)"))
+
+
+def op_speeds(speeds: dict, most: int = 8) -> str:
+    """The traced speeds of the kernel ops, farthest from the given profile's charge first
+    (NOTE [traced rows] 5): where a run and the microbenchmark disagree, op by op. Runtime
+    calls (CallOp) are left out: the microbenchmark charges the data and loss calls next to
+    nothing, so their ratios run to thousands and say nothing about a kernel."""
+    from ratrain.program_format.call_ops import CallOp
+    runtime = {op.value for op in CallOp}
+    kernels = sorted(((op, speed) for op, (speed, _) in speeds.items()
+                      if op.split()[-1] not in runtime and speed > 0),
+                     key=lambda item: -abs(math.log(item[1])))
+    more = len(kernels) - most
+    return ("kernel ops, the run's time over the given profile's charge (median per call): "
+            + ", ".join(f"{op} {speed:.2f}x" for op, speed in kernels[:most])
+            + (f", and {more} more in the profile's op_speed" if more > 0 else ""))
 
 
 def summary(profile: Profile, path: Path, seconds: float) -> str:

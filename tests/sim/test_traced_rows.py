@@ -194,8 +194,19 @@ def test_a_shape_no_trace_ran_is_charged_at_its_ops_traced_speed(programs, tmp_p
                for (old, key, *_), (new, *_) in zip(calls, unscaled[task]) if key)
 
 
+def test_calibrate_prints_the_kernel_ops_farthest_from_their_charge_first():
+    """`calibrate --from` names the kernel ops whose run most disagrees with the given
+    profile (NOTE [traced rows] 5); runtime calls, charged next to nothing, are left out."""
+    from ratrain.cli.calibrate import op_speeds
+    speeds = {"fp32 add": [0.3, 10], "fp32 matmul": [1.1, 40], "fp32 record_loss": [3e4, 4],
+              "bf16 adamw": [0.5, 4], "fp32 rope_bwd": [2.0, 8], "fp32 swiglu": [0.95, 4]}
+    line = op_speeds(speeds, most=3)
+    assert line.endswith(": fp32 add 0.30x, fp32 rope_bwd 2.00x, fp32 matmul 1.10x, "
+                         "and 1 more in the profile's op_speed")
+
+
 @pytest.mark.mpi
-def test_calibrate_from_a_traced_run(programs, tmp_path):
+def test_calibrate_from_a_traced_run(programs, tmp_path, capsys):
     """`ratrain run --trace` names its program; `ratrain calibrate --from` finds it there,
     writes a row for every kernel key the run had, and says where they came from."""
     path, program = programs["pp2"]
@@ -207,6 +218,9 @@ def test_calibrate_from_a_traced_run(programs, tmp_path):
     profile = json.loads((tmp_path / "p.json").read_text())
     entry = profile["threads"][str(rank_profile(profile, 2)["rank_threads"])] \
         if "threads" in profile else profile
+    printed = capsys.readouterr().out.split("(median per call): ")[1].splitlines()[0]
+    for op, speed in (item.rsplit(" ", 1) for item in printed.split(", and ")[0].split(", ")):
+        assert f"{entry['traced']['op_speed'][op][0]:.2f}x" == speed and "fill" not in op
     rows = entry["traced"]["calls"]
     keys = {" ".join(map(str, key)) for calls in charges(program, load_profile("cpu")).values()
             for _, key, *_ in calls if key is not None}
