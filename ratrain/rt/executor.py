@@ -143,9 +143,9 @@ class RankExecutor:
         self.trace = None               # a TaskTrace to record task times into, if any
         # the generated functions' per-call clock while tracing (NOTE [calls in the
         # trace]); a program run from its own older code (--trust-program-code) has none
-        self.call_clock = np.zeros(1 + max((len(s.calls) for r in self.task_rows
-                                            for s in r.steps if isinstance(s, _Native)),
-                                           default=0)) \
+        rows = [*self.task_rows, *self.forward_gathers.values()]
+        self.call_clock = np.zeros(1 + max((len(s.calls) for r in rows for s in r.steps
+                                            if isinstance(s, _Native)), default=0)) \
             if getattr(self.module, "PER_CALL_CLOCK", False) else None
         self.pending = False            # a transfer was still moving after the last step
         self.progress = comm.ProgressAgent(comms, progress_interval) \
