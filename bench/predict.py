@@ -14,8 +14,8 @@ measured at (the later passes follow at once: the load they see is the bench's o
 which the 1-minute average takes a minute or more to forget). The machine's speed drifts
 by 10-30% over seconds to minutes (a shared VM), so each round calibrates right before it
 runs the configurations, and runs each of them --repeats times, in passes over all of
-them (NOTE [interleaved passes]): a configuration's measured
-step in a round is the median of its runs' medians (each the median of the steps after
+them (NOTE [interleaved passes]): a configuration's measured step in a round is the
+median of its runs' medians (each the median of the steps after
 --warmup, at least --measure of them, and enough for --measure-seconds at the predicted
 step time; NOTE [measured span]). Of a configuration's --rounds N measurements the fastest
 is compared with the prediction of the calibration made in its own round (NOTE
@@ -79,8 +79,7 @@ def predicted_seconds(program, hw):
 # varied 3%, and the slow stretches last seconds: 9 steps of an 80 ms program span 0.7 s,
 # and the 9-step medians within one 80-step run of tiny-gqa dp 2 ZeRO 2 bf16 ranged over
 # 58.9-76.9 ms, where 80-step medians of three runs back to back gave 63.1, 61.1 and 69.6
-# ms (2026-11-27). The predicted step only sizes the
-# run; the median is of what ran. Probing the machine's speed around each run (a pinned
+# ms (2026-11-27). The predicted step only sizes the run; the median is of what ran. Probing the machine's speed around each run (a pinned
 # GEMM, and 4 and 16 MiB streams, on every core at once) did not tell the slow runs apart:
 # eight 60-step runs of that program measured 64-102 ms between probes that agreed within
 # 10%, so the bench does not gate runs by such a probe.

@@ -66,9 +66,10 @@ def _calibrate_from(args, out: Path) -> None:
     write_profile(profile.to_dict(), out)
     print(f"wrote {out}: {Profile.of(base).name}'s profile with what "
           f"{len(runs)} traced run{'s' * (len(runs) != 1)} measured")
-    for threads, traced in ([(None, profile.traced)] if profile.traced else []) + [
-            (threads, entry["traced"]) for threads, entry in profile.threads.items()
-            if "traced" in entry]:
+    entries = [(None, profile.traced)] if profile.traced else []
+    entries += [(threads, entry["traced"]) for threads, entry in profile.threads.items()
+                if "traced" in entry]
+    for threads, traced in entries:
         print("  " + traced_summary(traced, threads))
         if traced.get("op_speed"):
             print("    " + op_speeds(traced["op_speed"]))

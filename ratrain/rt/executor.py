@@ -270,12 +270,10 @@ class RankExecutor:
         (NOTE [progress while kernels run]); `clock`, if given, gets its calls' times."""
         poking = self.progress.poking() if self.progress is not None and self.pending \
             else contextlib.nullcontext()
+        clocked = () if clock is None else (clock.ctypes.data,)  # older code takes none
         with poking:
-            if clock is None:
-                return self.module.run_function(step.function, self.address, step.address,
-                                                self.threads)
             return self.module.run_function(step.function, self.address, step.address,
-                                            self.threads, clock.ctypes.data)
+                                            self.threads, *clocked)
 
     def _clear_hazards(self, call, ranges) -> None:
         """Complete every in-flight operation whose arena bytes `ranges` cover."""
