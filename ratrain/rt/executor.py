@@ -259,7 +259,7 @@ class RankExecutor:
         timed = clock and self.call_clock is not None
         failed, status = self._call_native(step, self.call_clock if timed else None)
         if clock:
-            clock.ran(np.diff(self.call_clock[:len(step.calls) + 1]) if timed else None)
+            clock.ran(self.call_clock[:len(step.calls) + 1] if timed else None)
         if failed >= 0:
             self.position = (task, step.calls[failed])
             raise KernelError(f"kernel status {status} "
