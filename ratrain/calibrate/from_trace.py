@@ -74,10 +74,15 @@ MIN_WAIT = 50e-6                        # a UPD whose every replica waited longe
 #    before any microbenchmark case, so a shape measured in one program serves every
 #    program that has it, and a program is never scored against its own trace by accident
 #    of a constant fitted to it: nothing is fitted, each row is a measured time.
-# 4. A task's wall time beyond its steps' (the runtime's loop between them, MPI progress
-#    after each) is spread over the lowered calls the traced steps ran: `call_overhead`,
-#    seconds per lowered call, which the simulator adds to every task by its calls (on
-#    2 vCPUs, tiny pp 2: 53 us a native step, 1.4% of the step).
+# 4. A task's wall time beyond its calls' (the runtime's loop between its steps, MPI
+#    progress after each, a native step's entry into its generated function before its
+#    first call's clock), and the runtime's loop between one task of a step and the next,
+#    is spread over the lowered calls the traced steps ran: `call_overhead`, seconds per
+#    lowered call, which the simulator adds to every task by its calls. Until 2026-11-29
+#    the entry and the loop between tasks were left out (a native step's entry went with
+#    its run to its calls before per-call clocks, 1., and nowhere after): tiny-gqa pp 2
+#    bf16 on 2 vCPUs, 70-120 us a native step and 13 us between tasks, and a profile
+#    calibrated from one run's trace predicted that run's own step 2-10% short.
 # 5. A shape no traced program ran still runs in a run's conditions, not the
 #    microbenchmark's: each traced call's ratio r (1.) is also a sample of how fast its op
 #    runs in a run against what the given profile charges it, and `op_speed` keeps the
@@ -102,6 +107,15 @@ MIN_WAIT = 50e-6                        # a UPD whose every replica waited longe
 #    replica posts its SYNCs too, but they move nothing: its ranks give no sample (until
 #    2026-11-28 they did, and tiny pp 2's traces, 0.96-1.02, stood in for the probe's
 #    1.84-2.24 in every dp 2 program predicted from them, bench/predict-runs/2026-11-28-c).
+# 7. A call that moves data (a send, a posted receive, a receive's wait, a collective's
+#    start: ProfileCosts.host_ops) has no row (2.), its time on the link being the link's
+#    and its wait the other ranks'; but the rank runs it too, the runtime's own work to
+#    post or complete it (mpi4py, the send's copy). Its run (its wait for operands left
+#    out) less the compute the cost model charges it is one sample of its op's host time;
+#    the median per op is the traced `call_host`, which the simulator charges as compute
+#    at the call, after its wait where it has one. On 2 vCPUs: 61 us a gradient sync's
+#    start, 74 a posted receive, 97 a send, 38 a receive's wait, where the link charged
+#    none of it (tiny-gqa pp 2 bf16: 1.2 ms of a 113 ms step on each stage).
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,8 @@ class Samples:
     warm: dict = None                   # kernel key -> how many of its samples were
                                         # scaled to fully cached (NOTE [traced
                                         # residency], sim/calls.py)
+    host: dict = None                   # op -> host seconds of a call that moves data
+                                        # beyond its charge (NOTE [traced rows] 7)
 
 
 def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Samples:
@@ -172,14 +188,18 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
     ratios: dict[tuple, list[float]] = defaultdict(list)
     warm: dict[tuple, int] = defaultdict(int)
     charges: dict = {}
+    hosts: dict = {}
+    host: dict[str, list[float]] = defaultdict(list)
     drifts: list = []
     beside: list = []
     overhead, lowered = 0.0, 0
     for path in sorted(run.trace.glob("trace-rank*.json")):
         events = _events(path)
-        backwards = _Backwards()
+        backwards, previous = _Backwards(), None
         for event in events:
             backwards.see(event)
+            gap = _gap(previous, event)
+            previous = event
             if event["args"].get("step", 0) <= skip or "calls" not in event["args"]:
                 continue
             stage = program.coords(event["pid"])[0]
@@ -189,15 +209,17 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
                                 f"{run.program} does not run: pass the traced program")
             if task not in charges:
                 charges[task] = costs.call_charges(task)
+                hosts[task] = costs.host_ops(task)
             steps = event["args"]["calls"]
             _add_samples(samples, ratios, warm, charges[task], steps)
+            _add_host(host, charges[task], hosts[task], steps)
             backwards.add(task, steps, charges[task])
-            overhead += (event["dur"] - sum(s[2] + s[3] for s in steps)) * 1e-6
+            overhead += (gap + event["dur"] - sum(s[2] + _clocked(s) for s in steps)) * 1e-6
             lowered += sum(s[1] for s in steps)
         drifts += _drift_samples(events, program, skip)
         beside += backwards.slowdown() if program.options.dp > 1 else []  # 6.
     return Samples(samples, drifts, program.options.world_size, program.options.dp,
-                   overhead, lowered, ratios, beside, warm)
+                   overhead, lowered, ratios, beside, warm, host)
 
 
 class _Backwards:
@@ -285,27 +307,56 @@ def drift_samples(rows: list, dp: int) -> list[float]:
 
 def _add_samples(samples: dict, ratios: dict, warm: dict, charges: list,
                  steps: list) -> None:
-    """Each traced step [index, calls, wait us, run us(, us per call)] of a task beside
-    the charges of the calls it ran (ProfileCosts.call_charges; a step the trace does not
-    list, skipped by the commit rule, ran one runtime call); `ratios` gets each call's run
-    over its charge per op (NOTE [traced rows] 5); a kernel call's sample is what it would
-    have taken fully cached where the profile knows its warm part, counted in `warm`
-    (NOTE [traced residency])."""
+    """Each call the traced `steps` of a task ran (_ran) gives its row a sample; `ratios`
+    gets each call's run over its charge per op (NOTE [traced rows] 5); a kernel call's
+    sample is what it would have taken fully cached where the profile knows its warm
+    part, counted in `warm` (NOTE [traced residency])."""
+    for i, run in _ran(charges, steps):
+        seconds, key, share, warm_part = charges[i]
+        if key is None or run is None:
+            continue
+        if seconds > 0:
+            ratios[key[:2]].append(run / seconds)
+        if warm_part is not None:
+            run *= warm_part
+            warm[key] += 1
+        samples[key].append(run / share)
+
+
+def _add_host(host: dict, charges: list, ops: list, steps: list) -> None:
+    """Each traced call of a task that moves data (`ops`: ProfileCosts.host_ops) gives
+    its op a sample of its host time: its run less what the cost model charges it as
+    compute, the copy of a send (NOTE [traced rows] 7)."""
+    for i, run in _ran(charges, steps):
+        if ops[i] is not None and run is not None:
+            host[ops[i]].append(max(run - charges[i][0], 0.0))
+
+
+def _ran(charges: list, steps: list):
+    """(index in `charges`, seconds it ran) of each call the traced `steps` ran: each
+    [index, calls, wait us, run us(, us per call)] beside the charges of the task's
+    lowered calls (ProfileCosts.call_charges; a step the trace does not list, skipped by
+    the commit rule, ran one runtime call)."""
     position, previous = 0, -1
     for index, count, _wait, run_us, *each in steps:
         position += index - previous - 1
         group = charges[position:position + count]
+        yield from enumerate(_call_runs(group, run_us, each), start=position)
         position, previous = position + count, index
-        for (seconds, key, share, warm_part), run in zip(group, _call_runs(group, run_us,
-                                                                             each)):
-            if key is None or run is None:
-                continue
-            if seconds > 0:
-                ratios[key[:2]].append(run / seconds)
-            if warm_part is not None:
-                run *= warm_part
-                warm[key] += 1
-            samples[key].append(run / share)
+
+
+def _gap(previous: dict | None, event: dict) -> float:
+    """Microseconds a rank ran between the task before `event` in the same step and it:
+    the runtime's loop (NOTE [traced rows] 4)."""
+    if previous is None or previous["args"].get("step") != event["args"].get("step"):
+        return 0.0
+    return max(event["ts"] - previous["ts"] - previous["dur"], 0.0)
+
+
+def _clocked(step: list) -> float:
+    """Microseconds of a traced step that its calls ran (NOTE [traced rows] 4): the sum
+    of its calls' clocks where the generated function kept them, else its whole run."""
+    return sum(step[4]) if len(step) > 4 else step[3]
 
 
 def _call_runs(group: list, run_us: float, each: list) -> list:
@@ -331,6 +382,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
     spreads: dict = defaultdict(list)
     overheads: dict = defaultdict(lambda: [0.0, 0])
     speeds: dict = defaultdict(lambda: defaultdict(list))
+    hosts: dict = defaultdict(lambda: defaultdict(list))
     slowdowns: dict = defaultdict(list)
     for run in runs:
         progress(f"reading {run.trace} (the traces of {run.program})")
@@ -345,6 +397,8 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
         overheads[entry][1] += samples.lowered_calls
         for op, values in samples.ratios.items():
             speeds[entry][key_text(op)].extend(values)
+        for op, values in samples.host.items():
+            hosts[entry][str(op)].extend(values)
         slowdowns[entry] += samples.beside
     out = json.loads(json.dumps(dict(profile)))
     source = {"programs": [str(r.program) for r in runs], "traces": [str(r.trace) for r in runs],
@@ -361,6 +415,9 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
             traced["call_overhead"] = [float(f"{max(seconds, 0.0) / calls:.4g}"), calls]
         traced["op_speed"] = {op: [float(f"{statistics.median(values):.4g}"), len(values)]
                               for op, values in sorted(speeds[entry].items())}
+        if hosts[entry]:  # NOTE [traced rows] 7
+            traced["call_host"] = {op: [float(f"{statistics.median(values):.4g}"), len(values)]
+                                   for op, values in sorted(hosts[entry].items())}
         if slowdowns[entry]:  # NOTE [traced rows] 6
             traced["kernel_slowdown_beside"] = [
                 float(f"{statistics.median(slowdowns[entry]):.4g}"), len(slowdowns[entry])]

@@ -76,12 +76,16 @@ def _calibrate_from(args, out: Path) -> None:
 
 
 def traced_summary(traced: dict, threads: str | None) -> str:
-    """One line of what a profile entry's traced rows hold (NOTE [traced rows])."""
+    """One line of what a profile entry's traced rows hold (NOTE [traced rows]): rows,
+    the per-call overhead, each data-moving op's host time, the arrival drift."""
     kernels = sum(key.split()[2].isdigit() for key in traced["calls"])
     overhead, drift = traced.get("call_overhead"), traced.get("arrival_drift")
     return (f"{threads + ' thread' + 's' * (threads != '1') + ' per rank: ' if threads else ''}"
             f"{kernels} kernel shapes, {len(traced['calls']) - kernels} runtime calls"
             + (f", {overhead[0] * 1e6:.1f} us per call outside them" if overhead else "")
+            + (", host time of calls that move data: " + ", ".join(
+                f"{op} {seconds * 1e6:.0f} us" for op, (seconds, _) in traced["call_host"].items())
+               if traced.get("call_host") else "")
             + (f", replicas' arrival drift {drift[0]:.1%} ({drift[1]} steps' first UPDs)"
                if drift else ", no arrival drift (one replica, or no UPD all replicas "
                "waited at)"))

@@ -64,6 +64,12 @@ def is_kernel_call(call) -> bool:
     return not is_call_op(call.op) and lookup_rule(call.op) is not None
 
 
+def _moves_data(call, steps) -> bool:
+    """Whether a runtime call with these charged steps is more than compute: its run time
+    is no traced row's (NOTE [traced rows] 2, 7)."""
+    return call.op in UNTRACED_RUNTIME_CALLS or not all(isinstance(s, Compute) for s in steps)
+
+
 def _slots(values) -> list:
     return [v for v in values if isinstance(v, Slot)]
 
@@ -181,6 +187,18 @@ class ProfileCosts:
                 yield step
 
     def _call_steps(self, task, call, cursor) -> list[Step]:
+        """The call's steps as simulated: as charged, and where it moves data, the host
+        time a traced run measured for its op (NOTE [traced rows] 7) after its wait, if
+        it has one, else first."""
+        steps = self._charged_steps(task, call, cursor)
+        host = self.profile.traced.get("call_host", {}).get(call.op)
+        if not host or not _moves_data(call, steps):
+            return steps
+        waits = [i for i, step in enumerate(steps) if isinstance(step, Recv)]
+        at = waits[-1] + 1 if waits else 0
+        return steps[:at] + [Compute(host[0])] + steps[at:]
+
+    def _charged_steps(self, task, call, cursor) -> list[Step]:
         handler = CHARGES.get(call.op)
         if handler is not None:
             steps = handler(self, task, call)
@@ -190,11 +208,18 @@ class ProfileCosts:
             return [Compute(self._ir_seconds(task, call, cursor))]
         return self._traced_or(call, _memory_bound(self, task, call))
 
+    def host_ops(self, task) -> list[str | None]:
+        """For each lowered call of `task`, in call_charges' order: its op where it moves
+        data (a send, a posted receive, a receive's wait, a collective's start), whose
+        host time a traced run measures per op (NOTE [traced rows] 7); else None."""
+        return [None if is_kernel_call(call) or rollback_only(call)
+                or not _moves_data(call, self._charged_steps(task, call, {})) else call.op
+                for call in self._calls[task.stage][task]]
+
     def _traced_runtime(self, call, steps) -> float | None:
         """A traced run's time of a runtime call that only computes: its row, else its
         steps at its op's traced speed (NOTE [traced rows] 1, 5)."""
-        if not self.profile.traced or not all(isinstance(s, Compute) for s in steps) \
-                or call.op in UNTRACED_RUNTIME_CALLS:
+        if not self.profile.traced or _moves_data(call, steps):
             return None
         row = traced_seconds(self.profile, runtime_key(call, self.options.precision))
         if row is not None:
@@ -259,9 +284,8 @@ class ProfileCosts:
                 warm_part = warm[n] / seconds if self._cold and cold and seconds > 0 else None
                 out.append((seconds / self.speeds[task.stage], key, share, warm_part))
                 continue
-            steps = self._call_steps(task, call, cursor)
-            compute = all(isinstance(s, Compute) for s in steps) and \
-                call.op not in UNTRACED_RUNTIME_CALLS
+            steps = self._charged_steps(task, call, cursor)
+            compute = not _moves_data(call, steps)
             out.append((sum(s.seconds for s in steps if isinstance(s, Compute))
                         / self.speeds[task.stage],
                         runtime_key(call, self.options.precision) if compute else None, 1.0,

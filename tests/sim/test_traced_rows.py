@@ -168,6 +168,77 @@ def test_a_step_whose_calls_were_clocked_gives_each_call_its_own_time():
     assert dict(warm) == {a: 1}
 
 
+def write_host_traces(directory, path, program, steps=4):
+    """Every rank's trace of `program`, each call its charge on the cpu profile, as
+    `ratrain run --trace` writes it, and beyond that: a kernel call's step 20 us to enter
+    its generated function (its clocked calls leave it out), a call that moves data 50
+    us of host time, 10 us in each task outside its steps and 5 us between tasks. The
+    microseconds outside the calls after the skipped steps, and the lowered calls."""
+    from ratrain.calibrate.from_trace import SKIP_STEPS
+    from ratrain.sim.calls import is_kernel_call
+    costs = ProfileCosts(program, rank_profile(load_profile("cpu"), program.options.world_size))
+    lowered_calls = {lt.task: lt.calls for stage in program.lowered.values() for lt in stage}
+    outside, lowered = 0.0, 0
+    for stage, tasks in program.tasks.items():
+        rank, now, events = program.rank(stage, 0), 0.0, []
+        for step in range(1, steps + 1):
+            for task in tasks:
+                ran = [[i, 1, 0.0, s * 1e6 + 20, [s * 1e6]] if is_kernel_call(call)
+                       else [i, 1, 0.0, s * 1e6 + 50 * (op is not None)]
+                       for i, ((s, *_), op, call) in enumerate(zip(
+                           costs.call_charges(task), costs.host_ops(task), lowered_calls[task]))]
+                dur = sum(c[3] for c in ran) + 10
+                events.append({"name": str(task), "ph": "X", "pid": rank, "tid": 0, "ts": now,
+                               "dur": dur, "args": {"step": step, "calls": ran}})
+                now += dur + 5
+                if step > SKIP_STEPS:
+                    outside += 10 + 5 * (task is not tasks[0]) + 20 * sum(len(c) > 4 for c in ran)
+                    lowered += len(ran)
+            now += 1000
+        meta = {"name": "ratrain_program", "ph": "M", "pid": rank, "args": {"program": str(path)}}
+        (directory / f"trace-rank{rank}.json").write_text(
+            json.dumps({"traceEvents": [meta] + events}))
+    return outside, lowered
+
+
+def test_the_runtimes_own_time_is_charged_where_the_run_spent_it(programs, tmp_path):
+    """NOTE [traced rows] 4 and 7: what a run spends outside its calls' own clocks (the
+    entry into a generated function, the loop within and between tasks) is the traced
+    per-call overhead, and a call that moves data gives its op the host time it ran
+    beyond its charge (50 us each: a send, a posted receive, a receive's wait, a gradient
+    sync's start), which the simulator charges at the call: a send's before it goes, a
+    receive's after its message is in."""
+    from ratrain.ir.tasks import Kind
+    from ratrain.sim.steps import Compute, Recv, Send
+    path, program = programs["pp2"]
+    outside, lowered = write_host_traces(tmp_path, path, program)
+    traced = rank_profile(traced_profile(load_profile("cpu"), [TracedRun(tmp_path, path)]), 2)
+    overhead, calls = traced.traced["call_overhead"]
+    assert calls == lowered and math.isclose(overhead, outside * 1e-6 / lowered, rel_tol=1e-3)
+    host = traced.traced["call_host"]
+    assert set(host) == {"send", "post_recv", "wait_recv", "grad_sync"}
+    assert all(math.isclose(seconds, 50e-6, rel_tol=1e-3) for seconds, _ in host.values())
+    without = traced.with_fields(traced={k: v for k, v in traced.traced.items()
+                                         if k != "call_host"})
+    charged, bare = ProfileCosts(program, traced), ProfileCosts(program, without)
+
+    def compute_around(costs, task, kind):
+        steps = costs.steps(task)
+        at = next(i for i, s in enumerate(steps) if isinstance(s, kind))
+        before = sum(s.seconds for s in steps[:at] if isinstance(s, Compute))
+        return before, sum(s.seconds for s in steps[at:] if isinstance(s, Compute))
+
+    sends = [t for t in program.tasks[0] if t.kind == Kind.SEND_F]
+    recvs = [t for t in program.tasks[1] if t.kind == Kind.RECV_F]
+    assert sends and recvs
+    for task in sends:
+        (before, after), (was, then) = (compute_around(c, task, Send) for c in (charged, bare))
+        assert math.isclose(before - was, 50e-6, rel_tol=1e-3) and after == then
+    for task in recvs:
+        (before, after), (was, then) = (compute_around(c, task, Recv) for c in (charged, bare))
+        assert math.isclose(after - then, 50e-6, rel_tol=1e-3) and before == was
+
+
 def test_a_shape_no_trace_ran_is_charged_at_its_ops_traced_speed(programs, tmp_path):
     """NOTE [traced rows] 5: pp 2 at 32 tokens ran every call at 1.5x its charge; the same
     layout at 64 tokens has none of its kernel shapes among the rows, and each of its
@@ -208,7 +279,8 @@ def test_calibrate_prints_the_kernel_ops_farthest_from_their_charge_first():
 @pytest.mark.mpi
 def test_calibrate_from_a_traced_run(programs, tmp_path, capsys):
     """`ratrain run --trace` names its program; `ratrain calibrate --from` finds it there,
-    writes a row for every kernel key the run had, and says where they came from."""
+    writes a row for every kernel key the run had and the host time of the calls that
+    moved data, prints them, and says where they came from."""
     path, program = programs["pp2"]
     run = subprocess.run([sys.executable, "-m", "ratrain.cli", "run", str(path), "--steps", "4",
                           "--trace", str(tmp_path / "t")],
@@ -218,7 +290,8 @@ def test_calibrate_from_a_traced_run(programs, tmp_path, capsys):
     profile = json.loads((tmp_path / "p.json").read_text())
     entry = profile["threads"][str(rank_profile(profile, 2)["rank_threads"])] \
         if "threads" in profile else profile
-    printed = capsys.readouterr().out.split("(median per call): ")[1].splitlines()[0]
+    out = capsys.readouterr().out
+    printed = out.split("(median per call): ")[1].splitlines()[0]
     for op, speed in (item.rsplit(" ", 1) for item in printed.split(", and ")[0].split(", ")):
         assert f"{entry['traced']['op_speed'][op][0]:.2f}x" == speed and "fill" not in op
     rows = entry["traced"]["calls"]
@@ -227,6 +300,11 @@ def test_calibrate_from_a_traced_run(programs, tmp_path, capsys):
     assert keys - set(rows) <= {k for k in keys if " fill " in k or " copy " in k}
     assert all(seconds > 0 and samples >= 2 for seconds, samples, *_ in rows.values())
     assert entry["traced"]["sources"][0]["programs"] == [str(path.resolve())]
+    host = entry["traced"]["call_host"]  # NOTE [traced rows] 7
+    assert {"send", "post_recv", "wait_recv"} <= set(host)
+    assert all(seconds > 0 for seconds, _ in host.values())
+    assert f"send {host['send'][0] * 1e6:.0f} us" in out.split("host time of calls that move "
+                                                               "data: ")[1].splitlines()[0]
 
 
 def test_expected_latest_arrival_against_a_sampled_one():
