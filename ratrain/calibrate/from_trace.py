@@ -167,6 +167,8 @@ class Samples:
                                         # residency], sim/calls.py)
     host: dict = None                   # op -> host seconds of a call that moves data
                                         # beyond its charge (NOTE [traced rows] 7)
+    spread: list = None                 # a pipeline's stage spread per replica and step
+                                        # (NOTE [stage spread], sim/costs.py)
 
 
 def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Samples:
@@ -192,6 +194,7 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
     host: dict[str, list[float]] = defaultdict(list)
     drifts: list = []
     beside: list = []
+    ran: dict = defaultdict(list)       # (rank, step) -> its keyed calls' (key, seconds)
     overhead, lowered = 0.0, 0
     for path in sorted(run.trace.glob("trace-rank*.json")):
         events = _events(path)
@@ -213,13 +216,37 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
             steps = event["args"]["calls"]
             _add_samples(samples, ratios, warm, charges[task], steps)
             _add_host(host, charges[task], hosts[task], steps)
+            ran[event["pid"], event["args"]["step"]] += [
+                (charges[task][i][1], run / charges[task][i][2])
+                for i, run in _ran(charges[task], steps)
+                if charges[task][i][1] is not None and run is not None]
             backwards.add(task, steps, charges[task])
             overhead += (gap + event["dur"] - sum(s[2] + _clocked(s) for s in steps)) * 1e-6
             lowered += sum(s[1] for s in steps)
         drifts += _drift_samples(events, program, skip)
         beside += backwards.slowdown() if program.options.dp > 1 else []  # 6.
     return Samples(samples, drifts, program.options.world_size, program.options.dp,
-                   overhead, lowered, ratios, beside, warm, host)
+                   overhead, lowered, ratios, beside, warm, host, _stage_spread(ran, program))
+
+
+def _stage_spread(ran: dict, program) -> list[float]:
+    """See NOTE [stage spread]: for each step of each replica of a pipeline, its stages'
+    spread of speed, from their calls' times over the run's median time per call key."""
+    if program.options.pp < 2:
+        return []
+    by_key = defaultdict(list)
+    for calls in ran.values():
+        for key, seconds in calls:
+            by_key[key].append(seconds)
+    median = {key: statistics.median(values) for key, values in by_key.items()}
+    speeds = defaultdict(list)          # (replica, step) -> each stage's time over median
+    for (rank, step), calls in sorted(ran.items()):
+        typical = sum(median[key] for key, _ in calls)
+        if typical > 0:
+            speeds[program.coords(rank)[1], step].append(sum(s for _, s in calls) / typical)
+    e = expected_largest_normal(program.options.pp)
+    return [(max(r) - statistics.mean(r)) / statistics.mean(r) / e
+            for r in speeds.values() if len(r) == program.options.pp]
 
 
 class _Backwards:
@@ -383,6 +410,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
     overheads: dict = defaultdict(lambda: [0.0, 0])
     speeds: dict = defaultdict(lambda: defaultdict(list))
     hosts: dict = defaultdict(lambda: defaultdict(list))
+    stage_spreads: dict = defaultdict(list)
     slowdowns: dict = defaultdict(list)
     for run in runs:
         progress(f"reading {run.trace} (the traces of {run.program})")
@@ -399,6 +427,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
             speeds[entry][key_text(op)].extend(values)
         for op, values in samples.host.items():
             hosts[entry][str(op)].extend(values)
+        stage_spreads[entry] += samples.spread
         slowdowns[entry] += samples.beside
     out = json.loads(json.dumps(dict(profile)))
     source = {"programs": [str(r.program) for r in runs], "traces": [str(r.trace) for r in runs],
@@ -418,6 +447,9 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
         if hosts[entry]:  # NOTE [traced rows] 7
             traced["call_host"] = {op: [float(f"{statistics.median(values):.4g}"), len(values)]
                                    for op, values in sorted(hosts[entry].items())}
+        if stage_spreads[entry]:  # NOTE [stage spread]
+            traced["stage_spread"] = [float(f"{statistics.median(stage_spreads[entry]):.4g}"),
+                                      len(stage_spreads[entry])]
         if slowdowns[entry]:  # NOTE [traced rows] 6
             traced["kernel_slowdown_beside"] = [
                 float(f"{statistics.median(slowdowns[entry]):.4g}"), len(slowdowns[entry])]

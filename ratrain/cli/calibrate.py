@@ -86,6 +86,8 @@ def traced_summary(traced: dict, threads: str | None) -> str:
             + (", host time of calls that move data: " + ", ".join(
                 f"{op} {seconds * 1e6:.0f} us" for op, (seconds, _) in traced["call_host"].items())
                if traced.get("call_host") else "")
+            + (f", stages' speed spread {traced['stage_spread'][0]:.1%} "
+               f"({traced['stage_spread'][1]} steps)" if traced.get("stage_spread") else "")
             + (f", replicas' arrival drift {drift[0]:.1%} ({drift[1]} steps' first UPDs)"
                if drift else ", no arrival drift (one replica, or no UPD all replicas "
                "waited at)"))

@@ -24,7 +24,7 @@ from ratrain.sim.collectives import collective_cost
 from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
                                gather_start_seconds, grad_scatter, link_host_seconds,
                                memory_seconds, message_path, norm_seconds, norm_share_bytes,
-                               scatter_bytes, slot_elements, straggle_rate,
+                               scatter_bytes, slot_elements, stage_slowdown, straggle_rate,
                                sync_finish_seconds,
                                tie_local_bytes, tie_sum_seconds, undo_copy_bytes,
                                update_seconds, view_gather)
@@ -122,6 +122,7 @@ class ProfileCosts:
         self.program, self.profile, self.options = program, profile, o
         self.algorithm = algorithm or profile.collective_algorithm
         self.speeds = o.stage_speeds or (1.0,) * o.pp
+        self.bottleneck = stage_slowdown(profile, o.pp)  # NOTE [stage spread]
         self.ddr = profile.ddr_bandwidth
         self.host_cost = float(profile.link_host_cost)  # NOTE [link host cost]
         self._calls = {s: {lt.task: lt.calls for lt in lowered}
@@ -163,7 +164,7 @@ class ProfileCosts:
         return self._steps[task]
 
     def _task_steps(self, task):
-        speed, cursor, touched = self.speeds[task.stage], {}, set()
+        speed, cursor, touched = self.speeds[task.stage] / self.bottleneck, {}, set()
         yield from waits_for_hidden_grad(self, task)  # NOTE [shard messages]
         yield from waits_for_lookups(self, task)  # NOTE [embedding messages]
         overhead = self.profile.traced.get("call_overhead")

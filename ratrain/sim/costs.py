@@ -84,6 +84,26 @@ def expected_largest_normal(members: int) -> float:
     return float(np.trapezoid(x * members * density * cdf ** (members - 1), x))
 
 
+# NOTE [stage spread]: the stages of a pipeline run their kernels at different speeds
+# within a step, and not by their charges' noise alone: on 2 vCPUs a traced run of tiny
+# pp 2 had one rank 5-25% slower than the other over whole steps (which rank, and by
+# how much, changed from run to run). A 1F1B step waits on its slowest stage from one
+# micro-batch to the next, so rows that are the median over both ranks charged every
+# traced program's own step 2-14% short. `ratrain calibrate --from` measures it (calibrate/
+# from_trace._stage_spread): in each step of each replica, each stage's keyed calls ran
+# over the run's median time of the same keys; the slowest stage's excess over the
+# stages' mean, over e(P), is one sample of their relative speeds' standard deviation,
+# were they normal (as NOTE [stragglers] for replicas), and the median is the traced
+# `stage_spread`. The simulator runs every stage of a P-stage pipeline 1 + spread x e(P)
+# slower: the expected slowest of P, which paces the steady state that dominates a step.
+# One stage has no spread; a profile without a traced spread charges none.
+def stage_slowdown(profile: dict, stages: int) -> float:
+    """How much slower than its charges a rank of a `stages`-stage pipeline runs, in
+    expectation: its pipeline's slowest stage paces it (NOTE [stage spread])."""
+    spread = Profile.of(profile).traced.get("stage_spread")
+    return 1.0 + (spread[0] * expected_largest_normal(stages) if spread else 0.0)
+
+
 def straggle_rate(profile: dict, members: int) -> float:
     """Seconds a collective over `members` replicas waits, in expectation, for the latest
     of them, per second since the rank's last collective ended (NOTE [stragglers])."""
