@@ -48,15 +48,16 @@ def charges(program, profile):
 def write_traces(directory, path, program, factor, steps=4, profile=None):
     """Every rank's trace of `program` (directory `path`) as `ratrain run --trace` writes
     it, each lowered call one step that ran `factor` x its charge on `profile` (default:
-    the cpu profile)."""
+    the cpu profile); `factor` may be a function of the stage and the step."""
     directory.mkdir(parents=True, exist_ok=True)
     charged = charges(program, profile or load_profile("cpu"))
+    pace = factor if callable(factor) else lambda stage, step: factor
     for stage, tasks in program.tasks.items():
         for replica in range(program.options.dp):
             rank, events = program.rank(stage, replica), []
             for step in range(1, steps + 1):
                 for task in tasks:
-                    calls = [[i, 1, 5.0, seconds * factor * 1e6]
+                    calls = [[i, 1, 5.0, seconds * pace(stage, step) * 1e6]
                              for i, (seconds, *_) in enumerate(charged[task])]
                     events.append({"name": str(task), "ph": "X", "pid": rank, "tid": 0,
                                    "ts": 0.0, "dur": 1.0, "args": {"step": step, "calls": calls}})
@@ -237,6 +238,38 @@ def test_the_runtimes_own_time_is_charged_where_the_run_spent_it(programs, tmp_p
     for task in recvs:
         (before, after), (was, then) = (compute_around(c, task, Recv) for c in (charged, bare))
         assert math.isclose(after - then, 50e-6, rel_tol=1e-3) and before == was
+
+
+def test_a_pipeline_runs_at_the_pace_of_its_expected_slowest_stage(programs, tmp_path):
+    """See NOTE [stage spread]: in pp 2's counted steps (after SKIP_STEPS) one stage ran every
+    call at 1.2x its charge and the other at 0.8x, the other way round the next step, so
+    every call key's median is its charge: each step's slowest stage is 0.2 above the
+    stages' mean, and the spread 0.2 / e(2). A rank of a 2-stage pipeline then computes
+    1 + spread x e(2) = 1.2x as long in every task; one stage (dp 2) keeps its pace, and a
+    profile without the spread charges none."""
+    from ratrain.calibrate.from_trace import SKIP_STEPS
+    from ratrain.sim.costs import expected_largest_normal, stage_slowdown
+    from ratrain.sim.steps import Compute
+    path, program = programs["pp2"]
+    write_traces(tmp_path, path, program,
+                 lambda stage, step: 1.2 if (stage + step) % 2 else 0.8, steps=SKIP_STEPS + 2)
+    traced = rank_profile(traced_profile(load_profile("cpu"), [TracedRun(tmp_path, path)]), 2)
+    spread, samples = traced.traced["stage_spread"]
+    assert math.isclose(spread, 0.2 / expected_largest_normal(2), rel_tol=1e-3) and samples == 2
+    assert math.isclose(stage_slowdown(traced, 2), 1.2, rel_tol=1e-3)
+    assert stage_slowdown(traced, 1) == 1.0 == stage_slowdown(load_profile("cpu"), 2)
+    without = traced.with_fields(traced={k: v for k, v in traced.traced.items()
+                                         if k != "stage_spread"})
+    computed = lambda costs, task: sum(s.seconds for s in costs.steps(task)
+                                       if isinstance(s, Compute))
+    for name, pace in (("pp2", 1.2), ("dp2", 1.0)):
+        p = programs[name][1]
+        paced, bare = ProfileCosts(p, traced), ProfileCosts(p, without)
+        tasks = [t for stage in p.tasks.values() for t in stage if computed(bare, t) > 0]
+        assert len(tasks) > 10
+        for task in tasks:
+            assert math.isclose(computed(paced, task), pace * computed(bare, task),
+                                rel_tol=1e-3), (name, task)
 
 
 def test_a_shape_no_trace_ran_is_charged_at_its_ops_traced_speed(programs, tmp_path):
