@@ -96,7 +96,13 @@ def expected_largest_normal(members: int) -> float:
 # were they normal (as NOTE [stragglers] for replicas), and the median is the traced
 # `stage_spread`. The simulator runs every stage of a P-stage pipeline 1 + spread x e(P)
 # slower: the expected slowest of P, which paces the steady state that dominates a step.
-# One stage has no spread; a profile without a traced spread charges none.
+# One stage has no spread; a profile without a traced spread charges none. It is the
+# expected slowest of P, not what a pipeline with bubbles to absorb it waits: from the
+# 16-core node's pp 4 x dp 4 1f1b traces (spread 0.06-0.14) it charges that program's
+# own step +3.9 to +9.2% (-9.0 to +0.2% without it) and its zb1 +15.3% (+1.1%), where
+# on 2 vCPUs (pp 2) it took a traced run's own step from -7.6% to -0.5% (median of 18,
+# bench/predict-runs/2026-11-29-i.txt). Stage speeds drawn from the spread and
+# simulated would charge what the schedule really waits.
 def stage_slowdown(profile: dict, stages: int) -> float:
     """How much slower than its charges a rank of a `stages`-stage pipeline runs, in
     expectation: its pipeline's slowest stage paces it (NOTE [stage spread])."""
