@@ -214,12 +214,12 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
                 charges[task] = costs.call_charges(task)
                 hosts[task] = costs.host_ops(task)
             steps = event["args"]["calls"]
-            _add_samples(samples, ratios, warm, charges[task], steps)
-            _add_host(host, charges[task], hosts[task], steps)
+            calls = list(_ran(charges[task], steps))
+            _add_samples(samples, ratios, warm, charges[task], calls)
+            _add_host(host, charges[task], hosts[task], calls)
             ran[event["pid"], event["args"]["step"]] += [
                 (charges[task][i][1], run / charges[task][i][2])
-                for i, run in _ran(charges[task], steps)
-                if charges[task][i][1] is not None and run is not None]
+                for i, run in calls if charges[task][i][1] is not None]
             backwards.add(task, steps, charges[task])
             overhead += (gap + event["dur"] - sum(s[2] + _clocked(s) for s in steps)) * 1e-6
             lowered += sum(s[1] for s in steps)
@@ -240,7 +240,7 @@ def _stage_spread(ran: dict, program) -> list[float]:
             by_key[key].append(seconds)
     median = {key: statistics.median(values) for key, values in by_key.items()}
     speeds = defaultdict(list)          # (replica, step) -> each stage's time over median
-    for (rank, step), calls in sorted(ran.items()):
+    for (rank, step), calls in ran.items():
         typical = sum(median[key] for key, _ in calls)
         if typical > 0:
             speeds[program.coords(rank)[1], step].append(sum(s for _, s in calls) / typical)
@@ -333,14 +333,14 @@ def drift_samples(rows: list, dp: int) -> list[float]:
 
 
 def _add_samples(samples: dict, ratios: dict, warm: dict, charges: list,
-                 steps: list) -> None:
-    """Each call the traced `steps` of a task ran (_ran) gives its row a sample; `ratios`
-    gets each call's run over its charge per op (NOTE [traced rows] 5); a kernel call's
-    sample is what it would have taken fully cached where the profile knows its warm
-    part, counted in `warm` (NOTE [traced residency])."""
-    for i, run in _ran(charges, steps):
+                 calls: list) -> None:
+    """Each call a task's traced steps ran (`calls`: (index in `charges`, seconds), _ran)
+    gives its row a sample; `ratios` gets each call's run over its charge per op (NOTE
+    [traced rows] 5); a kernel call's sample is what it would have taken fully cached
+    where the profile knows its warm part, counted in `warm` (NOTE [traced residency])."""
+    for i, run in calls:
         seconds, key, share, warm_part = charges[i]
-        if key is None or run is None:
+        if key is None:
             continue
         if seconds > 0:
             ratios[key[:2]].append(run / seconds)
@@ -350,25 +350,26 @@ def _add_samples(samples: dict, ratios: dict, warm: dict, charges: list,
         samples[key].append(run / share)
 
 
-def _add_host(host: dict, charges: list, ops: list, steps: list) -> None:
-    """Each traced call of a task that moves data (`ops`: ProfileCosts.host_ops) gives
-    its op a sample of its host time: its run less what the cost model charges it as
-    compute, the copy of a send (NOTE [traced rows] 7)."""
-    for i, run in _ran(charges, steps):
-        if ops[i] is not None and run is not None:
+def _add_host(host: dict, charges: list, ops: list, calls: list) -> None:
+    """Each traced call (`calls`, as _add_samples') that moves data (`ops`: ProfileCosts.
+    host_ops) gives its op a sample of its host time: its run less what the cost model
+    charges it as compute, the copy of a send (NOTE [traced rows] 7)."""
+    for i, run in calls:
+        if ops[i] is not None:
             host[ops[i]].append(max(run - charges[i][0], 0.0))
 
 
 def _ran(charges: list, steps: list):
-    """(index in `charges`, seconds it ran) of each call the traced `steps` ran: each
-    [index, calls, wait us, run us(, us per call)] beside the charges of the task's
-    lowered calls (ProfileCosts.call_charges; a step the trace does not list, skipped by
-    the commit rule, ran one runtime call)."""
+    """(index in `charges`, seconds it ran) of each call the traced `steps` ran whose time
+    they tell (_call_runs): each [index, calls, wait us, run us(, us per call)] beside
+    the charges of the task's lowered calls (ProfileCosts.call_charges; a step the trace
+    does not list, skipped by the commit rule, ran one runtime call)."""
     position, previous = 0, -1
     for index, count, _wait, run_us, *each in steps:
         position += index - previous - 1
         group = charges[position:position + count]
-        yield from enumerate(_call_runs(group, run_us, each), start=position)
+        yield from ((i, run) for i, run in enumerate(_call_runs(group, run_us, each),
+                                                     start=position) if run is not None)
         position, previous = position + count, index
 
 
@@ -396,6 +397,11 @@ def _call_runs(group: list, run_us: float, each: list) -> list:
     if charged <= 0:
         return [run_us * 1e-6 if len(group) == 1 else None] * len(group)
     return [run_us * 1e-6 * charge[0] / charged for charge in group]
+
+
+def _median_row(values: list[float]) -> list:
+    """A traced field: [the median of its samples, how many]."""
+    return [float(f"{statistics.median(values):.4g}"), len(values)]
 
 
 def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
@@ -442,18 +448,14 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
         seconds, calls = overheads[entry]
         if calls:  # NOTE [traced rows] 4
             traced["call_overhead"] = [float(f"{max(seconds, 0.0) / calls:.4g}"), calls]
-        traced["op_speed"] = {op: [float(f"{statistics.median(values):.4g}"), len(values)]
+        traced["op_speed"] = {op: _median_row(values)
                               for op, values in sorted(speeds[entry].items())}
         if hosts[entry]:  # NOTE [traced rows] 7
-            traced["call_host"] = {op: [float(f"{statistics.median(values):.4g}"), len(values)]
+            traced["call_host"] = {op: _median_row(values)
                                    for op, values in sorted(hosts[entry].items())}
-        if stage_spreads[entry]:  # NOTE [stage spread]
-            traced["stage_spread"] = [float(f"{statistics.median(stage_spreads[entry]):.4g}"),
-                                      len(stage_spreads[entry])]
-        if slowdowns[entry]:  # NOTE [traced rows] 6
-            traced["kernel_slowdown_beside"] = [
-                float(f"{statistics.median(slowdowns[entry]):.4g}"), len(slowdowns[entry])]
-        if spreads[entry]:  # NOTE [arrival drift]
-            traced["arrival_drift"] = [float(f"{statistics.median(spreads[entry]):.4g}"),
-                                       len(spreads[entry])]
+        for field, values in (("stage_spread", stage_spreads[entry]),  # NOTE [stage spread]
+                              ("kernel_slowdown_beside", slowdowns[entry]),  # 6.
+                              ("arrival_drift", spreads[entry])):  # NOTE [arrival drift]
+            if values:
+                traced[field] = _median_row(values)
     return out

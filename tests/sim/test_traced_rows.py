@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ratrain.calibrate.from_trace import TracedRun, _add_samples, traced_profile
+from ratrain.calibrate.from_trace import TracedRun, _add_samples, _ran, traced_profile
 from ratrain.cli import main
 from ratrain.compiler import recompile
 from ratrain.hw import load_profile
@@ -145,7 +145,7 @@ def test_a_step_of_several_calls_spreads_its_time_by_their_charges():
     charged = [(1.0, a, 1.0, 0.25), (3.0, b, 1.0, None), (9.0, ("fp32", "skipped"), 1.0, 1.0),
                (2.0, c, 1.0, None), (1.0, d, 0.5, None), (0.0, None, 1.0, None)]
     _add_samples(samples, ratios, warm, charged,
-                 [[0, 2, 0.0, 8e6], [2, 1, 1.0, 5e6], [3, 2, 0.0, 4e6]])
+                 _ran(charged, [[0, 2, 0.0, 8e6], [2, 1, 1.0, 5e6], [3, 2, 0.0, 4e6]]))
     assert dict(samples) == {a: [0.5], b: [6.0], c: [5.0], d: [8.0]}
     assert dict(ratios) == {("fp32", "a"): [2.0], ("fp32", "b"): [2.0],
                             ("fp32", "c"): [2.5], ("fp32", "d"): [4.0]}
@@ -162,7 +162,7 @@ def test_a_step_whose_calls_were_clocked_gives_each_call_its_own_time():
     charged = [(1.0, a, 1.0, 0.25), (3.0, b, 1.0, None), (1.0, d, 0.5, None),
                (0.0, e, 1.0, None)]
     _add_samples(samples, ratios, warm, charged,
-                 [[0, 2, 0.0, 8e6, [1e6, 7e6]], [1, 2, 0.0, 3e6, [2e6, 1e6]]])
+                 _ran(charged, [[0, 2, 0.0, 8e6, [1e6, 7e6]], [1, 2, 0.0, 3e6, [2e6, 1e6]]]))
     assert dict(samples) == {a: [0.25], b: [7.0], d: [4.0], e: [1.0]}
     assert dict(ratios) == {("fp32", "a"): [1.0], ("fp32", "b"): [7 / 3],
                             ("fp32", "d"): [2.0]}
