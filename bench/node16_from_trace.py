@@ -69,8 +69,8 @@ def main():
         rows = next(e["traced"] for e in json.loads(traced.read_text())["threads"].values()
                     if "traced" in e)
         print(f"# {measured_dir.name}: calibrated from {args.source}'s traces alone over the "
-              f"microbenchmark profile; arrival drift {rows.get('arrival_drift')}, stage "
-              f"spread {rows.get('stage_spread')}, kernels beside collectives "
+              f"microbenchmark profile; arrival drift {rows.get('arrival_drift')}, rank "
+              f"spread {rows.get('rank_spread')}, kernels beside collectives "
               f"{rows.get('kernel_slowdown_beside')} [value, samples]; "
               "error = simulated / measured - 1")
         errors = []

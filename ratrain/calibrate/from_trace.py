@@ -167,8 +167,8 @@ class Samples:
                                         # residency], sim/calls.py)
     host: dict = None                   # op -> host seconds of a call that moves data
                                         # beyond its charge (NOTE [traced rows] 7)
-    spread: list = None                 # a pipeline's stage spread per replica and step
-                                        # (NOTE [stage spread], sim/costs.py)
+    spread: list = None                 # the ranks' speed spread per replica and step
+                                        # (NOTE [rank spread], sim/costs.py)
 
 
 def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Samples:
@@ -226,27 +226,32 @@ def call_samples(run: TracedRun, profile: dict, skip: int = SKIP_STEPS) -> Sampl
         drifts += _drift_samples(events, program, skip)
         beside += backwards.slowdown() if program.options.dp > 1 else []  # 6.
     return Samples(samples, drifts, program.options.world_size, program.options.dp,
-                   overhead, lowered, ratios, beside, warm, host, _stage_spread(ran, program))
+                   overhead, lowered, ratios, beside, warm, host, _rank_spread(ran, program))
 
 
-def _stage_spread(ran: dict, program) -> list[float]:
-    """See NOTE [stage spread]: for each step of each replica of a pipeline, its stages'
-    spread of speed, from their calls' times over the run's median time per call key."""
-    if program.options.pp < 2:
+def _rank_spread(ran: dict, program) -> list[float]:
+    """See NOTE [rank spread]: for each step, the spread of speed of the ranks that pace
+    each other (each replica's stages; a one-stage program's replicas), from their calls'
+    times over the run's median time per call key."""
+    o = program.options
+    across = o.pp if o.pp > 1 else o.dp
+    if across < 2:
         return []
     by_key = defaultdict(list)
     for calls in ran.values():
         for key, seconds in calls:
             by_key[key].append(seconds)
     median = {key: statistics.median(values) for key, values in by_key.items()}
-    speeds = defaultdict(list)          # (replica, step) -> each stage's time over median
-    for (rank, step), calls in ran.items():
+    speeds = defaultdict(list)          # (replica or stage, step) -> each rank's time over
+    for (rank, step), calls in ran.items():  # its calls' medians
         typical = sum(median[key] for key, _ in calls)
         if typical > 0:
-            speeds[program.coords(rank)[1], step].append(sum(s for _, s in calls) / typical)
-    e = expected_largest_normal(program.options.pp)
+            stage, replica = program.coords(rank)
+            speeds[replica if o.pp > 1 else stage, step].append(
+                sum(s for _, s in calls) / typical)
+    e = expected_largest_normal(across)
     return [(max(r) - statistics.mean(r)) / statistics.mean(r) / e
-            for r in speeds.values() if len(r) == program.options.pp]
+            for r in speeds.values() if len(r) == across]
 
 
 class _Backwards:
@@ -416,7 +421,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
     overheads: dict = defaultdict(lambda: [0.0, 0])
     speeds: dict = defaultdict(lambda: defaultdict(list))
     hosts: dict = defaultdict(lambda: defaultdict(list))
-    stage_spreads: dict = defaultdict(list)
+    rank_spreads: dict = defaultdict(list)
     slowdowns: dict = defaultdict(list)
     for run in runs:
         progress(f"reading {run.trace} (the traces of {run.program})")
@@ -433,7 +438,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
             speeds[entry][key_text(op)].extend(values)
         for op, values in samples.host.items():
             hosts[entry][str(op)].extend(values)
-        stage_spreads[entry] += samples.spread
+        rank_spreads[entry] += samples.spread
         slowdowns[entry] += samples.beside
     out = json.loads(json.dumps(dict(profile)))
     source = {"programs": [str(r.program) for r in runs], "traces": [str(r.trace) for r in runs],
@@ -453,7 +458,7 @@ def traced_profile(profile: dict, runs: list[TracedRun], skip: int = SKIP_STEPS,
         if hosts[entry]:  # NOTE [traced rows] 7
             traced["call_host"] = {op: _median_row(values)
                                    for op, values in sorted(hosts[entry].items())}
-        for field, values in (("stage_spread", stage_spreads[entry]),  # NOTE [stage spread]
+        for field, values in (("rank_spread", rank_spreads[entry]),  # NOTE [rank spread]
                               ("kernel_slowdown_beside", slowdowns[entry]),  # 6.
                               ("arrival_drift", spreads[entry])):  # NOTE [arrival drift]
             if values:

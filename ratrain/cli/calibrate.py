@@ -77,11 +77,12 @@ def _calibrate_from(args, out: Path) -> None:
 
 def traced_summary(traced: dict, threads: str | None) -> str:
     """One line of what a profile entry's traced rows hold (NOTE [traced rows]): rows,
-    the per-call overhead, each data-moving op's host time, the stages' speed spread and
+    the per-call overhead, each data-moving op's host time, the ranks' speed spread and
     the replicas' arrival drift."""
     kernels = sum(key.split()[2].isdigit() for key in traced["calls"])
     overhead, host = traced.get("call_overhead"), traced.get("call_host")
-    spread, drift = traced.get("stage_spread"), traced.get("arrival_drift")
+    spread = traced.get("rank_spread") or traced.get("stage_spread")  # NOTE [rank spread]
+    drift = traced.get("arrival_drift")
     parts = [f"{kernels} kernel shapes", f"{len(traced['calls']) - kernels} runtime calls"]
     if overhead:
         parts.append(f"{overhead[0] * 1e6:.1f} us per call outside them")
@@ -89,7 +90,7 @@ def traced_summary(traced: dict, threads: str | None) -> str:
         parts.append("host time of calls that move data: " + ", ".join(
             f"{op} {seconds * 1e6:.0f} us" for op, (seconds, _) in host.items()))
     if spread:
-        parts.append(f"stages' speed spread {spread[0]:.1%} ({spread[1]} steps)")
+        parts.append(f"ranks' speed spread {spread[0]:.1%} ({spread[1]} steps)")
     parts.append(f"replicas' arrival drift {drift[0]:.1%} ({drift[1]} steps' first UPDs)"
                  if drift else "no arrival drift (one replica, or no UPD all replicas "
                  "waited at)")

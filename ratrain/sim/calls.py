@@ -24,9 +24,8 @@ from ratrain.sim.collectives import collective_cost
 from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
                                gather_start_seconds, grad_scatter, link_host_seconds,
                                memory_seconds, message_path, norm_seconds, norm_share_bytes,
-                               scatter_bytes, slot_elements, stage_slowdown, straggle_rate,
-                               sync_finish_seconds,
-                               tie_local_bytes, tie_sum_seconds, undo_copy_bytes,
+                               pace_slowdown, paced_by_replicas, scatter_bytes, slot_elements,
+                               straggle_rate, sync_finish_seconds, tie_local_bytes, tie_sum_seconds, undo_copy_bytes,
                                update_seconds, view_gather)
 from ratrain.sim.kernels import (cold_profile, key_text, op_speed_factor, traced_seconds,
                                  whole_node_key)
@@ -122,7 +121,8 @@ class ProfileCosts:
         self.program, self.profile, self.options = program, profile, o
         self.algorithm = algorithm or profile.collective_algorithm
         self.speeds = o.stage_speeds or (1.0,) * o.pp
-        self.bottleneck = stage_slowdown(profile, o.pp)  # NOTE [stage spread]
+        self.bottleneck = pace_slowdown(profile, o.pp, o.dp)  # NOTE [rank spread]
+        self.straggles = not paced_by_replicas(profile, o.pp, o.dp)
         self.ddr = profile.ddr_bandwidth
         self.host_cost = float(profile.link_host_cost)  # NOTE [link host cost]
         self._calls = {s: {lt.task: lt.calls for lt in lowered}
@@ -363,7 +363,7 @@ class ProfileCosts:
         cost = collective_timed(self.profile, op, nbytes, group, self.algorithm)
         rate = cost.nbytes / cost.seconds if cost.seconds > 0 else 0.0
         start = Start(tuple(buffers), cost.latency, cost.nbytes, finish, what, rate,
-                      straggle_rate(self.profile, sum(group)))
+                      straggle_rate(self.profile, sum(group)) if self.straggles else 0.0)
         return [start] + self.host_steps(2 * cost.nbytes)
 
     def host_steps(self, nbytes: float) -> list[Step]:

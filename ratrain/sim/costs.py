@@ -84,30 +84,55 @@ def expected_largest_normal(members: int) -> float:
     return float(np.trapezoid(x * members * density * cdf ** (members - 1), x))
 
 
-# NOTE [stage spread]: the stages of a pipeline run their kernels at different speeds
-# within a step, and not by their charges' noise alone: on 2 vCPUs a traced run of tiny
-# pp 2 had one rank 5-25% slower than the other over whole steps (which rank, and by
-# how much, changed from run to run). A 1F1B step waits on its slowest stage from one
-# micro-batch to the next, so rows that are the median over both ranks charged every
-# traced program's own step 2-14% short. `ratrain calibrate --from` measures it (calibrate/
-# from_trace._stage_spread): in each step of each replica, each stage's keyed calls ran
-# over the run's median time of the same keys; the slowest stage's excess over the
-# stages' mean, over e(P), is one sample of their relative speeds' standard deviation,
-# were they normal (as NOTE [stragglers] for replicas), and the median is the traced
-# `stage_spread`. The simulator runs every stage of a P-stage pipeline 1 + spread x e(P)
-# slower: the expected slowest of P, which paces the steady state that dominates a step.
-# One stage has no spread; a profile without a traced spread charges none. It is the
-# expected slowest of P, not what a pipeline with bubbles to absorb it waits: from the
-# 16-core node's pp 4 x dp 4 1f1b traces (spread 0.06-0.14) it charges that program's
-# own step +3.9 to +9.2% (-9.0 to +0.2% without it) and its zb1 +15.3% (+1.1%), where
-# on 2 vCPUs (pp 2) it took a traced run's own step from -7.6% to -0.5% (median of 18,
-# bench/predict-runs/2026-11-29-i.txt). Stage speeds drawn from the spread and
-# simulated would charge what the schedule really waits.
-def stage_slowdown(profile: dict, stages: int) -> float:
-    """How much slower than its charges a rank of a `stages`-stage pipeline runs, in
-    expectation: its pipeline's slowest stage paces it (NOTE [stage spread])."""
-    spread = Profile.of(profile).traced.get("stage_spread")
-    return 1.0 + (spread[0] * expected_largest_normal(stages) if spread else 0.0)
+# NOTE [rank spread]: the ranks of a job run their kernels at different speeds within a
+# step, and not by their charges' noise alone: on 2 vCPUs a traced run of tiny pp 2 had
+# one rank 5-25% slower than the other over whole steps, and of tiny dp 2 (ZeRO 1-3) one
+# replica 2-20% slower (which rank, and by how much, changed from run to run). Rows are
+# the median over the ranks, the typical rank; but a step waits on its slowest rank
+# among those that must meet within it. A 1F1B pipeline waits on its slowest stage from
+# one micro-batch to the next; the replicas of a one-stage program meet at every
+# gradient collective and at the step's end, where the faster replica waited 13-18 ms a
+# step of 300 (tiny dp 2 ZeRO 1 and 3, one of ZeRO 2's ranks 16 ms) for the slower.
+# `ratrain calibrate --from` measures it (calibrate/from_trace._rank_spread): in each step
+# of each replica of a pipeline, each stage's keyed calls ran over the run's median time
+# of the same keys (in a one-stage program, each replica's); the slowest rank's excess
+# over the ranks' mean, over e(N) for N ranks, is one sample of their relative speeds'
+# standard deviation, were they normal (as NOTE [stragglers]), and the median is the
+# traced `rank_spread` (`stage_spread` in profiles of 2026-11-29, read as it). A rank's
+# speed is the machine's, not its role's: a spread measured across stages serves replicas
+# too. The simulator runs every rank of a P-stage pipeline 1 + spread x e(P) slower, and
+# every rank of a one-stage program of D replicas 1 + spread x e(D) slower: the expected
+# slowest, which paces them. Replicas so paced arrive together, so their collectives wait
+# for no straggler (the arrival drift is charged between the replicas of a pipeline
+# only, whose stages the spread paces). One rank has no spread; a profile without a
+# traced spread charges none. From a run's own trace on 2 vCPUs: tiny pp 2 predicted
+# -7.6% before the spread, -0.5% with it (median of 18, bench/predict-runs/2026-11-29-i);
+# tiny dp 2 ZeRO 1, 2 and 3, -4.9 to -10.7% (6 runs, all short) before the replicas were
+# paced. It is the expected slowest, not what a pipeline with bubbles to absorb it waits:
+# from the 16-core node's pp 4 x dp 4 1f1b traces (spread 0.06-0.14) it charges that
+# program's own step +3.9 to +9.2% (-9.0 to +0.2% without it) and its zb1 +15.3%
+# (+1.1%). Stage speeds drawn from the spread and simulated (each of P rotations of the
+# expected order statistics of P normals, the step their mean) took those three own steps
+# to +0.1, +0.4 and -6.8% and zb1 to +3.7 and +11.4%, but the 2 vCPUs' pp 2 own steps
+# from -0.5 to -3.7% (median of 18): not taken (2026-11-29).
+def rank_spread(profile: dict) -> float:
+    """The traced spread of ranks' speeds (NOTE [rank spread]); 0 where none was traced."""
+    traced = Profile.of(profile).traced
+    spread = traced.get("rank_spread") or traced.get("stage_spread")
+    return spread[0] if spread else 0.0
+
+
+def paced_by_replicas(profile: dict, stages: int, replicas: int) -> bool:
+    """Whether a one-stage program's replicas pace each other (NOTE [rank spread])."""
+    return stages == 1 and replicas > 1 and rank_spread(profile) > 0
+
+
+def pace_slowdown(profile: dict, stages: int, replicas: int) -> float:
+    """How much slower than its charges a rank runs, in expectation, paced by the slowest
+    of the ranks it meets within every step: its pipeline's stages, or a one-stage
+    program's replicas (NOTE [rank spread])."""
+    paced = stages if stages > 1 else replicas
+    return 1.0 + rank_spread(profile) * expected_largest_normal(paced)
 
 
 def straggle_rate(profile: dict, members: int) -> float:

@@ -48,16 +48,16 @@ def charges(program, profile):
 def write_traces(directory, path, program, factor, steps=4, profile=None):
     """Every rank's trace of `program` (directory `path`) as `ratrain run --trace` writes
     it, each lowered call one step that ran `factor` x its charge on `profile` (default:
-    the cpu profile); `factor` may be a function of the stage and the step."""
+    the cpu profile); `factor` may be a function of the rank and the step."""
     directory.mkdir(parents=True, exist_ok=True)
     charged = charges(program, profile or load_profile("cpu"))
-    pace = factor if callable(factor) else lambda stage, step: factor
+    pace = factor if callable(factor) else lambda rank, step: factor
     for stage, tasks in program.tasks.items():
         for replica in range(program.options.dp):
             rank, events = program.rank(stage, replica), []
             for step in range(1, steps + 1):
                 for task in tasks:
-                    calls = [[i, 1, 5.0, seconds * pace(stage, step) * 1e6]
+                    calls = [[i, 1, 5.0, seconds * pace(rank, step) * 1e6]
                              for i, (seconds, *_) in enumerate(charged[task])]
                     events.append({"name": str(task), "ph": "X", "pid": rank, "tid": 0,
                                    "ts": 0.0, "dur": 1.0, "args": {"step": step, "calls": calls}})
@@ -240,36 +240,53 @@ def test_the_runtimes_own_time_is_charged_where_the_run_spent_it(programs, tmp_p
         assert math.isclose(after - then, 50e-6, rel_tol=1e-3) and before == was
 
 
-def test_a_pipeline_runs_at_the_pace_of_its_expected_slowest_stage(programs, tmp_path):
-    """See NOTE [stage spread]: in pp 2's counted steps (after SKIP_STEPS) one stage ran every
+def test_ranks_run_at_the_pace_of_their_expected_slowest(programs, tmp_path):
+    """See NOTE [rank spread]: in pp 2's counted steps (after SKIP_STEPS) one stage ran every
     call at 1.2x its charge and the other at 0.8x, the other way round the next step, so
     every call key's median is its charge: each step's slowest stage is 0.2 above the
-    stages' mean, and the spread 0.2 / e(2). A rank of a 2-stage pipeline then computes
-    1 + spread x e(2) = 1.2x as long in every task; one stage (dp 2) keeps its pace, and a
-    profile without the spread charges none."""
+    ranks' mean, and the spread 0.2 / e(2). dp 2's replicas so traced give the same
+    spread. Every rank of a 2-stage pipeline, and of a one-stage program of 2 replicas,
+    then computes 1 + spread x e(2) = 1.2x as long in every task, and the paced replicas'
+    collectives wait for no straggler (the drift is left to a pipeline's replicas); one
+    rank keeps its pace, and a profile without the spread charges none."""
     from ratrain.calibrate.from_trace import SKIP_STEPS
-    from ratrain.sim.costs import expected_largest_normal, stage_slowdown
-    from ratrain.sim.steps import Compute
-    path, program = programs["pp2"]
-    write_traces(tmp_path, path, program,
-                 lambda stage, step: 1.2 if (stage + step) % 2 else 0.8, steps=SKIP_STEPS + 2)
-    traced = rank_profile(traced_profile(load_profile("cpu"), [TracedRun(tmp_path, path)]), 2)
-    spread, samples = traced.traced["stage_spread"]
+    from ratrain.sim.costs import expected_largest_normal, pace_slowdown
+    from ratrain.sim.steps import Compute, Start
+    spreads = {}
+    for name in ("pp2", "dp2"):
+        path, program = programs[name]
+        write_traces(tmp_path / name, path, program,
+                     lambda rank, step: 1.2 if (rank + step) % 2 else 0.8, steps=SKIP_STEPS + 2)
+        traced = rank_profile(traced_profile(load_profile("cpu"), [
+            TracedRun(tmp_path / name, path)]), 2)
+        spreads[name] = traced.traced["rank_spread"]
+    assert spreads["pp2"] == spreads["dp2"]
+    spread, samples = spreads["pp2"]
     assert math.isclose(spread, 0.2 / expected_largest_normal(2), rel_tol=1e-3) and samples == 2
-    assert math.isclose(stage_slowdown(traced, 2), 1.2, rel_tol=1e-3)
-    assert stage_slowdown(traced, 1) == 1.0 == stage_slowdown(load_profile("cpu"), 2)
+    assert math.isclose(pace_slowdown(traced, 2, 1), 1.2, rel_tol=1e-3)
+    assert math.isclose(pace_slowdown(traced, 1, 2), 1.2, rel_tol=1e-3)
+    assert pace_slowdown(traced, 1, 1) == 1.0 == pace_slowdown(load_profile("cpu"), 2, 2)
     without = traced.with_fields(traced={k: v for k, v in traced.traced.items()
-                                         if k != "stage_spread"})
+                                         if k != "rank_spread"})
+    drifting = {**without.traced, "arrival_drift": [0.1, 10]}
     computed = lambda costs, task: sum(s.seconds for s in costs.steps(task)
                                        if isinstance(s, Compute))
-    for name, pace in (("pp2", 1.2), ("dp2", 1.0)):
+    straggles = lambda costs, task: [s.straggle for s in costs.steps(task)
+                                     if isinstance(s, Start)]
+    for name in ("pp2", "dp2"):
         p = programs[name][1]
         paced, bare = ProfileCosts(p, traced), ProfileCosts(p, without)
         tasks = [t for stage in p.tasks.values() for t in stage if computed(bare, t) > 0]
         assert len(tasks) > 10
         for task in tasks:
-            assert math.isclose(computed(paced, task), pace * computed(bare, task),
+            assert math.isclose(computed(paced, task), 1.2 * computed(bare, task),
                                 rel_tol=1e-3), (name, task)
+    dp2 = programs["dp2"][1]
+    paced = ProfileCosts(dp2, traced.with_fields(traced={**drifting, "rank_spread": [spread, 2]}))
+    free = ProfileCosts(dp2, traced.with_fields(traced=drifting))
+    posts = [t for t in dp2.tasks[0] if straggles(free, t)]
+    assert posts and all(x > 0 for t in posts for x in straggles(free, t))
+    assert all(x == 0 for t in posts for x in straggles(paced, t))
 
 
 def test_a_shape_no_trace_ran_is_charged_at_its_ops_traced_speed(programs, tmp_path):
