@@ -25,8 +25,8 @@ from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
                                gather_start_seconds, grad_scatter, link_host_seconds,
                                memory_seconds, message_path, norm_seconds, norm_share_bytes,
                                pace_slowdown, paced_by_replicas, scatter_bytes, slot_elements,
-                               straggle_rate, sync_finish_seconds, tie_local_bytes, tie_sum_seconds, undo_copy_bytes,
-                               update_seconds, view_gather)
+                               straggle_rate, sync_finish_seconds, tie_local_bytes,
+                               tie_sum_seconds, undo_copy_bytes, update_seconds, view_gather)
 from ratrain.sim.kernels import (cold_profile, key_text, op_speed_factor, traced_seconds,
                                  whole_node_key)
 from ratrain.sim.residency import cold_fractions
