@@ -21,7 +21,7 @@ from pathlib import Path
 from ratrain.errors import UserError
 from ratrain.ir.tasks import Kind, parse_task
 from ratrain.rt.trace import PROGRAM_EVENT
-from ratrain.sim.costs import expected_largest_normal
+from ratrain.sim.costs import expected_largest_normal, paced_ranks
 from ratrain.sim.kernels import key_text
 
 SKIP_STEPS = 2                          # a run's first steps warm caches and allocators
@@ -234,7 +234,7 @@ def _rank_spread(ran: dict, program) -> list[float]:
     each other (each replica's stages; a one-stage program's replicas), from their calls'
     times over the run's median time per call key."""
     o = program.options
-    across = o.pp if o.pp > 1 else o.dp
+    across = paced_ranks(o.pp, o.dp)
     if across < 2:
         return []
     by_key = defaultdict(list)

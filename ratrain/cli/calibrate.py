@@ -79,9 +79,10 @@ def traced_summary(traced: dict, threads: str | None) -> str:
     """One line of what a profile entry's traced rows hold (NOTE [traced rows]): rows,
     the per-call overhead, each data-moving op's host time, the ranks' speed spread and
     the replicas' arrival drift."""
+    from ratrain.sim.costs import traced_rank_spread
     kernels = sum(key.split()[2].isdigit() for key in traced["calls"])
     overhead, host = traced.get("call_overhead"), traced.get("call_host")
-    spread = traced.get("rank_spread") or traced.get("stage_spread")  # NOTE [rank spread]
+    spread = traced_rank_spread(traced)  # NOTE [rank spread]
     drift = traced.get("arrival_drift")
     parts = [f"{kernels} kernel shapes", f"{len(traced['calls']) - kernels} runtime calls"]
     if overhead:

@@ -115,24 +115,33 @@ def expected_largest_normal(members: int) -> float:
 # expected order statistics of P normals, the step their mean) took those three own steps
 # to +0.1, +0.4 and -6.8% and zb1 to +3.7 and +11.4%, but the 2 vCPUs' pp 2 own steps
 # from -0.5 to -3.7% (median of 18): not taken (2026-11-29).
+def paced_ranks(stages: int, replicas: int) -> int:
+    """How many ranks pace each other within every step (NOTE [rank spread]): a
+    pipeline's stages, else a one-stage program's replicas."""
+    return stages if stages > 1 else replicas
+
+
+def traced_rank_spread(traced: dict) -> list | None:
+    """A profile entry's traced [rank spread, samples] (written as `stage_spread` by
+    profiles of 2026-11-29), None where no trace measured one (NOTE [rank spread])."""
+    return traced.get("rank_spread") or traced.get("stage_spread")
+
+
 def rank_spread(profile: dict) -> float:
     """The traced spread of ranks' speeds (NOTE [rank spread]); 0 where none was traced."""
-    traced = Profile.of(profile).traced
-    spread = traced.get("rank_spread") or traced.get("stage_spread")
+    spread = traced_rank_spread(Profile.of(profile).traced)
     return spread[0] if spread else 0.0
 
 
 def paced_by_replicas(profile: dict, stages: int, replicas: int) -> bool:
     """Whether a one-stage program's replicas pace each other (NOTE [rank spread])."""
-    return stages == 1 and replicas > 1 and rank_spread(profile) > 0
+    return stages == 1 and paced_ranks(stages, replicas) > 1 and rank_spread(profile) > 0
 
 
 def pace_slowdown(profile: dict, stages: int, replicas: int) -> float:
     """How much slower than its charges a rank runs, in expectation, paced by the slowest
-    of the ranks it meets within every step: its pipeline's stages, or a one-stage
-    program's replicas (NOTE [rank spread])."""
-    paced = stages if stages > 1 else replicas
-    return 1.0 + rank_spread(profile) * expected_largest_normal(paced)
+    of the ranks it meets within every step (paced_ranks; NOTE [rank spread])."""
+    return 1.0 + rank_spread(profile) * expected_largest_normal(paced_ranks(stages, replicas))
 
 
 def straggle_rate(profile: dict, members: int) -> float:
