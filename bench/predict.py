@@ -26,7 +26,10 @@ Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--r
 [--only NAME,...] [--keep DIR] [--calibrate-from NAME,NAME]; about 12 minutes per round
 on 2 idle cores. With --calibrate-from, those configurations are traced in every pass and the
 others are also predicted on the profile calibrated from their traces (NOTE [traced
-rounds]), printed after the microbenchmark profile's errors from the same runs."""
+rounds]), printed after the microbenchmark profile's errors from the same runs. With
+--rescore DIR (a --keep directory of an earlier run, and that run's --only and
+--calibrate-from), nothing runs: its rounds are predicted again by this checkout's cost
+model and scored against the runs it measured (NOTE [rescored runs])."""
 import argparse
 import json
 import math
@@ -79,10 +82,11 @@ def predicted_seconds(program, hw):
 # varied 3%, and the slow stretches last seconds: 9 steps of an 80 ms program span 0.7 s,
 # and the 9-step medians within one 80-step run of tiny-gqa dp 2 ZeRO 2 bf16 ranged over
 # 58.9-76.9 ms, where 80-step medians of three runs back to back gave 63.1, 61.1 and 69.6
-# ms (2026-11-27). The predicted step only sizes the run; the median is of what ran. Probing the machine's speed around each run (a pinned
-# GEMM, and 4 and 16 MiB streams, on every core at once) did not tell the slow runs apart:
-# eight 60-step runs of that program measured 64-102 ms between probes that agreed within
-# 10%, so the bench does not gate runs by such a probe.
+# ms (2026-11-27). The predicted step only sizes the run; the median is of what ran.
+# Probing the machine's speed around each run (a pinned GEMM, and 4 and 16 MiB streams, on
+# every core at once) did not tell the slow runs apart: eight 60-step runs of that program
+# measured 64-102 ms between probes that agreed within 10%, so the bench does not gate
+# runs by such a probe.
 def measured_steps(args, predicted):
     """How many steps to take the median of: --measure, or more to span --measure-seconds."""
     return max(args.measure, math.ceil(args.measure_seconds / predicted))
@@ -94,8 +98,7 @@ def measured_seconds(program, ranks, args, metrics, steps, trace=None):
     metrics.unlink(missing_ok=True)
     ratrain("run", program, "-n", ranks, "--steps", args.warmup + steps, "--metrics", metrics,
             *(("--trace", trace) if trace else ()))
-    times = [json.loads(l)["step_seconds"] for l in metrics.read_text().splitlines() if l]
-    return statistics.median(times[args.warmup:])
+    return kept_median(args, metrics)
 
 
 def main():
@@ -125,18 +128,25 @@ def main():
                     "separated configurations to trace each round and calibrate from "
                     "(`ratrain calibrate --from`); the others are predicted on that profile "
                     "too (NOTE [traced rounds])")
+    ap.add_argument("--rescore", default=None, metavar="DIR", help="run nothing: predict "
+                    "the rounds an earlier run kept in DIR (its --keep; give its --only and "
+                    "--calibrate-from too) with this checkout and score them against what "
+                    "it measured (NOTE [rescored runs])")
     args = ap.parse_args()
     args.traced = args.calibrate_from.split(",") if args.calibrate_from else []
+    chosen = args.only.split(",") if args.only else list(CONFIGS)
+    chosen += [n for n in args.traced if n not in chosen]
+    if unknown := [n for n in chosen if n not in CONFIGS]:
+        fail(f"--only: no configuration {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
     with tempfile.TemporaryDirectory() as scratch:
-        work = Path(args.keep or scratch)
-        work.mkdir(parents=True, exist_ok=True)
-        chosen = args.only.split(",") if args.only else list(CONFIGS)
-        chosen += [n for n in args.traced if n not in chosen]
-        if unknown := [n for n in chosen if n not in CONFIGS]:
-            fail(f"--only: no configuration {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
-        programs = {name: compile_config(args, work / f"config{i}", *CONFIGS[name][::2])
-                    for i, name in enumerate(chosen)}
-        rounds = [run_round(args, programs, work, r) for r in range(args.rounds)]
+        if args.rescore:
+            programs, rounds = rescored(args, chosen, Path(args.rescore), Path(scratch))
+        else:
+            work = Path(args.keep or scratch)
+            work.mkdir(parents=True, exist_ok=True)
+            programs = {name: compile_config(args, work / f"config{i}", *CONFIGS[name][::2])
+                        for i, name in enumerate(chosen)}
+            rounds = [run_round(args, programs, work, r) for r in range(args.rounds)]
         report(args, programs, [micro for micro, _ in rounds], "the microbenchmark profile")
         if args.traced:
             report(args, {n: p for n, p in programs.items() if n not in args.traced},
@@ -181,16 +191,69 @@ def run_round(args, programs, work, r):
             print(f"# round {r + 1} pass {k + 1} {name}: measured {runs[name][-1]:.4f} s, "
                   f"median of {steps} steps (load {load():.2f} after)"
                   + (f", traced into {trace}" if trace else ""), flush=True)
+    return scored_round(args, programs, r, predicted, runs, traces, hw,
+                        work / f"traced-round{r + 1}.json")
+
+
+def scored_round(args, programs, r, predicted, runs, traces, hw, traced):
+    """Round r's ({name: (predicted, measured)}, the same on the profile calibrated from
+    `traces` over `hw` into `traced`, for the configurations not traced): `runs` {name:
+    each run's median step}."""
     figures = {name: (predicted[name], statistics.median(runs[name])) for name in programs}
     for name, (p, m) in figures.items():
         print(f"# round {r + 1} {name}: predicted {p:.4f} s, measured {m:.4f} s (the median "
               f"of {', '.join(f'{t:.4f}' for t in runs[name])})", flush=True)
     if not traces:
         return figures, {}
-    traced = work / f"traced-round{r + 1}.json"
     ratrain("calibrate", *(f for t in traces for f in ("--from", t)), "--hw", hw, "-o", traced)
     return figures, {name: (predicted_seconds(program, traced), figures[name][1])
                      for name, program in programs.items() if name not in args.traced}
+
+
+# NOTE [rescored runs]: runs of one program minutes apart differ here by up to 14% and
+# more (NOTE [interleaved passes]), so two versions of the cost model can only be compared
+# on the same runs. A --keep directory holds each round's programs (config<i>, in the
+# order the run chose them: --only's, then --calibrate-from's not among them), its
+# microbenchmark profile (cpu-round<r>.json), every run's metrics (metrics-config<i>-
+# <r>-<k>.jsonl) and the traced configurations' traces (trace-config<i>-<r>-<k>). With
+# --rescore DIR this checkout predicts every round again: the kept programs (what ran) on
+# the round's profile, and the others on a profile it calibrates again from the round's
+# kept traces (`ratrain calibrate --from`, into a temporary directory); each run's median
+# step is read back from its metrics as it was measured (after --warmup). The scores are
+# then the same-round pairs of the live bench, for this checkout's cost model.
+def rescored(args, chosen, kept, scratch):
+    """({name: program}, the rounds) of the run kept in `kept`, predicted again (NOTE
+    [rescored runs])."""
+    programs = {name: kept / f"config{i}" for i, name in enumerate(chosen)}
+    if missing := [p for p in programs.values() if not (p / "program.json").exists()]:
+        fail(f"--rescore {kept}: no program {missing[0].name} there; give the --only and "
+             f"--calibrate-from of the run that kept it")
+    profiles = sorted(kept.glob("cpu-round*.json"), key=lambda p: int(p.stem[9:]))
+    if args.hw:
+        profiles = [Path(args.hw)] * len({m.name.split("-")[2] for m in
+                                          kept.glob("metrics-config0-*.jsonl")})
+    if not profiles:
+        fail(f"--rescore {kept}: no cpu-round<r>.json there (or give the run's --hw)")
+    rounds = []
+    for r, hw in enumerate(profiles):
+        runs, traces = {}, []
+        for name, program in programs.items():
+            tags = sorted(kept.glob(f"metrics-{program.name}-{r + 1}-*.jsonl"))
+            if not tags:
+                fail(f"--rescore {kept}: no metrics of {name} in round {r + 1}")
+            runs[name] = [kept_median(args, m) for m in tags]
+            if name in args.traced:
+                traces += [kept / f"trace-{m.stem[8:]}" for m in tags]
+        predicted = {name: predicted_seconds(p, hw) for name, p in programs.items()}
+        rounds.append(scored_round(args, programs, r, predicted, runs, traces, hw,
+                                   scratch / f"traced-round{r + 1}.json"))
+    return programs, rounds
+
+
+def kept_median(args, metrics):
+    """The median step_seconds after --warmup of a kept run's metrics."""
+    times = [json.loads(l)["step_seconds"] for l in metrics.read_text().splitlines() if l]
+    return statistics.median(times[args.warmup:])
 
 
 # NOTE [traced rounds]: `--calibrate-from A,B` runs A and B traced in every pass of each

@@ -114,7 +114,20 @@ def expected_largest_normal(members: int) -> float:
 # (+1.1%). Stage speeds drawn from the spread and simulated (each of P rotations of the
 # expected order statistics of P normals, the step their mean) took those three own steps
 # to +0.1, +0.4 and -6.8% and zb1 to +3.7 and +11.4%, but the 2 vCPUs' pp 2 own steps
-# from -0.5 to -3.7% (median of 18): not taken (2026-11-29).
+# from -0.5 to -3.7% (median of 18): not taken (2026-11-29). On an AMD EPYC (Zen 3, 2
+# vCPUs; bench/predict-runs/2026-11-29-k, each round predicted again by `bench/predict.py
+# --rescore` under each model) the traced spread was 0.050-0.069, and the pace overcharged:
+# a round's own tiny pp 2 step +5.2, +2.4 and +4.4% as it is, +2.3, -1.4 and +1.0% with no
+# pace, +3.1, -0.4 and +1.9% with the rotations; the nine other programs' median round
+# 5.62% mean and 14.69% largest error as it is, 3.73 and 10.56% with no pace, 4.99 and
+# 14.69% with rotations for pipelines (replicas paced as now). There a trace's log task
+# times (over their key's median) vary by 0.035 (sd) between a run's ranks, 0.096 between
+# a rank's steps and 0.082 between a step's tasks, and the layers' F, B and BL ran in two
+# states about 1.25x apart, changing within runs and by rank: the per-step estimator
+# samples states that come and go, not a rank that stays slow. Three machines, three
+# best models (as it is on the Xeon's 2 vCPUs, rotations on its 16-core node, none here):
+# left as it is until a model of those components (a rank's step, a step's task) is
+# drawn and simulated against all three.
 def paced_ranks(stages: int, replicas: int) -> int:
     """How many ranks pace each other within every step (NOTE [rank spread]): a
     pipeline's stages, else a one-stage program's replicas."""
