@@ -24,7 +24,7 @@ from ratrain.sim.collectives import collective_cost
 from ratrain.sim.costs import (collective_timed, crosses_node, dp_group,
                                gather_start_seconds, grad_scatter, link_host_seconds,
                                memory_seconds, message_path, norm_seconds, norm_share_bytes,
-                               pace_slowdown, paced_by_replicas, scatter_bytes, slot_elements,
+                               paced_by_replicas, stage_paces, scatter_bytes, slot_elements,
                                straggle_rate, sync_finish_seconds, tie_local_bytes,
                                tie_sum_seconds, undo_copy_bytes, update_seconds, view_gather)
 from ratrain.sim.kernels import (cold_profile, key_text, op_speed_factor, traced_seconds,
@@ -114,14 +114,17 @@ def _merged(steps):
 class ProfileCosts:
     """Steps of each task of a lowered `program` on `profile` (see module docstring)."""
 
-    def __init__(self, program, profile: dict, algorithm: str | None = None):
+    def __init__(self, program, profile: dict, algorithm: str | None = None,
+                 paces: tuple[float, ...] | None = None):
         if program.lowered is None:
             raise ValueError("ProfileCosts needs a lowered program (the whole pass pipeline)")
         o, profile = program.options, Profile.of(profile)
         self.program, self.profile, self.options = program, profile, o
         self.algorithm = algorithm or profile.collective_algorithm
         self.speeds = o.stage_speeds or (1.0,) * o.pp
-        self.bottleneck = pace_slowdown(profile, o.pp, o.dp)  # NOTE [rank spread]
+        # each stage's slowdown, paced by the others (NOTE [rank spread]): `paces`, else the
+        # first of stage_paces' rotations
+        self.paces = paces or stage_paces(profile, o.pp, o.dp)[0]
         self.straggles = not paced_by_replicas(profile, o.pp, o.dp)
         self.ddr = profile.ddr_bandwidth
         self.host_cost = float(profile.link_host_cost)  # NOTE [link host cost]
@@ -164,7 +167,7 @@ class ProfileCosts:
         return self._steps[task]
 
     def _task_steps(self, task):
-        speed, cursor, touched = self.speeds[task.stage] / self.bottleneck, {}, set()
+        speed, cursor, touched = self.speeds[task.stage] / self.paces[task.stage], {}, set()
         yield from waits_for_hidden_grad(self, task)  # NOTE [shard messages]
         yield from waits_for_lookups(self, task)  # NOTE [embedding messages]
         overhead = self.profile.traced.get("call_overhead")

@@ -73,15 +73,23 @@ def collective_timed(profile: dict, op: str, nbytes: float, group: tuple[int, ..
 # 1.77 for 2, 4, 8, 16). The replay charges it before the bytes move, on a `stragglers`
 # lane that `ratrain simulate` totals per stage. A profile without a traced drift
 # charges none.
-@functools.lru_cache(maxsize=None)
 def expected_largest_normal(members: int) -> float:
     """E[max of `members` independent standard normal samples], by quadrature."""
+    return expected_normal_order(members)[-1] if members > 1 else 0.0
+
+
+@functools.lru_cache(maxsize=None)
+def expected_normal_order(members: int) -> tuple[float, ...]:
+    """E[k-th smallest of `members` independent standard normal samples] for k = 1 ..
+    members, by quadrature (one member: its mean, 0)."""
     if members <= 1:
-        return 0.0
+        return (0.0,)
     x = np.linspace(-10.0, 10.0, 20001)
     cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
     density = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-    return float(np.trapezoid(x * members * density * cdf ** (members - 1), x))
+    return tuple(float(np.trapezoid(x * math.comb(members - 1, k - 1) * members * density
+                                    * cdf ** (k - 1) * (1.0 - cdf) ** (members - k), x))
+                 for k in range(1, members + 1))
 
 
 # NOTE [rank spread]: the ranks of a job run their kernels at different speeds within a
@@ -100,34 +108,41 @@ def expected_largest_normal(members: int) -> float:
 # standard deviation, were they normal (as NOTE [stragglers]), and the median is the
 # traced `rank_spread` (`stage_spread` in profiles of 2026-11-29, read as it). A rank's
 # speed is the machine's, not its role's: a spread measured across stages serves replicas
-# too. The simulator runs every rank of a P-stage pipeline 1 + spread x e(P) slower, and
-# every rank of a one-stage program of D replicas 1 + spread x e(D) slower: the expected
-# slowest, which paces them. Replicas so paced arrive together, so their collectives wait
-# for no straggler (the arrival drift is charged between the replicas of a pipeline
-# only, whose stages the spread paces). One rank has no spread; a profile without a
-# traced spread charges none. From a run's own trace on 2 vCPUs: tiny pp 2 predicted
-# -7.6% before the spread, -0.5% with it (median of 18, bench/predict-runs/2026-11-29-i);
-# tiny dp 2 ZeRO 1, 2 and 3, -4.9 to -10.7% (6 runs, all short) before the replicas were
-# paced. It is the expected slowest, not what a pipeline with bubbles to absorb it waits:
-# from the 16-core node's pp 4 x dp 4 1f1b traces (spread 0.06-0.14) it charges that
-# program's own step +3.9 to +9.2% (-9.0 to +0.2% without it) and its zb1 +15.3%
-# (+1.1%). Stage speeds drawn from the spread and simulated (each of P rotations of the
-# expected order statistics of P normals, the step their mean) took those three own steps
-# to +0.1, +0.4 and -6.8% and zb1 to +3.7 and +11.4%, but the 2 vCPUs' pp 2 own steps
-# from -0.5 to -3.7% (median of 18): not taken (2026-11-29). On an AMD EPYC (Zen 3, 2
-# vCPUs; bench/predict-runs/2026-11-29-k, each round predicted again by `bench/predict.py
-# --rescore` under each model) the traced spread was 0.050-0.069, and the pace overcharged:
-# a round's own tiny pp 2 step +5.2, +2.4 and +4.4% as it is, +2.3, -1.4 and +1.0% with no
-# pace, +3.1, -0.4 and +1.9% with the rotations; the nine other programs' median round
-# 5.62% mean and 14.69% largest error as it is, 3.73 and 10.56% with no pace, 4.99 and
-# 14.69% with rotations for pipelines (replicas paced as now). There a trace's log task
-# times (over their key's median) vary by 0.035 (sd) between a run's ranks, 0.096 between
-# a rank's steps and 0.082 between a step's tasks, and the layers' F, B and BL ran in two
-# states about 1.25x apart, changing within runs and by rank: the per-step estimator
-# samples states that come and go, not a rank that stays slow. Three machines, three
-# best models (as it is on the Xeon's 2 vCPUs, rotations on its 16-core node, none here):
-# left as it is until a model of those components (a rank's step, a step's task) is
-# drawn and simulated against all three.
+# too. Every rank of a one-stage program of D replicas computes 1 + spread x e(D) slower:
+# the expected slowest, which paces them at every collective and at the step's end.
+# Replicas so paced arrive together, so their collectives wait for no straggler (the
+# arrival drift is charged between the replicas of a pipeline only). A pipeline's stages
+# are not paced alike: its slowest stage paces the micro-batches in flight, but the fill
+# and the drain run at each stage's own speed, and a bubble absorbs a stage's slowness.
+# So the P stages compute exp(spread x z_k) slower, z_1 > ... > z_P the expected order
+# statistics of P standard normals, and the simulator replays each of the P cyclic
+# orders (the slowest stage first, second, ...; at most MAX_ROTATIONS of them, evenly
+# spaced) and charges their mean step (`stage_paces`, sim/simulate.py); `ratrain
+# simulate` prints the range and the rows of the rotation nearest the mean. One rank has
+# no spread; a profile without a traced spread charges none. From a run's own trace on
+# 2 vCPUs of a Xeon: tiny pp 2 predicted -7.6% before the spread, -0.5% with every stage
+# at 1 + spread x e(P) (until 2026-11-29), -3.7% with the rotations (median of 18,
+# bench/predict-runs/2026-11-29-i); tiny dp 2 ZeRO 1, 2 and 3, -4.9 to -10.7% (6 runs, all
+# short) before the replicas were paced, -1.7% median after (on an AMD EPYC, two such
+# runs: +0.9 and -3.2% paced, -1.7 and -10.1% not). The uniform pace was the expected
+# slowest, not what a pipeline with bubbles to absorb it waits: from the 16-core node's
+# pp 4 x dp 4 1f1b traces (spread 0.06-0.14) it charged that program's own step +9.2,
+# +6.1 and +3.9% (`bench/node16-h200-2/round1`, `round2`, `bench/node16-h200`), the
+# rotations -0.2, +0.3 and -8.4%; its zb1 +21.7 and +15.3%, now +11.2 and +1.7%; pp 2 x dp
+# 8 -0.4 and +3.1%, now -5.2 and -2.6%. On an AMD EPYC (Zen 3, 2 vCPUs;
+# bench/predict-runs/2026-11-29-k, each round predicted again by `bench/predict.py
+# --rescore`) the traced spread was 0.050-0.069: a round's own tiny pp 2 step +5.2, +2.4
+# and +4.4% with the uniform pace, +3.1, -0.4 and +1.9% with the rotations (+2.3, -1.4 and
+# +1.0% with no pace); the nine other programs' median round 5.62% mean and 14.69% largest
+# error with the uniform pace, 4.99 and 14.69% with the rotations (3.73 and 10.56% with
+# no pace). Of the three machines the rotations miss the Xeon's 2 vCPUs by 3.2 points
+# more and the others by less, and they are what the estimator measures: a stage's speed
+# over a whole step. There a trace's log task times (over their key's median) vary by
+# 0.035 (sd) between a run's ranks, 0.096 between a rank's steps (0.060-0.075 of it not
+# shared with the other rank) and 0.063-0.082 between a step's tasks, and the layers' F,
+# B and BL ran in two states about 1.25x apart, changing within runs and by rank; a
+# model of those components drawn and simulated (16 draws, the median step) gave what
+# the rotations give (median round 4.92% and 14.69%), 2026-11-29.
 def paced_ranks(stages: int, replicas: int) -> int:
     """How many ranks pace each other within every step (NOTE [rank spread]): a
     pipeline's stages, else a one-stage program's replicas."""
@@ -151,10 +166,25 @@ def paced_by_replicas(profile: dict, stages: int, replicas: int) -> bool:
     return stages == 1 and paced_ranks(stages, replicas) > 1 and rank_spread(profile) > 0
 
 
-def pace_slowdown(profile: dict, stages: int, replicas: int) -> float:
-    """How much slower than its charges a rank runs, in expectation, paced by the slowest
-    of the ranks it meets within every step (paced_ranks; NOTE [rank spread])."""
-    return 1.0 + rank_spread(profile) * expected_largest_normal(paced_ranks(stages, replicas))
+MAX_ROTATIONS = 8                       # stage speed rotations simulated, at most
+
+
+def stage_paces(profile: dict, stages: int, replicas: int) -> tuple[tuple[float, ...], ...]:
+    """How much slower than its charges each stage computes (NOTE [rank spread]), one
+    tuple per rotation the simulator replays and averages: a P-stage pipeline's stages
+    at exp(spread x z) for z the expected order statistics of P standard normals, in each
+    of P cyclic orders (MAX_ROTATIONS of them, evenly spaced, for more stages); a one-stage
+    program of D replicas at 1 + spread x e(D), paced by the slowest replica; no spread,
+    or one rank, none."""
+    spread, paced = rank_spread(profile), paced_ranks(stages, replicas)
+    if spread == 0 or paced == 1:
+        return ((1.0,) * stages,)
+    if stages == 1:
+        return ((1.0 + spread * expected_largest_normal(replicas),),)
+    slow = [math.exp(spread * z) for z in reversed(expected_normal_order(stages))]
+    turns = sorted({k * stages // MAX_ROTATIONS for k in range(MAX_ROTATIONS)}) \
+        if stages > MAX_ROTATIONS else range(stages)
+    return tuple(tuple(slow[(s + k) % stages] for s in range(stages)) for k in turns)
 
 
 def straggle_rate(profile: dict, members: int) -> float:

@@ -39,7 +39,7 @@ def _alone(sim) -> str:
     """See NOTE [steady state]: the step time is that of a step of a run; say what one step
     timed alone (everything it started drained, the `end s` column) takes."""
     alone = max(sim.replay.ends.values(), default=0.0)
-    if sim.replay.period is None or abs(alone - sim.step_time) < 1e-9 * alone:
+    if sim.replay.period is None or abs(alone - sim.replay.step_time) < 1e-9 * alone:
         return ""
     return f"\n(a step of a run, in steady state: collectives still in flight at its end " \
            f"overlap the next step; one step alone takes {alone:.4g} s)"
@@ -55,7 +55,10 @@ def _headline(sim, profile: dict, tokens_per_step: int) -> list[str]:
         f"{o.precision}",
         f"simulated step {sim.step_time:.4g} s, {sim.tokens_per_s:,.0f} tokens/s "
         f"({tokens_per_step:,} tokens per step), bubble {sim.bubble_fraction:.1%}, "
-        f"exposed tail {sim.exposed_tail:.4g} s"]
+        f"exposed tail {sim.exposed_tail:.4g} s"] + ([
+        f"(the mean of {len(sim.rotations)} rotations of the stages' traced speed spread, "
+        f"{min(sim.rotations):.4g}-{max(sim.rotations):.4g} s; the rows below are the one "
+        f"nearest it: NOTE [rank spread])"] if sim.rotations else [])
 
 
 def periodic_summary(sim) -> dict:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ratrain.hw.profiles import Profile
 from ratrain.hw.topology import node_of
 from ratrain.sim.calls import ProfileCosts
+from ratrain.sim.costs import stage_paces
 from ratrain.sim.kernels import rank_profile  # noqa: F401  (callers import it from here)
 from ratrain.sim.replay import Replay, replay
 
@@ -23,10 +24,15 @@ class Simulation:
     program: object                     # the compiled Program
     profile: Profile                    # the hardware profile it ran on, narrowed
     replay: Replay                      # times of every task, compute and transfer
+    rotations: tuple[float, ...] = ()   # the step of each stage speed rotation replayed
+                                        # (NOTE [rank spread]); `replay` is the one nearest
+                                        # their mean
 
     @property
     def step_time(self) -> float:
-        return self.replay.step_time
+        """The replayed step, the mean over the rotations where there are several."""
+        return sum(self.rotations) / len(self.rotations) if self.rotations else \
+            self.replay.step_time
 
     @property
     def tokens_per_step(self) -> int:
@@ -72,10 +78,16 @@ def simulate(program, profile: dict, *, overlap: bool = True,
     if program.memory is None or program.lowered is None:
         raise ValueError("simulate needs a compiled program (memory plan and lowered calls)")
     profile = rank_profile(profile, program.options.world_size)
-    costs = ProfileCosts(program, profile, algorithm)
     pipeline = {program.rank(stage, 0): tasks for stage, tasks in program.tasks.items()}
     node = node_of(profile)
-    result = replay(pipeline, costs, bandwidth=profile.link_bandwidth, overlap=overlap,
-                    steady=steady, progress_share=node.progress_share,
-                    kernel_slowdown=node.kernel_slowdown)
-    return Simulation(program, profile, result)
+    o = program.options
+    replays = [replay(pipeline, ProfileCosts(program, profile, algorithm, paces),
+                      bandwidth=profile.link_bandwidth, overlap=overlap, steady=steady,
+                      progress_share=node.progress_share, kernel_slowdown=node.kernel_slowdown)
+               for paces in stage_paces(profile, o.pp, o.dp)]
+    if len(replays) == 1:
+        return Simulation(program, profile, replays[0])
+    steps = tuple(r.step_time for r in replays)
+    mean = sum(steps) / len(steps)
+    nearest = min(replays, key=lambda r: abs(r.step_time - mean))
+    return Simulation(program, profile, nearest, steps)

@@ -245,12 +245,14 @@ def test_ranks_run_at_the_pace_of_their_expected_slowest(programs, tmp_path):
     call at 1.2x its charge and the other at 0.8x, the other way round the next step, so
     every call key's median is its charge: each step's slowest stage is 0.2 above the
     ranks' mean, and the spread 0.2 / e(2). dp 2's replicas so traced give the same
-    spread. Every rank of a 2-stage pipeline, and of a one-stage program of 2 replicas,
-    then computes 1 + spread x e(2) = 1.2x as long in every task, and the paced replicas'
-    collectives wait for no straggler (the drift is left to a pipeline's replicas); one
-    rank keeps its pace, and a profile without the spread charges none."""
+    spread. Every rank of a one-stage program of 2 replicas then computes 1 + spread x
+    e(2) = 1.2x as long in every task, and the paced replicas' collectives wait for no
+    straggler (the drift is left to a pipeline's replicas); a 2-stage pipeline's stages
+    compute exp(+-spread x e(2)) as long, the slower first and then second, and its
+    simulated step is the mean of the two; one rank keeps its pace, and a profile without
+    the spread charges none."""
     from ratrain.calibrate.from_trace import SKIP_STEPS
-    from ratrain.sim.costs import expected_largest_normal, pace_slowdown
+    from ratrain.sim.costs import expected_largest_normal, stage_paces
     from ratrain.sim.steps import Compute, Start
     spreads = {}
     for name in ("pp2", "dp2"):
@@ -263,9 +265,15 @@ def test_ranks_run_at_the_pace_of_their_expected_slowest(programs, tmp_path):
     assert spreads["pp2"] == spreads["dp2"]
     spread, samples = spreads["pp2"]
     assert math.isclose(spread, 0.2 / expected_largest_normal(2), rel_tol=1e-3) and samples == 2
-    assert math.isclose(pace_slowdown(traced, 2, 1), 1.2, rel_tol=1e-3)
-    assert math.isclose(pace_slowdown(traced, 1, 2), 1.2, rel_tol=1e-3)
-    assert pace_slowdown(traced, 1, 1) == 1.0 == pace_slowdown(load_profile("cpu"), 2, 2)
+    slow, fast = math.exp(0.2), math.exp(-0.2)
+    (first, second), = [stage_paces(traced, 2, 1)]
+    assert all(math.isclose(a, b, rel_tol=1e-3)
+               for a, b in zip(first + second, (slow, fast, fast, slow)))
+    assert stage_paces(traced, 2, 4) == stage_paces(traced, 2, 1)
+    (replicas,), = stage_paces(traced, 1, 2)
+    assert math.isclose(replicas, 1.2, rel_tol=1e-3)
+    assert stage_paces(traced, 1, 1) == ((1.0,),)
+    assert stage_paces(load_profile("cpu"), 2, 2) == ((1.0, 1.0),)
     without = traced.with_fields(traced={k: v for k, v in traced.traced.items()
                                          if k != "rank_spread"})
     drifting = {**without.traced, "arrival_drift": [0.1, 10]}
@@ -273,20 +281,50 @@ def test_ranks_run_at_the_pace_of_their_expected_slowest(programs, tmp_path):
                                        if isinstance(s, Compute))
     straggles = lambda costs, task: [s.straggle for s in costs.steps(task)
                                      if isinstance(s, Start)]
-    for name in ("pp2", "dp2"):
+    for name, paces in (("pp2", first), ("pp2", second), ("dp2", (1.2, 1.2))):
         p = programs[name][1]
-        paced, bare = ProfileCosts(p, traced), ProfileCosts(p, without)
+        paced, bare = ProfileCosts(p, traced, paces=paces), ProfileCosts(p, without)
         tasks = [t for stage in p.tasks.values() for t in stage if computed(bare, t) > 0]
         assert len(tasks) > 10
         for task in tasks:
-            assert math.isclose(computed(paced, task), 1.2 * computed(bare, task),
+            assert math.isclose(computed(paced, task), paces[task.stage] * computed(bare, task),
                                 rel_tol=1e-3), (name, task)
+    pp2 = programs["pp2"][1]
+    sim = simulate(pp2, traced)
+    turns = [simulate_paced(pp2, traced, paces) for paces in (first, second)]
+    assert all(map(lambda a, b: math.isclose(a, b, rel_tol=1e-9), sim.rotations, turns))
+    assert len(sim.rotations) == 2 and turns[0] != turns[1]
+    assert math.isclose(sim.step_time, sum(turns) / 2, rel_tol=1e-9)
+    assert simulate(pp2, load_profile("cpu")).rotations == ()
     dp2 = programs["dp2"][1]
     paced = ProfileCosts(dp2, traced.with_fields(traced={**drifting, "rank_spread": [spread, 2]}))
     free = ProfileCosts(dp2, traced.with_fields(traced=drifting))
     posts = [t for t in dp2.tasks[0] if straggles(free, t)]
     assert posts and all(x > 0 for t in posts for x in straggles(free, t))
     assert all(x == 0 for t in posts for x in straggles(paced, t))
+
+
+def simulate_paced(program, profile, paces):
+    """The step of `program` replayed with its stages at `paces` (one rotation)."""
+    from ratrain.hw.topology import node_of
+    from ratrain.sim.replay import replay
+    pipeline = {program.rank(stage, 0): tasks for stage, tasks in program.tasks.items()}
+    node = node_of(profile)
+    return replay(pipeline, ProfileCosts(program, profile, paces=paces),
+                  bandwidth=profile.link_bandwidth, progress_share=node.progress_share,
+                  kernel_slowdown=node.kernel_slowdown).step_time
+
+
+def test_a_long_pipeline_replays_at_most_eight_rotations():
+    """See NOTE [rank spread]. 16 stages replay 8 of their 16 rotations, evenly spaced, each
+    the same 16 paces in another order, the slowest stage 8 stages on from the last's."""
+    from ratrain.sim.costs import MAX_ROTATIONS, expected_normal_order, stage_paces
+    profile = load_profile("cpu").with_fields(traced={"rank_spread": [0.1, 4]})
+    rotations = stage_paces(profile, 16, 2)
+    assert len(rotations) == MAX_ROTATIONS == 8
+    paces = sorted(math.exp(0.1 * z) for z in expected_normal_order(16))
+    assert all(sorted(r) == paces for r in rotations)
+    assert [r.index(max(r)) for r in rotations] == [0, 14, 12, 10, 8, 6, 4, 2]
 
 
 def test_a_shape_no_trace_ran_is_charged_at_its_ops_traced_speed(programs, tmp_path):
@@ -367,6 +405,22 @@ def test_expected_latest_arrival_against_a_sampled_one():
     for members in (2, 4, 8, 16):
         sampled = rng.standard_normal((200_000, members)).max(axis=1).mean()
         assert abs(expected_largest_normal(members) - sampled) < 0.01, members
+
+
+def test_expected_order_statistics_against_sampled_ones():
+    """See NOTE [rank spread]. The expected k-th smallest of P normals by quadrature against
+    the mean of sorted samples (200,000 draws: standard error under 0.003), symmetric
+    about 0, the largest e(P)."""
+    import numpy as np
+    from ratrain.sim.costs import expected_largest_normal, expected_normal_order
+    rng = np.random.default_rng(1)
+    assert expected_normal_order(1) == (0.0,)
+    for members in (2, 3, 4, 8):
+        order = np.array(expected_normal_order(members))
+        sampled = np.sort(rng.standard_normal((200_000, members)), axis=1).mean(axis=0)
+        assert np.abs(order - sampled).max() < 0.012, members
+        assert np.allclose(order, -order[::-1], atol=1e-9)
+        assert order[-1] == expected_largest_normal(members)
 
 
 def test_a_collective_waits_for_its_latest_replica(programs):
