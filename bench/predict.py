@@ -98,7 +98,7 @@ def measured_seconds(program, ranks, args, metrics, steps, trace=None):
     metrics.unlink(missing_ok=True)
     ratrain("run", program, "-n", ranks, "--steps", args.warmup + steps, "--metrics", metrics,
             *(("--trace", trace) if trace else ()))
-    return kept_median(args, metrics)
+    return median_step(args, metrics)
 
 
 def main():
@@ -241,7 +241,7 @@ def rescored(args, chosen, kept, scratch):
             tags = sorted(kept.glob(f"metrics-{program.name}-{r + 1}-*.jsonl"))
             if not tags:
                 fail(f"--rescore {kept}: no metrics of {name} in round {r + 1}")
-            runs[name] = [kept_median(args, m) for m in tags]
+            runs[name] = [median_step(args, m) for m in tags]
             if name in args.traced:
                 traces += [kept / f"trace-{m.stem[8:]}" for m in tags]
         predicted = {name: predicted_seconds(p, hw) for name, p in programs.items()}
@@ -250,8 +250,8 @@ def rescored(args, chosen, kept, scratch):
     return programs, rounds
 
 
-def kept_median(args, metrics):
-    """The median step_seconds after --warmup of a kept run's metrics."""
+def median_step(args, metrics):
+    """The median step_seconds after --warmup of a run's metrics file."""
     times = [json.loads(l)["step_seconds"] for l in metrics.read_text().splitlines() if l]
     return statistics.median(times[args.warmup:])
 

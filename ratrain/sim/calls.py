@@ -8,6 +8,7 @@ rule), so the overlap is the runtime's, no more.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import numpy as np
@@ -114,17 +115,17 @@ def _merged(steps):
 class ProfileCosts:
     """Steps of each task of a lowered `program` on `profile` (see module docstring)."""
 
-    def __init__(self, program, profile: dict, algorithm: str | None = None,
-                 paces: tuple[float, ...] | None = None):
+    def __init__(self, program, profile: dict, algorithm: str | None = None):
         if program.lowered is None:
             raise ValueError("ProfileCosts needs a lowered program (the whole pass pipeline)")
         o, profile = program.options, Profile.of(profile)
         self.program, self.profile, self.options = program, profile, o
         self.algorithm = algorithm or profile.collective_algorithm
         self.speeds = o.stage_speeds or (1.0,) * o.pp
-        # each stage's slowdown, paced by the others (NOTE [rank spread]): `paces`, else the
-        # first of stage_paces' rotations
-        self.paces = paces or stage_paces(profile, o.pp, o.dp)[0]
+        # each stage's slowdown, paced by the others, in every rotation the simulator
+        # replays (NOTE [rank spread]); these costs charge the first (`paced` the others)
+        self.rotations = stage_paces(profile, o.pp, o.dp)
+        self.paces = self.rotations[0]
         self.straggles = not paced_by_replicas(profile, o.pp, o.dp)
         self.ddr = profile.ddr_bandwidth
         self.host_cost = float(profile.link_host_cost)  # NOTE [link host cost]
@@ -160,6 +161,13 @@ class ProfileCosts:
                                       self.program.memory.stages[stage].offsets,
                                       int(p.cache_bytes)))
         return out
+
+    def paced(self, paces: tuple[float, ...]) -> ProfileCosts:
+        """These costs with the stages at `paces` (one of `rotations`): the kernel tables
+        shared, the steps, which carry the pace, charged afresh."""
+        other = copy.copy(self)
+        other.paces, other._steps = paces, {}
+        return other
 
     def steps(self, task) -> tuple[Step, ...]:
         if task not in self._steps:

@@ -75,21 +75,33 @@ def collective_timed(profile: dict, op: str, nbytes: float, group: tuple[int, ..
 # charges none.
 def expected_largest_normal(members: int) -> float:
     """E[max of `members` independent standard normal samples], by quadrature."""
-    return expected_normal_order(members)[-1] if members > 1 else 0.0
+    return _expected_order_statistic(members, members)
 
 
-@functools.lru_cache(maxsize=None)
 def expected_normal_order(members: int) -> tuple[float, ...]:
     """E[k-th smallest of `members` independent standard normal samples] for k = 1 ..
     members, by quadrature (one member: its mean, 0)."""
+    return tuple(_expected_order_statistic(members, k) for k in range(1, members + 1))
+
+
+@functools.lru_cache(maxsize=None)
+def _expected_order_statistic(members: int, k: int) -> float:
+    """E[k-th smallest of `members` standard normals]: the integral of x times its density
+    n C(n-1, k-1) phi(x) Phi(x)^(k-1) (1 - Phi(x))^(n-k)."""
     if members <= 1:
-        return (0.0,)
+        return 0.0
+    x, cdf, density = _normal_grid()
+    weight = members * math.comb(members - 1, k - 1)
+    return float(np.trapezoid(x * weight * density * cdf ** (k - 1)
+                              * (1.0 - cdf) ** (members - k), x))
+
+
+@functools.lru_cache(maxsize=1)
+def _normal_grid() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The quadrature's points on [-10, 10], and the standard normal's cdf and density there."""
     x = np.linspace(-10.0, 10.0, 20001)
     cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
-    density = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-    return tuple(float(np.trapezoid(x * math.comb(members - 1, k - 1) * members * density
-                                    * cdf ** (k - 1) * (1.0 - cdf) ** (members - k), x))
-                 for k in range(1, members + 1))
+    return x, cdf, np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
 
 
 # NOTE [rank spread]: the ranks of a job run their kernels at different speeds within a

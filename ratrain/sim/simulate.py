@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from ratrain.hw.profiles import Profile
 from ratrain.hw.topology import node_of
 from ratrain.sim.calls import ProfileCosts
-from ratrain.sim.costs import stage_paces
 from ratrain.sim.kernels import rank_profile  # noqa: F401  (callers import it from here)
 from ratrain.sim.replay import Replay, replay
 
@@ -80,11 +79,11 @@ def simulate(program, profile: dict, *, overlap: bool = True,
     profile = rank_profile(profile, program.options.world_size)
     pipeline = {program.rank(stage, 0): tasks for stage, tasks in program.tasks.items()}
     node = node_of(profile)
-    o = program.options
-    replays = [replay(pipeline, ProfileCosts(program, profile, algorithm, paces),
-                      bandwidth=profile.link_bandwidth, overlap=overlap, steady=steady,
-                      progress_share=node.progress_share, kernel_slowdown=node.kernel_slowdown)
-               for paces in stage_paces(profile, o.pp, o.dp)]
+    costs = ProfileCosts(program, profile, algorithm)
+    replays = [replay(pipeline, costs.paced(paces), bandwidth=profile.link_bandwidth,
+                      overlap=overlap, steady=steady, progress_share=node.progress_share,
+                      kernel_slowdown=node.kernel_slowdown)
+               for paces in costs.rotations]
     if len(replays) == 1:
         return Simulation(program, profile, replays[0])
     steps = tuple(r.step_time for r in replays)

@@ -283,7 +283,7 @@ def test_ranks_run_at_the_pace_of_their_expected_slowest(programs, tmp_path):
                                      if isinstance(s, Start)]
     for name, paces in (("pp2", first), ("pp2", second), ("dp2", (1.2, 1.2))):
         p = programs[name][1]
-        paced, bare = ProfileCosts(p, traced, paces=paces), ProfileCosts(p, without)
+        paced, bare = ProfileCosts(p, traced).paced(paces), ProfileCosts(p, without)
         tasks = [t for stage in p.tasks.values() for t in stage if computed(bare, t) > 0]
         assert len(tasks) > 10
         for task in tasks:
@@ -310,7 +310,7 @@ def simulate_paced(program, profile, paces):
     from ratrain.sim.replay import replay
     pipeline = {program.rank(stage, 0): tasks for stage, tasks in program.tasks.items()}
     node = node_of(profile)
-    return replay(pipeline, ProfileCosts(program, profile, paces=paces),
+    return replay(pipeline, ProfileCosts(program, profile).paced(paces),
                   bandwidth=profile.link_bandwidth, progress_share=node.progress_share,
                   kernel_slowdown=node.kernel_slowdown).step_time
 
