@@ -22,8 +22,8 @@ is compared with the prediction of the calibration made in its own round (NOTE
 [same-round pairs]); the fastest prediction against the fastest run and the median of the
 rounds' own errors are printed beside it, and each round's own errors after them.
 Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--rounds 3]
-[--repeats 3] [--seq-len 256] [--warmup 3] [--measure 5] [--measure-seconds 3]
-[--only NAME,...] [--keep DIR] [--calibrate-from NAME,NAME]; about 12 minutes per round
+[--repeats 5] [--seq-len 256] [--warmup 3] [--measure 5] [--measure-seconds 5]
+[--only NAME,...] [--keep DIR] [--calibrate-from NAME,NAME]; about 17 minutes per round
 on 2 idle cores. With --calibrate-from, those configurations are traced in every pass and the
 others are also predicted on the profile calibrated from their traces (NOTE [traced
 rounds]), printed after the microbenchmark profile's errors from the same runs. With
@@ -77,7 +77,7 @@ def predicted_seconds(program, hw):
 
 # NOTE [measured span]: a run's median step is taken over at least --measure-seconds of
 # steps, not a fixed count (until 2026-11-28, one run per round of at least 6 s or 9 steps;
-# now --repeats runs of at least 3 s or 5 steps, NOTE [interleaved passes]). On this VM a
+# now --repeats runs of at least 5 s or 5 steps, NOTE [interleaved passes]). On this VM a
 # task of 18 ms took 35-46 ms now and then, on either rank, while a pinned GEMM loop
 # varied 3%, and the slow stretches last seconds: 9 steps of an 80 ms program span 0.7 s,
 # and the 9-step medians within one 80-step run of tiny-gqa dp 2 ZeRO 2 bf16 ranged over
@@ -111,12 +111,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=3, help="steps left out (default: 3)")
     ap.add_argument("--measure", type=int, default=5, help="fewest steps of a run whose "
                     "median is the run's step time (default: 5)")
-    ap.add_argument("--measure-seconds", type=float, default=3.0, help="measure at least "
+    ap.add_argument("--measure-seconds", type=float, default=5.0, help="measure at least "
                     "this many seconds of steps per run, at the predicted step time "
-                    "(default: 3)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration "
+                    "(default: 5)")
+    ap.add_argument("--repeats", type=int, default=5, help="runs of each configuration "
                     "per round, in passes over them all; its measured step is the median "
-                    "of its runs' (default: 3; NOTE [interleaved passes])")
+                    "of its runs' (default: 5; NOTE [interleaved passes])")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of calibrating then "
                     "running every configuration; each configuration's fastest run is compared "
                     "with its own round's prediction (default: 3)")
@@ -274,6 +274,11 @@ def median_step(args, metrics):
 # that no configuration always runs early or late), and takes the median of its runs'
 # medians. The traced configurations are traced in every pass, so the traced profile is
 # calibrated from the round's mix of states, the one the other configurations run in.
+# Three passes of at least 3 s of steps each until 2026-11-29; five of at least 5 s
+# since: on the AMD EPYC's 2 vCPUs the same day, the slowest round of a configuration
+# measured 7.5% and 6.1% above its fastest with three (median over the configurations,
+# bench/predict-runs/2026-11-29-k and -l), 2.6% with five (-m), for 17 minutes a round
+# where three took 13.
 
 
 # NOTE [same-round pairs]: the headline error pairs each configuration's fastest run with
