@@ -260,7 +260,15 @@ def median_step(args, metrics):
 # round, and calibrates from all those traces over that round's microbenchmark profile (`ratrain
 # calibrate --from`, NOTE [traced rows]); every other configuration is then predicted on
 # both profiles and scored against the same measured run. A and B are never scored on
-# the traced profile: a program is never scored against its own trace.
+# the traced profile: a program is never scored against its own trace. Trace a pipeline
+# and a DP program: only a run whose replicas all-reduce measures how much its kernels
+# slow beside their collectives (NOTE [traced rows] 6); with none the traced profile keeps
+# calibrate's probe, whose all-reduces stream back to back (1.46-2.23x on the AMD EPYC's 2
+# vCPUs, where the dp 2 runs' backwards ran 1.08x). With tiny pp 2 and tiny-gqa pp 2 bf16
+# traced, tiny dp 2 ZeRO 1-3 came out +0.6 to +6.6% in every round (bench/predict-runs/
+# 2026-11-29-m); with tiny pp 2 and tiny-gqa dp 2 ZeRO 2 bf16 (-n), -1.3 to +3.9% in
+# rounds 1 and 2 and +1.6 to +9.4% in round 3, against +1.6 to +5.5% and +5.9 to +13.5%
+# on the same runs rescored from tiny pp 2's traces alone.
 
 
 # NOTE [interleaved passes]: runs of one program minutes apart differ here by up to 40%
