@@ -77,13 +77,14 @@ def _calibrate_from(args, out: Path) -> None:
 
 def traced_summary(traced: dict, threads: str | None) -> str:
     """One line of what a profile entry's traced rows hold (NOTE [traced rows]): rows,
-    the per-call overhead, each data-moving op's host time, the ranks' speed spread and
-    the replicas' arrival drift."""
+    the per-call overhead, each data-moving op's host time, the ranks' speed spread, the
+    replicas' arrival drift and the slowdown of kernels beside collectives."""
     from ratrain.sim.costs import traced_rank_spread
     kernels = sum(key.split()[2].isdigit() for key in traced["calls"])
     overhead, host = traced.get("call_overhead"), traced.get("call_host")
     spread = traced_rank_spread(traced)  # NOTE [rank spread]
     drift = traced.get("arrival_drift")
+    beside = traced.get("kernel_slowdown_beside")  # NOTE [traced rows] 6
     parts = [f"{kernels} kernel shapes", f"{len(traced['calls']) - kernels} runtime calls"]
     if overhead:
         parts.append(f"{overhead[0] * 1e6:.1f} us per call outside them")
@@ -95,6 +96,10 @@ def traced_summary(traced: dict, threads: str | None) -> str:
     parts.append(f"replicas' arrival drift {drift[0]:.1%} ({drift[1]} steps' first UPDs)"
                  if drift else "no arrival drift (one replica, or no UPD all replicas "
                  "waited at)")
+    parts.append(f"kernels beside collectives {beside[0]:.2f}x ({beside[1]} samples)"
+                 if beside else "no slowdown of kernels beside collectives (no traced run "
+                 "had DP replicas: calibrate's probe stands; trace a DP program to measure "
+                 "it)")
     per_rank = f"{threads} thread{'s' * (threads != '1')} per rank: " if threads else ""
     return per_rank + ", ".join(parts)
 

@@ -499,7 +499,9 @@ def test_the_slowdown_beside_collectives_is_bl_beside_a_post_over_b_alone(progra
     in flight (1.0x its charge), then the last micro-batch's layers (BL): the first before
     any SYNC has posted (2.0x, no sample), the others beside a posted all-reduce (1.3x).
     The traced profile holds 1.3 from each rank, and the simulator's node takes it over
-    calibrate's probe (a profile without it keeps the probe's)."""
+    calibrate's probe (a profile without it keeps the probe's); `calibrate --from` prints
+    it."""
+    from ratrain.cli.calibrate import traced_summary
     from ratrain.hw.topology import node_of
     path, program = programs["dp2"]
     base = load_profile("cpu") | {"node_collectives": {"kernel_slowdown_beside": 1.8}}
@@ -510,12 +512,15 @@ def test_the_slowdown_beside_collectives_is_bl_beside_a_post_over_b_alone(progra
     assert math.isclose(slowdown, 1.3, rel_tol=1e-3) and ranks == 2
     assert node_of(narrowed).kernel_slowdown == slowdown
     assert node_of(rank_profile(base, program.options.world_size)).kernel_slowdown == 1.8
+    assert "kernels beside collectives 1.30x (2 samples)" in traced_summary(narrowed.traced,
+                                                                            None)
 
 
 def test_one_replica_gives_no_slowdown_beside_collectives(programs, tmp_path):
     """NOTE [traced rows] 6: pp 2 of one replica posts SYNCs that move nothing; its BLs
     after them, run 1.3x, are no sample of kernels beside a collective, and a profile
-    calibrated from it keeps the probe's slowdown."""
+    calibrated from it keeps the probe's slowdown, and `calibrate --from` says so."""
+    from ratrain.cli.calibrate import traced_summary
     path, program = programs["pp2"]
     base = load_profile("cpu") | {"node_collectives": {"kernel_slowdown_beside": 1.8}}
     charged = charges(program, base)
@@ -524,3 +529,5 @@ def test_one_replica_gives_no_slowdown_beside_collectives(programs, tmp_path):
     traced = traced_profile(base, [TracedRun(tmp_path, path)])
     narrowed = rank_profile(traced, program.options.world_size)
     assert "kernel_slowdown_beside" not in narrowed.traced and narrowed.traced["calls"]
+    assert "no slowdown of kernels beside collectives (no traced run had DP replicas: " \
+        "calibrate's probe stands" in traced_summary(narrowed.traced, None)
