@@ -24,12 +24,13 @@ rounds' own errors are printed beside it, and each round's own errors after them
 Usage: python bench/predict.py [--hw FILE (default: calibrate every round)] [--rounds 3]
 [--repeats 5] [--seq-len 256] [--warmup 3] [--measure 5] [--measure-seconds 5]
 [--only NAME,...] [--keep DIR] [--calibrate-from NAME,NAME]; about 17 minutes per round
-on 2 idle cores. With --calibrate-from, those configurations are traced in every pass and the
-others are also predicted on the profile calibrated from their traces (NOTE [traced
-rounds]), printed after the microbenchmark profile's errors from the same runs. With
---rescore DIR (a --keep directory of an earlier run, and that run's --only and
---calibrate-from), nothing runs: its rounds are predicted again by this checkout's cost
-model and scored against the runs it measured (NOTE [rescored runs])."""
+on 2 idle cores. With --calibrate-from (a pipeline and a DP program, e.g. "tiny
+pp2,tiny-gqa dp2 zero2 bf16"), those configurations are traced in every pass and the others
+are also predicted on the profile calibrated from their traces (NOTE [traced rounds]),
+printed after the microbenchmark profile's errors from the same runs. With --rescore DIR (a
+--keep directory of an earlier run, and that run's --only and --calibrate-from), nothing
+runs: its rounds are predicted again by this checkout's cost model and scored against the
+runs it measured (NOTE [rescored runs])."""
 import argparse
 import json
 import math
