@@ -97,9 +97,9 @@ def traced_summary(traced: dict, threads: str | None) -> str:
                  if drift else "no arrival drift (one replica, or no UPD all replicas "
                  "waited at)")
     parts.append(f"kernels beside collectives {beside[0]:.2f}x ({beside[1]} samples)"
-                 if beside else "no slowdown of kernels beside collectives (no traced run "
-                 "had DP replicas: calibrate's probe stands; trace a DP program to measure "
-                 "it)")
+                 if beside else "no slowdown of kernels beside collectives (no traced rank "
+                 "of DP replicas ran backwards both beside a posted collective and alone): "
+                 "the given profile's stands; trace a DP program to measure it")
     per_rank = f"{threads} thread{'s' * (threads != '1')} per rank: " if threads else ""
     return per_rank + ", ".join(parts)
 
