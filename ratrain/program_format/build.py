@@ -24,7 +24,16 @@ from pathlib import Path
 
 import Cython
 
+from ratrain.program_format.codec import HEADER
 from ratrain.settings import cache_root
+
+# NOTE [one build per code]: a generated module's first line names the model file it was
+# compiled from (codec.HEADER), which nothing it compiles to depends on; the key leaves that
+# line out (the line count kept, so a traceback's line numbers hold), and programs of one
+# model and layout compiled in different places, or from copies of one config, share one
+# build. Each build costs seconds (Cython about 2 s and the C compiler about 2 s for a
+# tiny model's stage on 2 vCPUs) and stays in the cache; keyed by the whole text, every
+# test's program was built anew, once per directory it was compiled into.
 
 
 class BuildError(RuntimeError):
@@ -48,6 +57,11 @@ def _pxd() -> Path:
 
 
 def build_key(source: str) -> str:
+    """What a built module is cached under: `source` without its provenance header (NOTE
+    [one build per code]), kernels.pxd, and the Cython and Python versions."""
+    first, newline, rest = source.partition("\n")
+    if first.startswith(f"# {HEADER}"):
+        source = newline + rest
     digest = hashlib.sha256(source.encode())
     digest.update(_pxd().read_bytes())
     digest.update(f"{Cython.__version__} {sys.version} {sysconfig.get_platform()}".encode())

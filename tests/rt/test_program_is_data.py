@@ -88,6 +88,31 @@ def test_a_planted_shared_object_never_runs(compiled, tmp_path):
     assert losses(tmp_path / "m.jsonl") == expected  # the program's own rendering trained
 
 
+def test_one_model_compiled_in_two_places_shares_one_build(tmp_path):
+    """See NOTE [one build per code]: copies of one config compiled into two directories
+    render stages that differ only in their first line (the model file they name), and
+    are built once; any other difference, in the code or a comment, is another build."""
+    sources = []
+    for place in ("a", "b"):
+        (tmp_path / place).mkdir()
+        (tmp_path / place / "config.json").write_text(json.dumps(CONFIG))
+        assert ratrain_main(["compile", str(tmp_path / place / "config.json"), "--pp", "2",
+                             "--seq-len", "16", "--micro-batches", "2", "--micro-batch-size",
+                             "2", "--precision", "fp32", "-o", str(tmp_path / place / "p")]) == 0
+        sources.append((tmp_path / place / "p" / "code" / "stage0.pyx").read_text())
+    a, b = sources
+    assert a != b and a.splitlines()[1:] == b.splitlines()[1:]
+    assert str(tmp_path / "a" / "config.json") in a.splitlines()[0]
+    assert build_key(a) == build_key(b)
+    first, rest = a.split("\n", 1)
+    assert build_key(f"{first}\n\n{rest}") != build_key(a)       # the line count is kept
+    assert build_key(f"# other\n{first}\n{rest}") != build_key(a)  # only the first line
+    code = rest.splitlines()
+    body = next(i for i, line in enumerate(code) if line.startswith("cdef float *SCR"))
+    code[body] = code[body].replace("malloc(1 *", "malloc(2 *")
+    assert build_key("\n".join([first, *code])) != build_key(a)
+
+
 def test_a_planted_pyx_line_is_refused_unless_trusted(compiled, tmp_path):
     from ratrain.rt import program as rt_program
     from ratrain.rt.load import open_program
