@@ -18,6 +18,7 @@ from pathlib import Path
 from ratrain.compiler import compile_graph
 from ratrain.errors import UserError
 from ratrain.program_format.build import CacheError, check_owned, private_dir, user_cache
+from ratrain.program_format.codec import HEADER
 from ratrain.rt.load import MANIFEST, SetupError
 from ratrain.rt.load import read_manifest as _read_manifest
 from ratrain.rt.program import first_difference
@@ -34,7 +35,7 @@ def program_files(program, records) -> dict[str, str | bytes]:
     for rank in range(program.options.world_size):
         files[f"rank{rank}.txt"] = stage_text[program.coords(rank)[0]]
     files["memory.txt"] = program.memory.report() + "\n"
-    header = (f"ratrain generated program: {program.graph.name}, pp {program.options.pp} x "
+    header = (f"{HEADER}{program.graph.name}, pp {program.options.pp} x "
               f"dp {program.options.dp}, after pass lower. Do not edit; recompile.")
     return files | code_files(program, header)
 
